@@ -1,0 +1,131 @@
+#include "kernels/bounding.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "partition/hash.hpp"
+#include "partition/partitioner.hpp"
+
+namespace dpstream::kernels {
+
+void UserState::clear() {
+  for (auto& m : kept) m.clear();
+  for (auto& s : touched) s.clear();
+}
+
+std::uint64_t UserState::users() const {
+  std::uint64_t n = 0;
+  for (const auto& m : kept) n += m.size();
+  return n;
+}
+
+std::uint64_t UserState::user_key_pairs() const {
+  std::uint64_t n = 0;
+  for (const auto& s : touched) n += s.size();
+  return n;
+}
+
+std::uint64_t UserState::memory_bytes() const {
+  // flat_hash_* store one control byte plus the slot per capacity entry.
+  std::uint64_t b = 0;
+  for (const auto& m : kept) b += m.capacity() * (1 + sizeof(std::pair<std::uint64_t, std::uint32_t>));
+  for (const auto& s : touched) b += s.capacity() * (1 + sizeof(std::pair<std::uint64_t, std::uint64_t>));
+  return b;
+}
+
+namespace {
+
+struct alignas(64) ThreadOut {  // padded: threads update their own counters
+  std::vector<KeyPartial> partials;
+  BoundingStats stats;
+  bool overflow = false;
+};
+
+}  // namespace
+
+std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, const BoundingParams& params,
+                                            UserState& state, BoundingStats& stats) {
+  using partition::kUserSalt;
+  using partition::salted_hash;
+  constexpr std::size_t S = UserState::kShards;
+  // Group by shard (stable), then each thread takes whole shards: no locks on the state.
+  auto sharded = partition::partition_by(records, S, [](const Record& r) {
+    return partition::local_shard(salted_hash(r.user, kUserSalt), S);
+  });
+
+  const int threads = omp_get_max_threads();
+  std::vector<ThreadOut> out(static_cast<std::size_t>(threads));
+#pragma omp parallel num_threads(threads)
+  {
+    ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
+    absl::flat_hash_map<std::uint64_t, KeyPartial> local;  // per-thread pre-reduction by key
+    std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values;  // (key, fixed value) of one user
+#pragma omp for schedule(dynamic, 4)
+    for (std::size_t s = 0; s < S; ++s) {
+      Record* first = sharded.items.data() + sharded.offsets[s];
+      Record* last = sharded.items.data() + sharded.offsets[s + 1];
+      // Stream order within each user: (timestamp, position).
+      std::sort(first, last, [](const Record& a, const Record& b) {
+        return a.user != b.user ? a.user < b.user : stream_order_less(a, b);
+      });
+      auto& kept_map = state.kept[s];
+      auto& touched = state.touched[s];
+      for (Record* g = first; g != last;) {
+        Record* g_end = g;
+        while (g_end != last && g_end->user == g->user) ++g_end;
+        const std::uint64_t user = g->user;
+        auto [it, inserted] = kept_map.try_emplace(user, 0u);
+        if (inserted) ++mine.stats.new_users;
+        const auto n = static_cast<std::uint32_t>(g_end - g);
+        const std::uint32_t allowance = params.max_records_per_user - it->second;
+        const std::uint32_t take = std::min(n, allowance);
+        it->second += take;
+        mine.stats.kept += take;
+        mine.stats.dropped += n - take;
+
+        kept_values.clear();
+        for (std::uint32_t i = 0; i < take; ++i) {
+          std::int64_t v = to_fixed(g[i].value);
+          if (v < params.clamp_min_fixed || v > params.clamp_max_fixed) {
+            v = std::clamp(v, params.clamp_min_fixed, params.clamp_max_fixed);
+            ++mine.stats.clamped;
+          }
+          kept_values.emplace_back(g[i].key, v);
+        }
+        // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
+        std::sort(kept_values.begin(), kept_values.end());
+        for (std::size_t i = 0; i < kept_values.size();) {
+          const std::uint64_t key = kept_values[i].first;
+          std::int64_t count = 0, sum = 0;
+          for (; i < kept_values.size() && kept_values[i].first == key; ++i) {
+            ++count;
+            add_or_flag(sum, kept_values[i].second, mine.overflow);
+          }
+          const bool first_touch = touched.emplace(user, key).second;
+          auto& p = local.try_emplace(key, KeyPartial{key, 0, 0, 0}).first->second;
+          p.count += count;
+          add_or_flag(p.sum, sum, mine.overflow);
+          p.new_users += first_touch ? 1 : 0;
+        }
+        g = g_end;
+      }
+    }
+    mine.partials.reserve(local.size());
+    for (const auto& [k, p] : local) mine.partials.push_back(p);
+  }
+
+  std::vector<KeyPartial> partials;
+  for (auto& o : out) {
+    if (o.overflow) throw std::overflow_error(kSumOverflowMessage);
+    partials.insert(partials.end(), o.partials.begin(), o.partials.end());
+    stats.kept += o.stats.kept;
+    stats.dropped += o.stats.dropped;
+    stats.clamped += o.stats.clamped;
+    stats.new_users += o.stats.new_users;
+  }
+  return partials;
+}
+
+}  // namespace dpstream::kernels

@@ -1,0 +1,52 @@
+// Contribution bounding on the user owner: at most C records per user per window, chosen by
+// stream order; values clamped; per-(user, key) aggregation with a first-touch flag; and a
+// per-key pre-reduction before the key shuffle.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "src/record.hpp"
+
+namespace dpstream::kernels {
+
+struct BoundingParams {
+  std::uint32_t max_records_per_user;  // C
+  std::int64_t clamp_min_fixed;        // clamp range in fixed point (see record.hpp)
+  std::int64_t clamp_max_fixed;
+};
+
+struct BoundingStats {
+  std::uint64_t kept = 0;
+  std::uint64_t dropped = 0;  // over the per-user limit C
+  std::uint64_t clamped = 0;  // kept records whose value was clamped
+  std::uint64_t new_users = 0;  // users seen for the first time in the window
+};
+
+// Per-user state of one window, owned by the rank that owns the user. Sharded by the low bits
+// of the user hash so that OpenMP threads own disjoint shards.
+class UserState {
+ public:
+  static constexpr std::size_t kShards = 256;
+
+  void clear();
+  std::uint64_t users() const;
+  std::uint64_t user_key_pairs() const;
+  std::uint64_t memory_bytes() const;  // estimate from the tables' capacities
+
+  // Records kept so far in the window, per user.
+  std::vector<absl::flat_hash_map<std::uint64_t, std::uint32_t>> kept{kShards};
+  // (user, key) pairs already counted: a user adds at most 1 to a key's user count.
+  std::vector<absl::flat_hash_set<std::pair<std::uint64_t, std::uint64_t>>> touched{kShards};
+};
+
+// Bounds and aggregates one trigger's records of the users this rank owns (any order).
+// Returns per-key partials, pre-reduced per thread (a key may appear more than once).
+std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, const BoundingParams& params,
+                                            UserState& state, BoundingStats& stats);
+
+}  // namespace dpstream::kernels

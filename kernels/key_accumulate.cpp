@@ -1,0 +1,62 @@
+#include "kernels/key_accumulate.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "partition/hash.hpp"
+#include "partition/partitioner.hpp"
+
+namespace dpstream::kernels {
+
+void KeyStateTable::clear() {
+  for (auto& s : shards) s.clear();
+}
+
+std::uint64_t KeyStateTable::keys() const {
+  std::uint64_t n = 0;
+  for (const auto& s : shards) n += s.size();
+  return n;
+}
+
+std::uint64_t KeyStateTable::memory_bytes() const {
+  std::uint64_t b = 0;
+  for (const auto& s : shards) b += s.capacity() * (1 + sizeof(std::pair<const std::uint64_t, KeyState>));
+  return b;
+}
+
+std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials) {
+  constexpr std::size_t S = kShards;
+  auto sharded = partition::partition_by(partials, S, [](const KeyPartial& p) {
+    return partition::local_shard(partition::salted_hash(p.key, partition::kKeySalt), S);
+  });
+  std::vector<std::vector<KeyTotals>> changed(S);
+  bool overflow = false;
+#pragma omp parallel for schedule(dynamic, 4) reduction(|| : overflow)
+  for (std::size_t s = 0; s < S; ++s) {
+    KeyPartial* first = sharded.items.data() + sharded.offsets[s];
+    KeyPartial* last = sharded.items.data() + sharded.offsets[s + 1];
+    std::sort(first, last, [](const KeyPartial& a, const KeyPartial& b) { return a.key < b.key; });
+    auto& table = shards[s];
+    for (KeyPartial* p = first; p != last;) {
+      KeyState& st = table[p->key];
+      const std::uint64_t key = p->key;
+      bool flag = false;
+      for (; p != last && p->key == key; ++p) {
+        st.count += p->count;
+        add_or_flag(st.sum, p->sum, flag);
+        st.users += p->new_users;
+      }
+      overflow = overflow || flag;
+      changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
+    }
+  }
+  if (overflow) throw std::overflow_error(kSumOverflowMessage);
+  std::vector<KeyTotals> out;
+  for (auto& c : changed) out.insert(out.end(), c.begin(), c.end());
+  std::sort(out.begin(), out.end(), [](const KeyTotals& a, const KeyTotals& b) { return a.key < b.key; });
+  return out;
+}
+
+}  // namespace dpstream::kernels

@@ -1,0 +1,35 @@
+// Per-key accumulation on the key owner: running totals over the window and the list of keys
+// whose totals changed at this trigger.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "src/record.hpp"
+
+namespace dpstream::kernels {
+
+struct KeyState {
+  std::int64_t count = 0;
+  std::int64_t sum = 0;    // fixed point
+  std::int64_t users = 0;  // distinct users in the window
+};
+
+class KeyStateTable {
+ public:
+  static constexpr std::size_t kShards = 256;
+
+  void clear();
+  std::uint64_t keys() const;
+  std::uint64_t memory_bytes() const;
+
+  // Adds one trigger's partials (any order, a key may repeat) and returns the totals of every
+  // key that changed, sorted by key id.
+  std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials);
+
+  std::vector<absl::flat_hash_map<std::uint64_t, KeyState>> shards{kShards};
+};
+
+}  // namespace dpstream::kernels

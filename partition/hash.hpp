@@ -1,0 +1,41 @@
+// Salted 64-bit hashing and the owner rule: which rank owns a user or a key.
+#pragma once
+
+#include <cstdint>
+
+namespace dpstream {
+// 128-bit integers (GCC/Clang extension) for exact multiply-shift and range arithmetic.
+__extension__ typedef unsigned __int128 uint128;
+__extension__ typedef __int128 int128;
+}  // namespace dpstream
+
+namespace dpstream::partition {
+
+// Different salts for the user shuffle and the key shuffle, so that the two partitions are
+// independent (a rank that owns a heavy user does not also tend to own its heavy keys).
+inline constexpr std::uint64_t kUserSalt = 0x9E3779B97F4A7C15ULL;
+inline constexpr std::uint64_t kKeySalt = 0xD1B54A32D192ED03ULL;
+
+// SplitMix64 finalizer: a bijection on 64-bit integers with full avalanche, so two distinct
+// ids never share a hash.
+constexpr std::uint64_t mix64(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBULL;
+  x ^= x >> 31;
+  return x;
+}
+
+constexpr std::uint64_t salted_hash(std::uint64_t id, std::uint64_t salt) { return mix64(id ^ salt); }
+
+// Owner rank from the high bits (multiply-shift range reduction: floor(h * P / 2^64)); the low
+// bits stay free for local buckets, so owner and bucket are independent.
+constexpr int owner_rank(std::uint64_t hash, int ranks) {
+  return static_cast<int>((static_cast<uint128>(hash) * static_cast<unsigned>(ranks)) >> 64);
+}
+
+// Local shard from the low bits; `shards` is a power of two.
+constexpr std::size_t local_shard(std::uint64_t hash, std::size_t shards) { return hash & (shards - 1); }
+
+}  // namespace dpstream::partition

@@ -1,0 +1,143 @@
+#include "shuffle/comm.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+namespace dpstream::shuffle {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, msg, &len);
+  throw MpiError(std::string(call) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
+}
+
+MpiSession::MpiSession(int& argc, char**& argv) {
+  int provided = 0;
+  check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+MpiSession::~MpiSession() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+Comm::Comm(MPI_Comm comm) : comm_(comm) {
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+}
+
+std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::vector<std::uint64_t>& offsets,
+                                             std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic) const {
+  const auto P = static_cast<std::size_t>(size_);
+  if (offsets.size() != P + 1) throw std::invalid_argument("alltoallv_bytes: offsets must have P+1 entries");
+  // 1. counts first (64-bit, so sizes past 2^31 are exact).
+  std::vector<std::uint64_t> send_counts(P), recv_counts(P);
+  for (std::size_t d = 0; d < P; ++d) send_counts[d] = offsets[d + 1] - offsets[d];
+  check_mpi(MPI_Alltoall(send_counts.data(), 1, MPI_UINT64_T, recv_counts.data(), 1, MPI_UINT64_T, comm_), "MPI_Alltoall");
+  recv_offsets.assign(P + 1, 0);
+  for (std::size_t s = 0; s < P; ++s) recv_offsets[s + 1] = recv_offsets[s] + recv_counts[s];
+  std::vector<std::byte> recv(recv_offsets[P]);
+  if (traffic) {
+    traffic->bytes_total += offsets[P];
+    traffic->bytes_sent_to_others += offsets[P] - send_counts[static_cast<std::size_t>(rank_)];
+  }
+
+  // 2. payload in rounds: each round sends at most `chunk` bytes per peer, so every count and
+  // displacement of the round fits an int.
+  const std::uint64_t limit = std::min<std::uint64_t>(round_limit_, INT_MAX);
+  const std::uint64_t chunk = std::max<std::uint64_t>(1, limit / P);
+  std::uint64_t my_max = 0;
+  for (std::size_t d = 0; d < P; ++d) my_max = std::max({my_max, send_counts[d], recv_counts[d]});
+  const std::uint64_t rounds = (max(my_max) + chunk - 1) / chunk;
+
+  std::vector<int> sc(P), sd(P), rc(P), rd(P);
+  if (rounds <= 1) {
+    for (std::size_t d = 0; d < P; ++d) {
+      sc[d] = static_cast<int>(send_counts[d]);
+      sd[d] = static_cast<int>(offsets[d]);
+      rc[d] = static_cast<int>(recv_counts[d]);
+      rd[d] = static_cast<int>(recv_offsets[d]);
+    }
+    if (rounds == 1)
+      check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv.data(), rc.data(), rd.data(), MPI_BYTE, comm_),
+                "MPI_Alltoallv");
+    return recv;
+  }
+  std::vector<std::byte> stage_send, stage_recv;
+  for (std::uint64_t r = 0; r < rounds; ++r) {
+    const std::uint64_t begin = r * chunk;
+    int s_total = 0, r_total = 0;
+    for (std::size_t d = 0; d < P; ++d) {
+      sc[d] = static_cast<int>(send_counts[d] > begin ? std::min(chunk, send_counts[d] - begin) : 0);
+      rc[d] = static_cast<int>(recv_counts[d] > begin ? std::min(chunk, recv_counts[d] - begin) : 0);
+      sd[d] = s_total;
+      rd[d] = r_total;
+      s_total += sc[d];
+      r_total += rc[d];
+    }
+    stage_send.resize(static_cast<std::size_t>(s_total));
+    stage_recv.resize(static_cast<std::size_t>(r_total));
+    for (std::size_t d = 0; d < P; ++d)
+      if (sc[d]) std::memcpy(stage_send.data() + sd[d], send + offsets[d] + begin, static_cast<std::size_t>(sc[d]));
+    check_mpi(MPI_Alltoallv(stage_send.data(), sc.data(), sd.data(), MPI_BYTE, stage_recv.data(), rc.data(), rd.data(),
+                            MPI_BYTE, comm_),
+              "MPI_Alltoallv");
+    for (std::size_t s = 0; s < P; ++s)
+      if (rc[s]) std::memcpy(recv.data() + recv_offsets[s] + begin, stage_recv.data() + rd[s], static_cast<std::size_t>(rc[s]));
+  }
+  return recv;
+}
+
+std::vector<std::byte> Comm::gather_bytes_to_root(const std::vector<std::byte>& mine) const {
+  // Routed through the all-to-all so that sizes past 2^31 go in rounds as well.
+  std::vector<std::uint64_t> offsets(static_cast<std::size_t>(size_) + 1, mine.size());
+  offsets[0] = 0;
+  std::vector<std::uint64_t> recv_offsets;
+  return alltoallv_bytes(mine.data(), offsets, recv_offsets);
+}
+
+std::uint64_t Comm::sum(std::uint64_t v) const {
+  std::uint64_t out = 0;
+  check_mpi(MPI_Allreduce(&v, &out, 1, MPI_UINT64_T, MPI_SUM, comm_), "MPI_Allreduce");
+  return out;
+}
+
+std::uint64_t Comm::max(std::uint64_t v) const {
+  std::uint64_t out = 0;
+  check_mpi(MPI_Allreduce(&v, &out, 1, MPI_UINT64_T, MPI_MAX, comm_), "MPI_Allreduce");
+  return out;
+}
+
+double Comm::max(double v) const {
+  double out = 0;
+  check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
+  return out;
+}
+
+std::vector<std::uint64_t> Comm::allgather(std::uint64_t v) const {
+  std::vector<std::uint64_t> out(static_cast<std::size_t>(size_));
+  check_mpi(MPI_Allgather(&v, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, comm_), "MPI_Allgather");
+  return out;
+}
+
+std::string Comm::agree_on_error(const std::string& local_error) const {
+  // Lowest failing rank wins; its message is broadcast so every rank reports the same thing.
+  const int mine = local_error.empty() ? size_ : rank_;
+  int first = size_;
+  check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+  if (first == size_) return {};
+  int len = first == rank_ ? static_cast<int>(local_error.size()) : 0;
+  check_mpi(MPI_Bcast(&len, 1, MPI_INT, first, comm_), "MPI_Bcast");
+  std::string msg = first == rank_ ? local_error : std::string(static_cast<std::size_t>(len), '\0');
+  check_mpi(MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm_), "MPI_Bcast");
+  return msg;
+}
+
+void Comm::barrier() const { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+}  // namespace dpstream::shuffle

@@ -1,0 +1,139 @@
+// The only code that moves data between ranks. Counts are exchanged first, then the payload
+// with MPI_Alltoallv; a payload past the per-round limit (2^31 - 1 bytes by MPI's int counts)
+// is sent in rounds through a staging buffer.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace dpstream::shuffle {
+
+// An MPI call failed; carries MPI's own message.
+class MpiError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+void check_mpi(int code, const char* call);
+
+// MPI_Init_thread / MPI_Finalize as RAII. Sets MPI_ERRORS_RETURN so failures become MpiError.
+class MpiSession {
+ public:
+  MpiSession(int& argc, char**& argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+};
+
+// Bytes moved by the exchanges of one communicator, for the run summary.
+struct TrafficCounter {
+  std::uint64_t bytes_sent_to_others = 0;  // excludes the part a rank keeps for itself
+  std::uint64_t bytes_total = 0;
+};
+
+class Comm {
+ public:
+  explicit Comm(MPI_Comm comm = MPI_COMM_WORLD);
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm raw() const { return comm_; }
+
+  // Largest number of payload bytes per alltoallv round (tests lower it to exercise rounds).
+  void set_round_limit_bytes(std::uint64_t limit) { round_limit_ = limit; }
+
+  // All-to-all of byte segments: `send[offsets[d] .. offsets[d+1])` goes to rank d. Returns the
+  // received bytes grouped by source rank; `recv_offsets` (size P+1) tells where each begins.
+  std::vector<std::byte> alltoallv_bytes(const std::byte* send, const std::vector<std::uint64_t>& offsets,
+                                         std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic = nullptr) const;
+
+  // Typed all-to-all of fixed-size records (`offsets` in items, P+1 entries).
+  template <class T>
+  std::vector<T> alltoallv(const std::vector<T>& send, const std::vector<std::uint64_t>& offsets,
+                           TrafficCounter* traffic = nullptr) const {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::vector<std::uint64_t> byte_offsets(offsets.size());
+    for (std::size_t i = 0; i < offsets.size(); ++i) byte_offsets[i] = offsets[i] * sizeof(T);
+    std::vector<std::uint64_t> recv_offsets;
+    auto bytes = alltoallv_bytes(reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets, traffic);
+    std::vector<T> out(bytes.size() / sizeof(T));
+    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+
+  // Rank 0 receives every rank's bytes, concatenated in rank order (others get an empty vector).
+  std::vector<std::byte> gather_bytes_to_root(const std::vector<std::byte>& mine) const;
+
+  std::uint64_t sum(std::uint64_t v) const;
+  std::uint64_t max(std::uint64_t v) const;
+  double max(double v) const;
+  // All ranks learn whether any rank reported failure; the first failing rank's message is
+  // returned to all (empty when none failed). Use after local validation, before collectives.
+  std::string agree_on_error(const std::string& local_error) const;
+  std::vector<std::uint64_t> allgather(std::uint64_t v) const;
+  void barrier() const;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::uint64_t round_limit_ = (std::uint64_t{1} << 31) - 1;
+};
+
+// Variable-length items (strings) through the byte exchange: length-prefixed records.
+class ByteWriter {
+ public:
+  template <class T>
+  void put(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    buf_.insert(buf_.end(), p, p + sizeof(T));
+  }
+  void put_string(const std::string& s) {
+    put(static_cast<std::uint32_t>(s.size()));
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    buf_.insert(buf_.end(), p, p + s.size());
+  }
+  std::vector<std::byte>& bytes() { return buf_; }
+  std::size_t size() const { return buf_.size(); }
+
+ private:
+  std::vector<std::byte> buf_;
+};
+
+class ByteReader {
+ public:
+  ByteReader(const std::byte* data, std::size_t size) : p_(data), end_(data + size) {}
+  bool done() const { return p_ >= end_; }
+  template <class T>
+  T get() {
+    static_assert(std::is_trivially_copyable_v<T>);
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  std::string get_string() {
+    const auto n = get<std::uint32_t>();
+    need(n);
+    std::string s(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return s;
+  }
+
+ private:
+  void need(std::size_t n) const {
+    if (static_cast<std::size_t>(end_ - p_) < n) throw std::runtime_error("ByteReader: truncated message");
+  }
+  const std::byte* p_;
+  const std::byte* end_;
+};
+
+}  // namespace dpstream::shuffle

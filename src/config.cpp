@@ -1,0 +1,260 @@
+#include "src/config.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "src/errors.hpp"
+#include "src/record.hpp"
+
+namespace dpstream {
+
+namespace {
+
+// Reads typed values from one [section], remembering which keys were consumed so that every
+// key left over can be reported as unknown.
+class SectionReader {
+ public:
+  SectionReader(const toml::table& root, std::string section, std::string source)
+      : section_(std::move(section)), source_(std::move(source)) {
+    if (const auto* node = root.get(section_)) {
+      table_ = node->as_table();
+      if (!table_) fail("", "must be a table ([" + section_ + "])");
+    }
+  }
+
+  std::int64_t integer(const std::string& key, std::int64_t def, std::int64_t min, std::int64_t max) {
+    const toml::node* n = take(key);
+    if (!n) return def;
+    const auto v = n->value_exact<std::int64_t>();
+    if (!v) fail(key, fmt::format("must be an integer, got {}", describe(*n)));
+    if (*v < min || *v > max) fail(key, fmt::format("must be in [{}, {}], got {}", min, max, *v));
+    return *v;
+  }
+
+  std::int64_t required_integer(const std::string& key, std::int64_t min, std::int64_t max) {
+    if (!has(key)) fail(key, fmt::format("is required (an integer in [{}, {}])", min, max));
+    return integer(key, 0, min, max);
+  }
+
+  double real(const std::string& key, double def) {
+    const toml::node* n = take(key);
+    if (!n) return def;
+    const auto v = n->value<double>();  // integers are accepted as reals
+    if (!v || !(n->is_floating_point() || n->is_integer()))
+      fail(key, fmt::format("must be a number, got {}", describe(*n)));
+    if (!std::isfinite(*v)) fail(key, fmt::format("must be finite, got {}", *v));
+    return *v;
+  }
+
+  std::string string(const std::string& key, const std::string& def) {
+    const toml::node* n = take(key);
+    if (!n) return def;
+    const auto v = n->value_exact<std::string>();
+    if (!v) fail(key, fmt::format("must be a string, got {}", describe(*n)));
+    return *v;
+  }
+
+  template <class E>
+  E choice(const std::string& key, E def, const std::map<std::string, E>& options) {
+    std::string names;
+    for (const auto& [name, _] : options) names += (names.empty() ? "" : " | ") + ("\"" + name + "\"");
+    const toml::node* n = take(key);
+    if (!n) return def;
+    const auto v = n->value_exact<std::string>();
+    if (!v) fail(key, fmt::format("must be one of {}, got {}", names, describe(*n)));
+    const auto it = options.find(*v);
+    if (it == options.end()) fail(key, fmt::format("must be one of {}, got \"{}\"", names, *v));
+    return it->second;
+  }
+
+  bool has(const std::string& key) const { return table_ && table_->contains(key); }
+
+  void finish(const std::vector<std::string>& known) const {
+    if (!table_) return;
+    for (const auto& [k, _] : *table_) {
+      if (!consumed_.count(std::string(k.str()))) {
+        std::string list;
+        for (const auto& kk : known) list += (list.empty() ? "" : ", ") + kk;
+        throw ConfigError(fmt::format("{}: unknown key [{}] {} (known keys of [{}]: {})", source_, section_, k.str(),
+                                      section_, list));
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw ConfigError(fmt::format("{}: [{}] {} {}", source_, section_, key, what));
+  }
+
+ private:
+  const toml::node* take(const std::string& key) {
+    consumed_.insert(key);
+    return table_ ? table_->get(key) : nullptr;
+  }
+  static std::string describe(const toml::node& n) {
+    std::ostringstream os;
+    n.visit([&](const auto& v) { os << v; });
+    os << " (" << n.type() << ")";
+    return os.str();
+  }
+
+  const toml::table* table_ = nullptr;
+  std::string section_, source_;
+  std::set<std::string> consumed_;
+};
+
+// "section.key=value": the value is parsed as TOML (so 10, 1.5, true, "x" keep their types);
+// text that is not a TOML value is taken as a string.
+void apply_override(toml::table& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  const auto dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 || dot + 1 == eq)
+    throw ConfigError(fmt::format("--set {}: expected section.key=value, e.g. --set input.users=1000", assignment));
+  const std::string section = assignment.substr(0, dot);
+  const std::string key = assignment.substr(dot + 1, eq - dot - 1);
+  const std::string text = assignment.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + text);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", text}};
+  }
+  if (!root.contains(section)) root.insert(section, toml::table{});
+  auto* tbl = root.get(section)->as_table();
+  if (!tbl) throw ConfigError(fmt::format("--set {}: [{}] is not a table", assignment, section));
+  tbl->insert_or_assign(key, *parsed.get("v"));
+}
+
+}  // namespace
+
+std::string to_string(InputKind k) { return k == InputKind::Csv ? "csv" : "synthetic"; }
+std::string to_string(KeyDistribution d) { return d == KeyDistribution::Uniform ? "uniform" : "zipf-mandelbrot"; }
+
+JobConfig parse_job(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << source << ": not valid TOML: " << e.description() << " (line " << e.source().begin.line << ", column "
+       << e.source().begin.column << ")";
+    throw ConfigError(os.str());
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+
+  const std::set<std::string> sections = {"job", "input", "stream", "privacy", "output"};
+  for (const auto& [k, _] : root)
+    if (!sections.count(std::string(k.str())))
+      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [job], [input], [stream], [privacy], [output])",
+                                    source, k.str()));
+
+  constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
+  JobConfig c;
+  c.source = source;
+
+  SectionReader job(root, "job", source);
+  c.name = job.string("name", c.name);
+  job.finish({"name"});
+
+  SectionReader in(root, "input", source);
+  c.input.kind = in.choice<InputKind>("kind", InputKind::Synthetic, {{"synthetic", InputKind::Synthetic}, {"csv", InputKind::Csv}});
+  c.input.path = in.string("path", "");
+  c.input.bad_rows = in.choice<BadRowPolicy>("bad_rows", BadRowPolicy::Skip, {{"skip", BadRowPolicy::Skip}, {"fail", BadRowPolicy::Fail}});
+  c.input.users = static_cast<std::uint64_t>(in.integer("users", static_cast<std::int64_t>(c.input.users), 1, std::int64_t{1} << 43));
+  c.input.keys = static_cast<std::uint64_t>(in.integer("keys", static_cast<std::int64_t>(c.input.keys), 1, std::int64_t{1} << 62));
+  c.input.key_distribution = in.choice<KeyDistribution>(
+      "key_distribution", KeyDistribution::ZipfMandelbrot,
+      {{"zipf-mandelbrot", KeyDistribution::ZipfMandelbrot}, {"uniform", KeyDistribution::Uniform}});
+  c.input.seed = static_cast<std::uint64_t>(in.integer("seed", 1, 0, kMaxI64));
+  c.input.records_per_user_q = in.real("records_per_user_q", c.input.records_per_user_q);
+  c.input.records_per_user_s = in.real("records_per_user_s", c.input.records_per_user_s);
+  c.input.records_per_user_max =
+      static_cast<std::uint64_t>(in.integer("records_per_user_max", static_cast<std::int64_t>(c.input.records_per_user_max), 1, 1 << 20));
+  c.input.key_q = in.real("key_q", c.input.key_q);
+  c.input.key_s = in.real("key_s", c.input.key_s);
+  if (c.input.kind == InputKind::Csv && c.input.path.empty())
+    in.fail("path", "is required when kind = \"csv\" (the CSV file with header user_id,key,value,timestamp)");
+  if (c.input.kind == InputKind::Synthetic && in.has("path"))
+    in.fail("path", "is only used with kind = \"csv\"; remove it or set kind = \"csv\"");
+  if (c.input.records_per_user_q < 0) in.fail("records_per_user_q", "must be >= 0");
+  if (c.input.records_per_user_s <= 0) in.fail("records_per_user_s", "must be > 0");
+  if (c.input.key_q < 0) in.fail("key_q", "must be >= 0");
+  if (c.input.key_s <= 0) in.fail("key_s", "must be > 0");
+  in.finish({"kind", "path", "bad_rows", "users", "keys", "key_distribution", "seed", "records_per_user_q",
+             "records_per_user_s", "records_per_user_max", "key_q", "key_s"});
+
+  SectionReader st(root, "stream", source);
+  c.stream.window_seconds = st.integer("window_seconds", c.stream.window_seconds, 1, std::int64_t{1} << 40);
+  c.stream.triggers = static_cast<std::uint32_t>(st.required_integer("triggers", 1, 1'000'000));
+  if (c.stream.triggers > c.stream.window_seconds)
+    st.fail("triggers", fmt::format("({}) must not exceed window_seconds ({}): a trigger is at least one second",
+                                    c.stream.triggers, c.stream.window_seconds));
+  c.stream.first_window = st.integer("first_window", 0, 0, std::int64_t{1} << 20);
+  c.stream.windows = static_cast<std::uint32_t>(st.integer("windows", 1, 1, 100'000));
+  st.finish({"window_seconds", "triggers", "first_window", "windows"});
+
+  SectionReader pr(root, "privacy", source);
+  c.privacy.mode = pr.choice<PrivacyMode>("mode", PrivacyMode::None, {{"none", PrivacyMode::None}});
+  c.privacy.max_records_per_user = static_cast<std::uint32_t>(pr.required_integer("max_records_per_user", 1, 1'000'000));
+  c.privacy.clamp_min = pr.real("clamp_min", c.privacy.clamp_min);
+  c.privacy.clamp_max = pr.real("clamp_max", c.privacy.clamp_max);
+  if (!(c.privacy.clamp_min <= c.privacy.clamp_max))
+    pr.fail("clamp_max", fmt::format("({}) must be >= clamp_min ({})", c.privacy.clamp_max, c.privacy.clamp_min));
+  if (std::abs(c.privacy.clamp_min) > kMaxAbsClamp || std::abs(c.privacy.clamp_max) > kMaxAbsClamp)
+    pr.fail("clamp_min", fmt::format("and clamp_max must lie in [-2^31, 2^31] (got [{}, {}])", c.privacy.clamp_min,
+                                     c.privacy.clamp_max));
+  pr.finish({"mode", "max_records_per_user", "clamp_min", "clamp_max"});
+
+  SectionReader out(root, "output", source);
+  c.output.dir = out.string("dir", c.output.dir);
+  if (c.output.dir.empty()) out.fail("dir", "must not be empty");
+  c.output.format = out.choice<std::string>("format", "csv", {{"csv", "csv"}});
+  c.output.progress = out.choice<ProgressMode>(
+      "progress", ProgressMode::Always, {{"always", ProgressMode::Always}, {"auto", ProgressMode::Auto}, {"never", ProgressMode::Never}});
+  out.finish({"dir", "format", "progress"});
+  return c;
+}
+
+JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw ConfigError(fmt::format("cannot open job spec {}: check the path (job specs live under jobs/)", path));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return parse_job(ss.str(), path, overrides);
+}
+
+std::string demo_job_toml() {
+  return R"(# Built-in demo: the core paper's synthetic workload, scaled down to run in seconds.
+[job]
+name = "demo"
+
+[input]
+kind = "synthetic"
+users = 20000
+keys = 2000
+key_distribution = "zipf-mandelbrot"
+seed = 7
+
+[stream]
+window_seconds = 86400
+triggers = 10
+
+[privacy]
+mode = "none"
+max_records_per_user = 16
+clamp_min = 0.0
+clamp_max = 1.0
+
+[output]
+dir = "dpstream-demo-out"
+format = "csv"
+)";
+}
+
+}  // namespace dpstream

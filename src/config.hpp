@@ -1,0 +1,72 @@
+// The job spec: a TOML file plus --set overrides, parsed and validated in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpstream {
+
+enum class InputKind { Synthetic, Csv };
+enum class KeyDistribution { ZipfMandelbrot, Uniform };
+enum class BadRowPolicy { Skip, Fail };
+enum class PrivacyMode { None };
+enum class ProgressMode { Always, Auto, Never };
+
+struct InputConfig {
+  InputKind kind = InputKind::Synthetic;
+  std::string path;  // csv only
+  BadRowPolicy bad_rows = BadRowPolicy::Skip;
+  // Synthetic workload (core paper, section 5.1).
+  std::uint64_t users = 10'000;
+  std::uint64_t keys = 1'000;
+  KeyDistribution key_distribution = KeyDistribution::ZipfMandelbrot;
+  std::uint64_t seed = 1;
+  double records_per_user_q = 26.0;  // records per user ~ Zipf-Mandelbrot on {1..max}
+  double records_per_user_s = 6.738;
+  std::uint64_t records_per_user_max = 100'000;
+  double key_q = 1000.0;  // keys ~ Zipf-Mandelbrot on {1..keys}
+  double key_s = 1.4;
+};
+
+struct StreamConfig {
+  std::int64_t window_seconds = 86'400;
+  std::uint32_t triggers = 0;     // T, required
+  std::int64_t first_window = 0;  // windows [first_window, first_window + windows) are processed
+  std::uint32_t windows = 1;
+};
+
+struct PrivacyConfig {
+  PrivacyMode mode = PrivacyMode::None;
+  std::uint32_t max_records_per_user = 0;  // C, required
+  double clamp_min = 0.0;
+  double clamp_max = 1.0;
+};
+
+struct OutputConfig {
+  std::string dir = "dpstream-out";
+  std::string format = "csv";
+  ProgressMode progress = ProgressMode::Always;
+};
+
+struct JobConfig {
+  std::string name = "job";
+  std::string source;  // where the spec came from (file path or "built-in demo")
+  InputConfig input;
+  StreamConfig stream;
+  PrivacyConfig privacy;
+  OutputConfig output;
+};
+
+// Parses TOML text; `overrides` are "section.key=value" strings applied before validation.
+// Throws ConfigError naming the offending key and what to change.
+JobConfig parse_job(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides);
+JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides);
+
+// The built-in demo: a small synthetic stream that runs in seconds.
+std::string demo_job_toml();
+
+std::string to_string(InputKind k);
+std::string to_string(KeyDistribution d);
+
+}  // namespace dpstream

@@ -1,0 +1,234 @@
+#include "src/csv_input.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "src/errors.hpp"
+
+namespace dpstream {
+
+namespace {
+
+constexpr XXH64_hash_t kUserIdSeed = 0x75736572;  // "user"
+constexpr XXH64_hash_t kKeyIdSeed = 0x6B6579;     // "key"
+const std::vector<std::string> kRequiredColumns = {"user_id", "key", "value", "timestamp"};
+
+struct Columns {
+  std::size_t user, key, value, timestamp, count;
+};
+
+Columns parse_header(const std::string& path, std::string_view header) {
+  if (!header.empty() && header.back() == '\r') header.remove_suffix(1);
+  std::vector<std::string> fields;
+  if (!split_csv_line(header, fields))
+    throw InputError(fmt::format("{}: the header line is not valid CSV (unbalanced quotes)", path));
+  std::size_t idx[4];
+  for (std::size_t c = 0; c < 4; ++c) {
+    const auto it = std::find(fields.begin(), fields.end(), kRequiredColumns[c]);
+    if (it == fields.end())
+      throw InputError(fmt::format("{}: missing column '{}' in the header (found: {}); the header must name "
+                                   "user_id,key,value,timestamp",
+                                   path, kRequiredColumns[c], fmt::join(fields, ",")));
+    idx[c] = static_cast<std::size_t>(it - fields.begin());
+  }
+  return Columns{idx[0], idx[1], idx[2], idx[3], fields.size()};
+}
+
+// Read-only mapping of a whole file (RAII).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw InputError(fmt::format("cannot open input file {}: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      throw InputError(fmt::format("input {} is not a regular file", path));
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd_);
+        throw InputError(fmt::format("cannot map input file {}: {}", path, std::strerror(errno)));
+      }
+      data_ = static_cast<const char*>(p);
+      ::madvise(p, size_, MADV_SEQUENTIAL);
+    }
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<char*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  std::string_view view() const { return {data_ ? data_ : "", size_}; }
+
+ private:
+  int fd_ = -1;
+  const char* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+std::size_t line_number_of(std::string_view file, std::size_t offset) {
+  return 1 + static_cast<std::size_t>(std::count(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
+}
+
+}  // namespace
+
+bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
+  fields.clear();
+  std::size_t i = 0;
+  for (;;) {
+    std::string field;
+    if (i < line.size() && line[i] == '"') {
+      ++i;
+      for (;;) {
+        if (i >= line.size()) return false;  // unterminated quote
+        if (line[i] == '"') {
+          if (i + 1 < line.size() && line[i + 1] == '"') {
+            field.push_back('"');
+            i += 2;
+          } else {
+            ++i;
+            break;
+          }
+        } else {
+          field.push_back(line[i++]);
+        }
+      }
+      if (i < line.size() && line[i] != ',') return false;  // text after the closing quote
+    } else {
+      const std::size_t end = std::min(line.find(',', i), line.size());
+      field.assign(line.substr(i, end - i));
+      if (field.find('"') != std::string::npos) return false;  // stray quote in an unquoted field
+      i = end;
+    }
+    fields.push_back(std::move(field));
+    if (i >= line.size()) return true;
+    ++i;  // skip ','
+  }
+}
+
+std::uint64_t csv_user_id(std::string_view s) { return XXH3_64bits_withSeed(s.data(), s.size(), kUserIdSeed); }
+std::uint64_t csv_key_id(std::string_view s) { return XXH3_64bits_withSeed(s.data(), s.size(), kKeyIdSeed); }
+
+void check_csv_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw InputError(fmt::format("cannot open input file {}: {}; set [input] path to an existing CSV file", path,
+                                       std::strerror(errno)));
+  std::string header;
+  if (!std::getline(f, header))
+    throw InputError(fmt::format("{}: the file is empty; it needs a header user_id,key,value,timestamp", path));
+  parse_header(path, header);
+}
+
+CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
+    : config_(config), clock_{config.stream.window_seconds, config.stream.triggers} {
+  const std::string& path = config.input.path;
+  MappedFile file(path);
+  const std::string_view all = file.view();
+  const std::size_t header_end = std::min(all.find('\n'), all.size());
+  const Columns cols = parse_header(path, all.substr(0, header_end));
+
+  // This rank parses the lines whose first byte lies in [begin, end).
+  const std::size_t body = header_end + 1;
+  const std::size_t span = all.size() > body ? all.size() - body : 0;
+  std::size_t begin = body + span * static_cast<std::size_t>(rank) / static_cast<std::size_t>(ranks);
+  const std::size_t end = body + span * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(ranks);
+  if (begin > body && begin < all.size() && all[begin - 1] != '\n') {
+    const std::size_t nl = all.find('\n', begin);
+    begin = nl == std::string_view::npos ? all.size() : nl + 1;
+  }
+
+  const std::int64_t first_window = config.stream.first_window;
+  const std::int64_t last_window = first_window + config.stream.windows;  // exclusive
+  std::vector<std::string> fields;
+  auto bad = [&](std::uint64_t& counter, std::size_t offset, std::string_view line, const std::string& why) {
+    ++counter;
+    if (config_.input.bad_rows == BadRowPolicy::Fail)
+      throw InputError(fmt::format("{}:{}: {} in row '{}' (set [input] bad_rows = \"skip\" to count and skip such rows)",
+                                   path, line_number_of(all, offset), why, line.substr(0, 200)));
+  };
+
+  for (std::size_t pos = begin; pos < end && pos < all.size();) {
+    const std::size_t nl = std::min(all.find('\n', pos), all.size());
+    std::string_view line = all.substr(pos, nl - pos);
+    const std::size_t offset = pos;
+    pos = nl + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;  // blank lines carry no record
+    ++stats_.rows;
+    if (!split_csv_line(line, fields)) {
+      bad(stats_.malformed, offset, line, "unbalanced quotes");
+      continue;
+    }
+    if (fields.size() != cols.count) {
+      bad(stats_.malformed, offset, line, fmt::format("{} fields where the header has {}", fields.size(), cols.count));
+      continue;
+    }
+    const std::string& user = fields[cols.user];
+    const std::string& key = fields[cols.key];
+    const std::string& vtext = fields[cols.value];
+    const std::string& ttext = fields[cols.timestamp];
+    if (user.empty() || key.empty()) {
+      bad(stats_.malformed, offset, line, "empty user_id or key");
+      continue;
+    }
+    double value = 0;
+    const auto [vp, vec] = std::from_chars(vtext.data(), vtext.data() + vtext.size(), value);
+    if (vec == std::errc::result_out_of_range && vp == vtext.data() + vtext.size()) {
+      bad(stats_.non_finite, offset, line, "value out of the range of a double");
+      continue;
+    }
+    if (vec != std::errc() || vp != vtext.data() + vtext.size() || vtext.empty()) {
+      bad(stats_.malformed, offset, line, fmt::format("value '{}' is not a number", vtext));
+      continue;
+    }
+    if (!std::isfinite(value)) {
+      bad(stats_.non_finite, offset, line, fmt::format("value '{}' is not finite", vtext));
+      continue;
+    }
+    std::int64_t ts = 0;
+    const auto [tp, tec] = std::from_chars(ttext.data(), ttext.data() + ttext.size(), ts);
+    if (tec != std::errc() || tp != ttext.data() + ttext.size() || ttext.empty()) {
+      bad(stats_.malformed, offset, line, fmt::format("timestamp '{}' is not an integer number of seconds", ttext));
+      continue;
+    }
+    const std::int64_t w = clock_.window_of(ts);
+    if (w < first_window || w >= last_window) {
+      bad(stats_.out_of_window, offset, line,
+          fmt::format("timestamp {} lies in window {}, outside the job's windows [{}, {})", ts, w, first_window, last_window));
+      continue;
+    }
+    const std::uint64_t key_id = csv_key_id(key);
+    const auto [it, inserted] = names_.try_emplace(key_id, key);
+    if (!inserted && it->second != key)
+      throw InputError(fmt::format("{}: keys '{}' and '{}' share the 64-bit id {:#x}; rename one of them", path,
+                                   it->second, key, key_id));
+    records_.push_back(Record{csv_user_id(user), key_id, ts, static_cast<std::uint64_t>(offset), value});
+  }
+  std::sort(records_.begin(), records_.end(), [](const Record& a, const Record& b) { return a.timestamp < b.timestamp; });
+}
+
+std::vector<Record> CsvSource::take_trigger(std::int64_t window, std::uint32_t trigger) {
+  // Records are sorted by timestamp, (window, trigger) is monotone in it, and triggers are
+  // visited in increasing order: the trigger's records are the next run.
+  const std::size_t first = next_;
+  while (next_ < records_.size() && clock_.window_of(records_[next_].timestamp) == window &&
+         clock_.trigger_of(records_[next_].timestamp) == trigger)
+    ++next_;
+  return {records_.begin() + static_cast<std::ptrdiff_t>(first), records_.begin() + static_cast<std::ptrdiff_t>(next_)};
+}
+
+}  // namespace dpstream

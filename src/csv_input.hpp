@@ -1,0 +1,47 @@
+// CSV input: header with columns user_id, key, value, timestamp (any order; other columns are
+// ignored). Each rank maps the file and parses the lines that start in its byte range, so the
+// file is read once in parallel. Fields may be quoted (RFC 4180, "" escapes a quote) but not
+// contain line breaks. Ids are hashed to 64 bits with XXH3 (see docs/DESIGN-NOTES.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "src/config.hpp"
+#include "src/record_source.hpp"
+#include "src/stream_clock.hpp"
+
+namespace dpstream {
+
+// Splits one CSV line (without its line break) into fields; false if quoting is malformed.
+bool split_csv_line(std::string_view line, std::vector<std::string>& fields);
+
+// 64-bit ids of CSV strings (different seeds for users and keys).
+std::uint64_t csv_user_id(std::string_view s);
+std::uint64_t csv_key_id(std::string_view s);
+
+// Checks that the file exists, is readable and has the required header columns; throws
+// InputError saying what is wrong. Cheap: every rank calls it before the first collective.
+void check_csv_file(const std::string& path);
+
+class CsvSource final : public RecordSource {
+ public:
+  // Parses this rank's share of the file. Throws InputError on the first bad row when the
+  // policy is "fail"; counts bad rows otherwise.
+  CsvSource(const JobConfig& config, int rank, int ranks);
+
+  std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) override;
+  const InputStats& stats() const override { return stats_; }
+  const absl::flat_hash_map<std::uint64_t, std::string>& key_names() const override { return names_; }
+  bool has_string_keys() const override { return true; }
+
+ private:
+  JobConfig config_;
+  StreamClock clock_;
+  std::vector<Record> records_;  // accepted records, sorted by timestamp
+  std::size_t next_ = 0;
+  absl::flat_hash_map<std::uint64_t, std::string> names_;
+  InputStats stats_;
+};
+
+}  // namespace dpstream

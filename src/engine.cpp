@@ -1,0 +1,337 @@
+#include "src/engine.hpp"
+
+#include <fmt/format.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "kernels/bounding.hpp"
+#include "kernels/key_accumulate.hpp"
+#include "partition/hash.hpp"
+#include "partition/partitioner.hpp"
+#include "src/csv_input.hpp"
+#include "src/errors.hpp"
+#include "src/naive_reference.hpp"
+#include "src/release_writer.hpp"
+#include "src/summary.hpp"
+#include "src/workload.hpp"
+
+namespace dpstream {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+using KeyNames = absl::flat_hash_map<std::uint64_t, std::string>;
+
+// Runs `fn` on every rank; if it throws on any rank, all ranks throw E with the first message.
+// Keeps ranks in step: no rank is left waiting in a collective after another rank failed.
+template <class E = InputError, class Fn>
+void on_all_ranks(const shuffle::Comm& comm, Fn&& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+    if (err.empty()) err = "unknown error";
+  }
+  err = comm.agree_on_error(err);
+  if (!err.empty()) throw E(err);
+}
+
+// String keys: every rank sends (id, name) of the keys it read to the key's owner, which keeps
+// the names for output and checks that no two names share an id.
+KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& comm) {
+  const int P = comm.size();
+  std::vector<shuffle::ByteWriter> out(static_cast<std::size_t>(P));
+  for (const auto& [id, name] : source.key_names()) {
+    auto& w = out[static_cast<std::size_t>(partition::owner_rank(partition::salted_hash(id, partition::kKeySalt), P))];
+    w.put(id);
+    w.put_string(name);
+  }
+  std::vector<std::byte> send;
+  std::vector<std::uint64_t> offsets{0};
+  for (auto& w : out) {
+    send.insert(send.end(), w.bytes().begin(), w.bytes().end());
+    offsets.push_back(send.size());
+  }
+  std::vector<std::uint64_t> recv_offsets;
+  const auto recv = comm.alltoallv_bytes(send.data(), offsets, recv_offsets);
+  KeyNames names;
+  std::string collision;
+  shuffle::ByteReader in(recv.data(), recv.size());
+  while (!in.done()) {
+    const auto id = in.get<std::uint64_t>();
+    auto name = in.get_string();
+    const auto [it, inserted] = names.try_emplace(id, std::move(name));
+    if (!inserted && it->second != name && collision.empty())
+      collision = fmt::format("keys '{}' and '{}' share the 64-bit id {:#x}; rename one of them", it->second, name, id);
+  }
+  const std::string err = comm.agree_on_error(collision);
+  if (!err.empty()) throw InputError(err);
+  return names;
+}
+
+// Rank 0 receives the changed rows of every key owner, named and sorted by key.
+std::vector<ReleaseRow> gather_release_rows(const std::vector<KeyTotals>& changed, const KeyNames* names,
+                                            const shuffle::Comm& comm) {
+  shuffle::ByteWriter w;
+  for (const auto& t : changed) {
+    w.put(t.key);
+    w.put(t.count);
+    w.put(t.sum);
+    w.put_string(names ? names->at(t.key) : std::string());
+  }
+  const auto all = comm.gather_bytes_to_root(w.bytes());
+  std::vector<ReleaseRow> rows;
+  shuffle::ByteReader in(all.data(), all.size());
+  while (!in.done()) {
+    ReleaseRow r;
+    r.key = in.get<std::uint64_t>();
+    r.count = in.get<std::int64_t>();
+    r.sum = in.get<std::int64_t>();
+    r.name = in.get_string();
+    if (!names) r.name = std::to_string(r.key);
+    rows.push_back(std::move(r));
+  }
+  if (names)
+    std::sort(rows.begin(), rows.end(), [](const ReleaseRow& a, const ReleaseRow& b) { return a.name < b.name; });
+  else
+    std::sort(rows.begin(), rows.end(), [](const ReleaseRow& a, const ReleaseRow& b) { return a.key < b.key; });
+  return rows;
+}
+
+std::string human_rate(double per_second) {
+  if (per_second >= 1e6) return fmt::format("{:.2f} M", per_second / 1e6);
+  if (per_second >= 1e3) return fmt::format("{:.1f} k", per_second / 1e3);
+  return fmt::format("{:.0f} ", per_second);
+}
+
+// Times the naive single-threaded reference over the whole synthetic stream (rank 0 only).
+struct NaiveTiming {
+  double seconds = 0;
+  std::uint64_t records = 0;
+};
+NaiveTiming time_naive_reference(const JobConfig& config) {
+  SyntheticSource all(config, 0, 1);
+  NaiveReference naive(config.privacy.max_records_per_user, config.privacy.clamp_min, config.privacy.clamp_max);
+  NaiveTiming t;
+  for (std::uint32_t w = 0; w < config.stream.windows; ++w) {
+    const std::int64_t window = config.stream.first_window + w;
+    naive.begin_window();
+    for (std::uint32_t i = 0; i < config.stream.triggers; ++i) {
+      auto records = all.take_trigger(window, i);
+      t.records += records.size();
+      const auto t0 = Clock::now();
+      naive.process(std::move(records));
+      t.seconds += seconds_since(t0);
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunOptions& options) {
+  const auto run_start = Clock::now();
+  const int P = comm.size();
+  const bool root = comm.rank() == 0;
+  const bool progress =
+      root && (config.output.progress == ProgressMode::Always ||
+               (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)));
+
+  // Checks that every rank makes on its own before any data moves.
+  on_all_ranks(comm, [&] {
+    if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
+  });
+  const std::filesystem::path out_dir = config.output.dir;
+  std::unique_ptr<ReleaseWriter> writer;
+  on_all_ranks<ConfigError>(comm, [&] {
+    if (!options.write_output || !root) return;
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec) throw ConfigError(fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
+    writer = std::make_unique<ReleaseWriter>(out_dir);
+  });
+
+  StageTimes stage;
+  auto t0 = Clock::now();
+  std::unique_ptr<RecordSource> source;
+  on_all_ranks(comm, [&] {
+    if (config.input.kind == InputKind::Csv)
+      source = std::make_unique<CsvSource>(config, comm.rank(), P);
+    else
+      source = std::make_unique<SyntheticSource>(config, comm.rank(), P);
+  });
+  KeyNames key_names;
+  if (source->has_string_keys()) key_names = distribute_key_names(*source, comm);
+  const KeyNames* names = source->has_string_keys() ? &key_names : nullptr;
+  stage.ingest += seconds_since(t0);
+
+  const kernels::BoundingParams bounding{config.privacy.max_records_per_user, to_fixed(config.privacy.clamp_min),
+                                         to_fixed(config.privacy.clamp_max)};
+  kernels::UserState users;
+  kernels::KeyStateTable keys;
+  kernels::BoundingStats bstats;
+  shuffle::TrafficCounter user_traffic, key_traffic;
+  std::uint64_t distinct_users = 0, distinct_keys = 0, peak_state_bytes = 0, global_records = 0;
+  const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * config.stream.triggers;
+  std::uint64_t triggers_done = 0;
+
+  for (std::uint32_t wi = 0; wi < config.stream.windows; ++wi) {
+    const std::int64_t window = config.stream.first_window + wi;
+    for (std::uint32_t trigger = 0; trigger < config.stream.triggers; ++trigger) {
+      t0 = Clock::now();
+      std::vector<Record> local;
+      on_all_ranks(comm, [&] { local = source->take_trigger(window, trigger); });
+      stage.ingest += seconds_since(t0);
+      const std::uint64_t local_count = local.size();
+
+      // 1. partition by salted hash of the user, all-to-all.
+      t0 = Clock::now();
+      auto by_user = partition::partition_by(local, static_cast<std::size_t>(P), [P](const Record& r) {
+        return partition::owner_rank(partition::salted_hash(r.user, partition::kUserSalt), P);
+      });
+      std::vector<Record>().swap(local);
+      stage.partition_user += seconds_since(t0);
+      t0 = Clock::now();
+      auto owned = comm.alltoallv(by_user.items, by_user.offsets, &user_traffic);
+      by_user = {};
+      stage.shuffle_user += seconds_since(t0);
+
+      // 2. contribution bounding and per-(user, key) aggregation.
+      t0 = Clock::now();
+      std::vector<KeyPartial> partials;
+      on_all_ranks(comm, [&] { partials = kernels::bound_and_aggregate(owned, bounding, users, bstats); });
+      std::vector<Record>().swap(owned);
+      stage.bounding += seconds_since(t0);
+
+      // 3. partition by salted hash of the key, all-to-all, per-key accumulation.
+      t0 = Clock::now();
+      auto by_key = partition::partition_by(partials, static_cast<std::size_t>(P), [P](const KeyPartial& p) {
+        return partition::owner_rank(partition::salted_hash(p.key, partition::kKeySalt), P);
+      });
+      stage.partition_key += seconds_since(t0);
+      t0 = Clock::now();
+      auto key_partials = comm.alltoallv(by_key.items, by_key.offsets, &key_traffic);
+      stage.shuffle_key += seconds_since(t0);
+      t0 = Clock::now();
+      std::vector<KeyTotals> changed;
+      on_all_ranks(comm, [&] { changed = keys.accumulate(key_partials); });
+      stage.accumulate += seconds_since(t0);
+
+      // 4. release rows.
+      t0 = Clock::now();
+      std::uint64_t released = 0;
+      if (options.write_output) {
+        const auto rows = gather_release_rows(changed, names, comm);
+        if (root) writer->write(window, trigger, rows);
+        released = rows.size();
+      }
+      stage.output += seconds_since(t0);
+
+      ++triggers_done;
+      global_records += comm.sum(local_count);  // every rank: progress and throughput are global
+      if (progress) {
+        const double elapsed = seconds_since(run_start);
+        const double remaining = elapsed / static_cast<double>(triggers_done) * static_cast<double>(total_triggers - triggers_done);
+        std::fprintf(stderr, "[window %lld trigger %u/%u] %srecords/s, %llu keys changed, elapsed %.1f s, ETA %.1f s\n",
+                     static_cast<long long>(window), trigger + 1, config.stream.triggers,
+                     human_rate(static_cast<double>(global_records) / std::max(elapsed, 1e-9)).c_str(),
+                     static_cast<unsigned long long>(released), elapsed, remaining);
+      }
+    }
+    distinct_users += users.users();
+    distinct_keys += keys.keys();
+    peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes());
+    users.clear();
+    keys.clear();
+  }
+  const double wall = seconds_since(run_start);
+
+  // Run summary: sums over ranks, and per-rank figures gathered to every rank.
+  const InputStats& in = source->stats();
+  nlohmann::json j;
+  j["job"] = config.name;
+  j["spec"] = config.source;
+  j["mode"] = "none";
+  j["private"] = false;
+  j["ranks"] = P;
+  j["threads_per_rank"] = omp_get_max_threads();
+  j["input"] = {{"kind", to_string(config.input.kind)},
+                {"rows_read", comm.sum(in.rows)},
+                {"malformed", comm.sum(in.malformed)},
+                {"non_finite", comm.sum(in.non_finite)},
+                {"out_of_window", comm.sum(in.out_of_window)}};
+  const std::uint64_t kept = comm.sum(bstats.kept), dropped = comm.sum(bstats.dropped);
+  j["records"] = {{"read", comm.sum(in.rows)},
+                  {"accepted", kept + dropped},
+                  {"kept", kept},
+                  {"dropped_by_bounding", dropped},
+                  {"clamped", comm.sum(bstats.clamped)},
+                  {"malformed", comm.sum(in.malformed + in.non_finite + in.out_of_window)}};
+  j["distinct_users"] = comm.sum(distinct_users);
+  j["distinct_keys"] = comm.sum(distinct_keys);
+  j["triggers"] = total_triggers;
+  j["release_rows"] = writer ? writer->rows_written() : 0;
+  auto stage_max = [&](double v) { return comm.max(v); };
+  j["stage_seconds_max_over_ranks"] = {{"ingest", stage_max(stage.ingest)},
+                                       {"partition_user", stage_max(stage.partition_user)},
+                                       {"shuffle_user", stage_max(stage.shuffle_user)},
+                                       {"bounding", stage_max(stage.bounding)},
+                                       {"partition_key", stage_max(stage.partition_key)},
+                                       {"shuffle_key", stage_max(stage.shuffle_key)},
+                                       {"accumulate", stage_max(stage.accumulate)},
+                                       {"output", stage_max(stage.output)}};
+  const double engine_seconds = stage_max(stage.engine_path());
+  j["engine_path_seconds"] = engine_seconds;
+  j["wall_seconds"] = stage_max(wall);
+  j["records_per_second"] = static_cast<double>(global_records) / std::max(stage_max(wall), 1e-9);
+  j["engine_records_per_second"] = static_cast<double>(global_records) / std::max(engine_seconds, 1e-9);
+  const double per_record = 1.0 / std::max<double>(1.0, static_cast<double>(global_records));
+  j["shuffle_bytes_per_record"] = {
+      {"user_shuffle_total", static_cast<double>(comm.sum(user_traffic.bytes_total)) * per_record},
+      {"user_shuffle_to_other_ranks", static_cast<double>(comm.sum(user_traffic.bytes_sent_to_others)) * per_record},
+      {"key_shuffle_total", static_cast<double>(comm.sum(key_traffic.bytes_total)) * per_record},
+      {"key_shuffle_to_other_ranks", static_cast<double>(comm.sum(key_traffic.bytes_sent_to_others)) * per_record}};
+  j["peak_rss_bytes_per_rank"] = comm.allgather(peak_rss_bytes());
+  j["peak_state_bytes_per_rank"] = comm.allgather(peak_state_bytes);
+
+  RunReport report;
+  if (options.naive_reference) {
+    NaiveTiming naive;
+    if (root) naive = time_naive_reference(config);
+    const double naive_rate = static_cast<double>(naive.records) / std::max(naive.seconds, 1e-9);
+    const double engine_rate = j["engine_records_per_second"].get<double>();
+    const int cores = P * omp_get_max_threads();
+    report.result_line = fmt::format(
+        "RESULT job={} ranks={} threads={} records={} engine_seconds={:.3f} engine_records_per_s={:.0f} "
+        "engine_records_per_s_per_core={:.0f} naive_records_per_s={:.0f} speedup_vs_naive={:.2f} "
+        "user_shuffle_bytes_per_record={:.2f} key_shuffle_bytes_per_record={:.2f} peak_rss_mb_max={:.1f} "
+        "state_mb_max={:.1f} oversubscribed={}",
+        config.name, P, omp_get_max_threads(), global_records, engine_seconds, engine_rate, engine_rate / cores, naive_rate,
+        engine_rate / std::max(naive_rate, 1e-9), j["shuffle_bytes_per_record"]["user_shuffle_total"].get<double>(),
+        j["shuffle_bytes_per_record"]["key_shuffle_total"].get<double>(),
+        static_cast<double>(comm.max(peak_rss_bytes())) / 1048576.0, static_cast<double>(comm.max(peak_state_bytes)) / 1048576.0,
+        cores > static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))) ? "yes" : "no");
+    j["naive_records_per_second"] = naive_rate;
+  }
+  report.summary_json = j.dump(2);
+
+  // Commit: releases.csv, then summary.json, both atomically, only after every rank finished.
+  on_all_ranks<std::runtime_error>(comm, [&] {
+    if (!root || !writer) return;
+    writer->commit();
+    write_file_atomically(out_dir / "summary.json", report.summary_json + "\n");
+    report.releases_path = writer->final_path().string();
+  });
+  return report;
+}
+
+}  // namespace dpstream

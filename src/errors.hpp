@@ -1,0 +1,20 @@
+// Typed errors: each carries a message that says what to change.
+#pragma once
+
+#include <stdexcept>
+
+namespace dpstream {
+
+// A job spec value or command-line option is wrong.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The input data is missing, unreadable or malformed.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace dpstream

@@ -1,0 +1,37 @@
+// Where a rank's records come from, one trigger at a time: the synthetic generator or a CSV file.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/record.hpp"
+
+namespace dpstream {
+
+struct InputStats {
+  std::uint64_t rows = 0;           // data rows (or generated records) read by this rank
+  std::uint64_t malformed = 0;      // wrong field count, unparsable number, empty id
+  std::uint64_t non_finite = 0;     // NaN or infinite value
+  std::uint64_t out_of_window = 0;  // timestamp outside the job's windows
+  std::uint64_t accepted() const { return rows - malformed - non_finite - out_of_window; }
+};
+
+class RecordSource {
+ public:
+  virtual ~RecordSource() = default;
+  // This rank's records of trigger `trigger` of window `window` (windows and triggers are
+  // visited in increasing order).
+  virtual std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) = 0;
+  virtual const InputStats& stats() const = 0;
+  // Names of string keys read by this rank (CSV input); empty for integer keys.
+  virtual const absl::flat_hash_map<std::uint64_t, std::string>& key_names() const { return no_names_; }
+  virtual bool has_string_keys() const { return false; }
+
+ private:
+  absl::flat_hash_map<std::uint64_t, std::string> no_names_;
+};
+
+}  // namespace dpstream

@@ -1,0 +1,126 @@
+#include "src/workload.hpp"
+
+#include <omp.h>
+
+#include <cmath>
+
+namespace dpstream {
+
+namespace {
+// CounterRng stream ids inside (seed, window, user): 0 draws n_u, k + 1 draws record k.
+constexpr std::uint64_t kCountStream = 0;
+}  // namespace
+
+SyntheticSource::SyntheticSource(const JobConfig& config, int rank, int ranks)
+    : config_(config),
+      clock_{config.stream.window_seconds, config.stream.triggers},
+      records_per_user_(1, config.input.records_per_user_max, config.input.records_per_user_q, config.input.records_per_user_s),
+      key_zipf_(1, config.input.keys, config.input.key_q, config.input.key_s) {
+  const auto U = static_cast<uint128>(config.input.users);
+  first_user_ = static_cast<std::uint64_t>(U * static_cast<unsigned>(rank) / static_cast<unsigned>(ranks));
+  last_user_ = static_cast<std::uint64_t>(U * static_cast<unsigned>(rank + 1) / static_cast<unsigned>(ranks));
+}
+
+std::uint32_t SyntheticSource::draw_count(std::int64_t window, std::uint64_t user) const {
+  CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, kCountStream);
+  return static_cast<std::uint32_t>(records_per_user_.sample([&] { return rng.uniform(); }));
+}
+
+std::int64_t SyntheticSource::advance(std::int64_t window, std::uint64_t user, UserCursor& c) const {
+  CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, c.emitted + 1);
+  const double v = rng.uniform_pos();
+  c.position = 1.0 - (1.0 - c.position) * std::pow(v, 1.0 / static_cast<double>(c.total - c.emitted));
+  const auto W = config_.stream.window_seconds;
+  auto offset = static_cast<std::int64_t>(c.position * static_cast<double>(W));
+  return offset >= W ? W - 1 : offset;
+}
+
+Record SyntheticSource::make_record(std::int64_t window, std::uint64_t user, std::uint32_t k, std::int64_t offset) const {
+  // Same stream as advance() for record k; the first draw went to the time, the rest to the key.
+  CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, k + 1);
+  rng.next();
+  std::uint64_t key;
+  if (config_.input.key_distribution == KeyDistribution::Uniform)
+    key = 1 + rng.below(config_.input.keys);
+  else
+    key = key_zipf_.sample([&] { return rng.uniform(); });
+  return Record{user, key, window * config_.stream.window_seconds + offset, synthetic_position(user, k), 1.0};
+}
+
+void SyntheticSource::begin_window(std::int64_t window) {
+  window_ = window;
+  const std::size_t n = last_user_ - first_user_;
+  cursors_.assign(n, UserCursor{0, 0, 0.0});
+  next_offset_.assign(n, 0);
+  due_.assign(config_.stream.triggers, {});
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<std::vector<std::uint32_t>>> local(threads, std::vector<std::vector<std::uint32_t>>(config_.stream.triggers));
+#pragma omp parallel num_threads(threads)
+  {
+    auto& mine = local[omp_get_thread_num()];
+#pragma omp for schedule(static)
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t user = first_user_ + i;
+      UserCursor& c = cursors_[i];
+      c.total = draw_count(window, user);
+      next_offset_[i] = advance(window, user, c);
+      mine[clock_.trigger_of_offset(next_offset_[i])].push_back(static_cast<std::uint32_t>(i));
+    }
+  }
+  for (auto& per_thread : local)
+    for (std::uint32_t t = 0; t < config_.stream.triggers; ++t)
+      due_[t].insert(due_[t].end(), per_thread[t].begin(), per_thread[t].end());
+}
+
+std::vector<Record> SyntheticSource::take_trigger(std::int64_t window, std::uint32_t trigger) {
+  if (window != window_) begin_window(window);
+  std::vector<std::uint32_t> due;
+  due.swap(due_[trigger]);
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<Record>> out(threads);
+  std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> requeue(threads);  // (trigger, user)
+#pragma omp parallel num_threads(threads)
+  {
+    auto& recs = out[omp_get_thread_num()];
+    auto& later = requeue[omp_get_thread_num()];
+#pragma omp for schedule(static)
+    for (std::size_t j = 0; j < due.size(); ++j) {
+      const std::uint32_t i = due[j];
+      const std::uint64_t user = first_user_ + i;
+      UserCursor& c = cursors_[i];
+      for (;;) {
+        recs.push_back(make_record(window, user, c.emitted, next_offset_[i]));
+        ++c.emitted;
+        if (c.emitted == c.total) break;
+        next_offset_[i] = advance(window, user, c);
+        const std::uint32_t t = clock_.trigger_of_offset(next_offset_[i]);
+        if (t != trigger) {
+          later.emplace_back(t, i);
+          break;
+        }
+      }
+    }
+  }
+  std::vector<Record> records;
+  std::size_t total = 0;
+  for (auto& r : out) total += r.size();
+  records.reserve(total);
+  for (auto& r : out) records.insert(records.end(), r.begin(), r.end());
+  for (auto& l : requeue)
+    for (auto [t, i] : l) due_[t].push_back(i);
+  stats_.rows += records.size();
+  return records;
+}
+
+std::vector<Record> SyntheticSource::user_records(std::int64_t window, std::uint64_t user) const {
+  UserCursor c{draw_count(window, user), 0, 0.0};
+  std::vector<Record> out;
+  while (c.emitted < c.total) {
+    const std::int64_t offset = advance(window, user, c);
+    out.push_back(make_record(window, user, c.emitted, offset));
+    ++c.emitted;
+  }
+  return out;
+}
+
+}  // namespace dpstream

@@ -1,0 +1,59 @@
+// The core paper's synthetic workload (section 5.1), generated trigger by trigger.
+//
+// For window w, user u draws n_u ~ Zipf-Mandelbrot(records_per_user) records; their event
+// times are n_u sorted uniforms over the window, produced one at a time by the order-statistic
+// recurrence U_(k+1) = 1 - (1 - U_(k)) V^(1 / (n_u - k)), V ~ U(0, 1]; record k's key is drawn
+// from the key distribution. Every number comes from CounterRng(seed, w, u, k), so the stream
+// does not depend on the rank count, and per user only (n_u, k, U_(k)) is kept between triggers.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "src/config.hpp"
+#include "src/counter_rng.hpp"
+#include "src/record_source.hpp"
+#include "src/stream_clock.hpp"
+#include "src/zipf.hpp"
+
+namespace dpstream {
+
+// Stream position of record k of user u: users in id order, records in time order.
+inline std::uint64_t synthetic_position(std::uint64_t user, std::uint64_t k) { return (user << 20) | k; }
+
+class SyntheticSource final : public RecordSource {
+ public:
+  // This rank generates users [users * rank / ranks, users * (rank + 1) / ranks).
+  SyntheticSource(const JobConfig& config, int rank, int ranks);
+
+  std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) override;
+  const InputStats& stats() const override { return stats_; }
+
+  // All records of one user in one window, in stream order (tests and the naive reference).
+  std::vector<Record> user_records(std::int64_t window, std::uint64_t user) const;
+
+ private:
+  struct UserCursor {
+    std::uint32_t total;    // n_u
+    std::uint32_t emitted;  // k
+    double position;        // U_(k), in [0, 1)
+  };
+  void begin_window(std::int64_t window);
+  // Advances the cursor to the next record time; returns its offset in the window.
+  std::int64_t advance(std::int64_t window, std::uint64_t user, UserCursor& c) const;
+  Record make_record(std::int64_t window, std::uint64_t user, std::uint32_t k, std::int64_t offset) const;
+  std::uint32_t draw_count(std::int64_t window, std::uint64_t user) const;
+
+  JobConfig config_;
+  StreamClock clock_;
+  ZipfMandelbrot records_per_user_;
+  ZipfMandelbrot key_zipf_;
+  std::uint64_t first_user_, last_user_;
+  std::int64_t window_ = -1;
+  std::vector<UserCursor> cursors_;
+  std::vector<std::int64_t> next_offset_;           // offset of each user's next record
+  std::vector<std::vector<std::uint32_t>> due_;     // per trigger: local users with a record due
+  InputStats stats_;
+};
+
+}  // namespace dpstream

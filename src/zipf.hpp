@@ -1,0 +1,45 @@
+// Zipf-Mandelbrot distribution on the integers {lo..hi}: P[X = x] proportional to (x + q)^-s.
+// Sampled by rejection-inversion (Hoermann & Derflinger 1996): O(1) memory and expected time
+// for any support size, so it serves both 1e5 record counts and billion-key supports.
+#pragma once
+
+#include <cstdint>
+
+namespace dpstream {
+
+class ZipfMandelbrot {
+ public:
+  // Requires lo <= hi, s > 0, lo + q > 0.5 (h must be positive on [lo - 1/2, hi + 1/2]).
+  ZipfMandelbrot(std::uint64_t lo, std::uint64_t hi, double q, double s);
+
+  // `uniform` is a function returning doubles on [0, 1).
+  template <class Uniform>
+  std::uint64_t sample(Uniform&& uniform) const {
+    for (;;) {
+      const double u = h_integral_hi_ + uniform() * (h_integral_lo_ - h_integral_hi_);
+      const double x = h_integral_inverse(u);
+      double k = static_cast<double>(static_cast<std::int64_t>(x + 0.5));
+      if (k < lo_) k = lo_;
+      if (k > hi_) k = hi_;
+      if (k - x <= s_const_ || u >= h_integral(k + 0.5) - h(k)) return static_cast<std::uint64_t>(k);
+    }
+  }
+
+  // Exact pmf and mean by direct summation (tests and reports; O(hi - lo)).
+  double pmf(std::uint64_t x) const;
+  double mean() const;
+
+  std::uint64_t lo() const { return static_cast<std::uint64_t>(lo_); }
+  std::uint64_t hi() const { return static_cast<std::uint64_t>(hi_); }
+
+ private:
+  double h(double x) const;                   // (x + q)^-s
+  double h_integral(double x) const;          // H(x) = ((x + q)^(1-s) - 1) / (1 - s), log(x + q) at s = 1
+  double h_integral_inverse(double u) const;  // H^-1
+  double normalizer() const;
+
+  double lo_, hi_, q_, s_;
+  double h_integral_lo_, h_integral_hi_, s_const_;
+};
+
+}  // namespace dpstream
