@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -21,6 +22,15 @@ void fsync_and_close(std::FILE* f, const std::filesystem::path& path) {
   if (std::fclose(f) != 0) throw std::runtime_error(fmt::format("cannot close {}: {}", path.string(), std::strerror(errno)));
 }
 }  // namespace
+
+std::string format_fixed(std::int64_t fixed) {
+  const double v = from_fixed(fixed);
+  for (int decimals = 0; decimals < 7; ++decimals) {
+    std::string text = fmt::format("{:.{}f}", v, decimals);
+    if (to_fixed(std::strtod(text.c_str(), nullptr)) == fixed) return text == "-0" ? "0" : text;
+  }
+  return fmt::format("{:.7f}", v);
+}
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
@@ -53,7 +63,7 @@ void ReleaseWriter::write(std::int64_t window, std::uint32_t trigger, const std:
   buffer_.clear();
   for (const auto& r : rows)
     fmt::format_to(std::back_inserter(buffer_), "{},{},{},{},{}\n", window, trigger, csv_field(r.name), r.count,
-                   from_fixed(r.sum));
+                   format_fixed(r.sum));
   if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size())
     throw std::runtime_error(fmt::format("cannot write {}: {}", partial_.string(), std::strerror(errno)));
   rows_ += rows.size();

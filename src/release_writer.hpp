@@ -17,6 +17,10 @@ struct ReleaseRow {
   std::int64_t sum;  // fixed point
 };
 
+// Shortest decimal text that reads back to the same fixed-point value (e.g. "11.21", "-3",
+// "0.5"): at most 7 decimals, since 1e-7 is below half the 2^-20 grid step.
+std::string format_fixed(std::int64_t fixed);
+
 // Quotes a CSV field when it holds a comma, quote or line break (RFC 4180).
 std::string csv_field(const std::string& s);
 

@@ -1,0 +1,78 @@
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <unordered_set>
+
+#include "partition/hash.hpp"
+#include "partition/partitioner.hpp"
+
+using namespace dpstream::partition;
+
+TEST(Hash, Mix64IsABijectionOnASample) {
+  std::unordered_set<std::uint64_t> seen;
+  for (std::uint64_t i = 0; i < 1'000'000; ++i) ASSERT_TRUE(seen.insert(salted_hash(i, kUserSalt)).second) << i;
+}
+
+TEST(Hash, SaltsGiveDifferentPartitions) {
+  int same = 0;
+  const int P = 4, n = 100'000;
+  for (std::uint64_t i = 0; i < n; ++i)
+    same += owner_rank(salted_hash(i, kUserSalt), P) == owner_rank(salted_hash(i, kKeySalt), P);
+  // Independent salts agree with probability 1/P: 25000 expected, sd ~137; 10 sd margin.
+  EXPECT_NEAR(same, n / P, 1400);
+}
+
+TEST(Hash, OwnerIsInRangeAndUniform) {
+  for (int P : {1, 2, 3, 7, 64}) {
+    std::vector<double> counts(P, 0);
+    const int n = 700'000;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const int o = owner_rank(salted_hash(i, kKeySalt), P);
+      ASSERT_GE(o, 0);
+      ASSERT_LT(o, P);
+      counts[o] += 1;
+    }
+    // Chi-square with P-1 dof; bound at mean + 10 sd is a false-failure rate far below 1e-9.
+    double chi2 = 0, e = static_cast<double>(n) / P;
+    for (double c : counts) chi2 += (c - e) * (c - e) / e;
+    EXPECT_LT(chi2, (P - 1) + 10 * std::sqrt(2.0 * std::max(1, P - 1))) << "P=" << P;
+  }
+  EXPECT_EQ(owner_rank(~0ULL, 5), 4);
+  EXPECT_EQ(owner_rank(0, 5), 0);
+}
+
+TEST(Partitioner, GroupsStablyAndCounts) {
+  std::vector<std::uint64_t> items(200'003);
+  for (std::size_t i = 0; i < items.size(); ++i) items[i] = i;
+  auto dest = [](std::uint64_t v) { return static_cast<std::size_t>(salted_hash(v, kUserSalt) % 5); };
+  auto p = partition_by(items, 5, dest);
+  ASSERT_EQ(p.items.size(), items.size());
+  ASSERT_EQ(p.offsets.back(), items.size());
+  for (std::size_t d = 0; d < 5; ++d) {
+    EXPECT_EQ(p.offsets[d + 1] - p.offsets[d], p.counts[d]);
+    for (std::size_t i = p.offsets[d]; i < p.offsets[d + 1]; ++i) {
+      EXPECT_EQ(dest(p.items[i]), d);
+      if (i > p.offsets[d]) EXPECT_LT(p.items[i - 1], p.items[i]) << "not stable";
+    }
+  }
+}
+
+TEST(Partitioner, SameResultForAnyThreadCount) {
+  std::vector<std::uint64_t> items(300'000);
+  for (std::size_t i = 0; i < items.size(); ++i) items[i] = salted_hash(i, 42);
+  auto dest = [](std::uint64_t v) { return static_cast<std::size_t>(v % 7); };
+  omp_set_num_threads(1);
+  auto one = partition_by(items, 7, dest);
+  omp_set_num_threads(2);
+  auto two = partition_by(items, 7, dest);
+  EXPECT_EQ(one.items, two.items);
+  EXPECT_EQ(one.offsets, two.offsets);
+}
+
+TEST(Partitioner, EmptyInput) {
+  std::vector<int> none;
+  auto p = partition_by(none, 3, [](int) { return 0; });
+  EXPECT_TRUE(p.items.empty());
+  EXPECT_EQ(p.offsets, (std::vector<std::uint64_t>{0, 0, 0, 0}));
+}

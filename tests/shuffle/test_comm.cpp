@@ -1,0 +1,123 @@
+#include <gtest/gtest.h>
+
+#include "partition/hash.hpp"
+#include "shuffle/comm.hpp"
+
+using dpstream::shuffle::Comm;
+
+namespace {
+// Items rank s sends to rank d: a deterministic, uneven count, values encode (s, d, i).
+std::uint64_t count_for(int s, int d) { return (static_cast<std::uint64_t>(s) * 7 + static_cast<std::uint64_t>(d) * 13) % 11 * 37 + (s == d ? 5 : 0); }
+std::uint64_t value_for(int s, int d, std::uint64_t i) { return (static_cast<std::uint64_t>(s) << 40) | (static_cast<std::uint64_t>(d) << 32) | i; }
+
+std::vector<std::uint64_t> exchange(const Comm& comm) {
+  std::vector<std::uint64_t> send, offsets{0};
+  for (int d = 0; d < comm.size(); ++d) {
+    for (std::uint64_t i = 0; i < count_for(comm.rank(), d); ++i) send.push_back(value_for(comm.rank(), d, i));
+    offsets.push_back(send.size());
+  }
+  return comm.alltoallv(send, offsets);
+}
+
+void expect_received(const Comm& comm, const std::vector<std::uint64_t>& got) {
+  std::vector<std::uint64_t> want;
+  for (int s = 0; s < comm.size(); ++s)
+    for (std::uint64_t i = 0; i < count_for(s, comm.rank()); ++i) want.push_back(value_for(s, comm.rank(), i));
+  EXPECT_EQ(got, want);
+}
+}  // namespace
+
+TEST(Alltoallv, DeliversEverySegmentInSourceOrder) {
+  Comm comm;
+  expect_received(comm, exchange(comm));
+}
+
+TEST(Alltoallv, RoundsGiveTheSameResult) {
+  Comm comm;
+  for (std::uint64_t limit : {8ULL, 40ULL, 1000ULL}) {  // bytes per round: forces many rounds
+    comm.set_round_limit_bytes(limit);
+    expect_received(comm, exchange(comm));
+  }
+}
+
+TEST(Alltoallv, EmptyEverywhere) {
+  Comm comm;
+  std::vector<std::uint64_t> none;
+  std::vector<std::uint64_t> offsets(comm.size() + 1, 0);
+  EXPECT_TRUE(comm.alltoallv(none, offsets).empty());
+}
+
+TEST(Alltoallv, CountsTraffic) {
+  Comm comm;
+  dpstream::shuffle::TrafficCounter t;
+  std::vector<std::uint64_t> send(comm.size() * 3, 1), offsets;
+  for (int d = 0; d <= comm.size(); ++d) offsets.push_back(3 * d);
+  comm.alltoallv(send, offsets, &t);
+  EXPECT_EQ(t.bytes_total, send.size() * 8);
+  EXPECT_EQ(t.bytes_sent_to_others, (send.size() - 3) * 8);
+}
+
+TEST(VariableLength, StringsRoundTripThroughTheExchange) {
+  Comm comm;
+  std::vector<dpstream::shuffle::ByteWriter> w(comm.size());
+  for (int d = 0; d < comm.size(); ++d)
+    for (int i = 0; i <= d; ++i) {
+      w[d].put(static_cast<std::uint64_t>(comm.rank()));
+      w[d].put_string(std::string(static_cast<std::size_t>(i * 3), 'a' + static_cast<char>(d)) + ",\"\n");
+    }
+  std::vector<std::byte> send;
+  std::vector<std::uint64_t> offsets{0};
+  for (auto& x : w) {
+    send.insert(send.end(), x.bytes().begin(), x.bytes().end());
+    offsets.push_back(send.size());
+  }
+  comm.set_round_limit_bytes(16);
+  std::vector<std::uint64_t> recv_offsets;
+  const auto recv = comm.alltoallv_bytes(send.data(), offsets, recv_offsets);
+  dpstream::shuffle::ByteReader in(recv.data(), recv.size());
+  for (int s = 0; s < comm.size(); ++s)
+    for (int i = 0; i <= comm.rank(); ++i) {
+      EXPECT_EQ(in.get<std::uint64_t>(), static_cast<std::uint64_t>(s));
+      EXPECT_EQ(in.get_string(), std::string(static_cast<std::size_t>(i * 3), 'a' + static_cast<char>(comm.rank())) + ",\"\n");
+    }
+  EXPECT_TRUE(in.done());
+}
+
+TEST(VariableLength, TruncatedMessageThrows) {
+  dpstream::shuffle::ByteWriter w;
+  w.put_string("hello");
+  dpstream::shuffle::ByteReader r(w.bytes().data(), w.size() - 1);
+  EXPECT_THROW(r.get_string(), std::runtime_error);
+}
+
+TEST(Gather, RootGetsAllInRankOrder) {
+  Comm comm;
+  std::vector<std::byte> mine(static_cast<std::size_t>(comm.rank()) + 1, std::byte{static_cast<unsigned char>(comm.rank())});
+  comm.set_round_limit_bytes(3);
+  const auto all = comm.gather_bytes_to_root(mine);
+  if (comm.rank() == 0) {
+    std::size_t k = 0;
+    for (int r = 0; r < comm.size(); ++r)
+      for (int i = 0; i <= r; ++i) EXPECT_EQ(all.at(k++), std::byte{static_cast<unsigned char>(r)});
+    EXPECT_EQ(k, all.size());
+  } else {
+    EXPECT_TRUE(all.empty());
+  }
+}
+
+TEST(Agreement, FirstFailingRankMessageReachesAll) {
+  Comm comm;
+  EXPECT_EQ(comm.agree_on_error(""), "");
+  const int bad = comm.size() - 1;
+  const std::string msg = comm.agree_on_error(comm.rank() == bad ? "rank " + std::to_string(bad) + " says no" : "");
+  EXPECT_EQ(msg, "rank " + std::to_string(bad) + " says no");
+}
+
+TEST(Collectives, SumMaxAllgather) {
+  Comm comm;
+  const auto P = static_cast<std::uint64_t>(comm.size());
+  EXPECT_EQ(comm.sum(static_cast<std::uint64_t>(comm.rank()) + 1), P * (P + 1) / 2);
+  EXPECT_EQ(comm.max(static_cast<std::uint64_t>(comm.rank())), P - 1);
+  const auto all = comm.allgather(static_cast<std::uint64_t>(comm.rank()) * 10);
+  for (std::uint64_t r = 0; r < P; ++r) EXPECT_EQ(all[r], r * 10);
+}

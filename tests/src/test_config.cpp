@@ -1,0 +1,79 @@
+#include <gtest/gtest.h>
+
+#include "src/config.hpp"
+#include "src/errors.hpp"
+
+using namespace dpstream;
+
+namespace {
+const char* kMinimal = R"(
+[stream]
+triggers = 4
+[privacy]
+max_records_per_user = 3
+)";
+
+std::string error_of(const std::string& toml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_job(toml, "job.toml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Config, DefaultsAndRequiredKeys) {
+  const auto c = parse_job(kMinimal, "job.toml", {});
+  EXPECT_EQ(c.input.kind, InputKind::Synthetic);
+  EXPECT_EQ(c.stream.window_seconds, 86400);
+  EXPECT_EQ(c.stream.triggers, 4u);
+  EXPECT_EQ(c.privacy.max_records_per_user, 3u);
+  EXPECT_EQ(c.output.format, "csv");
+  EXPECT_NE(error_of("[stream]\ntriggers = 4\n").find("max_records_per_user is required"), std::string::npos);
+  EXPECT_NE(error_of("[privacy]\nmax_records_per_user = 4\n").find("triggers is required"), std::string::npos);
+}
+
+TEST(Config, UnknownKeysAndSectionsAreNamed) {
+  auto e = error_of(std::string(kMinimal) + "[input]\nuser = 5\n");
+  EXPECT_NE(e.find("unknown key [input] user"), std::string::npos) << e;
+  EXPECT_NE(e.find("users"), std::string::npos) << "should list the known keys: " << e;
+  e = error_of(std::string(kMinimal) + "[inptu]\nusers = 5\n");
+  EXPECT_NE(e.find("unknown section [inptu]"), std::string::npos) << e;
+}
+
+TEST(Config, TypesRangesAndChoices) {
+  EXPECT_NE(error_of("[stream]\ntriggers = \"ten\"\n[privacy]\nmax_records_per_user = 3\n").find("must be an integer"), std::string::npos);
+  EXPECT_NE(error_of("[stream]\ntriggers = 0\n[privacy]\nmax_records_per_user = 3\n").find("[stream] triggers must be in"), std::string::npos);
+  EXPECT_NE(error_of("[stream]\ntriggers = 2.5\n[privacy]\nmax_records_per_user = 3\n").find("must be an integer"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"input.kind=parquet"}).find("must be one of \"csv\" | \"synthetic\""), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.clamp_min=2", "privacy.clamp_max=1"}).find("must be >= clamp_min"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.clamp_max=nan"}).find("must be finite"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.clamp_max=1e12"}).find("2^31"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"input.kind=csv"}).find("[input] path is required"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"stream.window_seconds=10", "stream.triggers=11"}).find("must not exceed window_seconds"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.mode=dp"}).find("must be one of \"none\""), std::string::npos);
+  EXPECT_NE(error_of("[stream\n").find("not valid TOML"), std::string::npos);
+}
+
+TEST(Config, OverridesKeepTheirTypes) {
+  const auto c = parse_job(kMinimal, "job.toml",
+                           {"input.users=123", "privacy.clamp_max=2.5", "input.key_distribution=uniform", "output.dir=\"a b\""});
+  EXPECT_EQ(c.input.users, 123u);
+  EXPECT_DOUBLE_EQ(c.privacy.clamp_max, 2.5);
+  EXPECT_EQ(c.input.key_distribution, KeyDistribution::Uniform);
+  EXPECT_EQ(c.output.dir, "a b");
+  EXPECT_NE(error_of(kMinimal, {"usersequals5"}).find("expected section.key=value"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"input.users=-4"}).find("[input] users must be in"), std::string::npos);
+}
+
+TEST(Config, DemoJobParses) {
+  const auto c = parse_job(demo_job_toml(), "demo", {});
+  EXPECT_EQ(c.name, "demo");
+  EXPECT_EQ(c.stream.triggers, 10u);
+}
+
+TEST(Config, MissingSpecFile) {
+  EXPECT_THROW(load_job("/nonexistent/job.toml", {}), ConfigError);
+}

@@ -1,0 +1,132 @@
+// The whole trigger loop under MPI (run at 1-4 ranks) against the naive single-threaded oracle.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "src/config.hpp"
+#include "src/csv_input.hpp"
+#include "src/engine.hpp"
+#include "src/errors.hpp"
+#include "src/naive_reference.hpp"
+#include "src/release_writer.hpp"
+#include "src/workload.hpp"
+
+using namespace dpstream;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path out_dir(const shuffle::Comm& comm, const std::string& name) {
+  return fs::temp_directory_path() / ("dpstream_engine_" + name + "_np" + std::to_string(comm.size()));
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The expected releases.csv, from the naive reference over the same stream.
+std::string expected_releases(const JobConfig& c, std::vector<std::vector<Record>> triggers,
+                              const std::function<std::string(std::uint64_t)>& name, bool sort_by_name) {
+  std::ostringstream out;
+  out << "window,trigger,key,count,sum\n";
+  NaiveReference naive(c.privacy.max_records_per_user, c.privacy.clamp_min, c.privacy.clamp_max);
+  std::size_t g = 0;
+  for (std::uint32_t w = 0; w < c.stream.windows; ++w) {
+    naive.begin_window();
+    for (std::uint32_t t = 0; t < c.stream.triggers; ++t) {
+      auto rows = naive.process(std::move(triggers[g++]));
+      if (sort_by_name)
+        std::sort(rows.begin(), rows.end(), [&](auto& a, auto& b) { return name(a.key) < name(b.key); });
+      for (const auto& r : rows)
+        out << c.stream.first_window + w << ',' << t << ',' << name(r.key) << ',' << r.count << ',' << format_fixed(r.sum) << '\n';
+    }
+  }
+  return out.str();
+}
+}  // namespace
+
+TEST(Engine, SyntheticJobMatchesNaiveReference) {
+  shuffle::Comm comm;
+  const auto dir = out_dir(comm, "synthetic");
+  auto c = parse_job(demo_job_toml(), "demo",
+                     {"input.users=5000", "stream.triggers=9", "stream.windows=2", "privacy.max_records_per_user=4",
+                      "output.progress=\"never\"", "output.dir=\"" + dir.string() + "\""});
+  const auto report = run_job(c, comm, {});
+  if (comm.rank() != 0) return;
+  SyntheticSource all(c, 0, 1);
+  std::vector<std::vector<Record>> triggers;
+  for (std::uint32_t w = 0; w < 2; ++w)
+    for (std::uint32_t t = 0; t < 9; ++t) triggers.push_back(all.take_trigger(w, t));
+  const auto want = expected_releases(c, triggers, [](std::uint64_t k) { return std::to_string(k); }, false);
+  EXPECT_EQ(read_file(dir / "releases.csv"), want);
+  EXPECT_TRUE(fs::exists(dir / "summary.json"));
+  EXPECT_FALSE(fs::exists(dir / ".releases.csv.partial"));
+}
+
+TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
+  shuffle::Comm comm;
+  const auto dir = out_dir(comm, "csv");
+  const auto csv = fs::temp_directory_path() / ("dpstream_engine_input_np" + std::to_string(comm.size()) + ".csv");
+  // Rank 0 writes the input; the others wait for it.
+  std::ostringstream text;
+  text << "user_id,key,value,timestamp\n";
+  std::vector<std::vector<Record>> triggers(6);
+  std::map<std::uint64_t, std::string> names;
+  std::uint64_t state = 99;
+  auto next = [&] { return state = state * 6364136223846793005ULL + 1442695040888963407ULL, state >> 33; };
+  for (int i = 0; i < 3000; ++i) {
+    const std::string user = "user " + std::to_string(next() % 40);
+    const std::string key = (next() % 3 ? "key" : "k,\"") + std::to_string(next() % 30);
+    const double value = static_cast<double>(next() % 1000) / 100.0 - 3.0;
+    const std::int64_t ts = static_cast<std::int64_t>(next() % 600);
+    const std::string quoted = "\"" + std::regex_replace(key, std::regex("\""), "\"\"") + "\"";
+    const std::size_t offset = text.str().size();
+    text << '"' << user << "\"," << quoted << ',' << value << ',' << ts << '\n';
+    triggers[static_cast<std::size_t>(ts * 6 / 600)].push_back(Record{csv_user_id(user), csv_key_id(key), ts, offset, value});
+    names[csv_key_id(key)] = key;
+  }
+  if (comm.rank() == 0) std::ofstream(csv) << text.str();
+  comm.barrier();
+  auto c = parse_job("[input]\nkind = \"csv\"\npath = \"" + csv.string() +
+                         "\"\n[stream]\nwindow_seconds = 600\ntriggers = 6\n[privacy]\nmax_records_per_user = 7\n"
+                         "clamp_min = -1.5\nclamp_max = 4\n[output]\nprogress = \"never\"\ndir = \"" + dir.string() + "\"\n",
+                     "csv-test", {});
+  run_job(c, comm, {});
+  if (comm.rank() != 0) return;
+  const auto want = expected_releases(c, triggers, [&](std::uint64_t k) {
+    const auto& n = names.at(k);
+    if (n.find_first_of(",\"") == std::string::npos) return n;
+    return "\"" + std::regex_replace(n, std::regex("\""), "\"\"") + "\"";
+  }, true);
+  EXPECT_EQ(read_file(dir / "releases.csv"), want);
+}
+
+TEST(Engine, BadRowWithFailPolicyStopsEveryRankAndWritesNothing) {
+  shuffle::Comm comm;
+  const auto dir = out_dir(comm, "fail");
+  const auto csv = fs::temp_directory_path() / ("dpstream_engine_bad_np" + std::to_string(comm.size()) + ".csv");
+  if (comm.rank() == 0) {
+    fs::remove_all(dir);
+    std::ofstream f(csv);
+    f << "user_id,key,value,timestamp\n";
+    for (int i = 0; i < 500; ++i) f << "u" << i << ",k,1," << i << "\n";
+    f << "u1,k,oops,3\n";
+  }
+  comm.barrier();
+  auto c = parse_job("[input]\nkind = \"csv\"\nbad_rows = \"fail\"\npath = \"" + csv.string() +
+                         "\"\n[stream]\ntriggers = 3\n[privacy]\nmax_records_per_user = 2\n[output]\nprogress = \"never\"\ndir = \"" +
+                         dir.string() + "\"\n",
+                     "bad", {});
+  EXPECT_THROW(run_job(c, comm, {}), InputError);  // on every rank, not only where the row was
+  comm.barrier();
+  EXPECT_FALSE(fs::exists(dir / "releases.csv"));
+  EXPECT_FALSE(fs::exists(dir / ".releases.csv.partial"));
+  EXPECT_FALSE(fs::exists(dir / "summary.json"));
+}

@@ -1,0 +1,114 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "src/config.hpp"
+#include "src/stream_clock.hpp"
+#include "src/workload.hpp"
+
+using namespace dpstream;
+
+namespace {
+JobConfig small_job(std::uint64_t users = 3000, std::uint32_t triggers = 7) {
+  return parse_job("[input]\nusers = " + std::to_string(users) + "\nkeys = 500\nseed = 11\n[stream]\ntriggers = " +
+                       std::to_string(triggers) + "\nwindows = 2\nfirst_window = 3\n[privacy]\nmax_records_per_user = 4\n",
+                   "test", {});
+}
+
+bool same_record(const Record& a, const Record& b) {
+  return a.user == b.user && a.key == b.key && a.timestamp == b.timestamp && a.position == b.position && a.value == b.value;
+}
+bool record_less(const Record& a, const Record& b) { return a.position < b.position; }
+
+std::vector<std::vector<Record>> all_triggers(const JobConfig& c, int ranks) {
+  std::vector<std::vector<Record>> out;
+  std::vector<std::unique_ptr<SyntheticSource>> sources;
+  for (int r = 0; r < ranks; ++r) sources.push_back(std::make_unique<SyntheticSource>(c, r, ranks));
+  for (std::uint32_t w = 0; w < c.stream.windows; ++w)
+    for (std::uint32_t t = 0; t < c.stream.triggers; ++t) {
+      std::vector<Record> merged;
+      for (auto& s : sources) {
+        auto part = s->take_trigger(c.stream.first_window + w, t);
+        merged.insert(merged.end(), part.begin(), part.end());
+      }
+      std::sort(merged.begin(), merged.end(), record_less);
+      out.push_back(std::move(merged));
+    }
+  return out;
+}
+}  // namespace
+
+TEST(Workload, SameStreamForAnyRankCount) {
+  const auto c = small_job();
+  const auto one = all_triggers(c, 1);
+  for (int ranks : {2, 3, 5}) {
+    const auto many = all_triggers(c, ranks);
+    ASSERT_EQ(one.size(), many.size());
+    for (std::size_t t = 0; t < one.size(); ++t) {
+      ASSERT_EQ(one[t].size(), many[t].size()) << "trigger " << t << " ranks " << ranks;
+      for (std::size_t i = 0; i < one[t].size(); ++i) ASSERT_TRUE(same_record(one[t][i], many[t][i]));
+    }
+  }
+}
+
+TEST(Workload, RecordsFallInTheirTriggerAndFollowEachUsersStream) {
+  const auto c = small_job();
+  const StreamClock clock{c.stream.window_seconds, c.stream.triggers};
+  const auto triggers = all_triggers(c, 1);
+  SyntheticSource source(c, 0, 1);
+  std::vector<std::vector<Record>> per_user(c.input.users);
+  for (std::size_t g = 0; g < c.stream.triggers; ++g)  // first window only
+    for (const auto& r : triggers[g]) {
+      EXPECT_EQ(clock.window_of(r.timestamp), c.stream.first_window);
+      EXPECT_EQ(clock.trigger_of(r.timestamp), g);
+      EXPECT_GE(r.key, 1u);
+      EXPECT_LE(r.key, c.input.keys);
+      per_user[r.user].push_back(r);
+    }
+  for (std::uint64_t u = 0; u < c.input.users; ++u) {
+    const auto want = source.user_records(c.stream.first_window, u);
+    ASSERT_EQ(per_user[u].size(), want.size()) << "user " << u;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(same_record(per_user[u][i], want[i])) << "user " << u << " record " << i;
+      if (i) EXPECT_LE(want[i - 1].timestamp, want[i].timestamp);  // sorted event times
+    }
+  }
+}
+
+TEST(Workload, WindowsAreIndependentDraws) {
+  const auto c = small_job(200);
+  SyntheticSource s(c, 0, 1);
+  int differ = 0;
+  for (std::uint64_t u = 0; u < 200; ++u) differ += s.user_records(3, u).size() != s.user_records(4, u).size();
+  EXPECT_GT(differ, 100);  // P[same count] = sum p^2 ~ 0.1
+}
+
+TEST(Workload, RecordsPerUserMeanAndUniformTimes) {
+  // 40000 users: mean records per user 6.1149 (sd 6.93, SE 0.035; 6 SE bound), and the
+  // trigger of each record is uniform over T = 8 slices (chi-square, 7 dof, bound 40: p < 1e-6).
+  const auto c = small_job(40000, 8);
+  SyntheticSource s(c, 0, 1);
+  std::vector<double> per_trigger(8, 0);
+  double total = 0;
+  for (std::uint32_t t = 0; t < 8; ++t) total += per_trigger[t] = static_cast<double>(s.take_trigger(3, t).size());
+  EXPECT_NEAR(total / 40000, 6.114885, 6 * 6.925 / std::sqrt(40000.0));
+  double chi2 = 0;
+  for (double x : per_trigger) chi2 += (x - total / 8) * (x - total / 8) / (total / 8);
+  EXPECT_LT(chi2, 40.0);
+}
+
+TEST(StreamClock, WindowsAndTriggers) {
+  const StreamClock clock{100, 7};
+  EXPECT_EQ(clock.window_of(0), 0);
+  EXPECT_EQ(clock.window_of(99), 0);
+  EXPECT_EQ(clock.window_of(100), 1);
+  EXPECT_EQ(clock.window_of(-1), -1);
+  EXPECT_EQ(clock.trigger_of(0), 0u);
+  EXPECT_EQ(clock.trigger_of(14), 0u);   // 14 * 7 / 100 = 0.98
+  EXPECT_EQ(clock.trigger_of(15), 1u);   // 1.05
+  EXPECT_EQ(clock.trigger_of(99), 6u);
+  EXPECT_EQ(clock.trigger_of(115), 1u);
+  const StreamClock big{std::int64_t{1} << 40, 1'000'000};
+  EXPECT_EQ(big.trigger_of((std::int64_t{1} << 40) - 1), 999'999u);  // no overflow in offset * T
+}

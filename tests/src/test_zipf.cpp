@@ -1,0 +1,107 @@
+// Statistical tests of the Zipf-Mandelbrot sampler against ../shared/reference/zipf_mandelbrot.json
+// (exact values computed independently). Fixed seeds; each bound states its false-failure rate.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "src/counter_rng.hpp"
+#include "src/zipf.hpp"
+
+using namespace dpstream;
+
+namespace {
+nlohmann::json reference() {
+  std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/zipf_mandelbrot.json");
+  if (!f) throw std::runtime_error("missing ../shared/reference/zipf_mandelbrot.json");
+  return nlohmann::json::parse(f);
+}
+}  // namespace
+
+TEST(Zipf, ExactMomentsMatchReference) {
+  const auto ref = reference()["records_per_user"]["support_from_1"];
+  ZipfMandelbrot z(1, 100'000, 26.0, 6.738);
+  EXPECT_NEAR(z.mean(), ref["mean"].get<double>(), 1e-9);
+  EXPECT_NEAR(z.pmf(1), ref["P_X_eq_min"].get<double>(), 1e-12);
+  const auto first12 = ref["pmf_first_12"];
+  for (std::size_t i = 0; i < first12.size(); ++i) EXPECT_NEAR(z.pmf(i + 1), first12[i].get<double>(), 1e-12);
+}
+
+TEST(Zipf, SampledRecordsPerUserMatchReference) {
+  const auto ref = reference()["records_per_user"]["support_from_1"];
+  ZipfMandelbrot z(1, 100'000, 26.0, 6.738);
+  CounterRng rng(2024, 1);
+  const int n = 2'000'000;
+  std::vector<std::uint64_t> samples(n);
+  double sum = 0;
+  int over10 = 0;
+  for (auto& x : samples) {
+    x = z.sample([&] { return rng.uniform(); });
+    ASSERT_GE(x, 1u);
+    ASSERT_LE(x, 100'000u);
+    sum += static_cast<double>(x);
+    over10 += x > 10;
+  }
+  // Mean: standard error = sd / sqrt(n) = 6.93 / 1414 = 0.0049; 6 SE: false-failure < 2e-9.
+  EXPECT_NEAR(sum / n, ref["mean"].get<double>(), 6 * ref["std"].get<double>() / std::sqrt(n));
+  const double p10 = ref["P_X_gt_10"].get<double>();
+  EXPECT_NEAR(static_cast<double>(over10) / n, p10, 6 * std::sqrt(p10 * (1 - p10) / n));
+  // Percentiles: the empirical CDF at each reference percentile x (and x - 1) brackets the level.
+  std::sort(samples.begin(), samples.end());
+  for (const auto& [level, x] : ref["percentiles_smallest_x_with_cdf_ge"].items()) {
+    const double q = std::stod(level);
+    const auto xv = x.get<std::uint64_t>();
+    const double cdf_x = static_cast<double>(std::upper_bound(samples.begin(), samples.end(), xv) - samples.begin()) / n;
+    const double cdf_before = static_cast<double>(std::upper_bound(samples.begin(), samples.end(), xv - 1) - samples.begin()) / n;
+    const double se = 6 * std::sqrt(q * (1 - q) / n);
+    EXPECT_GE(cdf_x, q - se) << "percentile " << level;
+    EXPECT_LE(cdf_before, q + se) << "percentile " << level;
+  }
+}
+
+TEST(Zipf, ChiSquareAgainstExactPmf) {
+  // 40 cells: x = 1..39 and the tail x >= 40. Chi-square with 39 dof; the bound is the
+  // Wilson-Hilferty 1 - 1e-6 quantile (z = 4.753): false-failure rate 1e-6.
+  ZipfMandelbrot z(1, 100'000, 26.0, 6.738);
+  CounterRng rng(77, 2);
+  const int n = 1'000'000, cells = 40;
+  std::vector<double> observed(cells, 0), expected(cells, 0);
+  for (int i = 0; i < n; ++i) ++observed[std::min<std::uint64_t>(z.sample([&] { return rng.uniform(); }), cells) - 1];
+  double head = 0;
+  for (int x = 1; x < cells; ++x) head += expected[x - 1] = z.pmf(x) * n;
+  expected[cells - 1] = n - head;
+  double chi2 = 0;
+  for (int c = 0; c < cells; ++c) chi2 += (observed[c] - expected[c]) * (observed[c] - expected[c]) / expected[c];
+  const double k = cells - 1, zq = 4.753;
+  const double bound = k * std::pow(1 - 2 / (9 * k) + zq * std::sqrt(2 / (9 * k)), 3);
+  EXPECT_LT(chi2, bound);
+}
+
+TEST(Zipf, KeyDistributionHeadShare) {
+  const double want = reference()["keys"]["support_from_1"]["frac_first_1000_keys"].get<double>();
+  ZipfMandelbrot z(1, 1'000'000, 1000.0, 1.4);
+  CounterRng rng(5, 3);
+  const int n = 1'000'000;
+  int head = 0;
+  for (int i = 0; i < n; ++i) head += z.sample([&] { return rng.uniform(); }) <= 1000;
+  EXPECT_NEAR(static_cast<double>(head) / n, want, 6 * std::sqrt(want * (1 - want) / n));
+}
+
+TEST(Zipf, HugeSupportAndEdgeCases) {
+  ZipfMandelbrot huge(1, 1'000'000'000'000ULL, 1000.0, 1.4);  // O(1) memory at any size
+  CounterRng rng(9, 9);
+  for (int i = 0; i < 10000; ++i) {
+    const auto x = huge.sample([&] { return rng.uniform(); });
+    ASSERT_GE(x, 1u);
+    ASSERT_LE(x, 1'000'000'000'000ULL);
+  }
+  ZipfMandelbrot single(5, 5, 0.0, 2.0);
+  EXPECT_EQ(single.sample([&] { return rng.uniform(); }), 5u);
+  ZipfMandelbrot s_one(1, 1000, 3.0, 1.0);  // s = 1: the logarithmic integral
+  double sum = 0;
+  for (int i = 0; i < 200000; ++i) sum += static_cast<double>(s_one.sample([&] { return rng.uniform(); }));
+  EXPECT_NEAR(sum / 200000, s_one.mean(), 6 * 290 / std::sqrt(200000.0));
+  EXPECT_THROW(ZipfMandelbrot(5, 4, 1.0, 1.0), std::invalid_argument);
+  EXPECT_THROW(ZipfMandelbrot(1, 4, 1.0, 0.0), std::invalid_argument);
+}
