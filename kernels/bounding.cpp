@@ -87,12 +87,12 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
 
         kept_values.clear();
         for (std::uint32_t i = 0; i < take; ++i) {
-          std::int64_t v = to_fixed(g[i].value);
-          if (v < params.clamp_min_fixed || v > params.clamp_max_fixed) {
-            v = std::clamp(v, params.clamp_min_fixed, params.clamp_max_fixed);
+          double v = g[i].value;
+          if (v < params.clamp_min || v > params.clamp_max) {
+            v = std::clamp(v, params.clamp_min, params.clamp_max);
             ++mine.stats.clamped;
           }
-          kept_values.emplace_back(g[i].key, v);
+          kept_values.emplace_back(g[i].key, to_fixed(v));
         }
         // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
         std::sort(kept_values.begin(), kept_values.end());

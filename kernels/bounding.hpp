@@ -16,8 +16,8 @@ namespace dpstream::kernels {
 
 struct BoundingParams {
   std::uint32_t max_records_per_user;  // C
-  std::int64_t clamp_min_fixed;        // clamp range in fixed point (see record.hpp)
-  std::int64_t clamp_max_fixed;
+  double clamp_min;                    // values are clamped (as doubles, so any magnitude is
+  double clamp_max;                    // safe) and then rounded to fixed point
 };
 
 struct BoundingStats {

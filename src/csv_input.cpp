@@ -188,10 +188,13 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
     double value = 0;
     const auto [vp, vec] = std::from_chars(vtext.data(), vtext.data() + vtext.size(), value);
     if (vec == std::errc::result_out_of_range && vp == vtext.data() + vtext.size()) {
-      bad(stats_.non_finite, offset, line, "value out of the range of a double");
-      continue;
-    }
-    if (vec != std::errc() || vp != vtext.data() + vtext.size() || vtext.empty()) {
+      // Too large is infinite; too small (1e-400) is a finite value that rounds to 0.
+      value = std::strtod(vtext.c_str(), nullptr);
+      if (std::isinf(value)) {
+        bad(stats_.non_finite, offset, line, fmt::format("value '{}' overflows a double", vtext));
+        continue;
+      }
+    } else if (vec != std::errc() || vp != vtext.data() + vtext.size() || vtext.empty()) {
       bad(stats_.malformed, offset, line, fmt::format("value '{}' is not a number", vtext));
       continue;
     }

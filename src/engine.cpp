@@ -174,8 +174,8 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   const KeyNames* names = source->has_string_keys() ? &key_names : nullptr;
   stage.ingest += seconds_since(t0);
 
-  const kernels::BoundingParams bounding{config.privacy.max_records_per_user, to_fixed(config.privacy.clamp_min),
-                                         to_fixed(config.privacy.clamp_max)};
+  const kernels::BoundingParams bounding{config.privacy.max_records_per_user, config.privacy.clamp_min,
+                                         config.privacy.clamp_max};
   kernels::UserState users;
   kernels::KeyStateTable keys;
   kernels::BoundingStats bstats;

@@ -38,13 +38,16 @@ void add_job_args(CLI::App* cmd, JobArgs& a) {
 }
 
 dpstream::JobConfig load(const JobArgs& a) {
-  std::vector<std::string> overrides = a.overrides;
-  if (!a.out.empty()) overrides.push_back("output.dir=\"" + a.out + "\"");
-  if (!a.progress.empty()) overrides.push_back("output.progress=\"" + a.progress + "\"");
   if (a.demo && !a.spec.empty()) throw dpstream::ConfigError("give either a job spec or --demo, not both");
-  if (a.demo) return dpstream::parse_job(dpstream::demo_job_toml(), "built-in demo", overrides);
-  if (a.spec.empty()) throw dpstream::ConfigError("no job spec given: dpstream run JOB.toml (or --demo)");
-  return dpstream::load_job(a.spec, overrides);
+  if (!a.demo && a.spec.empty()) throw dpstream::ConfigError("no job spec given: dpstream run JOB.toml (or --demo)");
+  auto config = a.demo ? dpstream::parse_job(dpstream::demo_job_toml(), "built-in demo", a.overrides)
+                       : dpstream::load_job(a.spec, a.overrides);
+  // Paths and choices from options are taken verbatim (never re-parsed as TOML).
+  if (!a.out.empty()) config.output.dir = a.out;
+  if (a.progress == "always") config.output.progress = dpstream::ProgressMode::Always;
+  if (a.progress == "auto") config.output.progress = dpstream::ProgressMode::Auto;
+  if (a.progress == "never") config.output.progress = dpstream::ProgressMode::Never;
+  return config;
 }
 
 // Writes the synthetic stream as CSV (user_id,key,value,timestamp) in stream order.

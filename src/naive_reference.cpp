@@ -20,7 +20,7 @@ std::vector<KeyTotals> NaiveReference::process(std::vector<Record> records) {
     auto& t = totals_[r.key];
     t.key = r.key;
     ++t.count;
-    t.sum += std::clamp(to_fixed(r.value), lo_, hi_);
+    t.sum += to_fixed(std::clamp(r.value, lo_, hi_));
     if (touched_.insert({r.user, r.key}).second) ++t.users;
     changed.insert(r.key);
   }

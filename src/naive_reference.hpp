@@ -21,7 +21,7 @@ struct PairHash {
 class NaiveReference {
  public:
   NaiveReference(std::uint32_t max_records_per_user, double clamp_min, double clamp_max)
-      : c_(max_records_per_user), lo_(to_fixed(clamp_min)), hi_(to_fixed(clamp_max)) {}
+      : c_(max_records_per_user), lo_(clamp_min), hi_(clamp_max) {}
 
   void begin_window();
   // One trigger's records in any order; returns the changed keys' totals, sorted by key.
@@ -29,7 +29,7 @@ class NaiveReference {
 
  private:
   std::uint32_t c_;
-  std::int64_t lo_, hi_;
+  double lo_, hi_;
   std::unordered_map<std::uint64_t, std::uint32_t> kept_;
   std::unordered_set<std::pair<std::uint64_t, std::uint64_t>, PairHash> touched_;
   std::unordered_map<std::uint64_t, KeyTotals> totals_;

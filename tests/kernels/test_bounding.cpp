@@ -50,7 +50,7 @@ TEST(Bounding, MatchesNaiveReferenceOverManyTriggers) {
     for (int t = 0; t < 30; ++t) {
       auto records = random_trigger(rng, t, position);
       total += records.size();
-      auto partials = kernels::bound_and_aggregate(records, {C, to_fixed(lo), to_fixed(hi)}, users, stats);
+      auto partials = kernels::bound_and_aggregate(records, {C, lo, hi}, users, stats);
       const auto got = keys.accumulate(partials);
       const auto want = naive.process(records);
       ASSERT_EQ(got.size(), want.size()) << "trigger " << t;
@@ -74,7 +74,7 @@ TEST(Bounding, KeepsTheFirstCInStreamOrderNotArrivalOrder) {
   // One user, 5 records on 5 keys; C = 2. Stream order: (timestamp, position).
   std::vector<Record> records = {
       {1, 50, 10, 4, 1.0}, {1, 40, 10, 3, 1.0}, {1, 30, 5, 9, 1.0}, {1, 20, 7, 0, 1.0}, {1, 10, 12, 1, 1.0}};
-  auto partials = kernels::bound_and_aggregate(records, {2, to_fixed(0), to_fixed(1)}, users, stats);
+  auto partials = kernels::bound_and_aggregate(records, {2, 0.0, 1.0}, users, stats);
   std::sort(partials.begin(), partials.end(), [](auto& a, auto& b) { return a.key < b.key; });
   ASSERT_EQ(partials.size(), 2u);
   EXPECT_EQ(partials[0].key, 20u);  // t = 7
@@ -85,8 +85,9 @@ TEST(Bounding, KeepsTheFirstCInStreamOrderNotArrivalOrder) {
 TEST(Bounding, ClampsAndCountsAUserOncePerKey) {
   kernels::UserState users;
   kernels::BoundingStats stats;
-  std::vector<Record> t0 = {{9, 1, 0, 0, 100.0}, {9, 1, 1, 1, -100.0}, {9, 2, 2, 2, 0.25}};
-  auto p0 = kernels::bound_and_aggregate(t0, {10, to_fixed(-1), to_fixed(1)}, users, stats);
+  // 1e300 and -1e300 would overflow a fixed-point conversion: clamping comes first.
+  std::vector<Record> t0 = {{9, 1, 0, 0, 1e300}, {9, 1, 1, 1, -1e300}, {9, 2, 2, 2, 0.25}};
+  auto p0 = kernels::bound_and_aggregate(t0, {10, -1.0, 1.0}, users, stats);
   std::sort(p0.begin(), p0.end(), [](auto& a, auto& b) { return a.key < b.key; });
   ASSERT_EQ(p0.size(), 2u);
   EXPECT_EQ(p0[0].count, 2);
@@ -96,7 +97,7 @@ TEST(Bounding, ClampsAndCountsAUserOncePerKey) {
   EXPECT_EQ(stats.clamped, 2u);
   // Next trigger: the same user on key 1 again is not a new user for key 1.
   std::vector<Record> t1 = {{9, 1, 5, 3, 0.5}};
-  auto p1 = kernels::bound_and_aggregate(t1, {10, to_fixed(-1), to_fixed(1)}, users, stats);
+  auto p1 = kernels::bound_and_aggregate(t1, {10, -1.0, 1.0}, users, stats);
   ASSERT_EQ(p1.size(), 1u);
   EXPECT_EQ(p1[0].new_users, 0);
   EXPECT_EQ(users.users(), 1u);

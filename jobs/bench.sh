@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Engine-path benchmark on the paper workload: one RESULT line per rank count, each with the
+# naive single-threaded std::unordered_map reference timed in the same run.
+#   jobs/bench.sh [build/src/dpstream] [extra --set args...]
+# Example (smaller): jobs/bench.sh build/src/dpstream --set input.users=1000000
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bin=${1:-$here/../build/src/dpstream}
+shift || true
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cores=$(nproc)
+for np in 1 2; do
+  threads=$(( cores / np > 0 ? cores / np : 1 ))
+  for th in 1 "$threads"; do
+    OMP_NUM_THREADS=$th mpirun --oversubscribe -np "$np" --bind-to none "$bin" bench "$here/paper-workload.toml" \
+      --progress never "$@" | grep '^RESULT'
+    [[ $th == 1 && $threads == 1 ]] && break
+  done
+done

@@ -1,0 +1,134 @@
+"""Shared helpers of the dpstream end-to-end tests (python3 stdlib only)."""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_BIN = os.path.normpath(os.path.join(HERE, "..", "..", "build", "src", "dpstream"))
+
+
+def parse_args(description):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--ranks", type=int, default=1, help="MPI ranks (mpirun -np N --oversubscribe)")
+    ap.add_argument("--bin", default=os.environ.get("DPSTREAM_BIN", DEFAULT_BIN), help="path to the dpstream binary")
+    ap.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"), help="mpirun executable")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds allowed for one dpstream run")
+    return ap.parse_args()
+
+
+class Run:
+    def __init__(self, argv, proc, seconds):
+        self.argv = argv
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.seconds = seconds
+
+    def describe(self):
+        return (f"command: {' '.join(self.argv)}\n  exit code: {self.returncode}\n"
+                f"  stderr: {self.stderr.strip()[:2000]!r}\n  stdout: {self.stdout.strip()[:500]!r}")
+
+
+class Dpstream:
+    def __init__(self, args):
+        self.bin = os.path.abspath(args.bin)
+        self.ranks = args.ranks
+        self.mpirun = args.mpirun
+        self.timeout = args.timeout
+        if not os.access(self.bin, os.X_OK):
+            sys.exit(f"dpstream binary not found or not executable: {self.bin}")
+        self.env = dict(os.environ)
+        self.env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        self.env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        self.env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        # When a rank exits non-zero, mpirun otherwise waits ~2 s before reaping the job; every
+        # rank of dpstream exits on its own after an error, so there is nothing to wait for.
+        self.env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
+
+    def run(self, *args, cwd=None):
+        argv = [self.mpirun, "-np", str(self.ranks), "--oversubscribe", self.bin, *map(str, args)]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, env=self.env, cwd=cwd, timeout=self.timeout)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"timed out after {self.timeout} s: {' '.join(argv)}\n  stderr: {e.stderr!r}")
+        return Run(argv, proc, time.monotonic() - t0)
+
+
+class Results:
+    """Collects named checks and prints `N passed, M failed`."""
+
+    def __init__(self, name):
+        self.name = name
+        self.passed = 0
+        self.failed = []
+
+    def check(self, label, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+        except AssertionError as e:
+            self.failed.append(label)
+            print(f"FAIL {label}\n  {e}", flush=True)
+        except Exception:  # a crash in the test itself is a failure too
+            self.failed.append(label)
+            print(f"FAIL {label} (exception in the test)\n{traceback.format_exc()}", flush=True)
+        else:
+            self.passed += 1
+            print(f"ok   {label} ({time.monotonic() - t0:.1f} s)", flush=True)
+
+    def finish(self):
+        print(f"{self.name}: {self.passed} passed, {len(self.failed)} failed")
+        for f in self.failed:
+            print(f"  failed: {f}")
+        return 1 if self.failed else 0
+
+
+class TempDir:
+    def __init__(self, keep, prefix):
+        self.keep = keep
+        self.path = tempfile.mkdtemp(prefix=prefix)
+
+    def __enter__(self):
+        return self.path
+
+    def __exit__(self, *exc):
+        if self.keep:
+            print(f"kept temporary directory {self.path}")
+        else:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def write_job(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def leftover_outputs(out_dir):
+    """Files in out_dir that a failed run must not leave behind."""
+    if not os.path.isdir(out_dir):
+        return []
+    bad = []
+    for name in sorted(os.listdir(out_dir)):
+        if name in ("releases.csv", "summary.json") or "partial" in name or name.startswith(".releases") \
+                or name.startswith(".summary"):
+            bad.append(name)
+    return bad
+
+
+def get(d, dotted):
+    """d['a']['b'] for 'a.b'; AssertionError naming the field when absent."""
+    cur = d
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise AssertionError(f"summary.json has no field {dotted}")
+        cur = cur[part]
+    return cur

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""End-to-end test of dpstream on bad input and bad job specs.
+
+One case per bad input. Each failing case asserts the exit code (2 job-spec/config error,
+3 input-data error), a helpful stderr substring, and that the out dir holds no releases.csv,
+summary.json or partial file afterwards. The bad_rows = "skip" case asserts the run succeeds
+and summary.json counts every kind of bad row; the bad_rows = "fail" cases assert exit 3 and a
+message naming the bad row's line number (bad rows are placed late in the file, so with several
+ranks they are found by a rank other than 0).
+
+Usage: test_bad_input.py --ranks N [--bin build/src/dpstream] [--keep]
+"""
+
+import json
+import os
+import re
+import sys
+
+sys.dont_write_bytecode = True  # keep the source tree clean
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import reference  # noqa: E402
+from reference import Job  # noqa: E402
+
+W = 100
+FIRST_WINDOW = 1  # valid timestamps: [100, 200)
+JOB = Job(window_seconds=W, triggers=4, first_window=FIRST_WINDOW, windows=1, max_records_per_user=3,
+          clamp_min=0.0, clamp_max=1.0)
+
+
+def toml_job(csv_path=None, out_dir=None, *, drop=(), extra="", replace=None):
+    """A valid CSV job spec; `drop` removes lines starting with a key, `replace` maps key -> line."""
+    lines = [
+        "[job]",
+        'name = "e2e-bad-input"',
+        "",
+        "[input]",
+        'kind = "csv"',
+        f'path = "{csv_path}"' if csv_path else None,
+        'bad_rows = "skip"',
+        "",
+        "[stream]",
+        f"window_seconds = {W}",
+        "triggers = 4",
+        f"first_window = {FIRST_WINDOW}",
+        "windows = 1",
+        "",
+        "[privacy]",
+        'mode = "none"',
+        "max_records_per_user = 3",
+        "clamp_min = 0.0",
+        "clamp_max = 1.0",
+        "",
+        "[output]",
+        f'dir = "{out_dir}"' if out_dir else None,
+        'format = "csv"',
+        'progress = "never"',
+    ]
+    out = []
+    for line in lines:
+        if line is None:
+            continue
+        key = line.split("=")[0].strip()
+        if key in drop:
+            continue
+        if replace and key in replace:
+            line = replace[key]
+        out.append(line)
+    return "\n".join(out) + "\n" + extra
+
+
+GOOD_ROWS = [
+    "u1,k1,0.5,100",
+    "u1,k2,0.25,101",
+    "u2,k1,1.5,125",
+    '"u,9","k ""q""",0.75,150',
+    "u3,k3,-2,160",
+    "u1,k1,0.125,170",
+    "u1,k1,0.125,171",
+    "u4,k2,1,199",
+]
+
+# (label, row, kind); kind is the summary.json counter the row must land in.
+BAD_ROWS = [
+    ("too few fields", "u1,k1,0.5", "malformed"),
+    ("too many fields", "u1,k1,0.5,100,extra", "malformed"),
+    ("non-numeric value", "u2,k1,abc,110", "malformed"),
+    ("empty value", "u2,k1,,110", "malformed"),
+    ("non-integer timestamp", "u2,k1,0.5,110.5", "malformed"),
+    ("non-numeric timestamp", "u2,k1,0.5,ten", "malformed"),
+    ("empty user_id", ",k1,0.5,120", "malformed"),
+    ("empty quoted user_id", '"",k1,0.5,120', "malformed"),
+    ("empty key", "u3,,0.5,120", "malformed"),
+    ("unbalanced quote", '"u4,k1,0.5,130', "malformed"),
+    ("NaN value", "u5,k1,NaN,140", "non_finite"),
+    ("nan value", "u5,k1,nan,140", "non_finite"),
+    ("inf value", "u5,k1,inf,140", "non_finite"),
+    ("-inf value", "u5,k1,-inf,140", "non_finite"),
+    ("timestamp before the first window", "u6,k1,0.5,99", "out_of_window"),
+    ("timestamp after the last window", "u6,k1,0.5,200", "out_of_window"),
+    ("negative timestamp", "u6,k1,0.5,-5", "out_of_window"),
+]
+HEADER = "user_id,key,value,timestamp"
+
+
+def write(path, text):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    return path
+
+
+class Case:
+    serial = 0
+
+    def __init__(self, dp, root, name):
+        self.dp = dp
+        Case.serial += 1
+        self.dir = os.path.join(root, f"{Case.serial:02d}-" + re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-"))
+        os.makedirs(self.dir)
+        self.out = os.path.join(self.dir, "out")
+        self.csv = os.path.join(self.dir, "in.csv")
+        self.job = os.path.join(self.dir, "job.toml")
+
+    def run(self, *args):
+        # Run inside the case directory: whatever a buggy run writes to a relative path stays there.
+        return self.dp.run("run", *args, cwd=self.dir)
+
+
+def expect_failure(run, code, out_dir, needles, regex=None):
+    """Exit code `code`, every needle (case-insensitive) in stderr, and no outputs left behind."""
+    assert run.returncode == code, f"expected exit code {code}\n  " + run.describe()
+    err = run.stderr
+    assert "dpstream:" in err and "error" in err, "no 'dpstream: ... error' line on stderr\n  " + run.describe()
+    missing = [n for n in needles if n.lower() not in err.lower()]
+    assert not missing, f"stderr does not mention {missing}\n  " + run.describe()
+    if regex:
+        assert re.search(regex, err, re.IGNORECASE), f"stderr does not match {regex!r}\n  " + run.describe()
+    left = harness.leftover_outputs(out_dir)
+    assert not left, f"failed run left {left} in {out_dir}"
+
+
+def main():
+    args = harness.parse_args(__doc__)
+    dp = harness.Dpstream(args)
+    results = harness.Results(f"test_bad_input (ranks={args.ranks})")
+    with harness.TempDir(args.keep, "dpstream-e2e-bad-input-") as root:
+
+        def new(name):
+            return Case(dp, root, name)
+
+        # ---- input-data errors (exit 3) ----
+
+        def missing_csv():
+            c = new("missing csv")
+            missing = os.path.join(c.dir, "does-not-exist.csv")
+            write(c.job, toml_job(missing, c.out))
+            expect_failure(c.run(c.job), 3, c.out, ["does-not-exist.csv"])
+
+        def missing_column():
+            c = new("missing column")
+            write(c.csv, "user_id,key,value,ts\nu1,k1,0.5,100\n")
+            write(c.job, toml_job(c.csv, c.out))
+            expect_failure(c.run(c.job), 3, c.out, ["timestamp"])
+
+        def empty_csv():
+            c = new("empty csv")
+            write(c.csv, "")
+            write(c.job, toml_job(c.csv, c.out))
+            expect_failure(c.run(c.job), 3, c.out, ["in.csv"])
+
+        def skip_bad_rows():
+            c = new("skip bad rows")
+            lines = [HEADER]
+            goods = list(GOOD_ROWS)
+            for i, (_label, row, _kind) in enumerate(BAD_ROWS):
+                if goods and i % 2 == 0:
+                    lines.append(goods.pop(0))
+                lines.append(row)
+                if i == 5:
+                    lines.append("")  # a blank line is ignored
+            lines.extend(goods)
+            write(c.csv, "\n".join(lines) + "\n")
+            write(c.job, toml_job(c.csv, c.out))
+            run = c.run(c.job)
+            assert run.returncode == 0, "run with bad_rows = \"skip\" failed\n  " + run.describe()
+            partial = [n for n in os.listdir(c.out) if "partial" in n]
+            assert not partial, f"a successful run left {partial} in the out dir"
+            with open(os.path.join(c.out, "summary.json"), encoding="utf-8") as f:
+                summary = json.load(f)
+            want = {f"input.{k}": sum(1 for b in BAD_ROWS if b[2] == k)
+                    for k in ("malformed", "non_finite", "out_of_window")}
+            inp = reference.read_input(c.csv, JOB)
+            exp = reference.compute(inp, JOB)
+            # The reference must classify the rows the same way (guards the test itself).
+            assert {f"input.{k}": inp.count(k) for k in ("malformed", "non_finite", "out_of_window")} == want, \
+                f"reference classification {[(b.line, b.kind) for b in inp.bad]}"
+            want["records.kept"] = exp.kept
+            want["records.dropped_by_bounding"] = exp.dropped_by_bounding
+            want["records.clamped"] = exp.clamped
+            diffs = [f"{k}: dpstream {harness.get(summary, k)}, expected {v}" for k, v in want.items()
+                     if harness.get(summary, k) != v]
+            assert not diffs, "summary.json counts are wrong:\n  " + "\n  ".join(diffs)
+            problems = reference.compare_releases(reference.read_releases(os.path.join(c.out, "releases.csv")),
+                                                  exp.releases)
+            assert not problems, "releases.csv differs from the reference:\n  " + "\n  ".join(problems)
+
+        def fail_on_bad_row(index):
+            label, row, _kind = BAD_ROWS[index]
+
+            def case():
+                c = new(f"fail {label}")
+                # 40 good rows, the bad row at a late line (so another rank owns it when N > 1),
+                # then a few more good rows; the last case ends without a trailing newline.
+                body = [f"u{i % 9},k{i % 5},0.5,{100 + i % 100}" for i in range(40 + index)]
+                lines = [HEADER] + body + [row] + [f"u{i},k1,0.5,150" for i in range(3)]
+                bad_line = len(body) + 2
+                text = "\n".join(lines) + ("\n" if index % 2 == 0 else "")
+                write(c.csv, text)
+                write(c.job, toml_job(c.csv, c.out, replace={"bad_rows": 'bad_rows = "fail"'}))
+                expect_failure(c.run(c.job), 3, c.out, [], regex=rf"(line\s*{bad_line}\b|:{bad_line}\b)")
+
+            return case
+
+        def tiny_value_is_a_real():
+            # 1e-400 is a finite real that underflows to 0 in a double: neither NaN nor inf.
+            c = new("tiny value")
+            write(c.csv, HEADER + "\nu1,k1,1e-400,100\nu2,k1,0.5,100\n")
+            write(c.job, toml_job(c.csv, c.out))
+            run = c.run(c.job)
+            assert run.returncode == 0, run.describe()
+            with open(os.path.join(c.out, "summary.json"), encoding="utf-8") as f:
+                summary = json.load(f)
+            got = {k: harness.get(summary, k) for k in ("input.malformed", "input.non_finite", "records.kept")}
+            assert got == {"input.malformed": 0, "input.non_finite": 0, "records.kept": 2}, \
+                f"value 1e-400 should be kept as 0; summary says {got}"
+            rows = reference.read_releases(os.path.join(c.out, "releases.csv"))
+            assert rows == [(1, 0, "k1", 2, 0.5)], f"releases {rows}, expected [(1, 0, 'k1', 2, 0.5)]"
+
+        def header_only():
+            c = new("header only")
+            write(c.csv, HEADER + "\n")
+            write(c.job, toml_job(c.csv, c.out))
+            run = c.run(c.job)
+            assert run.returncode == 0, run.describe()
+            assert reference.read_releases(os.path.join(c.out, "releases.csv")) == []
+
+        def out_dir_used_verbatim(name):
+            def case():
+                # --out DIR is a path, not TOML text: quotes and backslashes are part of the name.
+                c = new("odd out dir")
+                write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+                write(c.job, toml_job(c.csv, None))
+                run = c.run(c.job, "--out", name)  # relative to the case directory (the run's cwd)
+                assert run.returncode == 0, run.describe()
+                assert os.path.isfile(os.path.join(c.dir, name, "releases.csv")), \
+                    f"no releases.csv in --out {name!r}; the run created {sorted(os.listdir(c.dir))}"
+
+            return case
+
+        # ---- job-spec / config errors (exit 2) ----
+
+        def spec_case(name, needles, regex=None, **kw):
+            def case():
+                c = new(name)
+                write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+                write(c.job, toml_job(c.csv, c.out, **kw))
+                expect_failure(c.run(c.job), 2, c.out, needles, regex)
+
+            return case
+
+        def malformed_toml():
+            c = new("malformed toml")
+            write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+            text = toml_job(c.csv, c.out).splitlines()
+            text.insert(4, "kind = = \"csv\"")  # line 5
+            write(c.job, "\n".join(text) + "\n")
+            expect_failure(c.run(c.job), 2, c.out, ["job.toml"], regex=r"line\D{0,3}5\b")
+
+        def nonexistent_spec():
+            c = new("nonexistent spec")
+            missing = os.path.join(c.dir, "no-such-job.toml")
+            expect_failure(c.run(missing, "--out", c.out), 2, c.out, ["no-such-job.toml"])
+
+        def bad_set(assignment, needles):
+            def case():
+                c = new(f"set {assignment}")
+                write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+                write(c.job, toml_job(c.csv, c.out))
+                expect_failure(c.run(c.job, "--set", assignment), 2, c.out, needles)
+
+            return case
+
+        def csv_without_path():
+            c = new("csv without path")
+            write(c.job, toml_job(None, c.out))
+            expect_failure(c.run(c.job), 2, c.out, ["path"])
+
+        results.check("missing CSV file -> exit 3", missing_csv)
+        results.check("CSV header missing a column -> exit 3", missing_column)
+        results.check("empty CSV file -> exit 3", empty_csv)
+        results.check("bad rows with bad_rows=\"skip\" are counted in summary.json", skip_bad_rows)
+        for i, (label, _row, _kind) in enumerate(BAD_ROWS):
+            results.check(f"bad_rows=\"fail\": {label} -> exit 3 naming the line", fail_on_bad_row(i))
+        results.check("value 1e-400 (underflows to 0) is a real, not non-finite", tiny_value_is_a_real)
+        results.check("header-only CSV -> empty releases", header_only)
+        results.check("--out DIR with a quote in the name is used verbatim", out_dir_used_verbatim('a"b'))
+        results.check("--out DIR with a backslash in the name is used verbatim", out_dir_used_verbatim("a\\tb"))
+        results.check("unknown key -> exit 2 naming it",
+                      spec_case("unknown key", ["trigers"], replace={"windows": "windows = 1\ntrigers = 5"}))
+        results.check("unknown section -> exit 2 naming it", spec_case("unknown section", ["privcy"], extra="\n[privcy]\nx = 1\n"))
+        results.check("triggers = \"ten\" -> exit 2", spec_case("wrong type", ["triggers"], replace={"triggers": 'triggers = "ten"'}))
+        results.check("triggers = 0 -> exit 2", spec_case("zero triggers", ["triggers"], replace={"triggers": "triggers = 0"}))
+        results.check("clamp_max < clamp_min -> exit 2",
+                      spec_case("clamp order", ["clamp_max"], replace={"clamp_min": "clamp_min = 2.0"}))
+        results.check("max_records_per_user missing -> exit 2",
+                      spec_case("no C", ["max_records_per_user"], drop=("max_records_per_user",)))
+        results.check("malformed TOML -> exit 2 naming the line", malformed_toml)
+        results.check("nonexistent job spec -> exit 2", nonexistent_spec)
+        results.check("--set without section -> exit 2", bad_set("triggers=5", ["triggers=5"]))
+        results.check("--set without '=' -> exit 2", bad_set("stream.triggers", ["stream.triggers"]))
+        results.check("--set unknown key -> exit 2 naming it", bad_set("stream.bogus=3", ["bogus"]))
+        results.check("kind = \"csv\" without path -> exit 2", csv_without_path)
+    return results.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
