@@ -275,7 +275,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
                   {"kept", kept},
                   {"dropped_by_bounding", dropped},
                   {"clamped", comm.sum(bstats.clamped)},
-                  {"malformed", comm.sum(in.malformed + in.non_finite + in.out_of_window)}};
+                  {"bad_rows", comm.sum(in.malformed + in.non_finite + in.out_of_window)}};  // all kinds, see "input"
   j["distinct_users"] = comm.sum(distinct_users);
   j["distinct_keys"] = comm.sum(distinct_keys);
   j["triggers"] = total_triggers;
