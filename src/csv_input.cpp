@@ -228,9 +228,8 @@ std::vector<Record> CsvSource::take_trigger(std::int64_t window, std::uint32_t t
   // Records are sorted by timestamp, (window, trigger) is monotone in it, and triggers are
   // visited in increasing order: the trigger's records are the next run.
   const std::size_t first = next_;
-  while (next_ < records_.size() && clock_.window_of(records_[next_].timestamp) == window &&
-         clock_.trigger_of(records_[next_].timestamp) == trigger)
-    ++next_;
+  auto in_trigger = [&](std::int64_t ts) { return clock_.window_of(ts) == window && clock_.trigger_of(ts) == trigger; };
+  while (next_ < records_.size() && in_trigger(records_[next_].timestamp)) ++next_;
   return {records_.begin() + static_cast<std::ptrdiff_t>(first), records_.begin() + static_cast<std::ptrdiff_t>(next_)};
 }
 

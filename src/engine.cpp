@@ -142,9 +142,10 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   const auto run_start = Clock::now();
   const int P = comm.size();
   const bool root = comm.rank() == 0;
+  // Decided on rank 0 (whose terminal it is) and shared, because the progress count is a collective.
   const bool progress =
-      root && (config.output.progress == ProgressMode::Always ||
-               (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)));
+      comm.max(std::uint64_t{root && (config.output.progress == ProgressMode::Always ||
+                                      (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)))}) != 0;
 
   // Checks that every rank makes on its own before any data moves.
   on_all_ranks(comm, [&] {
@@ -180,7 +181,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   kernels::KeyStateTable keys;
   kernels::BoundingStats bstats;
   shuffle::TrafficCounter user_traffic, key_traffic;
-  std::uint64_t distinct_users = 0, distinct_keys = 0, peak_state_bytes = 0, global_records = 0;
+  std::uint64_t distinct_users = 0, distinct_keys = 0, peak_state_bytes = 0, local_records = 0, global_records = 0;
   const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * config.stream.triggers;
   std::uint64_t triggers_done = 0;
 
@@ -188,8 +189,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     const std::int64_t window = config.stream.first_window + wi;
     for (std::uint32_t trigger = 0; trigger < config.stream.triggers; ++trigger) {
       t0 = Clock::now();
-      std::vector<Record> local;
-      on_all_ranks(comm, [&] { local = source->take_trigger(window, trigger); });
+      std::vector<Record> local = source->take_trigger(window, trigger);  // cannot fail: input was parsed at ingest
       stage.ingest += seconds_since(t0);
       const std::uint64_t local_count = local.size();
 
@@ -237,11 +237,13 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       stage.output += seconds_since(t0);
 
       ++triggers_done;
-      global_records += comm.sum(local_count);  // every rank: progress and throughput are global
+      local_records += local_count;
       if (progress) {
+        global_records += comm.sum(local_count);
         const double elapsed = seconds_since(run_start);
         const double remaining = elapsed / static_cast<double>(triggers_done) * static_cast<double>(total_triggers - triggers_done);
-        std::fprintf(stderr, "[window %lld trigger %u/%u] %srecords/s, %llu keys changed, elapsed %.1f s, ETA %.1f s\n",
+        if (root)
+          std::fprintf(stderr, "[window %lld trigger %u/%u] %srecords/s, %llu keys changed, elapsed %.1f s, ETA %.1f s\n",
                      static_cast<long long>(window), trigger + 1, config.stream.triggers,
                      human_rate(static_cast<double>(global_records) / std::max(elapsed, 1e-9)).c_str(),
                      static_cast<unsigned long long>(released), elapsed, remaining);
@@ -254,6 +256,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     keys.clear();
   }
   const double wall = seconds_since(run_start);
+  global_records = comm.sum(local_records);
 
   // Run summary: sums over ranks, and per-rank figures gathered to every rank.
   const InputStats& in = source->stats();

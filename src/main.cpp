@@ -59,9 +59,7 @@ void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
   for (std::uint32_t w = 0; w < config.stream.windows; ++w)
     for (std::uint32_t t = 0; t < config.stream.triggers; ++t) {
       auto records = source.take_trigger(config.stream.first_window + w, t);
-      std::sort(records.begin(), records.end(), [](const auto& a, const auto& b) {
-        return a.timestamp != b.timestamp ? a.timestamp < b.timestamp : a.position < b.position;
-      });
+      std::sort(records.begin(), records.end(), dpstream::stream_order_less);
       for (const auto& r : records) out << r.user << ',' << r.key << ',' << r.value << ',' << r.timestamp << '\n';
     }
   if (!out.flush()) throw dpstream::ConfigError(fmt::format("cannot write {}", path));
