@@ -92,7 +92,7 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
             v = std::clamp(v, params.clamp_min, params.clamp_max);
             ++mine.stats.clamped;
           }
-          kept_values.emplace_back(g[i].key, to_fixed(v));
+          kept_values.emplace_back(g[i].key, quantize(to_fixed(v), params.value_quantum));
         }
         // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
         std::sort(kept_values.begin(), kept_values.end());

@@ -18,7 +18,15 @@ struct BoundingParams {
   std::uint32_t max_records_per_user;  // C
   double clamp_min;                    // values are clamped (as doubles, so any magnitude is
   double clamp_max;                    // safe) and then rounded to fixed point
+  std::int64_t value_quantum = 1;      // DP: fixed values are rounded to multiples of the sum noise grid
 };
+
+// Nearest multiple of q (ties away from zero); monotone, so clamped values stay within the rounded bounds.
+inline std::int64_t quantize(std::int64_t fixed, std::int64_t q) {
+  if (q <= 1) return fixed;
+  const std::int64_t r = (fixed >= 0 ? fixed + q / 2 : fixed - q / 2) / q;
+  return r * q;
+}
 
 struct BoundingStats {
   std::uint64_t kept = 0;

@@ -15,6 +15,11 @@ struct KeyState {
   std::int64_t count = 0;
   std::int64_t sum = 0;    // fixed point
   std::int64_t users = 0;  // distinct users in the window
+  // DP key selection (Algorithm 2): the current round began at trigger round_start with
+  // round_base_users users; round r + 1 starts right after the key's r-th release.
+  std::int64_t round_base_users = 0;
+  std::uint32_t round = 0;
+  std::uint32_t round_start = 0;
 };
 
 class KeyStateTable {

@@ -138,6 +138,10 @@ std::string Comm::agree_on_error(const std::string& local_error) const {
   return msg;
 }
 
+void Comm::broadcast(void* data, std::size_t bytes, int root) const {
+  check_mpi(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
+}
+
 void Comm::barrier() const { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
 
 }  // namespace dpstream::shuffle

@@ -78,6 +78,8 @@ class Comm {
   std::string agree_on_error(const std::string& local_error) const;
   std::vector<std::uint64_t> allgather(std::uint64_t v) const;
   void barrier() const;
+  // Copies `bytes` bytes at `data` from `root` to every rank.
+  void broadcast(void* data, std::size_t bytes, int root = 0) const;
 
  private:
   MPI_Comm comm_;

@@ -61,6 +61,20 @@ class SectionReader {
     return *v;
   }
 
+  std::vector<std::string> strings(const std::string& key, const std::vector<std::string>& def) {
+    const toml::node* n = take(key);
+    if (!n) return def;
+    const auto* arr = n->as_array();
+    if (!arr) fail(key, fmt::format("must be an array of strings, got {}", describe(*n)));
+    std::vector<std::string> out;
+    for (const auto& e : *arr) {
+      const auto v = e.value_exact<std::string>();
+      if (!v) fail(key, fmt::format("must be an array of strings, got element {}", describe(e)));
+      out.push_back(*v);
+    }
+    return out;
+  }
+
   template <class E>
   E choice(const std::string& key, E def, const std::map<std::string, E>& options) {
     std::string names;
@@ -148,10 +162,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   }
   for (const auto& o : overrides) apply_override(root, o);
 
-  const std::set<std::string> sections = {"job", "input", "stream", "privacy", "output"};
+  const std::set<std::string> sections = {"job", "input", "stream", "privacy", "query", "output"};
   for (const auto& [k, _] : root)
     if (!sections.count(std::string(k.str())))
-      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [job], [input], [stream], [privacy], [output])",
+      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [job], [input], [stream], [privacy], [query], [output])",
                                     source, k.str()));
 
   constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
@@ -200,7 +214,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   st.finish({"window_seconds", "triggers", "first_window", "windows"});
 
   SectionReader pr(root, "privacy", source);
-  c.privacy.mode = pr.choice<PrivacyMode>("mode", PrivacyMode::None, {{"none", PrivacyMode::None}});
+  c.privacy.mode = pr.choice<PrivacyMode>("mode", PrivacyMode::None, {{"none", PrivacyMode::None}, {"dp", PrivacyMode::Dp}});
   c.privacy.max_records_per_user = static_cast<std::uint32_t>(pr.required_integer("max_records_per_user", 1, 1'000'000));
   c.privacy.clamp_min = pr.real("clamp_min", c.privacy.clamp_min);
   c.privacy.clamp_max = pr.real("clamp_max", c.privacy.clamp_max);
@@ -209,7 +223,42 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (std::abs(c.privacy.clamp_min) > kMaxAbsClamp || std::abs(c.privacy.clamp_max) > kMaxAbsClamp)
     pr.fail("clamp_min", fmt::format("and clamp_max must lie in [-2^31, 2^31] (got [{}, {}])", c.privacy.clamp_min,
                                      c.privacy.clamp_max));
-  pr.finish({"mode", "max_records_per_user", "clamp_min", "clamp_max"});
+  const bool dp = c.privacy.mode == PrivacyMode::Dp;
+  if (dp && !pr.has("epsilon")) pr.fail("epsilon", "is required with mode = \"dp\" (the per-window budget, e.g. 6)");
+  if (dp && !pr.has("delta")) pr.fail("delta", "is required with mode = \"dp\" (e.g. 1e-9; well below 1 / users)");
+  c.privacy.epsilon = pr.real("epsilon", 0);
+  c.privacy.delta = pr.real("delta", 0);
+  c.privacy.mu = pr.real("mu", 0);
+  if (pr.has("beta")) c.privacy.beta = pr.real("beta", 0);
+  if (pr.has("seed")) c.privacy.seed = static_cast<std::uint64_t>(pr.integer("seed", 0, 0, kMaxI64));
+  c.privacy.selection_epsilon_share = pr.real("selection_epsilon_share", c.privacy.selection_epsilon_share);
+  c.privacy.selection_delta_share = pr.real("selection_delta_share", c.privacy.selection_delta_share);
+  c.privacy.threshold = pr.choice<ThresholdTail>(
+      "threshold", ThresholdTail::Subgaussian,
+      {{"subgaussian", ThresholdTail::Subgaussian}, {"gaussian-quantile", ThresholdTail::GaussianQuantile}});
+  if (pr.has("epsilon") && !(c.privacy.epsilon > 0)) pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
+  if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
+    pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
+  if (c.privacy.mu < 0) pr.fail("mu", fmt::format("must be >= 0, got {}", c.privacy.mu));
+  if (c.privacy.beta && !(*c.privacy.beta > 0 && *c.privacy.beta < 1))
+    pr.fail("beta", fmt::format("must be in (0, 1), got {}", *c.privacy.beta));
+  for (const auto& [key, share] : {std::pair{"selection_epsilon_share", c.privacy.selection_epsilon_share},
+                                   std::pair{"selection_delta_share", c.privacy.selection_delta_share}})
+    if (!(share > 0 && share < 1)) pr.fail(key, fmt::format("must be in (0, 1), got {}", share));
+  pr.finish({"mode", "max_records_per_user", "clamp_min", "clamp_max", "epsilon", "delta", "mu", "beta", "seed",
+             "selection_epsilon_share", "selection_delta_share", "threshold"});
+
+  SectionReader q(root, "query", source);
+  const auto aggregations = q.strings("aggregations", {"count", "sum"});
+  c.query.count = c.query.sum = false;
+  for (const auto& a : aggregations) {
+    bool& column = a == "count" ? c.query.count : a == "sum" ? c.query.sum
+        : (q.fail("aggregations", fmt::format("has unknown column \"{}\" (known: \"count\", \"sum\")", a)), c.query.count);
+    if (column) q.fail("aggregations", fmt::format("lists \"{}\" twice", a));
+    column = true;
+  }
+  if (aggregations.empty()) q.fail("aggregations", "must name at least one column: [\"count\"], [\"sum\"] or both");
+  q.finish({"aggregations"});
 
   SectionReader out(root, "output", source);
   c.output.dir = out.string("dir", c.output.dir);

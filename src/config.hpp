@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,7 +11,10 @@ namespace dpstream {
 enum class InputKind { Synthetic, Csv };
 enum class KeyDistribution { ZipfMandelbrot, Uniform };
 enum class BadRowPolicy { Skip, Fail };
-enum class PrivacyMode { None };
+enum class PrivacyMode { None, Dp };
+// How tau is set from the prefix noise's standard deviation lambda: the proven subgaussian tail
+// of the discrete Gaussian (tau = lambda sqrt(2 ln(1/beta))) or the paper's Gaussian quantile.
+enum class ThresholdTail { Subgaussian, GaussianQuantile };
 enum class ProgressMode { Always, Auto, Never };
 
 struct InputConfig {
@@ -41,6 +45,21 @@ struct PrivacyConfig {
   std::uint32_t max_records_per_user = 0;  // C, required
   double clamp_min = 0.0;
   double clamp_max = 1.0;
+  // mode = "dp" (docs/PRIVACY.md): user-level (epsilon, delta)-DP per window.
+  double epsilon = 0;
+  double delta = 0;
+  double mu = 0;                       // keys with <= mu distinct users (in a round) are never released
+  std::optional<double> beta;          // failure probability per threshold test; default from delta
+  std::optional<std::uint64_t> seed;   // fixed noise secret: test mode, the output is not private
+  double selection_epsilon_share = 0.5;        // key selection's share of epsilon (the rest: aggregation)
+  double selection_delta_share = 2.0 / 3.0;    // key selection's share of delta
+  ThresholdTail threshold = ThresholdTail::Subgaussian;
+};
+
+// Released columns: the aggregation budget is shared by the chosen ones.
+struct QueryConfig {
+  bool count = true;
+  bool sum = true;
 };
 
 struct OutputConfig {
@@ -55,6 +74,7 @@ struct JobConfig {
   InputConfig input;
   StreamConfig stream;
   PrivacyConfig privacy;
+  QueryConfig query;
   OutputConfig output;
 };
 

@@ -11,12 +11,15 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/bounding.hpp"
+#include "kernels/dp_release.hpp"
+#include "kernels/noise.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
 #include "src/csv_input.hpp"
 #include "src/errors.hpp"
 #include "src/naive_reference.hpp"
+#include "src/privacy_plan.hpp"
 #include "src/release_writer.hpp"
 #include "src/summary.hpp"
 #include "src/workload.hpp"
@@ -78,11 +81,11 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
   return names;
 }
 
-// Rank 0 receives the changed rows of every key owner, named and sorted by key.
-std::vector<ReleaseRow> gather_release_rows(const std::vector<KeyTotals>& changed, const KeyNames* names,
+// Rank 0 receives the release rows of every key owner, named and sorted by key.
+std::vector<ReleaseRow> gather_release_rows(const std::vector<kernels::DpRelease>& released, const KeyNames* names,
                                             const shuffle::Comm& comm) {
   shuffle::ByteWriter w;
-  for (const auto& t : changed) {
+  for (const auto& t : released) {
     w.put(t.key);
     w.put(t.count);
     w.put(t.sum);
@@ -151,6 +154,37 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   on_all_ranks(comm, [&] {
     if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
   });
+  // DP: the plan (refused before any data is read) and the noise secret, the same on every rank.
+  const bool dp = config.privacy.mode == PrivacyMode::Dp;
+  PrivacyPlan plan;
+  std::unique_ptr<kernels::DpReleaser> releaser;
+  on_all_ranks<ConfigError>(comm, [&] {
+    if (dp) plan = make_privacy_plan(config);
+  });
+  if (dp) {
+    noise::Secret secret{};
+    if (config.privacy.seed)
+      secret = noise::secret_from_seed(*config.privacy.seed);
+    else
+      on_all_ranks<std::runtime_error>(comm, [&] {
+        if (root) secret = noise::secret_from_os();
+      });
+    comm.broadcast(secret.data(), secret.size());
+    kernels::DpParams params;
+    params.triggers = config.stream.triggers;
+    params.mu = plan.mu;
+    params.tau = plan.tau;
+    params.sigma_selection = plan.selection.sigma;
+    params.release_count = config.query.count;
+    params.release_sum = config.query.sum;
+    for (const auto& f : plan.aggregation)
+      if (f.name == "count") params.sigma_count = f.sigma;
+    params.sigma_sum = plan.sum_sigma_quanta;
+    params.sum_quantum = plan.sum_quantum;
+    releaser = std::make_unique<kernels::DpReleaser>(std::move(params), secret);
+    secret.fill(0);
+  }
+
   const std::filesystem::path out_dir = config.output.dir;
   std::unique_ptr<ReleaseWriter> writer;
   on_all_ranks<ConfigError>(comm, [&] {
@@ -158,7 +192,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
     if (ec) throw ConfigError(fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
-    writer = std::make_unique<ReleaseWriter>(out_dir);
+    writer = std::make_unique<ReleaseWriter>(out_dir, dp ? ReleaseColumns{config.query.count, config.query.sum} : ReleaseColumns{});
   });
 
   StageTimes stage;
@@ -176,7 +210,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   stage.ingest += seconds_since(t0);
 
   const kernels::BoundingParams bounding{config.privacy.max_records_per_user, config.privacy.clamp_min,
-                                         config.privacy.clamp_max};
+                                         config.privacy.clamp_max, dp ? plan.sum_quantum : 1};
   kernels::UserState users;
   kernels::KeyStateTable keys;
   kernels::BoundingStats bstats;
@@ -185,8 +219,11 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * config.stream.triggers;
   std::uint64_t triggers_done = 0;
 
+  kernels::DpStats dp_stats;
+  std::uint64_t dp_cached_keys = 0, window_tracked_keys = 0, window_key_state_bytes = 0;
   for (std::uint32_t wi = 0; wi < config.stream.windows; ++wi) {
     const std::int64_t window = config.stream.first_window + wi;
+    if (releaser) releaser->begin_window(window);
     for (std::uint32_t trigger = 0; trigger < config.stream.triggers; ++trigger) {
       t0 = Clock::now();
       std::vector<Record> local = source->take_trigger(window, trigger);  // cannot fail: input was parsed at ingest
@@ -226,11 +263,23 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       on_all_ranks(comm, [&] { changed = keys.accumulate(key_partials); });
       stage.accumulate += seconds_since(t0);
 
-      // 4. release rows.
+      // 4. DP: key selection and hierarchical perturbation over every tracked key.
+      std::vector<kernels::DpRelease> release;
+      t0 = Clock::now();
+      if (releaser) {
+        on_all_ranks(comm, [&] { release = releaser->release(keys, trigger, dp_stats); });
+      } else {
+        release.reserve(changed.size());
+        for (const auto& t : changed) release.push_back({t.key, t.count * static_cast<std::int64_t>(kValueScale), t.sum});
+      }
+      std::vector<KeyTotals>().swap(changed);
+      stage.dp_release += seconds_since(t0);
+
+      // 5. release rows.
       t0 = Clock::now();
       std::uint64_t released = 0;
       if (options.write_output) {
-        const auto rows = gather_release_rows(changed, names, comm);
+        const auto rows = gather_release_rows(release, names, comm);
         if (root) writer->write(window, trigger, rows);
         released = rows.size();
       }
@@ -251,7 +300,15 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     }
     distinct_users += users.users();
     distinct_keys += keys.keys();
-    peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes());
+    if (releaser) {
+      dp_cached_keys += releaser->cached_keys();
+      if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys
+        window_tracked_keys = keys.keys();
+        window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
+      }
+    }
+    peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes() +
+                                                      (releaser ? releaser->memory_bytes() : 0));
     users.clear();
     keys.clear();
   }
@@ -263,8 +320,18 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   nlohmann::json j;
   j["job"] = config.name;
   j["spec"] = config.source;
-  j["mode"] = "none";
-  j["private"] = false;
+  j["mode"] = dp ? "dp" : "none";
+  j["private"] = dp && plan.private_run;
+  if (dp) {
+    j["privacy"] = budget_json(plan, false);
+    j["dp"] = {{"threshold_tests", comm.sum(dp_stats.tested)},
+               {"releases", comm.sum(dp_stats.released)},
+               {"noise_draws", comm.sum(dp_stats.noise_draws)},
+               {"keys_with_noise_cache", comm.sum(dp_cached_keys)},
+               {"key_state_bytes_per_tracked_key",
+                static_cast<double>(comm.sum(window_key_state_bytes)) /
+                    std::max<double>(1.0, static_cast<double>(comm.sum(window_tracked_keys)))}};
+  }
   j["ranks"] = P;
   j["threads_per_rank"] = omp_get_max_threads();
   j["input"] = {{"kind", to_string(config.input.kind)},
@@ -291,6 +358,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
                                        {"partition_key", stage_max(stage.partition_key)},
                                        {"shuffle_key", stage_max(stage.shuffle_key)},
                                        {"accumulate", stage_max(stage.accumulate)},
+                                       {"dp_release", stage_max(stage.dp_release)},
                                        {"output", stage_max(stage.output)}};
   const double engine_seconds = stage_max(stage.engine_path());
   j["engine_path_seconds"] = engine_seconds;

@@ -19,8 +19,10 @@ struct RunOptions {
 // Wall time per stage, summed over triggers (seconds).
 struct StageTimes {
   double ingest = 0, partition_user = 0, shuffle_user = 0, bounding = 0, partition_key = 0, shuffle_key = 0,
-         accumulate = 0, output = 0;
-  double engine_path() const { return partition_user + shuffle_user + bounding + partition_key + shuffle_key + accumulate; }
+         accumulate = 0, dp_release = 0, output = 0;
+  double engine_path() const {
+    return partition_user + shuffle_user + bounding + partition_key + shuffle_key + accumulate + dp_release;
+  }
 };
 
 struct RunReport {

@@ -11,6 +11,7 @@
 #include "src/config.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
+#include "src/privacy_plan.hpp"
 #include "src/workload.hpp"
 
 namespace {
@@ -85,6 +86,14 @@ int main(int argc, char** argv) {
   add_job_args(gen, gen_args);
   std::string gen_csv;
   gen->add_option("--csv", gen_csv, "Output CSV file")->required();
+  auto* budget = app.add_subcommand(
+      "budget", "Print a DP job's privacy accounting (rho and sigma per tree family, thresholds, eps by the tight and "
+                "simple conversions, delta terms, total vs budget) without reading data; refuses a job over budget");
+  JobArgs budget_args;
+  add_job_args(budget, budget_args);
+  bool budget_as_json = false, budget_thresholds = false;
+  budget->add_flag("--json", budget_as_json, "Print JSON instead of text");
+  budget->add_flag("--thresholds", budget_thresholds, "Also print tau for every round step 1..T");
 
   try {
     app.parse(argc, argv);
@@ -107,6 +116,12 @@ int main(int argc, char** argv) {
         throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
       const auto report = dpstream::run_job(config, comm, {.write_output = false, .naive_reference = true});
       if (root) std::printf("%s\n", report.result_line.c_str());
+    } else if (*budget) {
+      const auto plan = dpstream::make_privacy_plan(load(budget_args));
+      if (root)
+        std::fputs(budget_as_json ? (dpstream::budget_json(plan, budget_thresholds).dump(2) + "\n").c_str()
+                                  : dpstream::budget_text(plan, budget_thresholds).c_str(),
+                   stdout);
     } else if (*gen) {
       const auto config = load(gen_args);
       if (root) generate_csv(config, gen_csv);

@@ -42,8 +42,8 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
-ReleaseWriter::ReleaseWriter(const std::filesystem::path& dir)
-    : final_(dir / "releases.csv"), partial_(dir / ".releases.csv.partial") {
+ReleaseWriter::ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns)
+    : final_(dir / "releases.csv"), partial_(dir / ".releases.csv.partial"), columns_(columns) {
   file_ = std::fopen(partial_.c_str(), "wb");
   if (!file_)
     throw std::runtime_error(fmt::format("cannot create {}: {}; choose a writable [output] dir or --out", partial_.string(),
@@ -62,8 +62,8 @@ ReleaseWriter::~ReleaseWriter() {
 void ReleaseWriter::write(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows) {
   buffer_.clear();
   for (const auto& r : rows)
-    fmt::format_to(std::back_inserter(buffer_), "{},{},{},{},{}\n", window, trigger, csv_field(r.name), r.count,
-                   format_fixed(r.sum));
+    fmt::format_to(std::back_inserter(buffer_), "{},{},{},{},{}\n", window, trigger, csv_field(r.name),
+                   columns_.count ? format_fixed(r.count) : "", columns_.sum ? format_fixed(r.sum) : "");
   if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size())
     throw std::runtime_error(fmt::format("cannot write {}: {}", partial_.string(), std::strerror(errno)));
   rows_ += rows.size();

@@ -13,8 +13,14 @@ namespace dpstream {
 struct ReleaseRow {
   std::uint64_t key;
   std::string name;  // key as printed (the CSV string, or the integer id)
-  std::int64_t count;
-  std::int64_t sum;  // fixed point
+  std::int64_t count;  // fixed point (exact integers in mode "none", noisy estimates in mode "dp")
+  std::int64_t sum;    // fixed point
+};
+
+// Which of the count and sum columns hold values; a column not released is left empty.
+struct ReleaseColumns {
+  bool count = true;
+  bool sum = true;
 };
 
 // Shortest decimal text that reads back to the same fixed-point value (e.g. "11.21", "-3",
@@ -26,7 +32,7 @@ std::string csv_field(const std::string& s);
 
 class ReleaseWriter {
  public:
-  explicit ReleaseWriter(const std::filesystem::path& dir);  // throws std::runtime_error
+  ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns);  // throws std::runtime_error
   ~ReleaseWriter();                                          // removes the partial file unless committed
   ReleaseWriter(const ReleaseWriter&) = delete;
   ReleaseWriter& operator=(const ReleaseWriter&) = delete;
@@ -40,6 +46,7 @@ class ReleaseWriter {
 
  private:
   std::filesystem::path final_, partial_;
+  ReleaseColumns columns_;
   std::FILE* file_ = nullptr;
   std::uint64_t rows_ = 0;
   std::string buffer_;

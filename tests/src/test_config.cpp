@@ -53,7 +53,7 @@ TEST(Config, TypesRangesAndChoices) {
   EXPECT_NE(error_of(kMinimal, {"input.kind=csv"}).find("[input] path is required"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"stream.window_seconds=10", "stream.triggers=11"}).find("must not exceed window_seconds"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"privacy.mode=dp"}).find("must be one of \"none\""), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.mode=magic"}).find("must be one of \"dp\" | \"none\""), std::string::npos);
   EXPECT_NE(error_of("[stream\n").find("not valid TOML"), std::string::npos);
 }
 
@@ -76,4 +76,38 @@ TEST(Config, DemoJobParses) {
 
 TEST(Config, MissingSpecFile) {
   EXPECT_THROW(load_job("/nonexistent/job.toml", {}), ConfigError);
+}
+
+// mode = "dp": every privacy parameter is checked before any data is read.
+TEST(Config, DpParametersAreValidated) {
+  const std::vector<std::string> dp = {"privacy.mode=dp", "privacy.epsilon=6", "privacy.delta=1e-9"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), dp.begin(), dp.end());
+    return error_of(kMinimal, extra);
+  };
+  EXPECT_EQ(with({}), "");
+  EXPECT_NE(error_of(kMinimal, {"privacy.mode=dp"}).find("epsilon is required"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.mode=dp", "privacy.epsilon=1"}).find("delta is required"), std::string::npos);
+  EXPECT_NE(with({"privacy.epsilon=0"}).find("epsilon must be > 0"), std::string::npos);
+  EXPECT_NE(with({"privacy.epsilon=-1"}).find("epsilon must be > 0"), std::string::npos);
+  EXPECT_NE(with({"privacy.delta=1"}).find("delta must be in (0, 1)"), std::string::npos);
+  EXPECT_NE(with({"privacy.delta=0"}).find("delta must be in (0, 1)"), std::string::npos);
+  EXPECT_NE(with({"privacy.mu=-1"}).find("mu must be >= 0"), std::string::npos);
+  EXPECT_NE(with({"privacy.beta=0"}).find("beta must be in (0, 1)"), std::string::npos);
+  EXPECT_NE(with({"privacy.beta=1.5"}).find("beta must be in (0, 1)"), std::string::npos);
+  EXPECT_NE(with({"privacy.selection_epsilon_share=1"}).find("selection_epsilon_share must be in (0, 1)"), std::string::npos);
+  EXPECT_NE(with({"privacy.selection_delta_share=0"}).find("selection_delta_share must be in (0, 1)"), std::string::npos);
+  EXPECT_NE(with({"privacy.threshold=\"exact\""}).find("must be one of"), std::string::npos);
+  EXPECT_NE(with({"privacy.seed=-3"}).find("seed must be in"), std::string::npos);
+  EXPECT_NE(with({"query.aggregations=[\"count\", \"median\"]"}).find("unknown column \"median\""), std::string::npos);
+  EXPECT_NE(with({"query.aggregations=[\"sum\", \"sum\"]"}).find("lists \"sum\" twice"), std::string::npos);
+  EXPECT_NE(with({"query.aggregations=[]"}).find("at least one column"), std::string::npos);
+  EXPECT_NE(with({"query.aggregations=\"count\""}).find("array of strings"), std::string::npos);
+  const auto c = parse_job(kMinimal, "t", {"privacy.mode=dp", "privacy.epsilon=2", "privacy.delta=1e-6",
+                                           "query.aggregations=[\"count\"]", "privacy.seed=5", "privacy.beta=1e-12"});
+  EXPECT_TRUE(c.query.count);
+  EXPECT_FALSE(c.query.sum);
+  EXPECT_EQ(c.privacy.seed.value(), 5u);
+  EXPECT_DOUBLE_EQ(c.privacy.beta.value(), 1e-12);
+  EXPECT_DOUBLE_EQ(c.privacy.selection_delta_share, 2.0 / 3.0);
 }

@@ -1,0 +1,95 @@
+// Binary-tree aggregation (DP-SQLP Algorithm 1) with bottom-up Honaker estimates, in the form
+// "true prefix + noise of the nodes used", so that a tree needs no stored node values.
+//
+// Leaves are steps 1..n. The node of height j and index k covers [k 2^j + 1, (k+1) 2^j]; only
+// nodes that end at or before the current step exist, so one leaf lies on at most
+// levels(n) = floor(log2 n) + 1 nodes. The prefix [1, i] is the disjoint union of the nodes given by
+// the set bits of i (bit j set -> one node of height j).
+//
+// Honaker (bottom-up) estimate of a node of height j from its noisy value y and its children:
+//   z_j = (2^j y + (2^j - 1)(z_left + z_right)) / (2^(j+1) - 1),  variance v_j = s^2 2^j / (2^(j+1) - 1).
+// It is linear and unbiased, so z_j = true_j + N_j / (2^(j+1) - 1) with the integer "noise numerator"
+//   N_leaf = n_leaf,   N_j = 2^j n_node + N_left + N_right          (n = the node's own noise).
+// A released prefix is true prefix + sum over its nodes of round(N_j q / (2^(j+1) - 1)), where q is
+// the output grid per noise unit. Because every true node value is a multiple of q, this equals the
+// same rounding applied to the noisy node values themselves: the output is an exact function of
+// the exactly sampled noisy nodes (post-processing), with no floating point on the noisy path.
+#pragma once
+
+#include <absl/container/inlined_vector.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+
+namespace dpstream::kernels::dptree {
+
+__extension__ typedef __int128 int128;
+
+inline constexpr std::uint32_t kMaxSteps = 1u << 20;  // PRF node ids hold 20-bit indices
+
+// floor(log2 n) + 1: the number of nodes one leaf lies on.
+inline std::uint32_t levels(std::uint32_t n) { return static_cast<std::uint32_t>(std::bit_width(n)); }
+
+// Var(Honaker prefix [1, i]) / s^2 = sum over set bits j of i of 2^j / (2^(j+1) - 1).
+inline double prefix_variance_factor(std::uint32_t i) {
+  double v = 0;
+  for (std::uint32_t j = 0; j < 32; ++j)
+    if (i >> j & 1u) v += std::ldexp(1.0, static_cast<int>(j)) / (std::ldexp(1.0, static_cast<int>(j) + 1) - 1.0);
+  return v;
+}
+
+// round(num / den) to the nearest integer, ties away from zero; den > 0. Exact.
+inline std::int64_t round_div(int128 num, int128 den) {
+  const int128 half = den / 2;
+  const int128 q = num >= 0 ? (num + half) / den : -((-num + half) / den);
+  return static_cast<std::int64_t>(q);
+}
+
+// Noise of the Honaker prefix [1, at] as the stack of its nodes' noise numerators (one per set bit
+// of `at`, highest first). `advance` adds leaves one at a time and draws each node's noise once, when
+// the node completes: ctz(i) + 1 draws for leaf i, 2 per leaf on average.
+class PrefixNoise {
+ public:
+  std::uint32_t at() const { return at_; }
+
+  // draw(level, index) -> the node's integer noise (a pure function of the node id).
+  template <class Draw>
+  void advance(std::uint32_t to, Draw&& draw) {
+    if (to > kMaxSteps) throw std::length_error("tree step beyond 2^20");
+    for (std::uint32_t i = at_ + 1; i <= to; ++i) {
+      std::int64_t n = draw(0u, i - 1);  // the leaf [i, i]
+      for (std::uint32_t j = 1; j <= static_cast<std::uint32_t>(std::countr_zero(i)); ++j) {
+        // The node of height j ending at i: its left child is the top of the stack, its right child is n.
+        const std::int64_t left = numer_.back();
+        numer_.pop_back();
+        n = (draw(j, (i >> j) - 1) << j) + left + n;
+      }
+      numer_.push_back(n);
+    }
+    at_ = std::max(at_, to);
+  }
+
+  // Noise of the prefix estimate on an output grid of q per noise unit (exact rounding per node).
+  std::int64_t prefix_noise(std::int64_t q) const {
+    int128 total = 0;
+    std::size_t k = 0;
+    for (std::uint32_t j = 32; j-- > 0;)
+      if (at_ >> j & 1u) {
+        const int128 den = (int128{1} << (j + 1)) - 1;
+        total += round_div(static_cast<int128>(numer_[k++]) * q, den);
+      }
+    if (total > INT64_MAX || total < INT64_MIN) throw std::overflow_error("tree noise outside int64");
+    return static_cast<std::int64_t>(total);
+  }
+
+  std::size_t memory_bytes() const { return sizeof(*this) + (numer_.capacity() > 8 ? numer_.capacity() * 8 : 0); }
+
+ private:
+  std::uint32_t at_ = 0;
+  absl::InlinedVector<std::int64_t, 7> numer_;
+};
+
+}  // namespace dpstream::kernels::dptree

@@ -1,0 +1,305 @@
+#include "kernels/noise.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+namespace dpstream::noise {
+
+static_assert(std::endian::native == std::endian::little, "PRF words are read as little-endian");
+
+namespace {
+constexpr u128 kTwo127 = u128{1} << 127;
+constexpr std::uint64_t kCutV = 1u << 11;  // proposals with |Y| > 2^11 t are rejected
+
+void put_be64(std::uint8_t* p, std::uint64_t v) {
+  v = __builtin_bswap64(v);
+  std::memcpy(p, &v, 8);
+}
+
+int bit_length(std::uint64_t x) { return 64 - std::countl_zero(x); }
+int bit_length(u128 x) {
+  const auto hi = static_cast<std::uint64_t>(x >> 64);
+  return hi ? 128 - std::countl_zero(hi) : bit_length(static_cast<std::uint64_t>(x));
+}
+}  // namespace
+
+Secret secret_from_os() {
+  Secret s{};
+  if (RAND_priv_bytes(s.data(), static_cast<int>(s.size())) != 1) throw std::runtime_error("RAND_priv_bytes failed");
+  return s;
+}
+
+Secret secret_from_seed(std::uint64_t seed) {
+  std::uint8_t msg[18 + 8];
+  std::memcpy(msg, "dpstream test seed", 18);
+  for (int i = 0; i < 8; ++i) msg[18 + i] = static_cast<std::uint8_t>(seed >> (8 * i));
+  Secret s{};
+  unsigned len = 0;
+  if (EVP_Digest(msg, sizeof msg, s.data(), &len, EVP_sha256(), nullptr) != 1 || len != s.size())
+    throw std::runtime_error("SHA-256 failed");
+  return s;
+}
+
+u128 pack(const NodeId& id) {
+  const auto fam = static_cast<std::uint32_t>(id.family);
+  if (fam >= 16 || id.round >= (1u << 20) || id.level >= 32 || id.index >= (1u << 20))
+    throw std::invalid_argument("NodeId field out of range");
+  const std::uint64_t lo = std::uint64_t{fam} << 60 | std::uint64_t{id.round} << 40 |
+                           std::uint64_t{id.level} << 35 | std::uint64_t{id.index} << 15;
+  return u128{id.key} << 64 | lo;
+}
+
+// ---------------------------------------------------------------------------------------------
+void WindowPrf::CtxFree::operator()(evp_cipher_ctx_st* ctx) const { EVP_CIPHER_CTX_free(ctx); }
+
+WindowPrf::WindowPrf(const Secret& secret, std::int64_t window) : ctx_(EVP_CIPHER_CTX_new()) {
+  if (!ctx_) throw std::runtime_error("EVP_CIPHER_CTX_new failed");
+  std::uint8_t msg[15 + 8];
+  std::memcpy(msg, "dpstream window", 15);
+  for (int i = 0; i < 8; ++i) msg[15 + i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(window) >> (8 * i));
+  std::uint8_t key[32];
+  unsigned len = 0;
+  const bool ok = HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), msg, sizeof msg, key, &len) &&
+                  len == sizeof key &&
+                  EVP_EncryptInit_ex(ctx_.get(), EVP_aes_256_ecb(), nullptr, key, nullptr) == 1 &&
+                  EVP_CIPHER_CTX_set_padding(ctx_.get(), 0) == 1;
+  OPENSSL_cleanse(key, sizeof key);  // K_w lives on only inside the cipher context
+  if (!ok) throw std::runtime_error("window key derivation failed");
+}
+
+WindowPrf::WindowPrf(WindowPrf&&) noexcept = default;
+WindowPrf& WindowPrf::operator=(WindowPrf&&) noexcept = default;
+WindowPrf::~WindowPrf() = default;
+
+void WindowPrf::blocks(const NodeId& id, std::uint32_t first, std::uint32_t count, std::uint8_t* out) {
+  blocks_packed(pack(id), first, count, out);
+}
+
+void WindowPrf::blocks_packed(u128 packed, std::uint32_t first, std::uint32_t count, std::uint8_t* out) {
+  if (first > kBlocksPerNode || count > kBlocksPerNode - first) throw std::out_of_range("node PRF stream exhausted");
+  const auto hi = static_cast<std::uint64_t>(packed >> 64);
+  const auto lo = static_cast<std::uint64_t>(packed);
+  constexpr std::uint32_t kChunk = 64;  // counter blocks per EVP call
+  std::uint8_t in[kChunk * 16];
+  while (count > 0) {
+    const std::uint32_t c = std::min(count, kChunk);
+    for (std::uint32_t i = 0; i < c; ++i) {  // plaintext = big-endian (pack(n) | counter)
+      put_be64(in + 16 * i, hi);
+      put_be64(in + 16 * i + 8, lo | (first + i));
+    }
+    int outl = 0;
+    if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(16 * c)) != 1 || outl != static_cast<int>(16 * c))
+      throw std::runtime_error("EVP_EncryptUpdate failed");
+    out += 16 * c;
+    first += c;
+    count -= c;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+NodeStream::NodeStream(WindowPrf& prf, const NodeId& id) : prf_(prf), packed_(pack(id)) {}
+
+void NodeStream::refill() {
+  const std::uint32_t want = next_block_ == 0 ? kFirstBlocks : kMoreBlocks;
+  const std::uint32_t n = std::min(want, WindowPrf::kBlocksPerNode - next_block_);
+  if (n == 0) throw std::out_of_range("node PRF stream exhausted");
+  prf_.blocks_packed(packed_, next_block_, n, reinterpret_cast<std::uint8_t*>(buf_.data()));
+  next_block_ += n;
+  pos_ = 0;
+  end_ = 2 * n;
+}
+
+std::uint64_t NodeStream::bits(unsigned count) {
+  if (count == 64) return next_u64();
+  if (pool_bits_ < count) {  // leftover bits are dropped: still independent and uniform
+    pool_ = next_u64();
+    pool_bits_ = 64;
+  }
+  const std::uint64_t v = pool_ & ((std::uint64_t{1} << count) - 1);
+  pool_ >>= count;
+  pool_bits_ -= count;
+  return v;
+}
+
+std::uint64_t NodeStream::uniform_below(std::uint64_t n) {
+  if (n == 0) throw std::invalid_argument("uniform_below(0)");
+  if (n == 1) return 0;
+  const auto len = static_cast<unsigned>(64 - std::countl_zero(n - 1));  // n <= 2^len < 2n: accept rate > 1/2
+  for (;;) {
+    const std::uint64_t x = bits(len);
+    if (x < n) return x;
+  }
+}
+
+u128 NodeStream::uniform_below_u128(u128 n) {
+  if (n == 0) throw std::invalid_argument("uniform_below_u128(0)");
+  if ((n >> 64) == 0) return uniform_below(static_cast<std::uint64_t>(n));
+  const auto hi_len = static_cast<unsigned>(bit_length(n - 1) - 64);  // in [1, 64]
+  for (;;) {
+    const u128 hi = bits(hi_len);
+    const u128 x = hi << 64 | next_u64();
+    if (x < n) return x;
+  }
+}
+
+namespace {
+// U < r/d for U = 0.b1b2... uniform, 0 < r < d <= 2^(bits of T - 1): compare U's bits with the long
+// division of r by d, stopping at the first difference (2 bits expected) or when the expansion ends.
+template <class T>
+bool below(NodeStream& rng, T r, T d) {
+  for (;;) {
+    r <<= 1;
+    const bool p = r >= d;
+    r -= p ? d : T{0};
+    if (rng.next_bit() != p) return p;  // first difference: U < p iff p's bit is 1
+    if (r == 0) return false;           // p's expansion ended with U's prefix equal to it: U > p a.s.
+  }
+}
+
+// Bernoulli(num / (den k)) for num <= den; when den k would pass 2^(bits-1), the AND of Bernoulli(1/k)
+// and Bernoulli(num/den).
+template <class T>
+bool bernoulli_over(NodeStream& rng, T num, T den, std::uint64_t k) {
+  if (num == 0) return false;
+  if (bit_length(den) + bit_length(k) < 8 * static_cast<int>(sizeof(T))) {  // den k < 2^(bits-1)
+    const T d = den * k;
+    return num >= d || below<T>(rng, num, d);
+  }
+  return below<std::uint64_t>(rng, 1, k) && (num >= den || below<T>(rng, num, den));
+}
+
+// CKS20 Algorithm 1: Bernoulli(exp(-gamma)) for gamma = num/den in [0, 1]. P[K > j] = gamma^j / j!,
+// so P[K odd] = sum_j (-gamma)^j / j! = exp(-gamma).
+template <class T>
+bool bernoulli_exp_unit(NodeStream& rng, T num, T den) {
+  std::uint64_t k = 1;
+  while (bernoulli_over<T>(rng, num, den, k)) ++k;
+  return k & 1;
+}
+
+// Algorithm 1 with gamma = 1: the first draw Bernoulli(1/1) always succeeds.
+bool bernoulli_exp1(NodeStream& rng) {
+  std::uint64_t k = 2;
+  while (below<std::uint64_t>(rng, 1, k)) ++k;
+  return k & 1;
+}
+}  // namespace
+
+bool NodeStream::bernoulli(u128 num, u128 den) {
+  if (den == 0 || num > den) throw std::invalid_argument("bernoulli needs 0 <= num <= den, den > 0");
+  if (num == 0) return false;
+  if (num == den) return true;
+  if (den <= kTwo127) return below<u128>(*this, num, den);
+  return uniform_below_u128(den) < num;
+}
+
+// ---------------------------------------------------------------------------------------------
+DiscreteGaussian::DiscreteGaussian(double sigma) {
+  if (!(sigma >= std::ldexp(1.0, -10) && sigma <= std::ldexp(1.0, 24)))
+    throw std::invalid_argument("DiscreteGaussian: sigma must be in [2^-10, 2^24]");
+  int ex = 0;
+  const double f = std::frexp(sigma, &ex);                  // sigma = f 2^ex, f in [1/2, 1)
+  const auto m = static_cast<std::uint64_t>(std::ldexp(f, 53));  // sigma = m 2^(ex-53), m in [2^52, 2^53)
+  const u128 m2 = u128{m} * m;                              // sigma^2 = m2 2^(2ex-106), m2 in [2^104, 2^106)
+  int s = bit_length(m2) - 52;
+  u128 q = m2 >> s;
+  if ((q << s) != m2) ++q;  // round up: n 2^-k >= sigma^2
+  if (q == (u128{1} << 52)) {
+    q >>= 1;
+    ++s;
+  }
+  n_ = static_cast<std::uint64_t>(q);  // in [2^51, 2^52)
+  k_ = -(2 * (ex - 53) + s);           // in [3, 71] for sigma in [2^-10, 2^24]
+  sigma_ = std::sqrt(std::ldexp(static_cast<double>(n_), -k_));  // correctly rounded, so >= requested sigma
+  // t - 1 = floor(sqrt(n 2^-k)) = isqrt(floor(n 2^-k)), exact integer square root.
+  const std::uint64_t fl = k_ >= 64 ? 0 : n_ >> k_;
+  auto r = static_cast<std::uint64_t>(std::sqrt(static_cast<double>(fl)));
+  while (r * r > fl) --r;
+  while ((r + 1) * (r + 1) <= fl) ++r;
+  t_ = r + 1;  // <= 2^24 + 1; t > sigma
+  cut_ = kCutV * t_;
+  // Bounds: sigma >= 1 gives t <= 2 sigma, so 2^k t^2 <= 4n < 2^54; sigma < 1 gives t = 1, 2^k <= 2^71.
+  cd_ = (u128{t_} * t_) << (k_ + 1);  // 2^(k+1) t^2 < 2^73
+  d_ = cd_ * n_;                       // D = n 2^(k+1) t^2 < 2^55 2^52 or 2^72 2^52 = 2^124
+  e_ = (u128{n_} * t_) << (k_ + 1);    // D / t
+  n2_ = u128{n_} * n_;                 // n^2 <= D since sigma^2 <= 2 t^2
+}
+
+// gamma = (y - sigma^2/t)^2 / (2 sigma^2) = y^2 2^(k-1)/n - y/t + n/(2^(k+1) t^2) with y = v t + u.
+// Integer parts q1 - v; fractional parts over the common denominator D = n 2^(k+1) t^2:
+//   (y^2 2^(k-1) mod n) 2^(k+1) t^2 + n^2 - u n 2^(k+1) t, each term < D (so the sum fits in 2^126).
+bool DiscreteGaussian::accept(std::uint64_t y, std::uint64_t v, std::uint64_t u, NodeStream& rng) const {
+  const u128 a = (u128{y} * y) << (k_ - 1);  // y <= 2^11 t: a <= 2^21 2^k t^2 < max(2^75, 2^92)
+  std::uint64_t q1, r1;                       // q1 < 2^41
+  if ((a >> 64) == 0) {                       // the usual case: one 64-bit division
+    q1 = static_cast<std::uint64_t>(a) / n_, r1 = static_cast<std::uint64_t>(a) % n_;
+  } else {
+    q1 = static_cast<std::uint64_t>(a / n_), r1 = static_cast<std::uint64_t>(a % n_);
+  }
+  const u128 fpos = cd_ * r1 + n2_;  // < 2D
+  const u128 fneg = e_ * u;          // < D
+  auto g = static_cast<std::int64_t>(q1) - static_cast<std::int64_t>(v);
+  u128 f;
+  if (fpos >= fneg) {
+    f = fpos - fneg;
+    if (f >= d_) {
+      f -= d_;
+      ++g;
+    }
+  } else {
+    f = d_ - (fneg - fpos);
+    --g;
+  }
+  if (g < 0) throw std::logic_error("DiscreteGaussian: negative gamma");  // impossible: gamma is a square
+  // CKS20 Algorithm 1 for gamma > 1: floor(gamma) Bernoulli(exp(-1)) draws, then the fractional part.
+  for (std::int64_t i = 0; i < g; ++i)
+    if (!bernoulli_exp1(rng)) return false;
+  return bernoulli_exp_unit<u128>(rng, f, d_);
+}
+
+// CKS20 Algorithm 3 with the Algorithm 2 proposal Y ~ DLap(t) (s = 1), P[Y = y] ~ exp(-|y|/t).
+// The cut |Y| <= 2^11 t makes the output N_Z conditioned on |Y| <= M = 2^11 t, at total variation
+// distance P[|Y| > M] <= 2 sum_{j>=1} exp(-(M+j)^2/(2 sigma^2)) / Z with Z >= 1; (M+j)^2 >= M^2 + 2jM
+// gives <= 2 exp(-M^2/(2 sigma^2)) / (exp(M/sigma^2) - 1) <= 2 exp(-M^2/(2 sigma^2)) (1 + sigma^2/M),
+// and M > 2^11 sigma, sigma <= 2^24 give <= 2 (1 + 2^24) exp(-2^21) < exp(-2^20).
+std::int64_t DiscreteGaussian::sample(NodeStream& rng) const {
+  for (;;) {
+    const std::uint64_t u = rng.uniform_below(t_);
+    if (!bernoulli_exp_unit<std::uint64_t>(rng, u, t_)) continue;  // Bernoulli(exp(-u/t))
+    std::uint64_t v = 0;                             // geometric: P[V >= j] = exp(-j)
+    while (v <= kCutV && bernoulli_exp1(rng)) ++v;
+    const std::uint64_t y = u + t_ * v;
+    if (y > cut_) continue;  // the documented cut
+    const bool neg = rng.next_bit();
+    if (neg && y == 0) continue;  // so that 0 is not counted twice
+    if (accept(y, v, u, rng)) return neg ? -static_cast<std::int64_t>(y) : static_cast<std::int64_t>(y);
+  }
+}
+
+double DiscreteGaussian::variance() const {
+  const double s2 = std::ldexp(static_cast<double>(n_), -k_);
+  const auto ymax = static_cast<std::uint64_t>(12.0 * sigma_) + 2;  // exp(-72) relative tail: negligible
+  long double z = 1, m = 0;
+  for (std::uint64_t y = 1; y <= ymax; ++y) {
+    const double yd = static_cast<double>(y);
+    const long double w = std::exp(-yd * yd / (2 * s2));
+    z += 2 * w;
+    m += 2 * w * yd * yd;
+  }
+  return static_cast<double>(m / z);
+}
+
+std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg) {
+  NodeStream rng(prf, id);
+  return dg.sample(rng);
+}
+
+}  // namespace dpstream::noise

@@ -1,0 +1,116 @@
+// Secure, reproducible noise: every tree node's noise is an exact discrete Gaussian sample drawn
+// from a keyed PRF stream of (secret, window, key, family, round, level, index). Nothing is stored;
+// the same node gives the same noise on any rank or thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+struct evp_cipher_ctx_st;  // OpenSSL's EVP_CIPHER_CTX
+
+namespace dpstream::noise {
+
+__extension__ typedef unsigned __int128 u128;  // GCC/Clang extension; __extension__ silences -Wpedantic
+
+using Secret = std::array<std::uint8_t, 32>;
+Secret secret_from_os();                      // OpenSSL RAND_priv_bytes; throws std::runtime_error
+Secret secret_from_seed(std::uint64_t seed);  // test mode: SHA-256("dpstream test seed" || seed LE8)
+
+enum class Family : std::uint32_t { KeySelection = 0, Count = 1, Sum = 2 };
+
+struct NodeId {
+  std::uint64_t key;
+  Family family;        // < 16
+  std::uint32_t round;  // key-selection round (0 for value trees); < 2^20
+  std::uint32_t level;  // height j (0 = leaf); < 32
+  std::uint32_t index;  // covers leaves [index*2^level + 1, (index+1)*2^level]; < 2^20
+};
+
+// pack(n) = key(64) | family(4) | round(20) | level(5) | index(20) | 15 zero bits for the block
+// counter, as a 128-bit integer; throws std::invalid_argument on out-of-range fields.
+u128 pack(const NodeId& id);
+
+// AES-256 (ECB on counter blocks) keyed with K_w = HMAC-SHA256(secret, "dpstream window" || window LE8).
+// Block i of node n = AES_{K_w}(big-endian 128-bit pack(n) | i), i < 2^15. One per thread.
+class WindowPrf {
+ public:
+  static constexpr std::uint32_t kBlocksPerNode = 1u << 15;
+
+  WindowPrf(const Secret& secret, std::int64_t window);
+  WindowPrf(WindowPrf&&) noexcept;
+  WindowPrf& operator=(WindowPrf&&) noexcept;
+  ~WindowPrf();
+
+  // `blocks` 16-byte blocks of node `id` starting at block `first`; throws std::out_of_range past 2^15.
+  void blocks(const NodeId& id, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);
+  void blocks_packed(u128 packed, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);
+
+ private:
+  struct CtxFree {
+    void operator()(evp_cipher_ctx_st* ctx) const;
+  };
+  std::unique_ptr<evp_cipher_ctx_st, CtxFree> ctx_;
+};
+
+// Uniform random words and bits of one node. Blocks are fetched lazily, kFirstBlocks on the first
+// fetch (most samples need no more) and kMoreBlocks per later fetch; bits come from a 64-bit pool.
+class NodeStream {
+ public:
+  static constexpr std::uint32_t kFirstBlocks = 2;
+  static constexpr std::uint32_t kMoreBlocks = 8;
+
+  NodeStream(WindowPrf& prf, const NodeId& id);
+  std::uint64_t next_u64() {
+    if (pos_ == end_) refill();
+    return buf_[pos_++];
+  }
+  bool next_bit() {
+    if (pool_bits_ == 0) pool_ = next_u64(), pool_bits_ = 64;
+    const bool b = pool_ & 1;
+    pool_ >>= 1, --pool_bits_;
+    return b;
+  }
+  std::uint64_t uniform_below(std::uint64_t n);  // exact, rejection sampling, n >= 1
+  u128 uniform_below_u128(u128 n);               // exact, n >= 1
+  bool bernoulli(u128 num, u128 den);            // exact P = num/den, 0 <= num <= den
+  std::uint32_t blocks_used() const { return next_block_; }
+
+ private:
+  std::uint64_t bits(unsigned count);  // count in [1, 64] uniform bits
+  void refill();
+
+  WindowPrf& prf_;
+  u128 packed_;
+  std::uint32_t next_block_ = 0;
+  std::uint32_t pos_ = 0, end_ = 0;  // word cursor in buf_
+  std::uint64_t pool_ = 0;
+  unsigned pool_bits_ = 0;
+  std::array<std::uint64_t, 2 * kMoreBlocks> buf_;  // filled before read
+};
+
+// Exact N_Z(0, sigma^2) by CKS20 (arXiv 2004.00010) Algorithm 3 with sigma^2 = n / 2^k exactly,
+// n in [2^51, 2^52), rounded up from the double sigma^2. Integer arithmetic only while sampling.
+class DiscreteGaussian {
+ public:
+  explicit DiscreteGaussian(double sigma);  // sigma in [2^-10, 2^24]; else std::invalid_argument
+  double sigma() const { return sigma_; }   // sqrt(n / 2^k) >= requested
+  std::int64_t sample(NodeStream& rng) const;
+  double variance() const;  // sum of y^2 pmf(y) over the integers
+  std::uint64_t sigma2_num() const { return n_; }  // sigma^2 = sigma2_num() * 2^-sigma2_exp()
+  int sigma2_exp() const { return k_; }
+  std::uint64_t t() const { return t_; }  // DLap proposal scale floor(sigma) + 1
+
+ private:
+  bool accept(std::uint64_t y, std::uint64_t v, std::uint64_t u, NodeStream& rng) const;
+
+  double sigma_;
+  std::uint64_t n_;
+  int k_;
+  std::uint64_t t_, cut_;  // cut_ = 2^11 t
+  u128 cd_, d_, e_, n2_;
+};
+
+std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg);
+
+}  // namespace dpstream::noise

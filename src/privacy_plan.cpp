@@ -1,0 +1,210 @@
+#include "src/privacy_plan.hpp"
+
+#include <fmt/format.h>
+
+#include <bit>
+#include <cmath>
+
+#include "kernels/bounding.hpp"
+#include "kernels/dp_tree.hpp"
+#include "kernels/noise.hpp"
+#include "src/accounting.hpp"
+#include "src/errors.hpp"
+#include "src/record.hpp"
+
+namespace dpstream {
+
+namespace {
+
+constexpr double kMaxSamplerSigma = 16777216.0;     // 2^24: the exact sampler's range (kernels/noise.hpp)
+constexpr double kMinSamplerSigma = 1.0 / 1024.0;   // 2^-10
+constexpr double kSumGridSigma = 4194304.0;         // 2^22: sum noise is drawn on a grid with sigma <= this
+
+// The sigma the sampler really uses (sigma^2 rounded up to its exact rational form).
+double exact_sigma(double sigma, const std::string& family, const std::string& what_to_change) {
+  if (!(sigma >= kMinSamplerSigma && sigma <= kMaxSamplerSigma))
+    throw ConfigError(fmt::format("{} noise sigma = {:.6g} is outside the exact sampler's range [2^-10, 2^24]; {}",
+                                  family, sigma, what_to_change));
+  return noise::DiscreteGaussian(sigma).sigma();
+}
+
+}  // namespace
+
+PrivacyPlan make_privacy_plan(const JobConfig& c) {
+  const auto& pc = c.privacy;
+  if (pc.mode != PrivacyMode::Dp)
+    throw ConfigError(fmt::format("{}: [privacy] mode is \"none\": there is no privacy budget; set mode = \"dp\"", c.source));
+  PrivacyPlan p;
+  p.epsilon = pc.epsilon;
+  p.delta = pc.delta;
+  p.C = pc.max_records_per_user;
+  p.T = c.stream.triggers;
+  p.levels = kernels::dptree::levels(p.T);
+  p.mu = pc.mu;
+  p.threshold = pc.threshold;
+  p.private_run = !pc.seed.has_value();
+  p.epsilon_selection = p.epsilon * pc.selection_epsilon_share;
+  p.epsilon_aggregation = p.epsilon - p.epsilon_selection;
+  p.delta_selection = p.delta * pc.selection_delta_share;
+  p.delta_aggregation = p.delta - p.delta_selection;
+
+  // Theorem 3.1 charges (e^eps + 1) * P[some test of a user's key errs by more than tau]; a user
+  // touches <= C keys and each key is tested <= T times per window: union bound C T beta.
+  const double tests = static_cast<double>(p.C) * p.T;
+  const double beta_cost = (std::exp(p.epsilon_selection) + 1.0) * tests;
+  p.beta_defaulted = !pc.beta.has_value();
+  p.beta = pc.beta ? *pc.beta : p.delta_selection / (2.0 * beta_cost);  // default: half of selection's delta
+  p.delta_beta = beta_cost * p.beta;
+  p.delta_selection_conversion = p.delta_selection - p.delta_beta;
+  if (!(p.delta_selection_conversion > 0))
+    throw ConfigError(fmt::format(
+        "{}: [privacy] beta = {:.3g} costs (e^eps_sel + 1) * C * T * beta = {:.3g} of delta, at least key selection's "
+        "share {:.3g}; set beta below {:.3g} (or remove it: the default is {:.3g})",
+        c.source, p.beta, p.delta_beta, p.delta_selection, p.delta_selection / beta_cost,
+        p.delta_selection / (2.0 * beta_cost)));
+
+  // Key selection: a user adds 1 to one leaf of one round tree of each of <= C keys, so per tree
+  // level the L2 sensitivity is sqrt(C); rho = levels * C / (2 sigma^2).
+  const double rho_sel = accounting::zcdp_rho_tight(p.epsilon_selection, p.delta_selection_conversion);
+  p.selection = {"key_selection", std::sqrt(static_cast<double>(p.C)), 0, 0, "users"};
+  p.selection.sigma = exact_sigma(std::sqrt(p.levels * p.C / (2.0 * rho_sel)), "key-selection",
+                                  "raise epsilon or lower max_records_per_user");
+  p.selection.rho = p.levels * p.C / (2.0 * p.selection.sigma * p.selection.sigma);
+
+  // Aggregation: per level, one user's <= C records move a column by at most C * L_col in L2 over
+  // all keys (sum over keys of (c_k L)^2 <= (C L)^2). m columns share rho_agg equally.
+  p.rho_aggregation = accounting::zcdp_rho_tight(p.epsilon_aggregation, p.delta_aggregation);
+  const int m = int{c.query.count} + int{c.query.sum};
+  auto sigma_for = [&](double per_record) { return p.C * per_record * std::sqrt(m * p.levels / (2.0 * p.rho_aggregation)); };
+  if (c.query.count) {
+    TreeFamily f{"count", static_cast<double>(p.C), 0, 0, "records"};
+    f.sigma = exact_sigma(sigma_for(1.0), "count", "raise epsilon or lower max_records_per_user");
+    f.rho = p.levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
+    p.aggregation.push_back(f);
+  }
+  if (c.query.sum) {
+    auto bound_on_grid = [&](std::int64_t q) {
+      const auto lo = kernels::quantize(to_fixed(pc.clamp_min), q), hi = kernels::quantize(to_fixed(pc.clamp_max), q);
+      return from_fixed(std::max(std::llabs(lo), std::llabs(hi)));
+    };
+    p.clamp_bound = bound_on_grid(1);
+    if (p.clamp_bound == 0)
+      throw ConfigError(fmt::format("{}: [query] aggregations has \"sum\" but the clamp range [{}, {}] makes every sum 0; "
+                                    "widen clamp_min/clamp_max or release only [\"count\"]", c.source, pc.clamp_min, pc.clamp_max));
+    // Draw sum noise on the coarsest power-of-two grid that keeps sigma <= 2^22 grid steps; values
+    // are rounded to that grid at bounding, and L is taken after rounding.
+    const double sigma_fixed = sigma_for(p.clamp_bound) * kValueScale;
+    while (sigma_fixed / static_cast<double>(p.sum_quantum) > kSumGridSigma) p.sum_quantum *= 2;
+    p.clamp_bound = bound_on_grid(p.sum_quantum);
+    const double quantum = static_cast<double>(p.sum_quantum) / kValueScale;
+    p.sum_sigma_quanta = exact_sigma(sigma_for(p.clamp_bound) / quantum, "sum", "narrow clamp_min/clamp_max");
+    TreeFamily f{"sum", p.C * p.clamp_bound, p.sum_sigma_quanta * quantum, 0, "value"};
+    f.rho = p.levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
+    p.aggregation.push_back(f);
+  }
+
+  // Thresholds: the round's Honaker prefix at step s has noise std lambda_s = sigma sqrt(v_s); each of
+  // its popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each).
+  p.tail_z = pc.threshold == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / p.beta))
+                                                        : accounting::normal_upper_quantile(p.beta);
+  p.tau.assign(p.T + 1, 0.0);
+  p.lambda.assign(p.T + 1, 0.0);
+  for (std::uint32_t s = 1; s <= p.T; ++s) {
+    p.lambda[s] = p.selection.sigma * std::sqrt(kernels::dptree::prefix_variance_factor(s));
+    p.tau[s] = p.lambda[s] * p.tail_z + std::popcount(s) / kValueScale;
+  }
+
+  // Report: each part by the tight and the simple conversion; the total by basic composition.
+  double rho_agg_used = 0;
+  for (const auto& f : p.aggregation) rho_agg_used += f.rho;
+  p.eps_selection_tight = accounting::zcdp_eps_tight(p.selection.rho, p.delta_selection_conversion);
+  p.eps_selection_simple = accounting::zcdp_eps_simple(p.selection.rho, p.delta_selection_conversion);
+  p.eps_aggregation_tight = accounting::zcdp_eps_tight(rho_agg_used, p.delta_aggregation);
+  p.eps_aggregation_simple = accounting::zcdp_eps_simple(rho_agg_used, p.delta_aggregation);
+  p.eps_total = p.eps_selection_tight + p.eps_aggregation_tight;
+  p.delta_total = p.delta_selection_conversion + p.delta_beta + p.delta_aggregation;
+  if (p.eps_total > p.epsilon * (1 + 1e-9) || p.delta_total > p.delta * (1 + 1e-9))
+    throw ConfigError(fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
+                                  "this is a bug, please report it", c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
+  return p;
+}
+
+nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
+  auto family = [](const TreeFamily& f) {
+    return nlohmann::json{{"name", f.name}, {"unit", f.unit}, {"l2_sensitivity_per_level", f.sensitivity},
+                          {"sigma", f.sigma}, {"rho", f.rho}};
+  };
+  nlohmann::json j;
+  j["budget"] = {{"epsilon", p.epsilon}, {"delta", p.delta}, {"unit", "one user's records in one window"}};
+  j["private"] = p.private_run;
+  j["trees"] = {{"triggers", p.T}, {"levels", p.levels}};
+  j["key_selection"] = {{"epsilon", p.epsilon_selection},
+                        {"delta", p.delta_selection},
+                        {"delta_conversion", p.delta_selection_conversion},
+                        {"delta_beta", p.delta_beta},
+                        {"beta_per_test", p.beta},
+                        {"beta_defaulted", p.beta_defaulted},
+                        {"mu", p.mu},
+                        {"tree", family(p.selection)},
+                        {"eps_tight", p.eps_selection_tight},
+                        {"eps_simple", p.eps_selection_simple},
+                        {"threshold_tail", p.threshold == ThresholdTail::Subgaussian ? "subgaussian" : "gaussian-quantile"},
+                        {"tail_z", p.tail_z},
+                        {"tau_first", p.tau[1]},
+                        {"tau_max", *std::max_element(p.tau.begin() + 1, p.tau.end())},
+                        {"tau_last", p.tau[p.T]}};
+  if (thresholds_table) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (std::uint32_t s = 1; s <= p.T; ++s) rows.push_back({{"step", s}, {"lambda", p.lambda[s]}, {"tau", p.tau[s]}});
+    j["key_selection"]["thresholds"] = rows;
+  }
+  nlohmann::json fams = nlohmann::json::array();
+  for (const auto& f : p.aggregation) fams.push_back(family(f));
+  j["aggregation"] = {{"epsilon", p.epsilon_aggregation}, {"delta", p.delta_aggregation}, {"rho", p.rho_aggregation},
+                      {"columns", fams}, {"eps_tight", p.eps_aggregation_tight}, {"eps_simple", p.eps_aggregation_simple},
+                      {"sum_grid", static_cast<double>(p.sum_quantum) / kValueScale}, {"clamp_bound", p.clamp_bound}};
+  j["total"] = {{"epsilon", p.eps_total}, {"delta", p.delta_total}, {"within_budget", true},
+                {"composition", "basic (key selection + aggregation)"}};
+  return j;
+}
+
+std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
+  std::string s;
+  auto line = [&](const std::string& t) { s += t + "\n"; };
+  line(fmt::format("privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
+                   p.epsilon, p.delta));
+  if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
+  line(fmt::format("trees: T = {} triggers, {} levels (floor(log2 T) + 1), C = {}", p.T, p.levels, p.C));
+  line("");
+  line(fmt::format("key selection   eps {:.6g}, delta {:.4g} = {:.4g} (Gaussian conversion) + {:.4g} (beta term)",
+                   p.epsilon_selection, p.delta_selection, p.delta_selection_conversion, p.delta_beta));
+  line(fmt::format("  tree          sigma = {:.6g} users per node, L2 sensitivity sqrt(C) = {:.6g} per level, rho = {:.6g}",
+                   p.selection.sigma, p.selection.sensitivity, p.selection.rho));
+  line(fmt::format("  eps           {:.6g} tight (CKS 2020), {:.6g} simple (rho + 2 sqrt(rho ln 1/delta))",
+                   p.eps_selection_tight, p.eps_selection_simple));
+  line(fmt::format("  beta          {:.4g} per threshold test{}, charged (e^eps_sel + 1) * C * T * beta = {:.4g}", p.beta,
+                   p.beta_defaulted ? " (default: half of selection's delta)" : "", p.delta_beta));
+  line(fmt::format("  threshold     mu = {}, tau_s = lambda_s * {:.6g} ({}); tau_1 = {:.6g}, max tau = {:.6g}, tau_T = {:.6g}",
+                   p.mu, p.tail_z, p.threshold == ThresholdTail::Subgaussian ? "subgaussian tail" : "Gaussian quantile",
+                   p.tau[1], *std::max_element(p.tau.begin() + 1, p.tau.end()), p.tau[p.T]));
+  line(fmt::format("aggregation     eps {:.6g}, delta {:.4g}, rho = {:.6g} shared by {} column(s)", p.epsilon_aggregation,
+                   p.delta_aggregation, p.rho_aggregation, p.aggregation.size()));
+  for (const auto& f : p.aggregation)
+    line(fmt::format("  {:<13} sigma = {:.6g} {} per node, L2 sensitivity {:.6g} per level, rho = {:.6g}", f.name, f.sigma,
+                     f.unit, f.sensitivity, f.rho));
+  if (p.sum_quantum > 1 || p.clamp_bound > 0)
+    line(fmt::format("  sum grid      values rounded to multiples of {:.6g}; L = {:.6g}",
+                     static_cast<double>(p.sum_quantum) / kValueScale, p.clamp_bound));
+  line(fmt::format("  eps           {:.6g} tight, {:.6g} simple", p.eps_aggregation_tight, p.eps_aggregation_simple));
+  line("");
+  line(fmt::format("total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget (basic composition of the two parts)",
+                   p.eps_total, p.epsilon, p.delta_total, p.delta));
+  if (thresholds_table) {
+    line("");
+    line("step  lambda        tau");
+    for (std::uint32_t st = 1; st <= p.T; ++st) line(fmt::format("{:<5} {:<13.6g} {:.6g}", st, p.lambda[st], p.tau[st]));
+  }
+  return s;
+}
+
+}  // namespace dpstream

@@ -1,0 +1,59 @@
+// The privacy plan of a DP job: from (epsilon, delta, C, T, clamp, mu, beta, split, columns) to the
+// noise of every tree family and the thresholds, with the accounting that justifies them
+// (docs/PRIVACY.md). Computed without touching data; `dpstream budget` prints it.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/config.hpp"
+
+namespace dpstream {
+
+// One family of Gaussian trees, accounted in zCDP: rho = levels * sensitivity^2 / (2 sigma^2).
+struct TreeFamily {
+  std::string name;
+  double sensitivity = 0;  // L2 per tree level of one user's contribution over all keys, in `unit`
+  double sigma = 0;        // per-node noise standard deviation, in `unit`
+  double rho = 0;
+  std::string unit;
+};
+
+struct PrivacyPlan {
+  // Budget and its split (per window: the privacy unit is one user's records in one window).
+  double epsilon = 0, delta = 0;
+  double epsilon_selection = 0, delta_selection = 0;      // key selection: Gaussian conversion + beta term
+  double epsilon_aggregation = 0, delta_aggregation = 0;  // hierarchical perturbation
+  std::uint32_t C = 0, T = 0, levels = 0;
+  double mu = 0;
+  // Threshold failure: beta per test, C * T tests that matter per user, charged (e^eps_sel + 1) C T beta.
+  double beta = 0;
+  bool beta_defaulted = false;
+  double delta_beta = 0;
+  double delta_selection_conversion = 0;  // delta_selection - delta_beta
+  TreeFamily selection;
+  std::vector<TreeFamily> aggregation;  // one per released column, sharing rho_aggregation
+  double rho_aggregation = 0;
+  double clamp_bound = 0;                 // L = max |clamp| after rounding to the sum grid
+  std::int64_t sum_quantum = 1;           // fixed-point units per sum noise unit
+  double sum_sigma_quanta = 0;            // sum noise in grid units (what the sampler draws)
+  double tail_z = 0;                      // tau_s = lambda_s * tail_z + rounding margin
+  std::vector<double> tau;                // tau[s], s = 1..T (tau[0] = 0, unused)
+  std::vector<double> lambda;             // std of the Honaker prefix noise at round step s
+  // Reported conversions.
+  double eps_selection_tight = 0, eps_selection_simple = 0;
+  double eps_aggregation_tight = 0, eps_aggregation_simple = 0;
+  double eps_total = 0, delta_total = 0;   // basic composition of the two parts (what is guaranteed)
+  bool private_run = true;                 // false when [privacy] seed fixes the secret
+  ThresholdTail threshold = ThresholdTail::Subgaussian;
+};
+
+// Throws ConfigError when the job is invalid for DP or would exceed its budget.
+PrivacyPlan make_privacy_plan(const JobConfig& config);
+
+std::string budget_text(const PrivacyPlan& plan, bool thresholds_table);
+nlohmann::json budget_json(const PrivacyPlan& plan, bool thresholds_table);
+
+}  // namespace dpstream

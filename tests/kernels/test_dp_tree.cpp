@@ -1,0 +1,138 @@
+// The tree code against ../shared/reference/honaker_variance.json: exact prefix-variance factors,
+// a Monte Carlo check of PrefixNoise (the engine's own Honaker recursion) with continuous Gaussian
+// node noise, and an exact check that "true prefix + rounded noise" equals the same rounding applied
+// to the noisy node values (the post-processing argument in docs/PRIVACY.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "kernels/dp_tree.hpp"
+
+using namespace dpstream::kernels::dptree;
+
+namespace {
+nlohmann::json reference() {
+  std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/honaker_variance.json");
+  if (!f) throw std::runtime_error("missing ../shared/reference/honaker_variance.json");
+  // The file is Python's json output: it spells an unbounded formula value "Infinity", not JSON.
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (std::size_t at; (at = text.find("Infinity")) != std::string::npos;) text.replace(at, 8, "null");
+  return nlohmann::json::parse(text);
+}
+}  // namespace
+
+TEST(DpTree, Levels) {
+  EXPECT_EQ(levels(1), 1u);
+  EXPECT_EQ(levels(16), 5u);
+  EXPECT_EQ(levels(100), 7u);
+  EXPECT_EQ(levels(1000), 10u);
+}
+
+TEST(DpTree, PrefixVarianceFactorsMatchReference) {
+  const auto ref = reference();
+  for (const auto& row : ref["prefix_variance"]) {
+    const auto i = row["i"].get<std::uint32_t>();
+    EXPECT_NEAR(prefix_variance_factor(i), row["var_honaker_bottom_up"].get<double>(), 1e-12) << "i = " << i;
+  }
+  for (const auto& row : ref["node_variance"]) {
+    const auto j = row["height_j_levels_below"].get<std::uint32_t>();
+    if (j < 32) EXPECT_NEAR(prefix_variance_factor(1u << j), row["v_exact"].get<double>(), 1e-12) << "j = " << j;
+  }
+}
+
+// Var of the engine's prefix noise, estimated over independent trees with N(0, 1) node noise
+// scaled by 2^20 (so rounding is negligible). Each estimate has relative sd sqrt(2 / trials);
+// the 6-sd bound has a false-failure rate below 1e-8 per step (16 steps).
+TEST(DpTree, MonteCarloPrefixVarianceMatchesReference) {
+  const auto ref = reference();
+  const int trials = 40000;
+  const double scale = 1 << 20;
+  std::mt19937_64 gen(20261121);
+  std::normal_distribution<double> normal;
+  std::vector<double> sum2(17, 0.0);
+  for (int t = 0; t < trials; ++t) {
+    PrefixNoise tree;
+    for (std::uint32_t i = 1; i <= 16; ++i) {
+      tree.advance(i, [&](std::uint32_t, std::uint32_t) { return static_cast<std::int64_t>(std::llround(normal(gen) * scale)); });
+      const double x = static_cast<double>(tree.prefix_noise(1)) / scale;
+      sum2[i] += x * x;
+    }
+  }
+  for (const auto& row : ref["prefix_variance"]) {
+    const auto i = row["i"].get<std::uint32_t>();
+    const double expected = row["var_honaker_bottom_up"].get<double>();
+    const double got = sum2[i] / trials;
+    EXPECT_NEAR(got, expected, 6 * expected * std::sqrt(2.0 / trials)) << "i = " << i;
+  }
+}
+
+// Each node's noise is drawn exactly once, when the node completes, whatever the advance pattern.
+TEST(DpTree, DrawsEachNodeOnceAndJumpsEqualSteps) {
+  std::map<std::pair<std::uint32_t, std::uint32_t>, int> seen;
+  auto draw = [&](std::uint32_t level, std::uint32_t index) {
+    ++seen[{level, index}];
+    return static_cast<std::int64_t>(level * 1000 + index * 7 + 3);
+  };
+  PrefixNoise stepped, jumped;
+  for (std::uint32_t i = 1; i <= 100; ++i) stepped.advance(i, draw);
+  for (const auto& [node, n] : seen) EXPECT_EQ(n, 1) << node.first << "," << node.second;
+  EXPECT_EQ(seen.size(), 100u + 50 + 25 + 12 + 6 + 3 + 1);  // nodes ending at or before 100
+  jumped.advance(37, draw);
+  jumped.advance(100, draw);
+  EXPECT_EQ(stepped.prefix_noise(1 << 20), jumped.prefix_noise(1 << 20));
+}
+
+// Honaker from noisy node values (true + noise), computed directly with exact rationals per node and
+// rounded per node, equals true prefix + PrefixNoise::prefix_noise for integer leaf data.
+TEST(DpTree, TruePlusNoiseEqualsRoundedEstimateOfNoisyNodes) {
+  std::mt19937_64 gen(7);
+  std::uniform_int_distribution<int> leaf_value(0, 50), noise_value(-400, 400);
+  const std::uint32_t n = 64;
+  for (int rep = 0; rep < 50; ++rep) {
+    std::vector<std::int64_t> leaves(n + 1);
+    for (std::uint32_t i = 1; i <= n; ++i) leaves[i] = leaf_value(gen);
+    std::map<std::pair<std::uint32_t, std::uint32_t>, std::int64_t> noise;
+    auto draw = [&](std::uint32_t level, std::uint32_t index) {
+      auto [it, fresh] = noise.try_emplace({level, index}, noise_value(gen));
+      return it->second;
+    };
+    const std::int64_t q = 1 << 20;
+    PrefixNoise tree;
+    for (std::uint32_t i = 1; i <= n; ++i) {
+      tree.advance(i, draw);
+      // Direct: z(node) = (2^j y + (2^j - 1)(z_L + z_R)) / (2^(j+1) - 1) as exact rationals (long double is
+      // exact enough here), rounded per node on the q grid.
+      std::function<long double(std::uint32_t, std::uint32_t)> z = [&](std::uint32_t j, std::uint32_t k) -> long double {
+        std::int64_t truth = 0;
+        for (std::uint32_t l = k * (1u << j) + 1; l <= (k + 1) * (1u << j); ++l) truth += leaves[l];
+        const long double y = static_cast<long double>(truth + noise.at({j, k}));
+        if (j == 0) return y;
+        const long double w = std::ldexp(1.0L, static_cast<int>(j));
+        return (w * y + (w - 1) * (z(j - 1, 2 * k) + z(j - 1, 2 * k + 1))) / (2 * w - 1);
+      };
+      std::int64_t direct = 0, truth = 0;
+      std::uint32_t start = 0;
+      for (std::uint32_t j = 32; j-- > 0;)
+        if (i >> j & 1u) {
+          direct += std::llround(z(j, start >> j) * q);
+          start += 1u << j;
+        }
+      for (std::uint32_t l = 1; l <= i; ++l) truth += leaves[l];
+      EXPECT_EQ(truth * q + tree.prefix_noise(q), direct) << "i = " << i;
+    }
+  }
+}
+
+TEST(DpTree, RoundDivIsNearestTiesAwayFromZero) {
+  EXPECT_EQ(round_div(7, 2), 4);
+  EXPECT_EQ(round_div(-7, 2), -4);
+  EXPECT_EQ(round_div(5, 3), 2);
+  EXPECT_EQ(round_div(-5, 3), -2);
+  EXPECT_EQ(round_div(4, 3), 1);
+  EXPECT_EQ(round_div(-4, 3), -1);
+}
