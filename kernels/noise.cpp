@@ -236,7 +236,7 @@ DiscreteGaussian::DiscreteGaussian(double sigma) {
 // gamma = (y - sigma^2/t)^2 / (2 sigma^2) = y^2 2^(k-1)/n - y/t + n/(2^(k+1) t^2) with y = v t + u.
 // Integer parts q1 - v; fractional parts over the common denominator D = n 2^(k+1) t^2:
 //   (y^2 2^(k-1) mod n) 2^(k+1) t^2 + n^2 - u n 2^(k+1) t, each term < D (so the sum fits in 2^126).
-bool DiscreteGaussian::accept(std::uint64_t y, std::uint64_t v, std::uint64_t u, NodeStream& rng) const {
+DiscreteGaussian::Gamma DiscreteGaussian::gamma(std::uint64_t y, std::uint64_t v, std::uint64_t u) const {
   const u128 a = (u128{y} * y) << (k_ - 1);  // y <= 2^11 t: a <= 2^21 2^k t^2 < max(2^75, 2^92)
   std::uint64_t q1, r1;                       // q1 < 2^41
   if ((a >> 64) == 0) {                       // the usual case: one 64-bit division
@@ -250,19 +250,17 @@ bool DiscreteGaussian::accept(std::uint64_t y, std::uint64_t v, std::uint64_t u,
   u128 f;
   if (fpos >= fneg) {
     f = fpos - fneg;
-    if (f >= d_) {
-      f -= d_;
-      ++g;
-    }
+    if (f >= d_) f -= d_, ++g;
   } else {
-    f = d_ - (fneg - fpos);
-    --g;
+    f = d_ - (fneg - fpos), --g;
   }
   if (g < 0) throw std::logic_error("DiscreteGaussian: negative gamma");  // impossible: gamma is a square
-  // CKS20 Algorithm 1 for gamma > 1: floor(gamma) Bernoulli(exp(-1)) draws, then the fractional part.
-  for (std::int64_t i = 0; i < g; ++i)
-    if (!bernoulli_exp1(rng)) return false;
-  return bernoulli_exp_unit<u128>(rng, f, d_);
+  return {static_cast<std::uint64_t>(g), f, d_};
+}
+
+DiscreteGaussian::Gamma DiscreteGaussian::gamma(std::uint64_t y) const {
+  if (y > cut_) throw std::invalid_argument("DiscreteGaussian::gamma: y > 2^11 t");
+  return gamma(y, y / t_, y % t_);
 }
 
 // CKS20 Algorithm 3 with the Algorithm 2 proposal Y ~ DLap(t) (s = 1), P[Y = y] ~ exp(-|y|/t).
@@ -280,7 +278,12 @@ std::int64_t DiscreteGaussian::sample(NodeStream& rng) const {
     if (y > cut_) continue;  // the documented cut
     const bool neg = rng.next_bit();
     if (neg && y == 0) continue;  // so that 0 is not counted twice
-    if (accept(y, v, u, rng)) return neg ? -static_cast<std::int64_t>(y) : static_cast<std::int64_t>(y);
+    // Bernoulli(exp(-gamma)) as in CKS20 Algorithm 1 for gamma > 1: floor(gamma) Bernoulli(exp(-1)), then the rest.
+    const Gamma gm = gamma(y, v, u);
+    bool accept = true;
+    for (std::uint64_t i = 0; accept && i < gm.whole; ++i) accept = bernoulli_exp1(rng);
+    if (accept && bernoulli_exp_unit<u128>(rng, gm.num, gm.den))
+      return neg ? -static_cast<std::int64_t>(y) : static_cast<std::int64_t>(y);
   }
 }
 

@@ -101,8 +101,14 @@ class DiscreteGaussian {
   int sigma2_exp() const { return k_; }
   std::uint64_t t() const { return t_; }  // DLap proposal scale floor(sigma) + 1
 
+  struct Gamma {
+    std::uint64_t whole;  // gamma = whole + num / den exactly, 0 <= num < den
+    u128 num, den;
+  };
+  Gamma gamma(std::uint64_t y) const;  // (y - sigma^2/t)^2 / (2 sigma^2) for 0 <= y <= 2^11 t
+
  private:
-  bool accept(std::uint64_t y, std::uint64_t v, std::uint64_t u, NodeStream& rng) const;
+  Gamma gamma(std::uint64_t y, std::uint64_t v, std::uint64_t u) const;  // y = v t + u, 0 <= u < t
 
   double sigma_;
   std::uint64_t n_;
