@@ -197,6 +197,7 @@ bool NodeStream::bernoulli(u128 num, u128 den) {
   if (den == 0 || num > den) throw std::invalid_argument("bernoulli needs 0 <= num <= den, den > 0");
   if (num == 0) return false;
   if (num == den) return true;
+  if (den <= (u128{1} << 63)) return below<std::uint64_t>(*this, static_cast<std::uint64_t>(num), static_cast<std::uint64_t>(den));
   if (den <= kTwo127) return below<u128>(*this, num, den);
   return uniform_below_u128(den) < num;
 }
@@ -266,8 +267,8 @@ DiscreteGaussian::Gamma DiscreteGaussian::gamma(std::uint64_t y) const {
 // CKS20 Algorithm 3 with the Algorithm 2 proposal Y ~ DLap(t) (s = 1), P[Y = y] ~ exp(-|y|/t).
 // The cut |Y| <= 2^11 t makes the output N_Z conditioned on |Y| <= M = 2^11 t, at total variation
 // distance P[|Y| > M] <= 2 sum_{j>=1} exp(-(M+j)^2/(2 sigma^2)) / Z with Z >= 1; (M+j)^2 >= M^2 + 2jM
-// gives <= 2 exp(-M^2/(2 sigma^2)) / (exp(M/sigma^2) - 1) <= 2 exp(-M^2/(2 sigma^2)) (1 + sigma^2/M),
-// and M > 2^11 sigma, sigma <= 2^24 give <= 2 (1 + 2^24) exp(-2^21) < exp(-2^20).
+// gives <= 2 exp(-M^2/(2 sigma^2)) / (exp(M/sigma^2) - 1) <= 2 exp(-M^2/(2 sigma^2)) sigma^2/M, and
+// M = 2^11 t > 2^11 sigma, sigma <= 2^24 give < 2 exp(-2^21) 2^13 < exp(-2^20).
 std::int64_t DiscreteGaussian::sample(NodeStream& rng) const {
   for (;;) {
     const std::uint64_t u = rng.uniform_below(t_);

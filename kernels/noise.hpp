@@ -38,13 +38,13 @@ class WindowPrf {
   static constexpr std::uint32_t kBlocksPerNode = 1u << 15;
 
   WindowPrf(const Secret& secret, std::int64_t window);
-  WindowPrf(WindowPrf&&) noexcept;
+  WindowPrf(WindowPrf&&) noexcept;  // a moved-from WindowPrf must not be used
   WindowPrf& operator=(WindowPrf&&) noexcept;
   ~WindowPrf();
 
   // `blocks` 16-byte blocks of node `id` starting at block `first`; throws std::out_of_range past 2^15.
   void blocks(const NodeId& id, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);
-  void blocks_packed(u128 packed, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);
+  void blocks_packed(u128 packed, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);  // packed = pack(id)
 
  private:
   struct CtxFree {

@@ -228,7 +228,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (dp && !pr.has("delta")) pr.fail("delta", "is required with mode = \"dp\" (e.g. 1e-9; well below 1 / users)");
   c.privacy.epsilon = pr.real("epsilon", 0);
   c.privacy.delta = pr.real("delta", 0);
-  c.privacy.mu = pr.real("mu", 0);
+  if (pr.has("mu")) c.privacy.mu = pr.real("mu", 0);
   if (pr.has("beta")) c.privacy.beta = pr.real("beta", 0);
   if (pr.has("seed")) c.privacy.seed = static_cast<std::uint64_t>(pr.integer("seed", 0, 0, kMaxI64));
   c.privacy.selection_epsilon_share = pr.real("selection_epsilon_share", c.privacy.selection_epsilon_share);
@@ -239,7 +239,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (pr.has("epsilon") && !(c.privacy.epsilon > 0)) pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
   if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
     pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
-  if (c.privacy.mu < 0) pr.fail("mu", fmt::format("must be >= 0, got {}", c.privacy.mu));
+  if (c.privacy.mu && *c.privacy.mu < 0) pr.fail("mu", fmt::format("must be >= 0, got {}", *c.privacy.mu));
   if (c.privacy.beta && !(*c.privacy.beta > 0 && *c.privacy.beta < 1))
     pr.fail("beta", fmt::format("must be in (0, 1), got {}", *c.privacy.beta));
   for (const auto& [key, share] : {std::pair{"selection_epsilon_share", c.privacy.selection_epsilon_share},

@@ -220,7 +220,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   std::uint64_t triggers_done = 0;
 
   kernels::DpStats dp_stats;
-  std::uint64_t dp_cached_keys = 0, window_tracked_keys = 0, window_key_state_bytes = 0;
+  std::uint64_t dp_cached_keys = 0, dp_keys_released = 0, window_tracked_keys = 0, window_key_state_bytes = 0;
   for (std::uint32_t wi = 0; wi < config.stream.windows; ++wi) {
     const std::int64_t window = config.stream.first_window + wi;
     if (releaser) releaser->begin_window(window);
@@ -302,6 +302,8 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     distinct_keys += keys.keys();
     if (releaser) {
       dp_cached_keys += releaser->cached_keys();
+      for (const auto& shard : keys.shards)
+        for (const auto& [key, st] : shard) dp_keys_released += st.round > 0;
       if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys
         window_tracked_keys = keys.keys();
         window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
@@ -325,7 +327,8 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   if (dp) {
     j["privacy"] = budget_json(plan, false);
     j["dp"] = {{"threshold_tests", comm.sum(dp_stats.tested)},
-               {"releases", comm.sum(dp_stats.released)},
+               {"release_rows", comm.sum(dp_stats.released)},
+               {"keys_released", comm.sum(dp_keys_released)},
                {"noise_draws", comm.sum(dp_stats.noise_draws)},
                {"keys_with_noise_cache", comm.sum(dp_cached_keys)},
                {"key_state_bytes_per_tracked_key",

@@ -40,7 +40,6 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   p.C = pc.max_records_per_user;
   p.T = c.stream.triggers;
   p.levels = kernels::dptree::levels(p.T);
-  p.mu = pc.mu;
   p.threshold = pc.threshold;
   p.private_run = !pc.seed.has_value();
   p.epsilon_selection = p.epsilon * pc.selection_epsilon_share;
@@ -113,6 +112,10 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
     p.lambda[s] = p.selection.sigma * std::sqrt(kernels::dptree::prefix_variance_factor(s));
     p.tau[s] = p.lambda[s] * p.tail_z + std::popcount(s) / kValueScale;
   }
+  // Default mu: a key with <= tau_min / 4 users would pass only if its noise exceeded 3/4 of the
+  // margin, probability <= beta^(9/16); gating it costs no utility and skips its noise entirely.
+  p.mu_defaulted = !pc.mu.has_value();
+  p.mu = pc.mu ? *pc.mu : std::floor(*std::min_element(p.tau.begin() + 1, p.tau.end()) / 4.0);
 
   // Report: each part by the tight and the simple conversion; the total by basic composition.
   double rho_agg_used = 0;
@@ -145,6 +148,7 @@ nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
                         {"beta_per_test", p.beta},
                         {"beta_defaulted", p.beta_defaulted},
                         {"mu", p.mu},
+                        {"mu_defaulted", p.mu_defaulted},
                         {"tree", family(p.selection)},
                         {"eps_tight", p.eps_selection_tight},
                         {"eps_simple", p.eps_selection_simple},
@@ -184,8 +188,8 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
                    p.eps_selection_tight, p.eps_selection_simple));
   line(fmt::format("  beta          {:.4g} per threshold test{}, charged (e^eps_sel + 1) * C * T * beta = {:.4g}", p.beta,
                    p.beta_defaulted ? " (default: half of selection's delta)" : "", p.delta_beta));
-  line(fmt::format("  threshold     mu = {}, tau_s = lambda_s * {:.6g} ({}); tau_1 = {:.6g}, max tau = {:.6g}, tau_T = {:.6g}",
-                   p.mu, p.tail_z, p.threshold == ThresholdTail::Subgaussian ? "subgaussian tail" : "Gaussian quantile",
+  line(fmt::format("  threshold     mu = {}{}, tau_s = lambda_s * {:.6g} ({}); tau_1 = {:.6g}, max tau = {:.6g}, tau_T = {:.6g}",
+                   p.mu, p.mu_defaulted ? " (default: floor(min tau / 4))" : "", p.tail_z, p.threshold == ThresholdTail::Subgaussian ? "subgaussian tail" : "Gaussian quantile",
                    p.tau[1], *std::max_element(p.tau.begin() + 1, p.tau.end()), p.tau[p.T]));
   line(fmt::format("aggregation     eps {:.6g}, delta {:.4g}, rho = {:.6g} shared by {} column(s)", p.epsilon_aggregation,
                    p.delta_aggregation, p.rho_aggregation, p.aggregation.size()));

@@ -28,6 +28,7 @@ struct PrivacyPlan {
   double epsilon_aggregation = 0, delta_aggregation = 0;  // hierarchical perturbation
   std::uint32_t C = 0, T = 0, levels = 0;
   double mu = 0;
+  bool mu_defaulted = false;
   // Threshold failure: beta per test, C * T tests that matter per user, charged (e^eps_sel + 1) C T beta.
   double beta = 0;
   bool beta_defaulted = false;

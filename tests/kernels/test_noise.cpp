@@ -172,6 +172,22 @@ TEST(Noise, SameNodeSameNoiseAcrossObjectsAndThreads) {
   EXPECT_EQ(again, draw(dg, 7, 1000));
 }
 
+TEST(Noise, FrozenOutputs) {
+  // Regression pin (not an independent check): a restart must reproduce released noise, so any change to the
+  // PRF layout or to the sampler's use of random bits shows up here.
+  WindowPrf prf(secret_from_seed(1), 0);
+  const std::vector<std::pair<double, std::vector<std::int64_t>>> expected = {
+      {1.0, {1, -1, 1, 0, 1, 1, 1, 1}},
+      {30.0, {14, 7, 64, -9, -4, 3, -4, 7}},
+      {1048576.0, {-118382, 1659597, -693556, 1168491, 2023457, -1126589, 167876, -854671}}};
+  for (const auto& [sigma, want] : expected) {
+    const DiscreteGaussian dg(sigma);
+    std::vector<std::int64_t> got;
+    for (std::uint32_t i = 0; i < 8; ++i) got.push_back(node_noise(prf, NodeId{5, Family::Count, 0, 2, i}, dg));
+    EXPECT_EQ(got, want) << sigma;
+  }
+}
+
 TEST(Noise, DistinctInputsGiveDistinctStreams) {
   // Each check fails by chance with probability 2^-64 (first words of distinct PRF inputs collide).
   const Secret s = secret_from_seed(1);
@@ -299,6 +315,43 @@ TEST(Noise, DiscreteGaussianParameters) {
     const DiscreteGaussian dg(sigma);
     EXPECT_NEAR(dg.variance() / (dg.sigma() * dg.sigma()), 1.0, 1e-12) << sigma;
   }
+}
+
+// gamma(y) = whole + num/den must equal (y t 2^k - n)^2 / (n 2^(k+1) t^2) exactly: checked in 256 bits.
+TEST(Noise, GammaIsExact) {
+  struct U256 {
+    u128 hi, lo;
+    bool operator==(const U256&) const = default;
+  };
+  auto mul = [](u128 a, u128 b) {  // schoolbook on 64-bit limbs
+    const u128 m = ~std::uint64_t{0};
+    const u128 p00 = (a & m) * (b & m), p01 = (a & m) * (b >> 64), p10 = (a >> 64) * (b & m), p11 = (a >> 64) * (b >> 64);
+    const u128 mid = (p00 >> 64) + (p01 & m) + (p10 & m);
+    return U256{p11 + (p01 >> 64) + (p10 >> 64) + (mid >> 64), (p00 & m) | (mid << 64)};
+  };
+  int checked = 0;
+  for (double sigma : {std::ldexp(1.0, -10), 0.1, 0.5, 1.0, 1.5, 3.7, 30.0, 1000.0, 123456.789, std::ldexp(1.0, 24)}) {
+    const DiscreteGaussian dg(sigma);
+    const std::uint64_t n = dg.sigma2_num(), t = dg.t();
+    const int k = dg.sigma2_exp();
+    const u128 den = (u128{n} * t * t) << (k + 1);
+    const std::uint64_t center = static_cast<std::uint64_t>(std::ldexp(double(n), -k) / double(t));  // ~ sigma^2/t
+    for (std::uint64_t y : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{2}, t - 1, t, t + 1, center, center + 1,
+                            7 * t + 3, 100 * t + t / 2, (t << 11) - 1, t << 11}) {
+      const auto g = dg.gamma(y);
+      ASSERT_EQ(g.den, den) << sigma;
+      ASSERT_LT(g.num, g.den) << sigma;
+      const u128 yt = (u128{y} * t) << k;  // < 2^83
+      const u128 a = yt >= n ? yt - n : n - yt;
+      U256 lhs = mul(g.whole, g.den);
+      lhs.lo += g.num;
+      lhs.hi += lhs.lo < g.num;
+      ASSERT_TRUE(lhs == mul(a, a)) << "sigma " << sigma << " y " << y;
+      ++checked;
+    }
+    EXPECT_THROW(dg.gamma((t << 11) + 1), std::invalid_argument);
+  }
+  EXPECT_EQ(checked, 120);
 }
 
 // Per sigma, N = 10^6 samples from distinct nodes. Mean, second moment and tail use 5-standard-error bounds

@@ -92,6 +92,7 @@ TEST(Config, DpParametersAreValidated) {
   EXPECT_NE(with({"privacy.epsilon=-1"}).find("epsilon must be > 0"), std::string::npos);
   EXPECT_NE(with({"privacy.delta=1"}).find("delta must be in (0, 1)"), std::string::npos);
   EXPECT_NE(with({"privacy.delta=0"}).find("delta must be in (0, 1)"), std::string::npos);
+  EXPECT_FALSE(parse_job(kMinimal, "t", dp).privacy.mu.has_value());
   EXPECT_NE(with({"privacy.mu=-1"}).find("mu must be >= 0"), std::string::npos);
   EXPECT_NE(with({"privacy.beta=0"}).find("beta must be in (0, 1)"), std::string::npos);
   EXPECT_NE(with({"privacy.beta=1.5"}).find("beta must be in (0, 1)"), std::string::npos);
