@@ -292,10 +292,10 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
         const double elapsed = seconds_since(run_start);
         const double remaining = elapsed / static_cast<double>(triggers_done) * static_cast<double>(total_triggers - triggers_done);
         if (root)
-          std::fprintf(stderr, "[window %lld trigger %u/%u] %srecords/s, %llu keys changed, elapsed %.1f s, ETA %.1f s\n",
+          std::fprintf(stderr, "[window %lld trigger %u/%u] %srecords/s, %llu %s, elapsed %.1f s, ETA %.1f s\n",
                      static_cast<long long>(window), trigger + 1, config.stream.triggers,
                      human_rate(static_cast<double>(global_records) / std::max(elapsed, 1e-9)).c_str(),
-                     static_cast<unsigned long long>(released), elapsed, remaining);
+                     static_cast<unsigned long long>(released), dp ? "keys released" : "keys changed", elapsed, remaining);
       }
     }
     distinct_users += users.users();

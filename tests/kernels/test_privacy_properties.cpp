@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -37,6 +38,7 @@ using kernels::DpRelease;
 using kernels::DpReleaser;
 using kernels::DpStats;
 using kernels::KeyStateTable;
+namespace dptree = kernels::dptree;
 __extension__ typedef __int128 i128;
 
 constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or record in fixed point
@@ -198,6 +200,7 @@ struct Increment {  // one key's change at one trigger
   std::int64_t count = 0, sum = 0, users = 0;
   bool operator==(const Increment&) const = default;
 };
+void PrintTo(const Increment& i, std::ostream* os) { *os << "{count " << i.count << ", sum " << i.sum << ", users " << i.users << "}"; }
 using Increments = std::vector<std::map<std::uint64_t, Increment>>;  // [trigger][key]
 
 using Stream = std::vector<std::vector<Record>>;  // [trigger] records, in arbitrary arrival order
