@@ -2,8 +2,11 @@
 
 #include <omp.h>
 
+#include <openssl/crypto.h>
+
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace dpstream::kernels {
 
@@ -18,6 +21,8 @@ DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret)
   if (params_.release_count) count_noise_.emplace(params_.sigma_count);
   if (params_.release_sum) sum_noise_.emplace(params_.sigma_sum);
 }
+
+DpReleaser::~DpReleaser() { OPENSSL_cleanse(secret_.data(), secret_.size()); }
 
 void DpReleaser::begin_window(std::int64_t window) {
   window_ = window;
@@ -41,8 +46,9 @@ std::vector<DpRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t tr
   const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
   std::vector<std::vector<DpRelease>> out(KeyStateTable::kShards);
   std::uint64_t tested = 0, released = 0, draws = 0;
+  std::string error;  // an exception must not leave the OpenMP region: keep the first, rethrow after
 #pragma omp parallel reduction(+ : tested, released, draws)
-  {
+  try {
     noise::WindowPrf prf(secret_, window_);
     // Noise of one node of one tree family (drawn once per node per cache lifetime).
     auto drawer = [&](std::uint64_t key, noise::Family family, std::uint32_t round, const noise::DiscreteGaussian& dg) {
@@ -60,7 +66,7 @@ std::vector<DpRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t tr
         const std::uint32_t step = trigger - st.round_start + 1;        // the round's leaf for this trigger
         NoiseCache& c = cache[key];
         if (c.selection_round != st.round || c.selection.at() > step) {
-          c.selection = {};
+          c.selection.reset();
           c.selection_round = st.round;
         }
         c.selection.advance(step, drawer(key, noise::Family::KeySelection, st.round, selection_noise_));
@@ -71,11 +77,14 @@ std::vector<DpRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t tr
         DpRelease r{key, 0, 0};
         if (count_noise_) {
           c.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
-          r.count = st.count * kOne + c.count.prefix_noise(kOne);
+          if (__builtin_mul_overflow(st.count, kOne, &r.count) ||
+              __builtin_add_overflow(r.count, c.count.prefix_noise(kOne), &r.count))
+            throw std::overflow_error("a noisy count left the int64 fixed-point range");
         }
         if (sum_noise_) {
           c.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
-          r.sum = st.sum + c.sum.prefix_noise(params_.sum_quantum);
+          if (__builtin_add_overflow(st.sum, c.sum.prefix_noise(params_.sum_quantum), &r.sum))
+            throw std::overflow_error("a noisy sum left the int64 fixed-point range; narrow clamp_min/clamp_max");
         }
         out[s].push_back(r);
         ++released;
@@ -83,11 +92,15 @@ std::vector<DpRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t tr
         ++st.round;
         st.round_start = trigger + 1;
         st.round_base_users = st.users;
-        c.selection = {};
+        c.selection.reset();
         c.selection_round = st.round;
       }
     }
+  } catch (const std::exception& e) {
+#pragma omp critical(dp_release_error)
+    if (error.empty()) error = e.what();
   }
+  if (!error.empty()) throw std::runtime_error("DP release: " + error);
   stats.tested += tested;
   stats.released += released;
   stats.noise_draws += draws;

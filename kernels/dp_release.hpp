@@ -52,6 +52,9 @@ struct DpStats {
 class DpReleaser {
  public:
   DpReleaser(DpParams params, const noise::Secret& secret);
+  ~DpReleaser();  // wipes the secret
+  DpReleaser(const DpReleaser&) = delete;
+  DpReleaser& operator=(const DpReleaser&) = delete;
 
   void begin_window(std::int64_t window);
   // Tests every tracked key after the trigger's accumulation; returns the releases sorted by key.

@@ -54,6 +54,10 @@ inline std::int64_t round_div(int128 num, int128 den) {
 class PrefixNoise {
  public:
   std::uint32_t at() const { return at_; }
+  void reset() {
+    at_ = 0;
+    numer_.clear();
+  }
 
   // draw(level, index) -> the node's integer noise (a pure function of the node id).
   template <class Draw>

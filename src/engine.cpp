@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <openssl/crypto.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -182,7 +183,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     params.sigma_sum = plan.sum_sigma_quanta;
     params.sum_quantum = plan.sum_quantum;
     releaser = std::make_unique<kernels::DpReleaser>(std::move(params), secret);
-    secret.fill(0);
+    OPENSSL_cleanse(secret.data(), secret.size());
   }
 
   const std::filesystem::path out_dir = config.output.dir;
@@ -192,7 +193,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
     if (ec) throw ConfigError(fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
-    writer = std::make_unique<ReleaseWriter>(out_dir, dp ? ReleaseColumns{config.query.count, config.query.sum} : ReleaseColumns{});
+    writer = std::make_unique<ReleaseWriter>(out_dir, ReleaseColumns{config.query.count, config.query.sum});
   });
 
   StageTimes stage;
@@ -326,6 +327,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   j["private"] = dp && plan.private_run;
   if (dp) {
     j["privacy"] = budget_json(plan, false);
+    j["threshold_proven"] = plan.threshold == ThresholdTail::Subgaussian;
     j["dp"] = {{"threshold_tests", comm.sum(dp_stats.tested)},
                {"release_rows", comm.sum(dp_stats.released)},
                {"keys_released", comm.sum(dp_keys_released)},

@@ -21,11 +21,23 @@ constexpr double kMinSamplerSigma = 1.0 / 1024.0;   // 2^-10
 constexpr double kSumGridSigma = 4194304.0;         // 2^22: sum noise is drawn on a grid with sigma <= this
 
 // The sigma the sampler really uses (sigma^2 rounded up to its exact rational form).
-double exact_sigma(double sigma, const std::string& family, const std::string& what_to_change) {
+double exact_sigma(const JobConfig& c, double sigma, const std::string& family) {
   if (!(sigma >= kMinSamplerSigma && sigma <= kMaxSamplerSigma))
-    throw ConfigError(fmt::format("{} noise sigma = {:.6g} is outside the exact sampler's range [2^-10, 2^24]; {}",
-                                  family, sigma, what_to_change));
+    throw ConfigError(fmt::format(
+        "{}: {} noise sigma = {:.6g} is outside the exact sampler's range [2^-10, 2^24]; {}", c.source, family, sigma,
+        sigma > kMaxSamplerSigma ? "raise epsilon, lower max_records_per_user or narrow clamp_min/clamp_max"
+                                 : "epsilon is so large that the noise vanishes; lower epsilon"));
   return noise::DiscreteGaussian(sigma).sigma();
+}
+
+// A released estimate is true total + sum over <= levels nodes of N_j q / (2^(j+1) - 1), with
+// |N_j| <= (j + 1) 2^j max|n| and max|n| <= 2^11 (sigma + 1) (the sampler's cut): keep it far inside int64.
+void check_int64_headroom(const JobConfig& c, const std::string& family, double sigma_units, double q, std::uint32_t levels) {
+  const double bound = static_cast<double>(levels) * levels * 1024.0 * (sigma_units + 1.0) * q;
+  if (!(bound < 0x1p61))
+    throw ConfigError(fmt::format("{}: {} noise (sigma = {:.6g}) could leave the int64 fixed-point range; "
+                                  "narrow clamp_min/clamp_max, lower max_records_per_user or raise epsilon",
+                                  c.source, family, sigma_units * q / kValueScale));
 }
 
 }  // namespace
@@ -51,6 +63,10 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   // touches <= C keys and each key is tested <= T times per window: union bound C T beta.
   const double tests = static_cast<double>(p.C) * p.T;
   const double beta_cost = (std::exp(p.epsilon_selection) + 1.0) * tests;
+  if (!std::isfinite(beta_cost) || !(p.delta_selection / beta_cost >= 1e-300))
+    throw ConfigError(fmt::format("{}: [privacy] epsilon = {} is too large to account: the key-selection failure term "
+                                  "(e^eps_sel + 1) C T beta leaves no usable beta; use a smaller epsilon",
+                                  c.source, p.epsilon));
   p.beta_defaulted = !pc.beta.has_value();
   p.beta = pc.beta ? *pc.beta : p.delta_selection / (2.0 * beta_cost);  // default: half of selection's delta
   p.delta_beta = beta_cost * p.beta;
@@ -66,8 +82,7 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   // level the L2 sensitivity is sqrt(C); rho = levels * C / (2 sigma^2).
   const double rho_sel = accounting::zcdp_rho_tight(p.epsilon_selection, p.delta_selection_conversion);
   p.selection = {"key_selection", std::sqrt(static_cast<double>(p.C)), 0, 0, "users"};
-  p.selection.sigma = exact_sigma(std::sqrt(p.levels * p.C / (2.0 * rho_sel)), "key-selection",
-                                  "raise epsilon or lower max_records_per_user");
+  p.selection.sigma = exact_sigma(c, std::sqrt(p.levels * p.C / (2.0 * rho_sel)), "key-selection");
   p.selection.rho = p.levels * p.C / (2.0 * p.selection.sigma * p.selection.sigma);
 
   // Aggregation: per level, one user's <= C records move a column by at most C * L_col in L2 over
@@ -77,7 +92,8 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   auto sigma_for = [&](double per_record) { return p.C * per_record * std::sqrt(m * p.levels / (2.0 * p.rho_aggregation)); };
   if (c.query.count) {
     TreeFamily f{"count", static_cast<double>(p.C), 0, 0, "records"};
-    f.sigma = exact_sigma(sigma_for(1.0), "count", "raise epsilon or lower max_records_per_user");
+    f.sigma = exact_sigma(c, sigma_for(1.0), "count");
+    check_int64_headroom(c, "count", f.sigma, kValueScale, p.levels);
     f.rho = p.levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
     p.aggregation.push_back(f);
   }
@@ -96,14 +112,19 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
     while (sigma_fixed / static_cast<double>(p.sum_quantum) > kSumGridSigma) p.sum_quantum *= 2;
     p.clamp_bound = bound_on_grid(p.sum_quantum);
     const double quantum = static_cast<double>(p.sum_quantum) / kValueScale;
-    p.sum_sigma_quanta = exact_sigma(sigma_for(p.clamp_bound) / quantum, "sum", "narrow clamp_min/clamp_max");
+    if (p.clamp_bound == 0 || quantum > (pc.clamp_max - pc.clamp_min) / 100.0)
+      throw ConfigError(fmt::format("{}: the sum noise needs a value grid of {:.6g}, coarser than 1% of the clamp range "
+                                    "[{}, {}]; narrow the range around the values, lower max_records_per_user, raise "
+                                    "epsilon, or release only [\"count\"]", c.source, quantum, pc.clamp_min, pc.clamp_max));
+    p.sum_sigma_quanta = exact_sigma(c, sigma_for(p.clamp_bound) / quantum, "sum");
+    check_int64_headroom(c, "sum", p.sum_sigma_quanta, static_cast<double>(p.sum_quantum), p.levels);
     TreeFamily f{"sum", p.C * p.clamp_bound, p.sum_sigma_quanta * quantum, 0, "value"};
     f.rho = p.levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
     p.aggregation.push_back(f);
   }
 
   // Thresholds: the round's Honaker prefix at step s has noise std lambda_s = sigma sqrt(v_s); each of
-  // its popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each).
+  // its popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each; a full step is added).
   p.tail_z = pc.threshold == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / p.beta))
                                                         : accounting::normal_upper_quantile(p.beta);
   p.tau.assign(p.T + 1, 0.0);
@@ -112,6 +133,9 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
     p.lambda[s] = p.selection.sigma * std::sqrt(kernels::dptree::prefix_variance_factor(s));
     p.tau[s] = p.lambda[s] * p.tail_z + std::popcount(s) / kValueScale;
   }
+  if (!std::isfinite(p.tail_z) || !std::isfinite(p.tau[p.T]))
+    throw ConfigError(fmt::format("{}: [privacy] beta = {:.3g} is too small for a finite threshold; raise beta or lower epsilon",
+                                  c.source, p.beta));
   // Default mu: a key with <= tau_min / 4 users would pass only if its noise exceeded 3/4 of the
   // margin, probability <= beta^(9/16); gating it costs no utility and skips its noise entirely.
   p.mu_defaulted = !pc.mu.has_value();
@@ -140,6 +164,7 @@ nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
   nlohmann::json j;
   j["budget"] = {{"epsilon", p.epsilon}, {"delta", p.delta}, {"unit", "one user's records in one window"}};
   j["private"] = p.private_run;
+  j["threshold_proven"] = p.threshold == ThresholdTail::Subgaussian;
   j["trees"] = {{"triggers", p.T}, {"levels", p.levels}};
   j["key_selection"] = {{"epsilon", p.epsilon_selection},
                         {"delta", p.delta_selection},
@@ -178,6 +203,9 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
   line(fmt::format("privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
                    p.epsilon, p.delta));
   if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
+  if (p.threshold != ThresholdTail::Subgaussian)
+    line("WARNING: threshold = \"gaussian-quantile\" is the paper's approximation; the delta below assumes it bounds "
+         "the discrete noise's tail, which is not proven (docs/PRIVACY.md section 6)");
   line(fmt::format("trees: T = {} triggers, {} levels (floor(log2 T) + 1), C = {}", p.T, p.levels, p.C));
   line("");
   line(fmt::format("key selection   eps {:.6g}, delta {:.4g} = {:.4g} (Gaussian conversion) + {:.4g} (beta term)",

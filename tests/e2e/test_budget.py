@@ -83,6 +83,9 @@ PLAN_JOBS = [
       "selection_epsilon_share": 0.7, "selection_delta_share": 0.9, "beta": 1e-14}, ("sum", "count")),
     ("T=1 C=32 eps=0.5 delta=1e-5 sum mu=0", 1,
      {"max_records_per_user": 32, "epsilon": 0.5, "delta": 1e-5, "mu": 0.0}, ("sum",)),
+    # The largest accepted beta is (e^eps_sel + 1) C T beta < delta_sel; 0.999 of it leaves delta_conv tiny.
+    ("T=8 C=4 eps=3 delta=1e-9 beta = 0.999 of the limit", 8,
+     {"beta": 0.999 * (1e-9 * 2 / 3) / ((math.exp(1.5) + 1) * 4 * 8)}, ("count", "sum")),
 ]
 
 TOML_TO_JOB = {"max_records_per_user": "C", "epsilon": "epsilon", "delta": "delta", "clamp_min": "clamp_min",
@@ -314,9 +317,11 @@ def main():
             os.makedirs(d)
             return d
 
-        results.check("dp_reference self-test (shared mpmath values, PRIVACY.md examples)", lambda: (
-            lambda r: (_ for _ in ()).throw(AssertionError("\n  ".join(r[0]))) if r[0] else None)(
-            dp_reference.self_test(os.path.join(harness.HERE, "..", "..", "..", "shared", "reference"))))
+        def reference_self_test():
+            problems, _ = dp_reference.self_test(os.path.join(harness.HERE, "..", "..", "..", "shared", "reference"))
+            assert not problems, "\n  ".join(problems)
+
+        results.check("dp_reference self-test (shared mpmath values, PRIVACY.md examples)", reference_self_test)
 
         # ---- 1. the plan, JSON and text ----
         def plan_case(label, T, privacy, aggregations):
@@ -381,12 +386,25 @@ def main():
                 for sub in ("budget", "run"):
                     r = dp.run(sub, job, cwd=d)
                     try:
-                        expect_refusal(r, needles, out, f"`{sub}`")
+                        expect_refusal(r, needles, out, f"`{sub}` (input CSV does not exist)")
                     except AssertionError as e:
                         problems.append(str(e))
                 assert not os.path.exists(missing_csv), "the input path appeared"
                 left = sorted(os.listdir(d))
                 assert left == ["job.toml"], f"the refused runs wrote {left} next to the job"
+                # The same job on an existing CSV: refused too, and still nothing written. When only the
+                # missing-CSV run fails, the refusal comes after the input check (PRIVACY.md section 7).
+                sub = os.path.join(d, "with-input")
+                os.makedirs(sub)
+                data = os.path.join(sub, "in.csv")
+                with open(data, "w", encoding="utf-8") as f:
+                    f.write("user_id,key,value,timestamp\nu1,k1,0.5,10\n")
+                out2 = os.path.join(sub, "out")
+                job2 = harness.write_job(os.path.join(sub, "job.toml"), toml_job(data, out2, **kw2))
+                try:
+                    expect_refusal(dp.run("run", job2, cwd=sub), needles, out2, "`run` (input CSV exists)")
+                except AssertionError as e:
+                    problems.append(str(e))
                 assert not problems, "\n  ".join(problems)
 
             return case

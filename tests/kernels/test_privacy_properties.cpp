@@ -7,6 +7,7 @@
 //     noisy node values y = true + noise reproduces every release of DpReleaser bit for bit.
 // Assertions are exact unless a comment states a false-failure rate.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -84,6 +85,20 @@ DpParams flat_params(std::uint32_t T, double mu, double tau, double sigma_select
   p.sum_quantum = 16;
   return p;
 }
+
+// Fixes the number of OpenMP threads for a scope. The 10^4-secret loops open ~10^6 parallel regions;
+// on a loaded machine two spinning threads per region cost 10x more than one. The output does not
+// depend on the thread count (noise is a pure function of the node id; test_engine checks it end to end).
+class ScopedOmpThreads {
+ public:
+  explicit ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ScopedOmpThreads() { omp_set_num_threads(saved_); }
+  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
+  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
+
+ private:
+  int saved_;
+};
 
 const kernels::KeyState* find_state(const KeyStateTable& table, std::uint64_t key) {
   for (const auto& shard : table.shards)
@@ -343,6 +358,7 @@ TEST(PrivacyProperties, NoTinyKeysAreEverReleased) {
   const int kSecrets = 10000;
   const double sigma = 3.0;
   const std::int64_t kHugeCount = std::int64_t{1} << 40, kHugeSum = std::int64_t{1} << 42;
+  const ScopedOmpThreads one_thread(1);
   for (const int mu : {1, 5, 20}) {
     // Tiny keys reach exactly mu users with four arrival patterns; control keys have mu + 1 users at trigger 0.
     std::vector<std::vector<KeyPartial>> per_trigger(T);
@@ -369,10 +385,11 @@ TEST(PrivacyProperties, NoTinyKeysAreEverReleased) {
     for (const double tau : {0.0, -1e9}) {
       const DpParams params = flat_params(T, mu, tau, sigma);
       std::uint64_t tiny_released = 0, control_first = 0, control_ever = 0;
+      KeyStateTable table;
       for (int secret = 0; secret < kSecrets; ++secret) {
         DpReleaser releaser(params, noise::secret_from_seed(static_cast<std::uint64_t>(secret)));
         releaser.begin_window(secret % 3);
-        KeyStateTable table;
+        table.clear();
         DpStats stats;
         std::set<std::uint64_t> released_controls;
         for (std::uint32_t t = 0; t < T; ++t) {
@@ -396,10 +413,10 @@ TEST(PrivacyProperties, NoTinyKeysAreEverReleased) {
         // The 1.6e5 draws are independent (distinct keys or secrets); a 6-sd two-sided binomial bound has a
         // false-failure rate below 2e-9 per (mu, tau).
         const double p = discrete_gaussian_nonnegative(noise::DiscreteGaussian(sigma).sigma());
-        EXPECT_NEAR(control_first / n, p, 6 * std::sqrt(p * (1 - p) / n)) << "mu = " << mu;
-        // Over the window almost every control key is released ("most of the time"); the fraction is
-        // ~0.99 (8 correlated tests); the bound 0.9 is > 100 sd away (false-failure rate ~0).
-        EXPECT_GT(control_ever / n, 0.9) << "mu = " << mu;
+        EXPECT_NEAR(static_cast<double>(control_first) / n, p, 6 * std::sqrt(p * (1 - p) / n)) << "mu = " << mu;
+        // Over the window almost every control key is released ("most of the time"): the fraction is
+        // ~0.97 (8 correlated tests per key), sd < 5e-4, so the bound 0.9 is > 100 sd away (false-failure rate ~0).
+        EXPECT_GT(static_cast<double>(control_ever) / n, 0.9) << "mu = " << mu;
       }
     }
   }
@@ -435,6 +452,7 @@ TEST(PrivacyProperties, PlanLevelNoReleaseUntilMoreThanMuNewUsers) {
       per_trigger[t].push_back({static_cast<std::uint64_t>(k), std::int64_t{1} << 30, std::int64_t{1} << 38, users});
     }
 
+  const ScopedOmpThreads one_thread(1);
   std::uint64_t quiet_after_release = 0, reopened = 0;  // non-vacuity counters
   for (int secret = 0; secret < 200; ++secret) {
     DpReleaser releaser(params, noise::secret_from_seed(1000 + static_cast<std::uint64_t>(secret)));
@@ -448,7 +466,7 @@ TEST(PrivacyProperties, PlanLevelNoReleaseUntilMoreThanMuNewUsers) {
       std::uint64_t expected_tests = 0;
       for (int k = 0; k < kKeys; ++k) {
         users[k] += per_trigger[t][k].new_users;
-        const std::int64_t round_users = users[k] - base[k];
+        const auto round_users = static_cast<double>(users[k] - base[k]);
         expected_tests += round_users > plan.mu;
         if (released_before[k] && round_users > 0 && round_users <= plan.mu) ++quiet_after_release;
         if (released_before[k] && round_users > plan.mu && !is_burst[k][t]) ++reopened;
@@ -458,7 +476,7 @@ TEST(PrivacyProperties, PlanLevelNoReleaseUntilMoreThanMuNewUsers) {
       for (const DpRelease& r : releaser.release(table, t, stats)) released.insert(r.key);
       EXPECT_EQ(stats.tested - tested_before, expected_tests) << "trigger " << t << ": keys with > mu round users are tested";
       for (int k = 0; k < kKeys; ++k) {
-        const std::int64_t round_users = users[k] - base[k];
+        const auto round_users = static_cast<double>(users[k] - base[k]);
         const bool rel = released.count(static_cast<std::uint64_t>(k)) > 0;
         ASSERT_FALSE(rel && round_users <= plan.mu)
             << "secret " << secret << " trigger " << t << " key " << k << " released with " << round_users << " round users";
@@ -519,7 +537,7 @@ TEST(PrivacyProperties, OneUserMovesNoMoreThanTheAccountedSensitivity) {
   }
   EXPECT_LE(rho_used, plan.rho_aggregation * (1 + 1e-12));
 
-  // The stream: 400 ordinary users plus three adversaries, ties in time, values outside the clamp range.
+  // The stream: 400 ordinary users plus four adversaries, ties in time, values outside the clamp range.
   std::mt19937_64 rng(777);
   Stream stream(T);
   auto add = [&](std::uint64_t user, std::uint32_t t, std::uint64_t key, std::int64_t ts, double value) {
@@ -548,6 +566,14 @@ TEST(PrivacyProperties, OneUserMovesNoMoreThanTheAccountedSensitivity) {
   for (int i = 0; i < 4000; ++i)
     add(kRandom, static_cast<std::uint32_t>(rng() % T), rng() % kKeys, static_cast<std::int64_t>(rng() % 4),
         unit(rng) < 0.2 ? extremes[rng() % 9] : -1e6 + 2e6 * unit(rng));
+  // A4 (repeater): returns to the same two keys at several triggers, several records each time; it
+  // must gain each key's user count once only.
+  const std::uint64_t kRepeater = 900004;
+  for (const std::uint32_t t : {1u, 4u, 6u, 8u, 11u})
+    for (int i = 0; i < 3; ++i) {
+      add(kRepeater, t, 3, i, 5.0);
+      if (t >= 6) add(kRepeater, t, 9, i, -5.0);
+    }
   // Unique positions in a scrambled arrival order.
   for (auto& recs : stream) std::shuffle(recs.begin(), recs.end(), rng);
   std::uint64_t position = 0;
@@ -555,14 +581,14 @@ TEST(PrivacyProperties, OneUserMovesNoMoreThanTheAccountedSensitivity) {
     for (Record& r : recs) r.position = position++ * 7919 % 1000003;
 
   const Increments full = run_window(stream, bp, std::nullopt);
-  std::vector<std::uint64_t> removed = {kSpread, kConcentrated, kRandom, 10, 20, 37, 123, 400};
+  std::vector<std::uint64_t> removed = {kSpread, kConcentrated, kRandom, kRepeater, 10, 20, 37, 123, 400};
   i128 max_count_level = 0, max_sum_level = 0, max_selection_level = 0;
   for (const std::uint64_t u : removed) {
     SCOPED_TRACE("removed user " + std::to_string(u));
     const Increments without = run_window(stream, bp, u);
     const Increments delta = difference(full, without);
     // (d) D - D' is exactly u's own contribution, computed from u's records alone.
-    ASSERT_EQ(delta, naive_user(stream, u, bp));
+    EXPECT_EQ(delta, naive_user(stream, u, bp));
 
     // (a), (b), (c).
     std::map<std::uint64_t, std::int64_t> user_gain, count_by_key;
