@@ -25,7 +25,11 @@ for name, j in (("none", none), ("dp", dp)):
           f"records_per_s={recs / j['wall_seconds']:.0f} dp_release_s={j['stage_seconds_max_over_ranks']['dp_release']:.2f} "
           f"release_rows={j['release_rows']}")
 d = dp.get("dp", {})
-print(f"RESULT dp_over_none wall={dp['wall_seconds'] / none['wall_seconds']:.3f} "
+rel = dp["stage_seconds_max_over_ranks"]["dp_release"]
+# mode none writes every changed key (100x the rows of dp); rank 0's writing shows up as waiting in
+# the next shuffle on the other ranks, so the DP cost is best read as dp_release over the rest of dp.
+print(f"RESULT dp_release_over_rest_of_engine={rel / max(dp['engine_path_seconds'] - rel, 1e-9):.3f} "
+      f"dp_over_none wall={dp['wall_seconds'] / none['wall_seconds']:.3f} "
       f"engine={dp['engine_path_seconds'] / none['engine_path_seconds']:.3f} "
       f"keys_released={d.get('keys_released')} release_rows={d.get('release_rows')} noise_draws={d.get('noise_draws')} threshold_tests={d.get('threshold_tests')} "
       f"key_state_bytes_per_tracked_key={d.get('key_state_bytes_per_tracked_key', 0):.1f} distinct_keys={dp['distinct_keys']}")

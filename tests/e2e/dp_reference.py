@@ -28,6 +28,7 @@ Written from docs/PRIVACY.md, not from the C++ sources:
   thresholds: lambda_s = sigma_sel sqrt(v_s),
               tau_s = lambda_s sqrt(2 ln(1/beta)) + popcount(s) 2^-20        ("subgaussian")
               tau_s = lambda_s Phi^-1(1 - beta) + popcount(s) 2^-20          ("gaussian-quantile");
+  mu (when the job does not set it) = floor(min_s tau_s / 4);
   reported eps of each part = eps_tight(rho actually used, that part's conversion delta);
   total = basic composition of the two parts.
 
@@ -205,7 +206,7 @@ class Job:
     sum: bool = True
     clamp_min: float = 0.0
     clamp_max: float = 1.0
-    mu: float = 0.0
+    mu: float = None  # None: the default floor(min_s tau_s / 4)
     beta: float = None  # None: the default
     selection_epsilon_share: float = 0.5
     selection_delta_share: float = 2.0 / 3.0
@@ -225,6 +226,8 @@ class Column:
 class Plan:
     job: Job
     levels: int
+    mu: float
+    mu_defaulted: bool
     eps_sel: float
     delta_sel: float
     eps_agg: float
@@ -270,7 +273,7 @@ def make_plan(job):
         raise PlanRefused("max_records_per_user and triggers must be >= 1")
     if not job.clamp_min <= job.clamp_max:
         raise PlanRefused("clamp_min must be <= clamp_max")
-    if job.mu < 0:
+    if job.mu is not None and job.mu < 0:
         raise PlanRefused("mu must be >= 0")
     if job.beta is not None and not 0 < job.beta < 1:
         raise PlanRefused("beta must be in (0, 1)")
@@ -283,7 +286,10 @@ def make_plan(job):
     eps_sel = eps * job.selection_epsilon_share
     delta_sel = delta * job.selection_delta_share
     eps_agg, delta_agg = eps - eps_sel, delta - delta_sel
-    cost_per_beta = (math.exp(eps_sel) + 1) * C * T
+    try:
+        cost_per_beta = (math.exp(eps_sel) + 1) * C * T
+    except OverflowError:
+        raise PlanRefused(f"epsilon {eps} too large: (e^eps_sel + 1) C T overflows")
     beta_defaulted = job.beta is None
     beta = delta_sel / (2 * cost_per_beta) if beta_defaulted else job.beta
     delta_beta = cost_per_beta * beta
@@ -302,7 +308,7 @@ def make_plan(job):
     def sigma_col(L):
         return C * L * math.sqrt(m * lv / (2 * rho_agg_target))
 
-    plan = Plan(job=job, levels=lv, eps_sel=eps_sel, delta_sel=delta_sel, eps_agg=eps_agg, delta_agg=delta_agg,
+    plan = Plan(job=job, levels=lv, mu=job.mu, mu_defaulted=job.mu is None, eps_sel=eps_sel, delta_sel=delta_sel, eps_agg=eps_agg, delta_agg=delta_agg,
                 beta=beta, beta_defaulted=beta_defaulted, delta_beta=delta_beta, delta_conv=delta_conv,
                 rho_sel_target=rho_sel_target, sigma_sel_formula=sigma_sel_formula, sigma_sel=sigma_sel,
                 rho_sel=rho_sel, rho_agg_target=rho_agg_target)
@@ -338,6 +344,8 @@ def make_plan(job):
     for s in range(1, T + 1):
         plan.lam[s] = sigma_sel * math.sqrt(prefix_variance_factor(s))
         plan.tau[s] = plan.lam[s] * plan.tail_z + bin(s).count("1") / SCALE
+    if plan.mu_defaulted:
+        plan.mu = float(math.floor(min(plan.tau[1:]) / 4))
 
     rho_agg_used = sum(c.rho for c in plan.columns)
     plan.eps_sel_tight = eps_tight(rho_sel, delta_conv)
@@ -418,6 +426,14 @@ def self_test(reference_dir):
     # PRIVACY.md section 6 example: beta = 4.9e-15 for eps = 6, delta = 1e-9, C = 32, T = 100.
     plan = make_plan(Job(epsilon=6, delta=1e-9, C=32, T=100))
     close("PRIVACY.md beta example", plan.beta, 4.9e-15, 0.01)
+    # PRIVACY.md section 5: the default mu is 45 users at the paper's budget, T = 100 (tau_1 = 254).
+    if plan.mu != 45 or not plan.mu_defaulted:
+        problems.append(f"default mu at the paper's budget: {plan.mu}, PRIVACY.md says 45")
+    close("PRIVACY.md tau_1 example", plan.tau[1], 254, 0.005)
+    # PRIVACY.md section 5: sigma_sum = 250 and g = 2^-14 at the paper's parameters, clamp [0, 1].
+    close("PRIVACY.md sigma_sum example", plan.column("sum").sigma, 250, 0.005)
+    if plan.sum_grid != 2.0 ** -14:
+        problems.append(f"sum grid at the paper's parameters: {plan.sum_grid}, PRIVACY.md says 2^-14")
     # Normal quantile sanity.
     close("Phi^-1(1 - 0.025)", normal_upper_quantile(0.025), 1.959963984540054, 1e-12)
     close("Phi^-1(1 - 1e-15)", normal_upper_quantile(1e-15), 7.941345326170997, 1e-9)
@@ -461,7 +477,7 @@ def main():
     ap.add_argument("--sum", action="store_true")
     ap.add_argument("--clamp-min", type=float, default=0.0)
     ap.add_argument("--clamp-max", type=float, default=1.0)
-    ap.add_argument("--mu", type=float, default=0.0)
+    ap.add_argument("--mu", type=float, default=None)
     ap.add_argument("--beta", type=float)
     ap.add_argument("--selection-epsilon-share", type=float, default=0.5)
     ap.add_argument("--selection-delta-share", type=float, default=2.0 / 3.0)

@@ -81,6 +81,10 @@ PLAN_JOBS = [
     ("T=2 C=1 eps=1 delta=1e-9 both clamp [0.3,0.7] shares 0.7/0.9 beta=1e-14", 2,
      {"max_records_per_user": 1, "epsilon": 1.0, "delta": 1e-9, "clamp_min": 0.3, "clamp_max": 0.7,
       "selection_epsilon_share": 0.7, "selection_delta_share": 0.9, "beta": 1e-14}, ("sum", "count")),
+    ("T=100 C=32 eps=6 delta=1e-9 both, mu not set (default floor(min tau / 4))", 100,
+     {"max_records_per_user": 32, "epsilon": 6.0, "delta": 1e-9, "mu": None}, ("count", "sum")),
+    ("T=7 C=1 eps=1 delta=1e-5 count, mu not set", 7,
+     {"max_records_per_user": 1, "epsilon": 1.0, "delta": 1e-5, "mu": None}, ("count",)),
     ("T=1 C=32 eps=0.5 delta=1e-5 sum mu=0", 1,
      {"max_records_per_user": 32, "epsilon": 0.5, "delta": 1e-5, "mu": 0.0}, ("sum",)),
     # The largest accepted beta is (e^eps_sel + 1) C T beta < delta_sel; 0.999 of it leaves delta_conv tiny.
@@ -94,10 +98,16 @@ TOML_TO_JOB = {"max_records_per_user": "C", "epsilon": "epsilon", "delta": "delt
 
 
 def reference_job(T, privacy, aggregations):
-    kw = {"epsilon": 3.0, "delta": 1e-9, "C": 4, "T": T, "mu": 10.0, "count": "count" in aggregations,
-          "sum": "sum" in aggregations}
+    """The dp_reference.Job of toml_job(..., triggers=T, privacy=privacy, aggregations=aggregations)."""
+    pr = {"max_records_per_user": 4, "clamp_min": 0.0, "clamp_max": 1.0, "epsilon": 3.0, "delta": 1e-9, "mu": 10.0}
     for k, v in privacy.items():
-        if k in TOML_TO_JOB and v is not None:
+        if v is None:
+            pr.pop(k, None)
+        else:
+            pr[k] = v
+    kw = {"T": T, "count": "count" in aggregations, "sum": "sum" in aggregations}
+    for k, v in pr.items():
+        if k in TOML_TO_JOB:
             kw[TOML_TO_JOB[k]] = v
     return dp_reference.Job(**kw)
 
@@ -148,7 +158,9 @@ def compare_plan(j, ref, m):
     m.rel("key_selection.delta_beta", ks["delta_beta"], ref.delta_beta)
     m.rel("key_selection.beta_per_test", ks["beta_per_test"], ref.beta)
     m.eq("key_selection.beta_defaulted", ks["beta_defaulted"], ref.beta_defaulted)
-    m.eq("key_selection.mu", ks["mu"], job.mu)
+    m.eq("key_selection.mu", ks["mu"], ref.mu)
+    if "mu_defaulted" in ks:
+        m.eq("key_selection.mu_defaulted", ks["mu_defaulted"], ref.mu_defaulted)
     m.eq("key_selection.tree.name", ks["tree"]["name"], "key_selection")
     m.rel("key_selection.tree.l2_sensitivity_per_level", ks["tree"]["l2_sensitivity_per_level"], math.sqrt(job.C))
     m.rel("key_selection.tree.sigma", ks["tree"]["sigma"], ref.sigma_sel)
@@ -230,7 +242,12 @@ def compare_text(text, ref, m):
            re.search(rf"^privacy budget per window: epsilon = {re.escape(f'{job.epsilon:g}')}, delta = ", text, re.M)
            is not None)
     m.true("trees line wrong", f"trees: T = {job.T} triggers, {ref.levels} levels" in text and f"C = {job.C}" in text)
-    m.true("a WARNING about the seed is printed for an unseeded job", "WARNING" not in text)
+    m.true("a WARNING about the seed is printed for an unseeded job",
+           not any("WARNING" in ln and "seed" in ln for ln in lines))
+    mo = re.search(r"threshold\s+mu = ([-+0-9.e]+)", text)
+    m.true("no 'threshold mu = ...' line", mo is not None)
+    if mo:
+        m.true(f"text mu = {mo.group(1)}, reference {ref.mu}", abs(float(mo.group(1)) - ref.mu) <= 1e-6 * max(1.0, ref.mu))
     num = r"([-+0-9.e]+)"
     m.rel("text key selection eps", number_after(text, rf"^key selection\s+eps {num}", "eps_sel"), ref.eps_sel, 1e-5)
     m.rel("text key-selection sigma", number_after(text, rf"^\s+tree\s+sigma = {num} users per node", "sigma_sel"),
@@ -301,6 +318,7 @@ REFUSALS = [
     ("beta just above the limit", {"privacy": {"beta": "LIMIT"}}, ["beta", "below"]),
     ("sum with clamp [0, 0]", {"privacy": {"clamp_min": 0.0, "clamp_max": 0.0}}, ["clamp", "[\"count\"]"]),
     ("epsilon so small that sigma leaves the sampler's range", {"privacy": {"epsilon": 1e-7}}, ["epsilon"]),
+    ("epsilon absurdly large (1e4)", {"privacy": {"epsilon": 1e4}}, ["epsilon"]),
 ]
 
 
@@ -466,7 +484,9 @@ def main():
             assert r.returncode == 0, r.describe()
             assert json.loads(r.stdout)["private"] is False, "budget --json of a seeded job does not say private: false"
             r = dp.run("budget", job_plain, cwd=d)
-            assert r.returncode == 0 and "WARNING" not in r.stdout + r.stderr, "unseeded budget warns\n  " + r.describe()
+            assert r.returncode == 0, r.describe()
+            warn = [ln for ln in (r.stdout + r.stderr).splitlines() if "WARNING" in ln and "seed" in ln]
+            assert not warn, f"unseeded budget warns about a seed: {warn}"
 
         def private_flag():
             d = case_dir("private flag")
