@@ -151,10 +151,6 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       comm.max(std::uint64_t{root && (config.output.progress == ProgressMode::Always ||
                                       (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)))}) != 0;
 
-  // Checks that every rank makes on its own before any data moves.
-  on_all_ranks(comm, [&] {
-    if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
-  });
   // DP: the plan (refused before any data is read) and the noise secret, the same on every rank.
   const bool dp = config.privacy.mode == PrivacyMode::Dp;
   PrivacyPlan plan;
@@ -186,6 +182,10 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     OPENSSL_cleanse(secret.data(), secret.size());
   }
 
+  // Checks that every rank makes on its own before any data moves.
+  on_all_ranks(comm, [&] {
+    if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
+  });
   const std::filesystem::path out_dir = config.output.dir;
   std::unique_ptr<ReleaseWriter> writer;
   on_all_ranks<ConfigError>(comm, [&] {
