@@ -41,10 +41,10 @@ std::uint64_t DpReleaser::memory_bytes() const {
   return b;
 }
 
-std::vector<DpRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats) {
+std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats) {
   if (trigger >= params_.triggers) throw std::out_of_range("trigger beyond T");
   const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
-  std::vector<std::vector<DpRelease>> out(KeyStateTable::kShards);
+  std::vector<std::vector<KeyRelease>> out(KeyStateTable::kShards);
   std::uint64_t tested = 0, released = 0, draws = 0;
   std::string error;  // an exception must not leave the OpenMP region: keep the first, rethrow after
 #pragma omp parallel reduction(+ : tested, released, draws)
@@ -74,7 +74,7 @@ std::vector<DpRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t tr
         const std::int64_t noisy_users = round_users * kOne + c.selection.prefix_noise(kOne);
         if (static_cast<double>(noisy_users) <= (params_.mu + params_.tau[step]) * static_cast<double>(kOne)) continue;
 
-        DpRelease r{key, 0, 0};
+        KeyRelease r{key, 0, 0};
         if (count_noise_) {
           c.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
           if (__builtin_mul_overflow(st.count, kOne, &r.count) ||
@@ -104,9 +104,9 @@ std::vector<DpRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t tr
   stats.tested += tested;
   stats.released += released;
   stats.noise_draws += draws;
-  std::vector<DpRelease> all;
+  std::vector<KeyRelease> all;
   for (auto& o : out) all.insert(all.end(), o.begin(), o.end());
-  std::sort(all.begin(), all.end(), [](const DpRelease& a, const DpRelease& b) { return a.key < b.key; });
+  std::sort(all.begin(), all.end(), [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });
   return all;
 }
 

@@ -36,13 +36,6 @@ struct DpParams {
   std::int64_t sum_quantum = 1;    // fixed-point units per sum quantum (a power of two)
 };
 
-// One released key: noisy running totals in fixed point (2^-20), for the chosen columns.
-struct DpRelease {
-  std::uint64_t key;
-  std::int64_t count;
-  std::int64_t sum;
-};
-
 struct DpStats {
   std::uint64_t tested = 0;        // (key, trigger) threshold tests
   std::uint64_t released = 0;      // (key, trigger) releases
@@ -58,7 +51,7 @@ class DpReleaser {
 
   void begin_window(std::int64_t window);
   // Tests every tracked key after the trigger's accumulation; returns the releases sorted by key.
-  std::vector<DpRelease> release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats);
+  std::vector<KeyRelease> release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats);
   std::uint64_t cached_keys() const;
   std::uint64_t memory_bytes() const;
   const DpParams& params() const { return params_; }

@@ -26,7 +26,7 @@ std::uint64_t KeyStateTable::memory_bytes() const {
   return b;
 }
 
-std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials) {
+std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials, bool report_changes) {
   constexpr std::size_t S = kShards;
   auto sharded = partition::partition_by(partials, S, [](const KeyPartial& p) {
     return partition::local_shard(partition::salted_hash(p.key, partition::kKeySalt), S);
@@ -49,7 +49,7 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
         st.users += p->new_users;
       }
       overflow = overflow || flag;
-      changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
+      if (report_changes) changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
     }
   }
   if (overflow) throw std::overflow_error(kSumOverflowMessage);

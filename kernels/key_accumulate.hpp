@@ -31,8 +31,8 @@ class KeyStateTable {
   std::uint64_t memory_bytes() const;
 
   // Adds one trigger's partials (any order, a key may repeat) and returns the totals of every
-  // key that changed, sorted by key id.
-  std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials);
+  // key that changed, sorted by key id (nothing when report_changes is false: DP scans the table).
+  std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials, bool report_changes = true);
 
   std::vector<absl::flat_hash_map<std::uint64_t, KeyState>> shards{kShards};
 };

@@ -83,7 +83,7 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
 }
 
 // Rank 0 receives the release rows of every key owner, named and sorted by key.
-std::vector<ReleaseRow> gather_release_rows(const std::vector<kernels::DpRelease>& released, const KeyNames* names,
+std::vector<ReleaseRow> gather_release_rows(const std::vector<KeyRelease>& released, const KeyNames* names,
                                             const shuffle::Comm& comm) {
   shuffle::ByteWriter w;
   for (const auto& t : released) {
@@ -167,18 +167,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
         if (root) secret = noise::secret_from_os();
       });
     comm.broadcast(secret.data(), secret.size());
-    kernels::DpParams params;
-    params.triggers = config.stream.triggers;
-    params.mu = plan.mu;
-    params.tau = plan.tau;
-    params.sigma_selection = plan.selection.sigma;
-    params.release_count = config.query.count;
-    params.release_sum = config.query.sum;
-    for (const auto& f : plan.aggregation)
-      if (f.name == "count") params.sigma_count = f.sigma;
-    params.sigma_sum = plan.sum_sigma_quanta;
-    params.sum_quantum = plan.sum_quantum;
-    releaser = std::make_unique<kernels::DpReleaser>(std::move(params), secret);
+    releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret);
     OPENSSL_cleanse(secret.data(), secret.size());
   }
 
@@ -261,11 +250,11 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       stage.shuffle_key += seconds_since(t0);
       t0 = Clock::now();
       std::vector<KeyTotals> changed;
-      on_all_ranks(comm, [&] { changed = keys.accumulate(key_partials); });
+      on_all_ranks(comm, [&] { changed = keys.accumulate(key_partials, /*report_changes=*/!dp); });
       stage.accumulate += seconds_since(t0);
 
       // 4. DP: key selection and hierarchical perturbation over every tracked key.
-      std::vector<kernels::DpRelease> release;
+      std::vector<KeyRelease> release;
       t0 = Clock::now();
       if (releaser) {
         on_all_ranks(comm, [&] { release = releaser->release(keys, trigger, dp_stats); });

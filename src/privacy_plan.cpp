@@ -156,6 +156,25 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   return p;
 }
 
+kernels::DpParams release_params(const PrivacyPlan& p) {
+  kernels::DpParams params;
+  params.triggers = p.T;
+  params.mu = p.mu;
+  params.tau = p.tau;
+  params.sigma_selection = p.selection.sigma;
+  params.release_count = params.release_sum = false;
+  for (const auto& f : p.aggregation) {
+    if (f.name == "count") {
+      params.release_count = true;
+      params.sigma_count = f.sigma;
+    }
+    if (f.name == "sum") params.release_sum = true;
+  }
+  params.sigma_sum = p.sum_sigma_quanta;
+  params.sum_quantum = p.sum_quantum;
+  return params;
+}
+
 nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
   auto family = [](const TreeFamily& f) {
     return nlohmann::json{{"name", f.name}, {"unit", f.unit}, {"l2_sensitivity_per_level", f.sensitivity},

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dp_release.hpp"
 #include "src/config.hpp"
 
 namespace dpstream {
@@ -53,6 +54,9 @@ struct PrivacyPlan {
 
 // Throws ConfigError when the job is invalid for DP or would exceed its budget.
 PrivacyPlan make_privacy_plan(const JobConfig& config);
+
+// What the release kernel needs from the plan (noise scales, thresholds, columns).
+kernels::DpParams release_params(const PrivacyPlan& plan);
 
 std::string budget_text(const PrivacyPlan& plan, bool thresholds_table);
 nlohmann::json budget_json(const PrivacyPlan& plan, bool thresholds_table);

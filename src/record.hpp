@@ -60,6 +60,14 @@ struct KeyTotals {
 };
 static_assert(std::is_trivially_copyable_v<KeyTotals>);
 
+// One release row of a key before naming: running totals in fixed point (2^-20) - exact in mode
+// "none", noisy estimates in mode "dp".
+struct KeyRelease {
+  std::uint64_t key;
+  std::int64_t count;
+  std::int64_t sum;
+};
+
 }  // namespace dpstream
 
 namespace dpstream {

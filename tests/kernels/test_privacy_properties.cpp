@@ -35,7 +35,6 @@ namespace dpstream {
 namespace {
 
 using kernels::DpParams;
-using kernels::DpRelease;
 using kernels::DpReleaser;
 using kernels::DpStats;
 using kernels::KeyStateTable;
@@ -55,22 +54,6 @@ JobConfig dp_job(std::uint32_t triggers, std::uint32_t C, double mu, double epsi
                            "\nclamp_min = " + std::to_string(clamp_min) + "\nclamp_max = " + std::to_string(clamp_max) +
                            "\nseed = 3\n[query]\naggregations = [\"count\", \"sum\"]\n[output]\nprogress = \"never\"\n";
   return parse_job(toml, "test_privacy_properties", {});
-}
-
-// The releaser parameters of a plan, as src/engine.cpp builds them.
-DpParams params_from_plan(const PrivacyPlan& plan, const JobConfig& config) {
-  DpParams p;
-  p.triggers = config.stream.triggers;
-  p.mu = plan.mu;
-  p.tau = plan.tau;
-  p.sigma_selection = plan.selection.sigma;
-  p.release_count = config.query.count;
-  p.release_sum = config.query.sum;
-  for (const auto& f : plan.aggregation)
-    if (f.name == "count") p.sigma_count = f.sigma;
-  p.sigma_sum = plan.sum_sigma_quanta;
-  p.sum_quantum = plan.sum_quantum;
-  return p;
 }
 
 // Hand-made parameters: the same tau at every step.
@@ -394,7 +377,7 @@ TEST(PrivacyProperties, NoTinyKeysAreEverReleased) {
         std::set<std::uint64_t> released_controls;
         for (std::uint32_t t = 0; t < T; ++t) {
           table.accumulate(per_trigger[t]);
-          for (const DpRelease& r : releaser.release(table, t, stats)) {
+          for (const KeyRelease& r : releaser.release(table, t, stats)) {
             tiny_released += tiny.count(r.key);
             if (control.count(r.key)) {
               released_controls.insert(r.key);
@@ -430,7 +413,7 @@ TEST(PrivacyProperties, PlanLevelNoReleaseUntilMoreThanMuNewUsers) {
   const std::uint32_t T = 32;
   const JobConfig config = dp_job(T, 4, 5, 2.0, -1.0, 2.0);
   const PrivacyPlan plan = make_privacy_plan(config);
-  const DpParams params = params_from_plan(plan, config);
+  const DpParams params = release_params(plan);
   ASSERT_EQ(params.mu, 5.0);
   // |sample| <= 2^11 t (the sampler's cut), so |N_j| <= (j + 1) 2^j 2^11 t and a rounded prefix moves by at
   // most sum_j ((j + 1) 2^11 t + 1/2) users: a burst above mu + tau + that is released with certainty.
@@ -473,7 +456,7 @@ TEST(PrivacyProperties, PlanLevelNoReleaseUntilMoreThanMuNewUsers) {
       }
       const std::uint64_t tested_before = stats.tested;
       std::set<std::uint64_t> released;
-      for (const DpRelease& r : releaser.release(table, t, stats)) released.insert(r.key);
+      for (const KeyRelease& r : releaser.release(table, t, stats)) released.insert(r.key);
       EXPECT_EQ(stats.tested - tested_before, expected_tests) << "trigger " << t << ": keys with > mu round users are tested";
       for (int k = 0; k < kKeys; ++k) {
         const auto round_users = static_cast<double>(users[k] - base[k]);
@@ -701,7 +684,7 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
         m.count.resize(T, 0), m.sum.resize(T, 0), m.users.resize(T, 0);
         m.count[t] += p.count, m.sum[t] += p.sum, m.users[t] += p.new_users, m.total_users += p.new_users;
       }
-      std::vector<DpRelease> expected;
+      std::vector<KeyRelease> expected;
       for (auto& [key, m] : model) {
         if (static_cast<double>(m.total_users - m.base_users) <= mu) continue;
         const std::uint32_t step = t - m.round_start + 1;
@@ -732,8 +715,8 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
         m.round_start = t + 1;
         m.base_users = m.total_users;
       }
-      std::sort(expected.begin(), expected.end(), [](const DpRelease& a, const DpRelease& b) { return a.key < b.key; });
-      const std::vector<DpRelease> got = releaser.release(table, t, stats);
+      std::sort(expected.begin(), expected.end(), [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });
+      const std::vector<KeyRelease> got = releaser.release(table, t, stats);
       ASSERT_EQ(got.size(), expected.size()) << "seed " << seed << " trigger " << t;
       for (std::size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i].key, expected[i].key) << "seed " << seed << " trigger " << t;
