@@ -7,12 +7,19 @@
 
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
+#include "src/fault_injection.hpp"
 
 namespace dpstream::kernels {
 
 void UserState::clear() {
   for (auto& m : kept) m.clear();
   for (auto& s : touched) s.clear();
+  clear_journal();
+}
+
+void UserState::clear_journal() {
+  for (auto& u : changed_users) std::vector<std::uint64_t>().swap(u);
+  for (auto& p : new_pairs) std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(p);
 }
 
 std::uint64_t UserState::users() const {
@@ -70,8 +77,11 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
       std::sort(first, last, [](const Record& a, const Record& b) {
         return a.user != b.user ? a.user < b.user : stream_order_less(a, b);
       });
+      if (s == S / 2) fault::point("bounding");
       auto& kept_map = state.kept[s];
       auto& touched = state.touched[s];
+      auto& changed_users = state.changed_users[s];
+      auto& new_pairs = state.new_pairs[s];
       for (Record* g = first; g != last;) {
         Record* g_end = g;
         while (g_end != last && g_end->user == g->user) ++g_end;
@@ -82,6 +92,7 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
         const std::uint32_t allowance = params.max_records_per_user - it->second;
         const std::uint32_t take = std::min(n, allowance);
         it->second += take;
+        if (state.journal && take > 0) changed_users.push_back(user);
         mine.stats.kept += take;
         mine.stats.dropped += n - take;
 
@@ -104,6 +115,7 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
             add_or_flag(sum, kept_values[i].second, mine.overflow);
           }
           const bool first_touch = touched.emplace(user, key).second;
+          if (state.journal && first_touch) new_pairs.emplace_back(user, key);
           auto& p = local.try_emplace(key, KeyPartial{key, 0, 0, 0}).first->second;
           p.count += count;
           add_or_flag(p.sum, sum, mine.overflow);

@@ -41,7 +41,8 @@ class UserState {
  public:
   static constexpr std::size_t kShards = 256;
 
-  void clear();
+  void clear();         // also clears the journal
+  void clear_journal();
   std::uint64_t users() const;
   std::uint64_t user_key_pairs() const;
   std::uint64_t memory_bytes() const;  // estimate from the tables' capacities
@@ -50,6 +51,12 @@ class UserState {
   std::vector<absl::flat_hash_map<std::uint64_t, std::uint32_t>> kept{kShards};
   // (user, key) pairs already counted: a user adds at most 1 to a key's user count.
   std::vector<absl::flat_hash_set<std::pair<std::uint64_t, std::uint64_t>>> touched{kShards};
+
+  // Journal of the changes since the last checkpoint (kept only when `journal` is on), per shard:
+  // users whose kept count changed (a user may repeat) and (user, key) pairs added to `touched`.
+  bool journal = false;
+  std::vector<std::vector<std::uint64_t>> changed_users{kShards};
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> new_pairs{kShards};
 };
 
 // Bounds and aggregates one trigger's records of the users this rank owns (any order).

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "src/fault_injection.hpp"
+
 namespace dpstream::kernels {
 
 namespace {
@@ -59,6 +61,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
     };
 #pragma omp for schedule(dynamic, 4)
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) {
+      if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
       auto& cache = caches_[s];
       for (auto& [key, st] : keys.shards[s]) {
         const std::int64_t round_users = st.users - st.round_base_users;
@@ -87,6 +90,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
             throw std::overflow_error("a noisy sum left the int64 fixed-point range; narrow clamp_min/clamp_max");
         }
         out[s].push_back(r);
+        if (keys.journal) keys.changed_keys[s].push_back(key);
         ++released;
         // The next round counts users new to the key after this trigger, in a fresh tree.
         ++st.round;

@@ -7,11 +7,17 @@
 
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
+#include "src/fault_injection.hpp"
 
 namespace dpstream::kernels {
 
 void KeyStateTable::clear() {
   for (auto& s : shards) s.clear();
+  clear_journal();
+}
+
+void KeyStateTable::clear_journal() {
+  for (auto& c : changed_keys) std::vector<std::uint64_t>().swap(c);
 }
 
 std::uint64_t KeyStateTable::keys() const {
@@ -37,6 +43,7 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
   for (std::size_t s = 0; s < S; ++s) {
     KeyPartial* first = sharded.items.data() + sharded.offsets[s];
     KeyPartial* last = sharded.items.data() + sharded.offsets[s + 1];
+    if (s == S / 2) fault::point("accumulate");
     std::sort(first, last, [](const KeyPartial& a, const KeyPartial& b) { return a.key < b.key; });
     auto& table = shards[s];
     for (KeyPartial* p = first; p != last;) {
@@ -49,6 +56,7 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
         st.users += p->new_users;
       }
       overflow = overflow || flag;
+      if (journal) changed_keys[s].push_back(key);
       if (report_changes) changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
     }
   }

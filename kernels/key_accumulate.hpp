@@ -26,7 +26,8 @@ class KeyStateTable {
  public:
   static constexpr std::size_t kShards = 256;
 
-  void clear();
+  void clear();  // also clears the journal
+  void clear_journal();
   std::uint64_t keys() const;
   std::uint64_t memory_bytes() const;
 
@@ -35,6 +36,11 @@ class KeyStateTable {
   std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials, bool report_changes = true);
 
   std::vector<absl::flat_hash_map<std::uint64_t, KeyState>> shards{kShards};
+
+  // Journal (only when `journal` is on): per shard, keys whose state changed since the last
+  // checkpoint, by accumulation or by a release (a key may repeat).
+  bool journal = false;
+  std::vector<std::vector<std::uint64_t>> changed_keys{kShards};
 };
 
 }  // namespace dpstream::kernels

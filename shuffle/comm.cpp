@@ -4,6 +4,8 @@
 #include <climits>
 #include <string>
 
+#include "src/fault_injection.hpp"
+
 namespace dpstream::shuffle {
 
 void check_mpi(int code, const char* call) {
@@ -32,7 +34,8 @@ Comm::Comm(MPI_Comm comm) : comm_(comm) {
 }
 
 std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::vector<std::uint64_t>& offsets,
-                                             std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic) const {
+                                             std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic,
+                                             const char* fault_point) const {
   const auto P = static_cast<std::size_t>(size_);
   if (offsets.size() != P + 1) throw std::invalid_argument("alltoallv_bytes: offsets must have P+1 entries");
   // 1. counts first (64-bit, so sizes past 2^31 are exact).
@@ -42,6 +45,7 @@ std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::v
   recv_offsets.assign(P + 1, 0);
   for (std::size_t s = 0; s < P; ++s) recv_offsets[s + 1] = recv_offsets[s] + recv_counts[s];
   std::vector<std::byte> recv(recv_offsets[P]);
+  if (fault_point) fault::point(fault_point);
   if (traffic) {
     traffic->bytes_total += offsets[P];
     traffic->bytes_sent_to_others += offsets[P] - send_counts[static_cast<std::size_t>(rank_)];
@@ -107,6 +111,12 @@ std::uint64_t Comm::sum(std::uint64_t v) const {
   return out;
 }
 
+std::vector<std::uint64_t> Comm::sum(const std::vector<std::uint64_t>& v) const {
+  std::vector<std::uint64_t> out(v.size());
+  check_mpi(MPI_Allreduce(v.data(), out.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM, comm_), "MPI_Allreduce");
+  return out;
+}
+
 std::uint64_t Comm::max(std::uint64_t v) const {
   std::uint64_t out = 0;
   check_mpi(MPI_Allreduce(&v, &out, 1, MPI_UINT64_T, MPI_MAX, comm_), "MPI_Allreduce");
@@ -140,6 +150,17 @@ std::string Comm::agree_on_error(const std::string& local_error) const {
 
 void Comm::broadcast(void* data, std::size_t bytes, int root) const {
   check_mpi(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
+}
+
+void broadcast_string(const Comm& comm, std::string& s, int root) {
+  std::uint64_t n = s.size();
+  comm.broadcast(&n, sizeof n, root);
+  s.resize(n);
+  for (std::uint64_t done = 0; done < n;) {  // MPI counts are int
+    const std::uint64_t part = std::min<std::uint64_t>(n - done, INT_MAX);
+    comm.broadcast(s.data() + done, part, root);
+    done += part;
+  }
 }
 
 void Comm::barrier() const { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }

@@ -50,18 +50,21 @@ class Comm {
 
   // All-to-all of byte segments: `send[offsets[d] .. offsets[d+1])` goes to rank d. Returns the
   // received bytes grouped by source rank; `recv_offsets` (size P+1) tells where each begins.
+  // `fault_point` names the exchange for fault injection (src/fault_injection.hpp): it is reached
+  // between the count exchange and the payload, i.e. inside the collective.
   std::vector<std::byte> alltoallv_bytes(const std::byte* send, const std::vector<std::uint64_t>& offsets,
-                                         std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic = nullptr) const;
+                                         std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic = nullptr,
+                                         const char* fault_point = nullptr) const;
 
   // Typed all-to-all of fixed-size records (`offsets` in items, P+1 entries).
   template <class T>
   std::vector<T> alltoallv(const std::vector<T>& send, const std::vector<std::uint64_t>& offsets,
-                           TrafficCounter* traffic = nullptr) const {
+                           TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const {
     static_assert(std::is_trivially_copyable_v<T>);
     std::vector<std::uint64_t> byte_offsets(offsets.size());
     for (std::size_t i = 0; i < offsets.size(); ++i) byte_offsets[i] = offsets[i] * sizeof(T);
     std::vector<std::uint64_t> recv_offsets;
-    auto bytes = alltoallv_bytes(reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets, traffic);
+    auto bytes = alltoallv_bytes(reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets, traffic, fault_point);
     std::vector<T> out(bytes.size() / sizeof(T));
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
     return out;
@@ -77,6 +80,8 @@ class Comm {
   // returned to all (empty when none failed). Use after local validation, before collectives.
   std::string agree_on_error(const std::string& local_error) const;
   std::vector<std::uint64_t> allgather(std::uint64_t v) const;
+  // Element-wise sum over ranks, on every rank.
+  std::vector<std::uint64_t> sum(const std::vector<std::uint64_t>& v) const;
   void barrier() const;
   // Copies `bytes` bytes at `data` from `root` to every rank.
   void broadcast(void* data, std::size_t bytes, int root = 0) const;
@@ -87,6 +92,24 @@ class Comm {
   int size_ = 1;
   std::uint64_t round_limit_ = (std::uint64_t{1} << 31) - 1;
 };
+
+// Runs `fn` on this rank; if it throws on any rank, every rank throws E with the first message.
+// Keeps ranks in step: no rank is left waiting in a collective after another rank failed.
+template <class E, class Fn>
+void on_all_ranks(const Comm& comm, Fn&& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+    if (err.empty()) err = "unknown error";
+  }
+  err = comm.agree_on_error(err);
+  if (!err.empty()) throw E(err);
+}
+
+// Rank `root`'s string on every rank.
+void broadcast_string(const Comm& comm, std::string& s, int root = 0);
 
 // Variable-length items (strings) through the byte exchange: length-prefixed records.
 class ByteWriter {

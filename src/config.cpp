@@ -162,10 +162,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   }
   for (const auto& o : overrides) apply_override(root, o);
 
-  const std::set<std::string> sections = {"job", "input", "stream", "privacy", "query", "output"};
+  const std::set<std::string> sections = {"job", "input", "stream", "privacy", "query", "output", "checkpoint"};
   for (const auto& [k, _] : root)
     if (!sections.count(std::string(k.str())))
-      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [job], [input], [stream], [privacy], [query], [output])",
+      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [job], [input], [stream], [privacy], [query], [output], [checkpoint])",
                                     source, k.str()));
 
   constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
@@ -267,6 +267,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   c.output.progress = out.choice<ProgressMode>(
       "progress", ProgressMode::Always, {{"always", ProgressMode::Always}, {"auto", ProgressMode::Auto}, {"never", ProgressMode::Never}});
   out.finish({"dir", "format", "progress"});
+
+  SectionReader ck(root, "checkpoint", source);
+  c.checkpoint.every = static_cast<std::uint32_t>(ck.integer("every", c.checkpoint.every, 1, 1'000'000));
+  ck.finish({"every"});
   return c;
 }
 

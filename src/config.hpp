@@ -69,6 +69,12 @@ struct OutputConfig {
   ProgressMode progress = ProgressMode::Always;
 };
 
+// Exactly-once checkpoints (docs/CHECKPOINTS.md): a commit every `every` triggers and at the end
+// of every window. Does not change the output, so it may differ on resume.
+struct CheckpointConfig {
+  std::uint32_t every = 1;
+};
+
 struct JobConfig {
   std::string name = "job";
   std::string source;  // where the spec came from (file path or "built-in demo")
@@ -77,6 +83,7 @@ struct JobConfig {
   PrivacyConfig privacy;
   QueryConfig query;
   OutputConfig output;
+  CheckpointConfig checkpoint;
 };
 
 // Parses TOML text; `overrides` are "section.key=value" strings applied before validation.

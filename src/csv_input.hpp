@@ -32,6 +32,7 @@ class CsvSource final : public RecordSource {
 
   std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) override;
   const InputStats& stats() const override { return stats_; }
+  std::uint32_t triggers_per_window() const override { return clock_.triggers; }
   const absl::flat_hash_map<std::uint64_t, std::string>& key_names() const override { return names_; }
   bool has_string_keys() const override { return true; }
 

@@ -18,6 +18,8 @@
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
 #include "src/csv_input.hpp"
+#include "src/durable_io.hpp"
+#include "src/fault_injection.hpp"
 #include "src/errors.hpp"
 #include "src/naive_reference.hpp"
 #include "src/privacy_plan.hpp"
@@ -35,18 +37,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 using KeyNames = absl::flat_hash_map<std::uint64_t, std::string>;
 
 // Runs `fn` on every rank; if it throws on any rank, all ranks throw E with the first message.
-// Keeps ranks in step: no rank is left waiting in a collective after another rank failed.
 template <class E = InputError, class Fn>
-void on_all_ranks(const shuffle::Comm& comm, Fn&& fn) {
-  std::string err;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    err = e.what();
-    if (err.empty()) err = "unknown error";
-  }
-  err = comm.agree_on_error(err);
-  if (!err.empty()) throw E(err);
+void on_every_rank(const shuffle::Comm& comm, Fn&& fn) {
+  shuffle::on_all_ranks<E>(comm, std::forward<Fn>(fn));
 }
 
 // String keys: every rank sends (id, name) of the keys it read to the key's owner, which keeps
@@ -140,55 +133,104 @@ NaiveTiming time_naive_reference(const JobConfig& config) {
   return t;
 }
 
+// Counters that a resumed run carries over from its checkpoint (global sums), so that its summary
+// counts the whole job. Names are the manifest's "counters" members.
+struct CarriedCounters {
+  std::vector<std::pair<const char*, std::uint64_t*>> items;
+  nlohmann::json global_sums(const shuffle::Comm& comm) const {
+    std::vector<std::uint64_t> local;
+    for (const auto& [name, v] : items) local.push_back(*v);
+    const auto sums = comm.sum(local);
+    nlohmann::json j = nlohmann::json::object();
+    for (std::size_t i = 0; i < items.size(); ++i) j[items[i].first] = sums[i];
+    return j;
+  }
+  void restore(const nlohmann::json& j, bool root) const {  // sums go to rank 0, whose values are summed later
+    for (const auto& [name, v] : items) *v = root && j.contains(name) ? j.at(name).get<std::uint64_t>() : 0;
+  }
+};
+
 }  // namespace
 
 RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunOptions& options) {
   const auto run_start = Clock::now();
   const int P = comm.size();
   const bool root = comm.rank() == 0;
+  on_every_rank<ConfigError>(comm, [&] { fault::arm_from_environment(comm.rank()); });
   // Decided on rank 0 (whose terminal it is) and shared, because the progress count is a collective.
   const bool progress =
       comm.max(std::uint64_t{root && (config.output.progress == ProgressMode::Always ||
                                       (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)))}) != 0;
 
-  // DP: the plan (refused before any data is read) and the noise secret, the same on every rank.
+  // DP: the plan (refused before any data is read).
   const bool dp = config.privacy.mode == PrivacyMode::Dp;
   PrivacyPlan plan;
-  std::unique_ptr<kernels::DpReleaser> releaser;
-  on_all_ranks<ConfigError>(comm, [&] {
+  on_every_rank<ConfigError>(comm, [&] {
     if (dp) plan = make_privacy_plan(config);
   });
-  if (dp) {
-    noise::Secret secret{};
-    if (config.privacy.seed)
-      secret = noise::secret_from_seed(*config.privacy.seed);
-    else
-      on_all_ranks<std::runtime_error>(comm, [&] {
-        if (root) secret = noise::secret_from_os();
-      });
-    comm.broadcast(secret.data(), secret.size());
-    releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret);
-    OPENSSL_cleanse(secret.data(), secret.size());
-  }
 
   // Checks that every rank makes on its own before any data moves.
-  on_all_ranks(comm, [&] {
+  on_every_rank(comm, [&] {
     if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
   });
   const std::filesystem::path out_dir = config.output.dir;
+
+  // Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md).
+  const bool checkpointing = options.write_output;
+  checkpoint::Store store(out_dir / "checkpoint", comm);
+  checkpoint::Fields identity;
+  checkpoint::Opened opened;
+  RunReport report;
+  if (checkpointing) {
+    std::string input_digest;
+    on_every_rank(comm, [&] {
+      if (root && config.input.kind == InputKind::Csv) input_digest = checkpoint::file_digest(config.input.path);
+    });
+    shuffle::broadcast_string(comm, input_digest);
+    identity = checkpoint::identity_fields(config, input_digest);
+    opened = store.open(config.name, identity, options.start_mode);
+    if (root)
+      for (const auto& note : opened.notes) std::fprintf(stderr, "dpstream: %s\n", note.c_str());
+    if (opened.kind == checkpoint::Opened::Kind::Complete) {
+      report.already_complete = true;
+      report.releases_path = (out_dir / "releases.csv").string();
+      return report;
+    }
+  }
+  const bool resuming = opened.kind == checkpoint::Opened::Kind::Resume;
+
+  // DP noise secret, the same on every rank: the job's own on resume, else from the seed or the OS.
+  noise::Secret secret{};
+  std::unique_ptr<kernels::DpReleaser> releaser;
+  if (dp) {
+    if (resuming)
+      secret = store.secret();
+    else if (config.privacy.seed)
+      secret = noise::secret_from_seed(*config.privacy.seed);
+    else {
+      on_every_rank<std::runtime_error>(comm, [&] {
+        if (root) secret = noise::secret_from_os();
+      });
+      comm.broadcast(secret.data(), secret.size());
+    }
+    releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret);
+  }
+
   std::unique_ptr<ReleaseWriter> writer;
-  on_all_ranks<ConfigError>(comm, [&] {
+  on_every_rank<ConfigError>(comm, [&] {
     if (!options.write_output || !root) return;
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
     if (ec) throw ConfigError(fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
+    if (::access(out_dir.c_str(), W_OK) != 0)
+      throw ConfigError(fmt::format("output dir {} is not writable; choose a writable [output] dir or --out", out_dir.string()));
     writer = std::make_unique<ReleaseWriter>(out_dir, ReleaseColumns{config.query.count, config.query.sum});
   });
 
   StageTimes stage;
   auto t0 = Clock::now();
   std::unique_ptr<RecordSource> source;
-  on_all_ranks(comm, [&] {
+  on_every_rank(comm, [&] {
     if (config.input.kind == InputKind::Csv)
       source = std::make_unique<CsvSource>(config, comm.rank(), P);
     else
@@ -201,22 +243,104 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
 
   const kernels::BoundingParams bounding{config.privacy.max_records_per_user, config.privacy.clamp_min,
                                          config.privacy.clamp_max, dp ? plan.sum_quantum : 1};
+  const std::uint32_t T = config.stream.triggers;
   kernels::UserState users;
   kernels::KeyStateTable keys;
   kernels::BoundingStats bstats;
   shuffle::TrafficCounter user_traffic, key_traffic;
   std::uint64_t distinct_users = 0, distinct_keys = 0, peak_state_bytes = 0, local_records = 0, global_records = 0;
-  const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * config.stream.triggers;
-  std::uint64_t triggers_done = 0;
-
+  const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * T;
   kernels::DpStats dp_stats;
   std::uint64_t dp_cached_keys = 0, dp_keys_released = 0, window_tracked_keys = 0, window_key_state_bytes = 0;
-  for (std::uint32_t wi = 0; wi < config.stream.windows; ++wi) {
+  const CarriedCounters carried{{{"kept", &bstats.kept},
+                                 {"dropped", &bstats.dropped},
+                                 {"clamped", &bstats.clamped},
+                                 {"new_users", &bstats.new_users},
+                                 {"threshold_tests", &dp_stats.tested},
+                                 {"dp_release_rows", &dp_stats.released},
+                                 {"noise_draws", &dp_stats.noise_draws},
+                                 {"user_shuffle_bytes", &user_traffic.bytes_total},
+                                 {"user_shuffle_bytes_to_others", &user_traffic.bytes_sent_to_others},
+                                 {"key_shuffle_bytes", &key_traffic.bytes_total},
+                                 {"key_shuffle_bytes_to_others", &key_traffic.bytes_sent_to_others},
+                                 {"distinct_users", &distinct_users},
+                                 {"distinct_keys", &distinct_keys},
+                                 {"keys_released", &dp_keys_released},
+                                 {"records", &local_records}}};
+
+  // Where the stream starts: the beginning, or the first trigger after the last commit.
+  std::uint32_t start_window = 0, start_trigger = 0, resumed_from = 0;
+  double load_seconds = 0;
+  std::uint64_t ckpt_commits = 0, ckpt_bytes = 0, ckpt_user_bytes = 0, ckpt_key_bytes = 0, ckpt_release_bytes = 0;
+  if (checkpointing) {
+    t0 = Clock::now();
+    if (resuming) {
+      const auto& m = store.manifest();
+      resumed_from = static_cast<std::uint32_t>(m.seq);
+      start_window = m.window_index;
+      start_trigger = m.next_trigger;
+      if (start_trigger == T) ++start_window, start_trigger = 0;
+      if (root)
+        std::fprintf(stderr,
+                     "dpstream: resuming job '%s' from commit %llu (window %u of %u, %u of %u trigger(s) committed), "
+                     "written by %d rank(s), on %d rank(s)%s\n",
+                     config.name.c_str(), static_cast<unsigned long long>(m.seq), start_window + 1, config.stream.windows,
+                     start_trigger, T, m.ranks, P, m.ranks != P ? ": re-partitioning the state" : "");
+      const std::string staged = store.load(users, keys, /*window_done=*/start_trigger == 0);
+      on_every_rank<CheckpointError>(comm, [&] {
+        if (root) writer->restore(m.releases_bytes, staged, m.release_rows);
+      });
+      carried.restore(m.counters, root);
+      source->skip_to(config.stream.first_window, config.stream.first_window + start_window, start_trigger);
+    } else {
+      store.begin(config.name, identity, dp ? &secret : nullptr);
+      on_every_rank<CheckpointError>(comm, [&] {
+        if (root) writer->start();
+      });
+      nlohmann::json ledger = nlohmann::json::object();
+      if (dp) ledger = {{"epsilon_per_window", config.privacy.epsilon}, {"delta_per_window", config.privacy.delta}};
+      store.commit_start(root ? writer->bytes() : 0, ledger);
+    }
+    users.journal = keys.journal = true;
+    load_seconds = seconds_since(t0);
+  }
+  OPENSSL_cleanse(secret.data(), secret.size());
+  std::uint64_t triggers_done = std::uint64_t{start_window} * T + start_trigger;
+  const std::uint64_t triggers_at_start = triggers_done;
+
+  // One commit: every rank's state changes since the last one, rank 0's staged rows, the counters;
+  // then the rows become visible in releases.csv.
+  auto commit = [&](std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete) {
+    const auto c0 = Clock::now();
+    checkpoint::Segment segment = checkpoint::take_journal(users, keys);
+    if (root) segment.releases_csv = writer->pending();
+    ckpt_user_bytes += segment.user_bytes();
+    ckpt_key_bytes += segment.key_bytes();
+    ckpt_release_bytes += segment.releases_csv.size();
+    const auto counters = carried.global_sums(comm);
+    const auto cs = store.commit(std::move(segment), {wi, first_trigger, next_trigger, complete}, counters,
+                                 root ? writer->bytes() + writer->pending().size() : 0,
+                                 root ? writer->rows_written() + writer->pending_rows() : 0);
+    on_every_rank<std::runtime_error>(comm, [&] {
+      if (!root) return;
+      writer->publish();
+      fault::point("published");
+      store.collect_garbage();
+    });
+    ++ckpt_commits;
+    ckpt_bytes += cs.segment_bytes;
+    stage.checkpoint += seconds_since(c0);
+  };
+
+  bool final_commit_pending = false;
+  std::uint32_t uncommitted_from = start_trigger;  // first trigger of the window not yet committed
+  for (std::uint32_t wi = start_window; wi < config.stream.windows; ++wi) {
     const std::int64_t window = config.stream.first_window + wi;
     if (releaser) releaser->begin_window(window);
-    for (std::uint32_t trigger = 0; trigger < config.stream.triggers; ++trigger) {
+    for (std::uint32_t trigger = wi == start_window ? start_trigger : 0; trigger < T; ++trigger) {
       t0 = Clock::now();
       std::vector<Record> local = source->take_trigger(window, trigger);  // cannot fail: input was parsed at ingest
+      fault::point("ingest");
       stage.ingest += seconds_since(t0);
       const std::uint64_t local_count = local.size();
 
@@ -228,14 +352,14 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       std::vector<Record>().swap(local);
       stage.partition_user += seconds_since(t0);
       t0 = Clock::now();
-      auto owned = comm.alltoallv(by_user.items, by_user.offsets, &user_traffic);
+      auto owned = comm.alltoallv(by_user.items, by_user.offsets, &user_traffic, "shuffle_user");
       by_user = {};
       stage.shuffle_user += seconds_since(t0);
 
       // 2. contribution bounding and per-(user, key) aggregation.
       t0 = Clock::now();
       std::vector<KeyPartial> partials;
-      on_all_ranks(comm, [&] { partials = kernels::bound_and_aggregate(owned, bounding, users, bstats); });
+      on_every_rank(comm, [&] { partials = kernels::bound_and_aggregate(owned, bounding, users, bstats); });
       std::vector<Record>().swap(owned);
       stage.bounding += seconds_since(t0);
 
@@ -246,18 +370,18 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       });
       stage.partition_key += seconds_since(t0);
       t0 = Clock::now();
-      auto key_partials = comm.alltoallv(by_key.items, by_key.offsets, &key_traffic);
+      auto key_partials = comm.alltoallv(by_key.items, by_key.offsets, &key_traffic, "shuffle_key");
       stage.shuffle_key += seconds_since(t0);
       t0 = Clock::now();
       std::vector<KeyTotals> changed;
-      on_all_ranks(comm, [&] { changed = keys.accumulate(key_partials, /*report_changes=*/!dp); });
+      on_every_rank(comm, [&] { changed = keys.accumulate(key_partials, /*report_changes=*/!dp); });
       stage.accumulate += seconds_since(t0);
 
       // 4. DP: key selection and hierarchical perturbation over every tracked key.
       std::vector<KeyRelease> release;
       t0 = Clock::now();
       if (releaser) {
-        on_all_ranks(comm, [&] { release = releaser->release(keys, trigger, dp_stats); });
+        on_every_rank(comm, [&] { release = releaser->release(keys, trigger, dp_stats); });
       } else {
         release.reserve(changed.size());
         for (const auto& t : changed) release.push_back({t.key, t.count * static_cast<std::int64_t>(kValueScale), t.sum});
@@ -265,44 +389,63 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       std::vector<KeyTotals>().swap(changed);
       stage.dp_release += seconds_since(t0);
 
-      // 5. release rows.
+      // 5. release rows, staged on rank 0 until their trigger is committed.
       t0 = Clock::now();
       std::uint64_t released = 0;
       if (options.write_output) {
         const auto rows = gather_release_rows(release, names, comm);
-        if (root) writer->write(window, trigger, rows);
+        if (root) writer->stage(window, trigger, rows);
         released = rows.size();
+        fault::point("output");
       }
       stage.output += seconds_since(t0);
 
       ++triggers_done;
       local_records += local_count;
+      const bool window_end = trigger + 1 == T;
+      if (window_end) {  // before the window's last commit, which carries these counters
+        distinct_users += users.users();
+        distinct_keys += keys.keys();
+        if (releaser) {
+          dp_cached_keys += releaser->cached_keys();
+          for (const auto& shard : keys.shards)
+            for (const auto& [key, st] : shard) dp_keys_released += st.round > 0;
+          if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys
+            window_tracked_keys = keys.keys();
+            window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
+          }
+        }
+        peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes() +
+                                                          (releaser ? releaser->memory_bytes() : 0));
+      }
+
+      // 6. checkpoint every k triggers and at the end of each window; the job's very last commit
+      // waits for summary.json.
+      if (checkpointing && (trigger + 1 - uncommitted_from >= config.checkpoint.every || window_end)) {
+        if (wi + 1 == config.stream.windows && window_end) {
+          final_commit_pending = true;
+        } else {
+          commit(wi, uncommitted_from, trigger + 1, false);
+          uncommitted_from = window_end ? 0 : trigger + 1;
+        }
+      }
+
       if (progress) {
         global_records += comm.sum(local_count);
         const double elapsed = seconds_since(run_start);
-        const double remaining = elapsed / static_cast<double>(triggers_done) * static_cast<double>(total_triggers - triggers_done);
+        const double done_here = static_cast<double>(triggers_done - triggers_at_start);
+        const double remaining = elapsed / std::max(done_here, 1.0) * static_cast<double>(total_triggers - triggers_done);
         if (root)
           std::fprintf(stderr, "[window %lld trigger %u/%u] %srecords/s, %llu %s, elapsed %.1f s, ETA %.1f s\n",
-                     static_cast<long long>(window), trigger + 1, config.stream.triggers,
+                     static_cast<long long>(window), trigger + 1, T,
                      human_rate(static_cast<double>(global_records) / std::max(elapsed, 1e-9)).c_str(),
                      static_cast<unsigned long long>(released), dp ? "keys released" : "keys changed", elapsed, remaining);
       }
     }
-    distinct_users += users.users();
-    distinct_keys += keys.keys();
-    if (releaser) {
-      dp_cached_keys += releaser->cached_keys();
-      for (const auto& shard : keys.shards)
-        for (const auto& [key, st] : shard) dp_keys_released += st.round > 0;
-      if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys
-        window_tracked_keys = keys.keys();
-        window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
-      }
+    if (!final_commit_pending) {
+      users.clear();
+      keys.clear();
     }
-    peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes() +
-                                                      (releaser ? releaser->memory_bytes() : 0));
-    users.clear();
-    keys.clear();
   }
   const double wall = seconds_since(run_start);
   global_records = comm.sum(local_records);
@@ -343,7 +486,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   j["distinct_users"] = comm.sum(distinct_users);
   j["distinct_keys"] = comm.sum(distinct_keys);
   j["triggers"] = total_triggers;
-  j["release_rows"] = writer ? writer->rows_written() : 0;
+  j["release_rows"] = writer ? writer->rows_written() + writer->pending_rows() : 0;
   auto stage_max = [&](double v) { return comm.max(v); };
   j["stage_seconds_max_over_ranks"] = {{"ingest", stage_max(stage.ingest)},
                                        {"partition_user", stage_max(stage.partition_user)},
@@ -353,7 +496,19 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
                                        {"shuffle_key", stage_max(stage.shuffle_key)},
                                        {"accumulate", stage_max(stage.accumulate)},
                                        {"dp_release", stage_max(stage.dp_release)},
-                                       {"output", stage_max(stage.output)}};
+                                       {"output", stage_max(stage.output)},
+                                       {"checkpoint", stage_max(stage.checkpoint)}};
+  if (checkpointing) {
+    // Figures of this process: a resumed run counts its own commits only.
+    j["checkpoint"] = {{"every", config.checkpoint.every},
+                       {"commits", ckpt_commits + (final_commit_pending ? 1 : 0)},
+                       {"resumed_from_commit", resuming ? nlohmann::json(resumed_from) : nlohmann::json(nullptr)},
+                       {"load_seconds_max_over_ranks", stage_max(load_seconds)},
+                       {"segment_bytes_written", comm.sum(ckpt_bytes)},
+                       {"user_state_bytes_written", comm.sum(ckpt_user_bytes)},
+                       {"key_state_bytes_written", comm.sum(ckpt_key_bytes)},
+                       {"release_bytes_staged", comm.sum(ckpt_release_bytes)}};
+  }
   const double engine_seconds = stage_max(stage.engine_path());
   j["engine_path_seconds"] = engine_seconds;
   j["wall_seconds"] = stage_max(wall);
@@ -368,7 +523,6 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   j["peak_rss_bytes_per_rank"] = comm.allgather(peak_rss_bytes());
   j["peak_state_bytes_per_rank"] = comm.allgather(peak_state_bytes);
 
-  RunReport report;
   if (options.naive_reference) {
     NaiveTiming naive;
     if (root) naive = time_naive_reference(config);
@@ -389,13 +543,18 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   }
   report.summary_json = j.dump(2);
 
-  // Commit: releases.csv, then summary.json, both atomically, only after every rank finished.
-  on_all_ranks<std::runtime_error>(comm, [&] {
+  // summary.json (atomically), then the job's last commit: after a crash in between, the resumed
+  // run redoes the last triggers and writes the summary again.
+  on_every_rank<std::runtime_error>(comm, [&] {
     if (!root || !writer) return;
-    writer->commit();
     write_file_atomically(out_dir / "summary.json", report.summary_json + "\n");
     report.releases_path = writer->final_path().string();
   });
+  if (final_commit_pending) {
+    commit(config.stream.windows - 1, uncommitted_from, T, true);
+    users.clear();
+    keys.clear();
+  }
   return report;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "shuffle/comm.hpp"
+#include "src/checkpoint.hpp"
 #include "src/config.hpp"
 
 namespace dpstream {
@@ -14,12 +15,14 @@ struct RunOptions {
   bool write_output = true;      // false for the benchmark: no releases.csv / summary.json
   bool naive_reference = false;  // benchmark: also time the naive single-threaded loop on rank 0
   bool progress_to_terminal_only = false;
+  // New job, --resume or --fresh (with write_output: checkpoints in DIR/checkpoint).
+  checkpoint::StartMode start_mode = checkpoint::StartMode::Start;
 };
 
 // Wall time per stage, summed over triggers (seconds).
 struct StageTimes {
   double ingest = 0, partition_user = 0, shuffle_user = 0, bounding = 0, partition_key = 0, shuffle_key = 0,
-         accumulate = 0, dp_release = 0, output = 0;
+         accumulate = 0, dp_release = 0, output = 0, checkpoint = 0;
   double engine_path() const {
     return partition_user + shuffle_user + bounding + partition_key + shuffle_key + accumulate + dp_release;
   }
@@ -29,10 +32,11 @@ struct RunReport {
   std::string summary_json;  // what summary.json holds (rank 0)
   std::string releases_path;  // rank 0
   std::string result_line;    // benchmark RESULT line (rank 0)
+  bool already_complete = false;  // --resume found the job finished: nothing was run
 };
 
-// Runs the job on all ranks of `comm`. Throws ConfigError / InputError (the same on every rank)
-// for bad jobs and input; nothing is written in that case.
+// Runs the job on all ranks of `comm`. Throws ConfigError / InputError / CheckpointError (the same
+// on every rank) for bad jobs, input and checkpoints; nothing is written in that case.
 RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunOptions& options);
 
 }  // namespace dpstream

@@ -17,4 +17,10 @@ class InputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A checkpoint cannot be used: missing, damaged, from another job, or from a changed job spec.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace dpstream

@@ -1,4 +1,5 @@
-// dpstream command line: run | bench | generate. Runs under mpirun / srun.
+// dpstream command line: run | bench | generate | budget. Runs under mpirun / srun.
+// Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <omp.h>
@@ -18,6 +19,7 @@ namespace {
 
 constexpr int kExitConfig = 2;
 constexpr int kExitInput = 3;
+constexpr int kExitCheckpoint = 4;
 constexpr int kExitOther = 1;
 
 struct JobArgs {
@@ -80,6 +82,11 @@ int main(int argc, char** argv) {
   JobArgs run_args, bench_args, gen_args;
   auto* run = app.add_subcommand("run", "Run a job: DIR/releases.csv (window,trigger,key,count,sum) and DIR/summary.json");
   add_job_args(run, run_args);
+  bool resume = false, fresh = false;
+  auto* resume_flag = run->add_flag("--resume", resume,
+                                    "Continue from the last committed checkpoint in DIR/checkpoint (any rank count); the "
+                                    "output equals an uninterrupted run");
+  run->add_flag("--fresh", fresh, "Discard the checkpoint and output in DIR and start over")->excludes(resume_flag);
   auto* bench = app.add_subcommand("bench", "Benchmark the engine path against the naive single-threaded reference; prints a RESULT line");
   add_job_args(bench, bench_args);
   auto* gen = app.add_subcommand("generate", "Write a job's synthetic stream as CSV (rank 0)");
@@ -105,8 +112,15 @@ int main(int argc, char** argv) {
   try {
     if (*run) {
       const auto config = load(run_args);
-      const auto report = dpstream::run_job(config, comm, {});
-      if (root) {
+      dpstream::RunOptions options;
+      options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
+                           : fresh ? dpstream::checkpoint::StartMode::Fresh
+                                   : dpstream::checkpoint::StartMode::Start;
+      const auto report = dpstream::run_job(config, comm, options);
+      if (root && report.already_complete) {
+        std::printf("dpstream: job '%s' is already complete in %s; nothing to do\n  releases: %s\n", config.name.c_str(),
+                    config.output.dir.c_str(), report.releases_path.c_str());
+      } else if (root) {
         std::printf("dpstream: %s finished on %d rank(s) x %d thread(s)\n", config.name.c_str(), comm.size(), omp_get_max_threads());
         std::printf("  releases: %s\n  summary:  %s/summary.json\n", report.releases_path.c_str(), config.output.dir.c_str());
       }
@@ -129,6 +143,9 @@ int main(int argc, char** argv) {
   } catch (const dpstream::ConfigError& e) {
     if (root) std::fprintf(stderr, "dpstream: error: %s\n", e.what());
     return kExitConfig;
+  } catch (const dpstream::CheckpointError& e) {
+    if (root) std::fprintf(stderr, "dpstream: checkpoint error: %s\n", e.what());
+    return kExitCheckpoint;
   } catch (const dpstream::InputError& e) {
     if (root) std::fprintf(stderr, "dpstream: input error: %s\n", e.what());
     return kExitInput;

@@ -26,6 +26,14 @@ class RecordSource {
   // visited in increasing order).
   virtual std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) = 0;
   virtual const InputStats& stats() const = 0;
+  // Resume: moves past every trigger before (window, trigger), counting its rows in stats() as if
+  // they had been read, without keeping them.
+  virtual void skip_to(std::int64_t first_window, std::int64_t window, std::uint32_t trigger) {
+    for (std::int64_t w = first_window; w < window; ++w)
+      for (std::uint32_t t = 0; t < triggers_per_window(); ++t) take_trigger(w, t);
+    for (std::uint32_t t = 0; t < trigger; ++t) take_trigger(window, t);
+  }
+  virtual std::uint32_t triggers_per_window() const = 0;
   // Names of string keys read by this rank (CSV input); empty for integer keys.
   virtual const absl::flat_hash_map<std::uint64_t, std::string>& key_names() const { return no_names_; }
   virtual bool has_string_keys() const { return false; }

@@ -1,6 +1,7 @@
 #include "src/release_writer.hpp"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,20 +9,12 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "src/durable_io.hpp"
+#include "src/errors.hpp"
+#include "src/fault_injection.hpp"
 #include "src/record.hpp"
 
 namespace dpstream {
-
-namespace {
-void fsync_and_close(std::FILE* f, const std::filesystem::path& path) {
-  if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
-    const int err = errno;
-    std::fclose(f);
-    throw std::runtime_error(fmt::format("cannot write {}: {}", path.string(), std::strerror(err)));
-  }
-  if (std::fclose(f) != 0) throw std::runtime_error(fmt::format("cannot close {}: {}", path.string(), std::strerror(errno)));
-}
-}  // namespace
 
 std::string format_fixed(std::int64_t fixed) {
   const double v = from_fixed(fixed);
@@ -43,49 +36,56 @@ std::string csv_field(const std::string& s) {
 }
 
 ReleaseWriter::ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns)
-    : final_(dir / "releases.csv"), partial_(dir / ".releases.csv.partial"), columns_(columns) {
-  file_ = std::fopen(partial_.c_str(), "wb");
-  if (!file_)
-    throw std::runtime_error(fmt::format("cannot create {}: {}; choose a writable [output] dir or --out", partial_.string(),
-                                         std::strerror(errno)));
-  std::fputs("window,trigger,key,count,sum\n", file_);
+    : final_(dir / "releases.csv"), columns_(columns) {}
+
+std::uint64_t ReleaseWriter::start() {
+  write_file_atomically(final_, std::string(kHeader));
+  bytes_ = kHeader.size();
+  rows_ = 0;
+  return bytes_;
 }
 
-ReleaseWriter::~ReleaseWriter() {
-  if (file_) {
-    std::fclose(file_);
-    std::error_code ec;
-    std::filesystem::remove(partial_, ec);
-  }
+void ReleaseWriter::restore(std::uint64_t committed_bytes, const std::string& staged, std::uint64_t committed_rows) {
+  const std::uint64_t before = committed_bytes - staged.size();
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(final_, ec);
+  if (ec || size < before)
+    throw CheckpointError(fmt::format(
+        "{} holds {} bytes but the checkpoint committed {} bytes of rows before its last trigger: the file was "
+        "removed, truncated or replaced after the run; restore it, or start over with --fresh",
+        final_.string(), ec ? 0 : size, before));
+  if (::truncate(final_.c_str(), static_cast<off_t>(before)) != 0)
+    throw std::runtime_error(fmt::format("cannot truncate {}: {}", final_.string(), std::strerror(errno)));
+  bytes_ = before;
+  append(staged);
+  rows_ = committed_rows;
 }
 
-void ReleaseWriter::write(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows) {
-  buffer_.clear();
+void ReleaseWriter::stage(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows) {
   for (const auto& r : rows)
-    fmt::format_to(std::back_inserter(buffer_), "{},{},{},{},{}\n", window, trigger, csv_field(r.name),
+    fmt::format_to(std::back_inserter(pending_), "{},{},{},{},{}\n", window, trigger, csv_field(r.name),
                    columns_.count ? format_fixed(r.count) : "", columns_.sum ? format_fixed(r.sum) : "");
-  if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size())
-    throw std::runtime_error(fmt::format("cannot write {}: {}", partial_.string(), std::strerror(errno)));
-  rows_ += rows.size();
+  pending_rows_ += rows.size();
 }
 
-void ReleaseWriter::commit() {
-  std::FILE* f = file_;
-  file_ = nullptr;
-  fsync_and_close(f, partial_);
-  std::filesystem::rename(partial_, final_);
+void ReleaseWriter::publish() {
+  append(pending_);
+  rows_ += pending_rows_;
+  pending_.clear();
+  pending_rows_ = 0;
 }
 
-void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
-  const auto tmp = path.parent_path() / ("." + path.filename().string() + ".partial");
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw std::runtime_error(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(errno)));
-  if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) {
-    std::fclose(f);
-    throw std::runtime_error(fmt::format("cannot write {}", tmp.string()));
-  }
-  fsync_and_close(f, tmp);
-  std::filesystem::rename(tmp, path);
+void ReleaseWriter::append(const std::string& text) {
+  const int fd = ::open(final_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", final_.string(), std::strerror(errno)));
+  // Two writes with a fault point between them: the tests kill the job in mid-append.
+  const std::size_t half = text.size() / 2;
+  const bool ok = write_all(fd, text.data(), half) && (fault::point("publish_half"), true) &&
+                  write_all(fd, text.data() + half, text.size() - half) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) throw std::runtime_error(fmt::format("cannot append to {}: {}", final_.string(), std::strerror(err)));
+  bytes_ += text.size();
 }
 
 }  // namespace dpstream

@@ -1,11 +1,11 @@
-// releases.csv on rank 0: written to a hidden partial file and renamed into place only when the
-// run completes, so a failed run never leaves a partial output file.
+// Release rows as CSV text and the writer of DIR/releases.csv.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dpstream {
@@ -30,29 +30,41 @@ std::string format_fixed(std::int64_t fixed);
 // Quotes a CSV field when it holds a comma, quote or line break (RFC 4180).
 std::string csv_field(const std::string& s);
 
+// DIR/releases.csv on rank 0, grown only by rows of committed triggers (docs/CHECKPOINTS.md):
+// rows are formatted into a pending buffer, staged in the checkpoint, and appended after the
+// commit. After a crash the file is cut back to its committed length and the staged rows of the
+// last commit are appended again, so no row is ever lost or duplicated.
 class ReleaseWriter {
  public:
-  ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns);  // throws std::runtime_error
-  ~ReleaseWriter();                                          // removes the partial file unless committed
+  static constexpr std::string_view kHeader = "window,trigger,key,count,sum\n";
+
+  ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns);
   ReleaseWriter(const ReleaseWriter&) = delete;
   ReleaseWriter& operator=(const ReleaseWriter&) = delete;
 
-  // Rows of one trigger, already sorted by key.
-  void write(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows);
-  // Flush, fsync and atomically rename to releases.csv.
-  void commit();
+  // New job: releases.csv holds the header only (written atomically). Returns its size.
+  std::uint64_t start();
+  // Resume: cut releases.csv to `committed_bytes - staged.size()` bytes, then append `staged` (the
+  // rows of the last commit). Throws CheckpointError when the file holds fewer bytes than that.
+  void restore(std::uint64_t committed_bytes, const std::string& staged, std::uint64_t committed_rows);
+
+  // Formats one trigger's rows (sorted by key) into the pending buffer.
+  void stage(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows);
+  const std::string& pending() const { return pending_; }
+  std::uint64_t pending_rows() const { return pending_rows_; }
+  // Appends the pending rows to releases.csv, fsyncs, and empties the buffer.
+  void publish();
+
   std::filesystem::path final_path() const { return final_; }
-  std::uint64_t rows_written() const { return rows_; }
+  std::uint64_t bytes() const { return bytes_; }           // published bytes, header included
+  std::uint64_t rows_written() const { return rows_; }     // published rows
 
  private:
-  std::filesystem::path final_, partial_;
+  void append(const std::string& text);
+  std::filesystem::path final_;
   ReleaseColumns columns_;
-  std::FILE* file_ = nullptr;
-  std::uint64_t rows_ = 0;
-  std::string buffer_;
+  std::string pending_;
+  std::uint64_t pending_rows_ = 0, bytes_ = 0, rows_ = 0;
 };
-
-// Writes `text` to `path` atomically (temporary file, fsync, rename).
-void write_file_atomically(const std::filesystem::path& path, const std::string& text);
 
 }  // namespace dpstream

@@ -112,6 +112,17 @@ std::vector<Record> SyntheticSource::take_trigger(std::int64_t window, std::uint
   return records;
 }
 
+void SyntheticSource::skip_to(std::int64_t first_window, std::int64_t window, std::uint32_t trigger) {
+  std::uint64_t rows = 0;
+  for (std::int64_t w = first_window; w < window; ++w) {
+    const auto n = static_cast<std::int64_t>(last_user_ - first_user_);
+#pragma omp parallel for schedule(static) reduction(+ : rows)
+    for (std::int64_t i = 0; i < n; ++i) rows += draw_count(w, first_user_ + static_cast<std::uint64_t>(i));
+  }
+  stats_.rows += rows;
+  for (std::uint32_t t = 0; t < trigger; ++t) take_trigger(window, t);
+}
+
 std::vector<Record> SyntheticSource::user_records(std::int64_t window, std::uint64_t user) const {
   UserCursor c{draw_count(window, user), 0, 0.0};
   std::vector<Record> out;

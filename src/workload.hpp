@@ -28,6 +28,9 @@ class SyntheticSource final : public RecordSource {
 
   std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) override;
   const InputStats& stats() const override { return stats_; }
+  std::uint32_t triggers_per_window() const override { return clock_.triggers; }
+  // Earlier windows are only counted (n_u per user), not generated.
+  void skip_to(std::int64_t first_window, std::int64_t window, std::uint32_t trigger) override;
 
   // All records of one user in one window, in stream order (tests and the naive reference).
   std::vector<Record> user_records(std::int64_t window, std::uint64_t user) const;

@@ -3,6 +3,7 @@
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,13 +14,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_BIN = os.path.normpath(os.path.join(HERE, "..", "..", "build", "src", "dpstream"))
 
 
-def parse_args(description):
+def parse_args(description, extra=None):
+    """The common options; `extra(parser)` may add script-specific ones."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--ranks", type=int, default=1, help="MPI ranks (mpirun -np N --oversubscribe)")
     ap.add_argument("--bin", default=os.environ.get("DPSTREAM_BIN", DEFAULT_BIN), help="path to the dpstream binary")
     ap.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"), help="mpirun executable")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds allowed for one dpstream run")
+    if extra:
+        extra(ap)
     return ap.parse_args()
 
 
@@ -60,6 +64,31 @@ class Dpstream:
         except subprocess.TimeoutExpired as e:
             raise AssertionError(f"timed out after {self.timeout} s: {' '.join(argv)}\n  stderr: {e.stderr!r}")
         return Run(argv, proc, time.monotonic() - t0)
+
+    def run_with(self, *args, ranks=None, env=None, timeout=None, cwd=None):
+        """Like run(), with another rank count, extra environment variables (DPSTREAM_FAULT is
+        never inherited unless given here) and another time limit. On a time-out the whole process
+        group of mpirun is killed (a hang is a failure, never left running)."""
+        argv = [self.mpirun, "-np", str(ranks or self.ranks), "--oversubscribe", self.bin, *map(str, args)]
+        full_env = dict(self.env)
+        full_env.pop("DPSTREAM_FAULT", None)
+        full_env.update(env or {})
+        limit = self.timeout if timeout is None else timeout
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                                cwd=cwd, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, err = proc.communicate()
+            extra = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+            raise AssertionError(f"timed out (hang) after {limit} s: {extra} {' '.join(argv)}\n"
+                                 f"  stderr: {err.strip()[-2000:]!r}\n  stdout: {out.strip()[-500:]!r}")
+        return Run(argv, subprocess.CompletedProcess(argv, proc.returncode, out, err), time.monotonic() - t0)
 
 
 class Results:
@@ -132,3 +161,62 @@ def get(d, dotted):
             raise AssertionError(f"summary.json has no field {dotted}")
         cur = cur[part]
     return cur
+
+
+# ---- file helpers (checkpoint tests) ----
+
+def read_bytes(path):
+    """The file's bytes, or None when it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def snapshot_tree(root):
+    """{relative path: bytes} of every file under root ({} when root does not exist)."""
+    snap = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            full = os.path.join(dirpath, name)
+            snap[os.path.relpath(full, root)] = read_bytes(full)
+    return snap
+
+
+def describe_tree_change(before, after):
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
+    return f"added {added}, removed {removed}, changed {changed}"
+
+
+def flip_byte(path, offset=None):
+    """XORs one byte (default: the middle one) with 0xFF; returns the offset."""
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            raise AssertionError(f"cannot flip a byte of the empty file {path}")
+        offset = size // 2 if offset is None else offset
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+    return offset
+
+
+def truncate_file(path, keep=None):
+    """Truncates to `keep` bytes (default: half of the file)."""
+    size = os.path.getsize(path)
+    keep = size // 2 if keep is None else keep
+    os.truncate(path, keep)
+    return keep
+
+
+def first_difference(a, b):
+    """Index of the first byte where a and b differ (len of the shorter when one is a prefix)."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,736 @@
+#include "src/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <omp.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <regex>
+#include <set>
+
+#include "partition/hash.hpp"
+#include "src/durable_io.hpp"
+#include "src/errors.hpp"
+#include "src/fault_injection.hpp"
+#include "src/h5.hpp"
+
+namespace dpstream::checkpoint {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kSegmentFormat = "dpstream-checkpoint-segment";
+constexpr const char* kJobFormat = "dpstream-checkpoint-job";
+constexpr std::uint64_t kFormatVersion = 1;
+constexpr mode_t kFileMode = 0600;
+constexpr const char* kJobFile = "job.h5";
+
+std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
+std::uint64_t xxh3(const std::vector<std::byte>& b) { return XXH3_64bits(b.data(), b.size()); }
+
+std::string manifest_name(std::uint64_t seq) { return fmt::format("MANIFEST-{:06}.json", seq); }
+
+void make_private_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
+  ::chmod(dir.c_str(), 0700);
+}
+
+// ---- manifest <-> JSON ----------------------------------------------------------------------
+
+json to_json(const Manifest& m) {
+  json segs = json::array();
+  for (const auto& s : m.segments)
+    segs.push_back({{"seq", s.seq}, {"rank", s.rank}, {"file", s.file}, {"bytes", s.bytes}, {"xxh3", hex64(s.xxh3)}});
+  return {{"format", "dpstream-checkpoint-manifest"},
+          {"version", kFormatVersion},
+          {"seq", m.seq},
+          {"job_id", m.job_id},
+          {"job_name", m.job_name},
+          {"fingerprint", m.fingerprint},
+          {"ranks", m.ranks},
+          {"window_index", m.window_index},
+          {"next_trigger", m.next_trigger},
+          {"complete", m.complete},
+          {"releases_bytes", m.releases_bytes},
+          {"release_rows", m.release_rows},
+          {"staged_bytes", m.staged_bytes},
+          {"job_file", {{"bytes", m.job_file_bytes}, {"xxh3", hex64(m.job_file_xxh3)}}},
+          {"segments", segs},
+          {"counters", m.counters},
+          {"privacy", m.privacy}};
+}
+
+Manifest from_json(const json& j) {
+  Manifest m;
+  m.seq = j.at("seq").get<std::uint64_t>();
+  m.job_id = j.at("job_id").get<std::string>();
+  m.job_name = j.at("job_name").get<std::string>();
+  m.fingerprint = j.at("fingerprint").get<std::string>();
+  m.ranks = j.at("ranks").get<int>();
+  m.window_index = j.at("window_index").get<std::uint32_t>();
+  m.next_trigger = j.at("next_trigger").get<std::uint32_t>();
+  m.complete = j.at("complete").get<bool>();
+  m.releases_bytes = j.at("releases_bytes").get<std::uint64_t>();
+  m.release_rows = j.at("release_rows").get<std::uint64_t>();
+  m.staged_bytes = j.at("staged_bytes").get<std::uint64_t>();
+  m.job_file_bytes = j.at("job_file").at("bytes").get<std::uint64_t>();
+  m.job_file_xxh3 = std::stoull(j.at("job_file").at("xxh3").get<std::string>(), nullptr, 16);
+  for (const auto& s : j.at("segments"))
+    m.segments.push_back({s.at("seq").get<std::uint64_t>(), s.at("rank").get<int>(), s.at("file").get<std::string>(),
+                          s.at("bytes").get<std::uint64_t>(), std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
+  m.counters = j.at("counters");
+  m.privacy = j.at("privacy");
+  return m;
+}
+
+// The manifest text carries the XXH3 of its own content without the "checksum" member.
+std::string manifest_text(const Manifest& m) {
+  json j = to_json(m);
+  j["checksum"] = hex64(XXH3_64bits(j.dump().data(), j.dump().size()));
+  return j.dump(1) + "\n";
+}
+
+// Parses and verifies a manifest file; false with `why` when it is unreadable or damaged.
+bool read_manifest(const fs::path& path, Manifest& out, std::string& why) {
+  try {
+    const auto bytes = read_file_bytes(path);
+    json j = json::parse(reinterpret_cast<const char*>(bytes.data()), reinterpret_cast<const char*>(bytes.data()) + bytes.size());
+    const std::string stated = j.at("checksum").get<std::string>();
+    j.erase("checksum");
+    const std::string text = j.dump();
+    if (stated != hex64(XXH3_64bits(text.data(), text.size()))) {
+      why = fmt::format("{} is damaged (checksum mismatch)", path.filename().string());
+      return false;
+    }
+    if (j.at("format") != "dpstream-checkpoint-manifest" || j.at("version").get<std::uint64_t>() != kFormatVersion) {
+      why = fmt::format("{} is not a dpstream checkpoint manifest of format version {}", path.filename().string(), kFormatVersion);
+      return false;
+    }
+    out = from_json(j);
+    return true;
+  } catch (const std::exception& e) {
+    why = fmt::format("{} is damaged or unreadable ({})", path.filename().string(), e.what());
+    return false;
+  }
+}
+
+// MANIFEST-<seq>.json files, newest first.
+std::vector<std::pair<std::uint64_t, fs::path>> list_manifests(const fs::path& dir) {
+  std::vector<std::pair<std::uint64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  static const std::regex name(R"(MANIFEST-(\d{6,})\.json)");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string f = e.path().filename().string();
+    if (std::regex_match(f, m, name)) out.emplace_back(std::stoull(m[1].str()), e.path());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+// ---- job file ---------------------------------------------------------------------------------
+
+struct JobRecord {
+  std::string job_id, job_name, started_at;
+  Fields fields;
+  std::optional<noise::Secret> secret;
+  std::uint64_t bytes = 0, xxh3 = 0;
+};
+
+std::vector<std::byte> encode_job(const JobRecord& job) {
+  h5::MemoryFile f;
+  h5::write_attribute(f.get(), "format", kJobFormat);
+  h5::write_attribute(f.get(), "version", kFormatVersion);
+  h5::write_attribute(f.get(), "job_id", job.job_id);
+  h5::write_attribute(f.get(), "job_name", job.job_name);
+  h5::write_attribute(f.get(), "started_at", job.started_at);
+  h5::write_attribute(f.get(), "fields", json(job.fields).dump());
+  if (job.secret) {
+    std::vector<std::uint8_t> s(job.secret->begin(), job.secret->end());
+    h5::write_dataset(f.get(), "secret", s);
+    OPENSSL_cleanse(s.data(), s.size());
+  }
+  return f.image();
+}
+
+JobRecord read_job(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw CheckpointError(fmt::format("{} is missing: the checkpoint cannot be used; start over with --fresh", path.string()));
+  JobRecord job;
+  try {
+    const auto bytes = read_file_bytes(path);
+    job.bytes = bytes.size();
+    job.xxh3 = xxh3(bytes);
+    h5::MemoryFile f(bytes);
+    if (h5::read_string_attribute(f.get(), "format") != kJobFormat) throw std::runtime_error("not a dpstream job file");
+    if (h5::read_uint_attribute(f.get(), "version") != kFormatVersion) throw std::runtime_error("unknown format version");
+    job.job_id = h5::read_string_attribute(f.get(), "job_id");
+    job.job_name = h5::read_string_attribute(f.get(), "job_name");
+    job.started_at = h5::read_string_attribute(f.get(), "started_at");
+    job.fields = json::parse(h5::read_string_attribute(f.get(), "fields")).get<Fields>();
+    if (h5::exists(f.get(), "secret")) {
+      auto s = h5::read_dataset<std::uint8_t>(f.get(), "secret");
+      if (s.size() != 32) throw std::runtime_error("the secret is not 32 bytes");
+      noise::Secret secret;
+      std::copy(s.begin(), s.end(), secret.begin());
+      OPENSSL_cleanse(s.data(), s.size());
+      job.secret = secret;
+    }
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("{} is damaged or not a dpstream job file ({}): the checkpoint cannot be used; "
+                                      "start over with --fresh",
+                                      path.string(), e.what()));
+  }
+  return job;
+}
+
+std::string now_utc() {
+  const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string random_job_id() {
+  unsigned char b[16];
+  if (RAND_bytes(b, sizeof b) != 1) throw std::runtime_error("cannot draw a job id (OpenSSL RAND_bytes failed)");
+  std::string s;
+  for (unsigned char c : b) s += fmt::format("{:02x}", c);
+  return s;
+}
+
+// ---- segments ---------------------------------------------------------------------------------
+
+struct SegmentHeader {
+  std::string job_id;
+  std::uint64_t seq;
+  int rank, ranks;
+  std::uint32_t window_index, first_trigger, next_trigger;
+};
+
+std::vector<std::byte> encode_segment(const Segment& s, const SegmentHeader& h) {
+  h5::MemoryFile f;
+  const hid_t root = f.get();
+  h5::write_attribute(root, "format", kSegmentFormat);
+  h5::write_attribute(root, "version", kFormatVersion);
+  h5::write_attribute(root, "job_id", h.job_id);
+  h5::write_attribute(root, "seq", h.seq);
+  h5::write_attribute(root, "rank", static_cast<std::uint64_t>(h.rank));
+  h5::write_attribute(root, "ranks", static_cast<std::uint64_t>(h.ranks));
+  h5::write_attribute(root, "window_index", h.window_index);
+  h5::write_attribute(root, "first_trigger", h.first_trigger);
+  h5::write_attribute(root, "next_trigger", h.next_trigger);
+  for (const char* g : {"users", "pairs", "keys", "releases"}) h5::create_group(root, g);
+  h5::write_dataset(root, "users/id", s.user_id);
+  h5::write_dataset(root, "users/kept", s.user_kept);
+  h5::write_dataset(root, "pairs/user", s.pair_user);
+  h5::write_dataset(root, "pairs/key", s.pair_key);
+  h5::write_dataset(root, "keys/id", s.key_id);
+  h5::write_dataset(root, "keys/count", s.key_count);
+  h5::write_dataset(root, "keys/sum", s.key_sum);
+  h5::write_dataset(root, "keys/users", s.key_users);
+  h5::write_dataset(root, "keys/round_base_users", s.key_round_base_users);
+  h5::write_dataset(root, "keys/round", s.key_round);
+  h5::write_dataset(root, "keys/round_start", s.key_round_start);
+  h5::write_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, s.releases_csv.data(), s.releases_csv.size());
+  return f.image();
+}
+
+Segment decode_segment(const std::vector<std::byte>& image, const SegmentRef& ref, const std::string& job_id) {
+  h5::MemoryFile f(image);
+  const hid_t root = f.get();
+  if (h5::read_string_attribute(root, "format") != kSegmentFormat || h5::read_uint_attribute(root, "version") != kFormatVersion)
+    throw std::runtime_error("not a dpstream checkpoint segment of this format version");
+  if (h5::read_string_attribute(root, "job_id") != job_id) throw std::runtime_error("it belongs to another job");
+  if (h5::read_uint_attribute(root, "seq") != ref.seq || h5::read_uint_attribute(root, "rank") != static_cast<std::uint64_t>(ref.rank))
+    throw std::runtime_error("its commit number or rank differs from the manifest's");
+  Segment s;
+  s.user_id = h5::read_dataset<std::uint64_t>(root, "users/id");
+  s.user_kept = h5::read_dataset<std::uint32_t>(root, "users/kept");
+  s.pair_user = h5::read_dataset<std::uint64_t>(root, "pairs/user");
+  s.pair_key = h5::read_dataset<std::uint64_t>(root, "pairs/key");
+  s.key_id = h5::read_dataset<std::uint64_t>(root, "keys/id");
+  s.key_count = h5::read_dataset<std::int64_t>(root, "keys/count");
+  s.key_sum = h5::read_dataset<std::int64_t>(root, "keys/sum");
+  s.key_users = h5::read_dataset<std::int64_t>(root, "keys/users");
+  s.key_round_base_users = h5::read_dataset<std::int64_t>(root, "keys/round_base_users");
+  s.key_round = h5::read_dataset<std::uint32_t>(root, "keys/round");
+  s.key_round_start = h5::read_dataset<std::uint32_t>(root, "keys/round_start");
+  s.releases_csv.resize(h5::dataset_size(root, "releases/csv"));
+  h5::read_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, s.releases_csv.data(), s.releases_csv.size());
+  const std::size_t nu = s.user_id.size(), np = s.pair_user.size(), nk = s.key_id.size();
+  if (s.user_kept.size() != nu || s.pair_key.size() != np || s.key_count.size() != nk || s.key_sum.size() != nk ||
+      s.key_users.size() != nk || s.key_round_base_users.size() != nk || s.key_round.size() != nk ||
+      s.key_round_start.size() != nk)
+    throw std::runtime_error("its columns have different lengths");
+  return s;
+}
+
+// Reads, verifies (size, XXH3) and decodes one segment of the committed log.
+Segment read_segment(const fs::path& dir, const SegmentRef& ref, const std::string& job_id) {
+  const fs::path path = dir / ref.file;
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw CheckpointError(fmt::format("checkpoint file {} is missing; it is part of the committed state, so the "
+                                      "checkpoint cannot be used: restore the file or start over with --fresh",
+                                      path.string()));
+  const auto bytes = read_file_bytes(path);
+  if (bytes.size() != ref.bytes || xxh3(bytes) != ref.xxh3)
+    throw CheckpointError(fmt::format("checkpoint file {} is truncated or corrupted (size {} of {} bytes, checksum {} "
+                                      "where the manifest says {}); it is part of the committed state, so the checkpoint "
+                                      "cannot be used: restore the file or start over with --fresh",
+                                      path.string(), bytes.size(), ref.bytes, hex64(xxh3(bytes)), hex64(ref.xxh3)));
+  try {
+    return decode_segment(bytes, ref, job_id);
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("checkpoint file {} cannot be used: {}; start over with --fresh", path.string(), e.what()));
+  }
+}
+
+// Why the commit `m` is unusable ("" when usable): its own segments must be intact, older ones present.
+std::string check_commit(const fs::path& dir, const Manifest& m) {
+  for (const auto& ref : m.segments) {
+    const fs::path path = dir / ref.file;
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) return fmt::format("checkpoint file {} is missing", ref.file);
+    if (size != ref.bytes)
+      return fmt::format("checkpoint file {} is truncated or damaged ({} of {} bytes; checksum cannot match)", ref.file, size, ref.bytes);
+    if (ref.seq == m.seq) {
+      try {
+        if (xxh3(read_file_bytes(path)) != ref.xxh3) return fmt::format("checkpoint file {} is corrupted (checksum mismatch)", ref.file);
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+// ---- identity ---------------------------------------------------------------------------------
+
+Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
+  Fields f;
+  f["job.name"] = c.name;
+  f["input.kind"] = to_string(c.input.kind);
+  if (c.input.kind == InputKind::Csv) {
+    f["input.content"] = input_digest;  // the file's content, wherever it lives
+    f["input.bad_rows"] = c.input.bad_rows == BadRowPolicy::Fail ? "fail" : "skip";
+  } else {
+    f["input.users"] = fmt::format("{}", c.input.users);
+    f["input.keys"] = fmt::format("{}", c.input.keys);
+    f["input.key_distribution"] = to_string(c.input.key_distribution);
+    f["input.seed"] = fmt::format("{}", c.input.seed);
+    f["input.records_per_user_q"] = fmt::format("{}", c.input.records_per_user_q);
+    f["input.records_per_user_s"] = fmt::format("{}", c.input.records_per_user_s);
+    f["input.records_per_user_max"] = fmt::format("{}", c.input.records_per_user_max);
+    f["input.key_q"] = fmt::format("{}", c.input.key_q);
+    f["input.key_s"] = fmt::format("{}", c.input.key_s);
+  }
+  f["stream.window_seconds"] = fmt::format("{}", c.stream.window_seconds);
+  f["stream.triggers"] = fmt::format("{}", c.stream.triggers);
+  f["stream.first_window"] = fmt::format("{}", c.stream.first_window);
+  f["stream.windows"] = fmt::format("{}", c.stream.windows);
+  const auto& p = c.privacy;
+  f["privacy.mode"] = p.mode == PrivacyMode::Dp ? "dp" : "none";
+  f["privacy.max_records_per_user"] = fmt::format("{}", p.max_records_per_user);
+  f["privacy.clamp_min"] = fmt::format("{}", p.clamp_min);
+  f["privacy.clamp_max"] = fmt::format("{}", p.clamp_max);
+  if (p.mode == PrivacyMode::Dp) {
+    f["privacy.epsilon"] = fmt::format("{}", p.epsilon);
+    f["privacy.delta"] = fmt::format("{}", p.delta);
+    f["privacy.mu"] = p.mu ? fmt::format("{}", *p.mu) : "default";
+    f["privacy.beta"] = p.beta ? fmt::format("{}", *p.beta) : "default";
+    f["privacy.seed"] = p.seed ? fmt::format("{}", *p.seed) : "secret from the OS";
+    f["privacy.selection_epsilon_share"] = fmt::format("{}", p.selection_epsilon_share);
+    f["privacy.selection_delta_share"] = fmt::format("{}", p.selection_delta_share);
+    f["privacy.threshold"] = p.threshold == ThresholdTail::Subgaussian ? "subgaussian" : "gaussian-quantile";
+  }
+  f["query.aggregations"] = std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") +
+                            (c.query.sum ? "sum" : "");
+  f["output.format"] = c.output.format;
+  return f;
+}
+
+std::string fingerprint(const Fields& fields) {
+  std::string text;
+  for (const auto& [k, v] : fields) text += k + "=" + v + "\n";
+  const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+std::string file_digest(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(fmt::format("cannot open input file {}: {}", path, std::strerror(errno)));
+  struct stat st {};
+  ::fstat(fd, &st);
+  const auto size = static_cast<std::size_t>(st.st_size);
+  std::uint64_t h = XXH3_64bits(nullptr, 0);
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      throw InputError(fmt::format("cannot map input file {}: {}", path, std::strerror(errno)));
+    }
+    ::madvise(p, size, MADV_SEQUENTIAL);
+    h = XXH3_64bits(p, size);
+    ::munmap(p, size);
+  }
+  ::close(fd);
+  return fmt::format("{} bytes, xxh3 {}", size, hex64(h));
+}
+
+// ---- journal <-> state ------------------------------------------------------------------------
+
+Segment take_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
+  constexpr std::size_t SU = kernels::UserState::kShards, SK = kernels::KeyStateTable::kShards;
+  std::vector<Segment> per_shard(std::max(SU, SK));
+#pragma omp parallel for schedule(dynamic, 8)
+  for (std::size_t s = 0; s < per_shard.size(); ++s) {
+    Segment& out = per_shard[s];
+    if (s < SU) {
+      auto& changed = users.changed_users[s];
+      std::sort(changed.begin(), changed.end());
+      changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+      for (const auto u : changed) {
+        out.user_id.push_back(u);
+        out.user_kept.push_back(users.kept[s].at(u));
+      }
+      for (const auto& [u, k] : users.new_pairs[s]) {
+        out.pair_user.push_back(u);
+        out.pair_key.push_back(k);
+      }
+    }
+    if (s < SK) {
+      auto& changed = keys.changed_keys[s];
+      std::sort(changed.begin(), changed.end());
+      changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+      for (const auto k : changed) {
+        const auto& st = keys.shards[s].at(k);
+        out.key_id.push_back(k);
+        out.key_count.push_back(st.count);
+        out.key_sum.push_back(st.sum);
+        out.key_users.push_back(st.users);
+        out.key_round_base_users.push_back(st.round_base_users);
+        out.key_round.push_back(st.round);
+        out.key_round_start.push_back(st.round_start);
+      }
+    }
+  }
+  users.clear_journal();
+  keys.clear_journal();
+  Segment all;
+  auto append = [](auto& to, const auto& from) { to.insert(to.end(), from.begin(), from.end()); };
+  for (const auto& s : per_shard) {
+    append(all.user_id, s.user_id);
+    append(all.user_kept, s.user_kept);
+    append(all.pair_user, s.pair_user);
+    append(all.pair_key, s.pair_key);
+    append(all.key_id, s.key_id);
+    append(all.key_count, s.key_count);
+    append(all.key_sum, s.key_sum);
+    append(all.key_users, s.key_users);
+    append(all.key_round_base_users, s.key_round_base_users);
+    append(all.key_round, s.key_round);
+    append(all.key_round_start, s.key_round_start);
+  }
+  return all;
+}
+
+void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks, bool filter) {
+  using partition::kKeySalt;
+  using partition::kUserSalt;
+  using partition::local_shard;
+  using partition::owner_rank;
+  using partition::salted_hash;
+  for (std::size_t i = 0; i < seg.user_id.size(); ++i) {
+    const std::uint64_t h = salted_hash(seg.user_id[i], kUserSalt);
+    if (filter && owner_rank(h, ranks) != rank) continue;
+    users.kept[local_shard(h, kernels::UserState::kShards)][seg.user_id[i]] = seg.user_kept[i];
+  }
+  for (std::size_t i = 0; i < seg.pair_user.size(); ++i) {
+    const std::uint64_t h = salted_hash(seg.pair_user[i], kUserSalt);
+    if (filter && owner_rank(h, ranks) != rank) continue;
+    users.touched[local_shard(h, kernels::UserState::kShards)].emplace(seg.pair_user[i], seg.pair_key[i]);
+  }
+  for (std::size_t i = 0; i < seg.key_id.size(); ++i) {
+    const std::uint64_t h = salted_hash(seg.key_id[i], kKeySalt);
+    if (filter && owner_rank(h, ranks) != rank) continue;
+    auto& st = keys.shards[local_shard(h, kernels::KeyStateTable::kShards)][seg.key_id[i]];
+    st.count = seg.key_count[i];
+    st.sum = seg.key_sum[i];
+    st.users = seg.key_users[i];
+    st.round_base_users = seg.key_round_base_users[i];
+    st.round = seg.key_round[i];
+    st.round_start = seg.key_round_start[i];
+  }
+}
+
+// ---- the store --------------------------------------------------------------------------------
+
+Store::Store(fs::path dir, const shuffle::Comm& comm) : dir_(std::move(dir)), comm_(comm) {}
+
+Opened Store::open(const std::string& job_name, const Fields& fields, StartMode mode) {
+  std::string payload;
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    const Opened o = open_on_root(job_name, fields, mode);
+    payload = json{{"kind", static_cast<int>(o.kind)}, {"notes", o.notes}, {"manifest", to_json(manifest_)}}.dump();
+  });
+  shuffle::broadcast_string(comm_, payload);
+  const json j = json::parse(payload);
+  manifest_ = from_json(j.at("manifest"));
+  previous_ = Manifest{};
+  Opened o;
+  o.kind = static_cast<Opened::Kind>(j.at("kind").get<int>());
+  o.notes = j.at("notes").get<std::vector<std::string>>();
+  return o;
+}
+
+Opened Store::open_on_root(const std::string& job_name, const Fields& fields, StartMode mode) {
+  Opened o;
+  const auto manifests = list_manifests(dir_);
+  if (mode == StartMode::Fresh) return o;
+  if (manifests.empty()) {
+    if (mode == StartMode::Resume)
+      throw CheckpointError(fmt::format("no checkpoint to resume in {} (no MANIFEST-*.json): run without --resume to "
+                                        "start the job",
+                                        dir_.string()));
+    return o;
+  }
+  if (mode == StartMode::Start) {
+    Manifest newest;
+    std::string why;
+    if (!read_manifest(manifests.front().second, newest, why))
+      throw CheckpointError(fmt::format("{} holds a checkpoint whose newest manifest is unusable ({}): pass --resume to "
+                                        "continue from the last good commit, or --fresh to discard it and start over",
+                                        dir_.string(), why));
+    if (newest.complete) return o;  // a finished job's output is simply replaced
+    throw CheckpointError(fmt::format("{} holds an unfinished checkpoint of job '{}' (commit {}: window {}, {} trigger(s) "
+                                      "committed): pass --resume to continue it, or --fresh to discard it and start over",
+                                      dir_.string(), newest.job_name, newest.seq, newest.window_index + 1, newest.next_trigger));
+  }
+
+  // Resume: the job record first (identity), then the newest usable commit.
+  const JobRecord job = read_job(dir_ / kJobFile);
+  if (job.job_name != job_name)
+    throw CheckpointError(fmt::format("the checkpoint in {} belongs to another job ('{}', started {}), not '{}': choose "
+                                      "another --out, or pass --fresh to discard it",
+                                      dir_.string(), job.job_name, job.started_at, job_name));
+  std::vector<std::string> changed;
+  for (const auto& [k, v] : fields) {
+    const auto it = job.fields.find(k);
+    if (it == job.fields.end()) changed.push_back(fmt::format("{} (now {})", k, v));
+    else if (it->second != v) changed.push_back(fmt::format("{} ({} -> {})", k, it->second, v));
+  }
+  for (const auto& [k, v] : job.fields)
+    if (!fields.count(k)) changed.push_back(fmt::format("{} (was {})", k, v));
+  if (!changed.empty())
+    throw CheckpointError(fmt::format("the job spec changed since the checkpoint in {} was written: {}; resume with the "
+                                      "original spec, or pass --fresh to start over",
+                                      dir_.string(), fmt::join(changed, ", ")));
+
+  std::vector<std::string> reasons;
+  for (const auto& [seq, path] : manifests) {
+    Manifest m;
+    std::string why;
+    if (!read_manifest(path, m, why)) {
+      reasons.push_back(why);
+      continue;
+    }
+    if (m.job_id != job.job_id || m.fingerprint != fingerprint(job.fields))
+      throw CheckpointError(fmt::format("{} belongs to another job than {}/{} (job id {} vs {}): the directory mixes "
+                                        "files of two jobs; start over with --fresh",
+                                        path.string(), dir_.string(), kJobFile, m.job_id, job.job_id));
+    if (m.job_file_bytes != job.bytes || m.job_file_xxh3 != job.xxh3)
+      throw CheckpointError(fmt::format("{}/{} does not match its checksum in {}: it is damaged; start over with --fresh",
+                                        dir_.string(), kJobFile, path.filename().string()));
+    why = check_commit(dir_, m);
+    if (!why.empty()) {
+      reasons.push_back(fmt::format("commit {}: {}", m.seq, why));
+      continue;
+    }
+    if (!reasons.empty())
+      o.notes.push_back(fmt::format("warning: the latest checkpoint is damaged ({}); falling back to the previous "
+                                    "committed checkpoint (commit {}: window {}, {} trigger(s) committed)",
+                                    fmt::join(reasons, "; "), m.seq, m.window_index + 1, m.next_trigger));
+    manifest_ = std::move(m);
+    o.kind = manifest_.complete ? Opened::Kind::Complete : Opened::Kind::Resume;
+    // No rank writes yet: temporary files of an interrupted commit can go.
+    std::error_code ec;
+    for (const auto& e : fs::recursive_directory_iterator(dir_, ec))
+      if (e.path().extension() == ".tmp") fs::remove(e.path(), ec);
+    return o;
+  }
+  throw CheckpointError(fmt::format("the checkpoint in {} cannot be used: {}; restore the file or start over with --fresh",
+                                    dir_.string(), fmt::join(reasons, "; ")));
+}
+
+noise::Secret Store::secret() const {
+  noise::Secret s{};
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    const JobRecord job = read_job(dir_ / kJobFile);
+    if (!job.secret) throw CheckpointError(fmt::format("{}/{} holds no noise secret", dir_.string(), kJobFile));
+    s = *job.secret;
+  });
+  comm_.broadcast(s.data(), s.size());
+  return s;
+}
+
+std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done) {
+  const bool same_ranks = manifest_.ranks == comm_.size();
+  const bool root = comm_.rank() == 0;
+  std::string staged;
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    for (const auto& ref : manifest_.segments) {
+      const bool holds_staged = root && ref.seq == manifest_.seq && ref.rank == 0 && manifest_.staged_bytes > 0;
+      const bool mine = !window_done && (!same_ranks || ref.rank == comm_.rank());
+      if (!mine && !holds_staged) continue;
+      Segment seg = read_segment(dir_, ref, manifest_.job_id);
+      if (mine) apply(seg, users, keys, comm_.rank(), comm_.size(), !same_ranks);
+      if (holds_staged) staged = std::move(seg.releases_csv);
+    }
+    if (root && staged.size() != manifest_.staged_bytes)
+      throw CheckpointError(fmt::format("commit {} should stage {} bytes of release rows but holds {}; start over with --fresh",
+                                        manifest_.seq, manifest_.staged_bytes, staged.size()));
+  });
+  return staged;
+}
+
+void Store::begin(const std::string& job_name, const Fields& fields, const noise::Secret* secret) {
+  std::string job_id;
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    if (ec) throw std::runtime_error(fmt::format("cannot empty {}: {}", dir_.string(), ec.message()));
+    make_private_dir(dir_);
+    JobRecord job{random_job_id(), job_name, now_utc(), fields, {}, 0, 0};
+    if (secret) job.secret = *secret;
+    auto image = encode_job(job);
+    write_file_atomically(dir_ / kJobFile, image.data(), image.size(), {.mode = kFileMode});
+    manifest_ = Manifest{};
+    manifest_.job_id = job.job_id;
+    manifest_.job_name = job_name;
+    manifest_.fingerprint = fingerprint(fields);
+    manifest_.job_file_bytes = image.size();
+    manifest_.job_file_xxh3 = xxh3(image);
+    OPENSSL_cleanse(image.data(), image.size());
+    job_id = job.job_id;
+  });
+  shuffle::broadcast_string(comm_, job_id);
+  manifest_.job_id = job_id;
+  manifest_.ranks = comm_.size();
+  previous_ = Manifest{};
+}
+
+void Store::commit_start(std::uint64_t releases_bytes, const json& privacy) {
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    manifest_.releases_bytes = releases_bytes;
+    manifest_.privacy = privacy;
+    write_file_atomically(dir_ / manifest_name(0), manifest_text(manifest_), {.mode = kFileMode});
+  });
+}
+
+CommitStats Store::commit(Segment segment, const Position& pos, const json& counters, std::uint64_t releases_bytes,
+                          std::uint64_t release_rows) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rank = comm_.rank(), P = comm_.size();
+  const std::uint64_t seq = manifest_.seq + 1;
+  auto file_of = [&](int r) { return fmt::format("w{}/s{:06}-r{:04}.h5", pos.window_index, seq, r); };
+  std::uint64_t bytes = 0, hash = 0;
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    fault::point("ckpt_begin");
+    const auto image = encode_segment(
+        segment, {manifest_.job_id, seq, rank, P, pos.window_index, pos.first_trigger, pos.next_trigger});
+    bytes = image.size();
+    hash = xxh3(image);
+    make_private_dir(dir_ / fmt::format("w{}", pos.window_index));
+    write_file_atomically(dir_ / file_of(rank), image.data(), image.size(),
+                          {.mode = kFileMode, .fault_half = "ckpt_half_written", .fault_before_rename = "ckpt_before_rename"});
+    fault::point("ckpt_after_rename");
+  });
+  shuffle::ByteWriter w;
+  w.put(bytes);
+  w.put(hash);
+  const auto refs = comm_.gather_bytes_to_root(w.bytes());
+
+  Manifest next = manifest_;
+  next.seq = seq;
+  next.ranks = P;
+  if (pos.window_index != manifest_.window_index) next.segments.clear();
+  next.window_index = pos.window_index;
+  next.next_trigger = pos.next_trigger;
+  next.complete = pos.complete;
+  next.releases_bytes = releases_bytes;
+  next.release_rows = release_rows;
+  next.staged_bytes = segment.releases_csv.size();
+  next.counters = counters;
+  if (next.privacy.contains("epsilon_per_window")) next.privacy["windows_charged"] = pos.window_index + 1;
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    if (rank != 0) return;
+    shuffle::ByteReader in(refs.data(), refs.size());
+    for (int r = 0; r < P; ++r) {
+      const auto b = in.get<std::uint64_t>();
+      const auto h = in.get<std::uint64_t>();
+      next.segments.push_back({seq, r, file_of(r), b, h});
+    }
+    write_file_atomically(dir_ / manifest_name(seq), manifest_text(next),
+                          {.mode = kFileMode, .fault_before_rename = "manifest_before_rename"});
+    fault::point("committed");
+  });
+  previous_ = std::move(manifest_);
+  manifest_ = std::move(next);
+  return {bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+void Store::collect_garbage() {
+  if (comm_.rank() != 0) return;
+  std::set<std::string> keep;
+  for (const Manifest* m : {&manifest_, &previous_})
+    for (const auto& ref : m->segments) keep.insert(ref.file);
+  const std::uint64_t oldest_kept = std::min(manifest_.seq, previous_.seq);
+  std::error_code ec;
+  for (const auto& [seq, path] : list_manifests(dir_))
+    if (seq < oldest_kept) fs::remove(path, ec);
+  static const std::regex segment_name(R"(s(\d{6,})-r\d{4,}\.h5)");
+  for (const auto& dir : fs::directory_iterator(dir_, ec)) {
+    if (!dir.is_directory()) continue;
+    const std::string wname = dir.path().filename().string();
+    bool empty = true;
+    for (const auto& e : fs::directory_iterator(dir.path(), ec)) {
+      std::smatch m;
+      const std::string f = e.path().filename().string();
+      // Only finished files of commits up to this one: a later commit's files may be in flight.
+      if (std::regex_match(f, m, segment_name) && std::stoull(m[1].str()) <= manifest_.seq &&
+          !keep.count(wname + "/" + f))
+        fs::remove(e.path(), ec);
+      else
+        empty = false;
+    }
+    if (empty && wname != fmt::format("w{}", manifest_.window_index)) fs::remove(dir.path(), ec);
+  }
+}
+
+}  // namespace dpstream::checkpoint

@@ -1,0 +1,92 @@
+#include "src/durable_io.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "src/fault_injection.hpp"
+
+namespace dpstream {
+
+namespace {
+[[noreturn]] void fail(const char* what, const std::filesystem::path& path, int err) {
+  throw std::runtime_error(fmt::format("cannot {} {}: {}", what, path.string(), std::strerror(err)));
+}
+}  // namespace
+
+bool write_all(int fd, const void* data, std::size_t size) {
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void fsync_dir(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail("open directory", dir, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL) fail("fsync directory", dir, err);  // EINVAL: the file system cannot sync directories
+}
+
+void write_file_atomically(const std::filesystem::path& path, const void* data, std::size_t size,
+                           const AtomicWriteOptions& options) {
+  const auto tmp = std::filesystem::path(path.string() + ".tmp");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.mode);
+  if (fd < 0) fail("create", tmp, errno);
+  ::fchmod(fd, options.mode);  // an older temporary file may have other permissions
+  const auto* bytes = static_cast<const char*>(data);
+  const std::size_t half = size / 2;
+  bool ok = write_all(fd, bytes, half);
+  if (ok && options.fault_half) fault::point(options.fault_half);
+  ok = ok && write_all(fd, bytes + half, size - half) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    fail("write", tmp, err);
+  }
+  if (options.fault_before_rename) fault::point(options.fault_before_rename);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename into place", path, errno);
+  fsync_dir(path.parent_path());
+}
+
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("open", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("stat", path, err);
+  }
+  std::vector<std::byte> out(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      fail("read", path, err);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace dpstream

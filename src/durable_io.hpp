@@ -1,0 +1,39 @@
+// Durable file writes: every file the engine commits goes through here (temporary file, fsync,
+// rename, fsync of the directory), so a crash leaves either the old file or the new one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace dpstream {
+
+// write(2) of all `size` bytes (retries short writes and EINTR); false with errno set on failure.
+bool write_all(int fd, const void* data, std::size_t size);
+
+// fsync of a directory, so that a rename inside it survives a crash.
+void fsync_dir(const std::filesystem::path& dir);
+
+struct AtomicWriteOptions {
+  mode_t mode = 0644;                     // permissions of a new file (0600 for checkpoint files)
+  const char* fault_half = nullptr;       // fault point after half of the bytes (tests)
+  const char* fault_before_rename = nullptr;
+};
+
+// Writes `size` bytes to `path` atomically: `path`.tmp, fsync, rename, fsync of the directory.
+// Throws std::runtime_error naming the file and the system error.
+void write_file_atomically(const std::filesystem::path& path, const void* data, std::size_t size,
+                           const AtomicWriteOptions& options = {});
+inline void write_file_atomically(const std::filesystem::path& path, const std::string& text,
+                                  const AtomicWriteOptions& options = {}) {
+  write_file_atomically(path, text.data(), text.size(), options);
+}
+
+// Whole file into memory; throws std::runtime_error naming the file.
+std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
+
+}  // namespace dpstream

@@ -1,0 +1,60 @@
+// Fault injection for the kill-and-resume tests: DPSTREAM_FAULT="<point>@<hit>:<rank>" makes rank
+// <rank> (default 0) SIGKILL itself the <hit>-th time (default 1) it reaches fault point <point>.
+// Unset, a fault point costs one relaxed atomic load. The points are listed in docs/CHECKPOINTS.md.
+#pragma once
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace dpstream::fault {
+
+struct Plan {
+  std::string point;
+  std::uint64_t hit = 1;
+  int rank = 0;
+};
+
+// Parses DPSTREAM_FAULT (throws std::invalid_argument with the expected form).
+inline bool parse_plan(const char* text, Plan& plan) {
+  if (!text || !*text) return false;
+  const std::string s(text);
+  const auto at = s.find('@'), colon = s.find(':');
+  plan.point = s.substr(0, std::min(at, colon));
+  try {
+    if (at != std::string::npos) plan.hit = std::stoull(s.substr(at + 1, colon == std::string::npos ? colon : colon - at - 1));
+    if (colon != std::string::npos) plan.rank = std::stoi(s.substr(colon + 1));
+  } catch (const std::exception&) {
+    plan.point.clear();
+  }
+  if (plan.point.empty() || plan.hit == 0 || plan.rank < 0)
+    throw std::invalid_argument("DPSTREAM_FAULT='" + s + "': expected <point>[@<hit>][:<rank>], e.g. shuffle_user@3:1");
+  return true;
+}
+
+namespace detail {
+inline std::atomic<bool> armed{false};
+inline Plan plan;
+inline std::atomic<std::uint64_t> hits{0};
+}  // namespace detail
+
+// Reads DPSTREAM_FAULT on this rank (once, at start-up, before any fault point is reached).
+inline void arm_from_environment(int rank) {
+  Plan p;
+  if (!parse_plan(std::getenv("DPSTREAM_FAULT"), p) || p.rank != rank) return;
+  detail::plan = p;
+  detail::armed.store(true, std::memory_order_release);
+}
+
+// A place where a crash must be survivable. Thread-safe; kills the whole process, not the thread.
+inline void point(const char* name) {
+  if (!detail::armed.load(std::memory_order_acquire) || detail::plan.point != name) return;
+  if (detail::hits.fetch_add(1) + 1 == detail::plan.hit) ::kill(::getpid(), SIGKILL);
+}
+
+}  // namespace dpstream::fault

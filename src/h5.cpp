@@ -1,0 +1,144 @@
+#include "src/h5.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstring>
+#include <stdexcept>
+
+namespace dpstream::h5 {
+
+namespace {
+// Silences HDF5's error stack printing once per process: failures are reported by exceptions.
+const bool kQuiet = [] {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  return true;
+}();
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error("HDF5: cannot " + what); }
+void check(herr_t rc, const std::string& what) {
+  if (rc < 0) fail(what);
+}
+std::string unique_name() {  // the core driver needs a name per open file; nothing touches the disk
+  static std::atomic<std::uint64_t> n{0};
+  return fmt::format("dpstream-memory-file-{}.h5", n.fetch_add(1));
+}
+}  // namespace
+
+Id::Id(hid_t id, herr_t (*close)(hid_t), const std::string& what) : id_(id), close_(close) {
+  (void)kQuiet;
+  if (id_ < 0) fail(what);
+}
+
+Id& Id::operator=(Id&& o) noexcept {
+  if (this != &o) {
+    reset();
+    id_ = o.id_;
+    close_ = o.close_;
+    o.id_ = H5I_INVALID_HID;
+  }
+  return *this;
+}
+
+void Id::reset() {
+  if (id_ >= 0 && close_) close_(id_);
+  id_ = H5I_INVALID_HID;
+}
+
+MemoryFile::MemoryFile() {
+  fapl_ = Id(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "create a file access list");
+  check(H5Pset_fapl_core(fapl_.get(), 1 << 20, /*backing_store=*/0), "select the in-memory driver");
+  file_ = Id(H5Fcreate(unique_name().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()), H5Fclose, "create an in-memory file");
+}
+
+MemoryFile::MemoryFile(const std::vector<std::byte>& image) {
+  fapl_ = Id(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "create a file access list");
+  check(H5Pset_fapl_core(fapl_.get(), 1 << 20, 0), "select the in-memory driver");
+  check(H5Pset_file_image(fapl_.get(), const_cast<std::byte*>(image.data()), image.size()), "load a file image");
+  file_ = Id(H5Fopen(unique_name().c_str(), H5F_ACC_RDONLY, fapl_.get()), H5Fclose, "open the file (not an HDF5 file?)");
+}
+
+std::vector<std::byte> MemoryFile::image() const {
+  check(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL), "flush an in-memory file");
+  const ssize_t n = H5Fget_file_image(file_.get(), nullptr, 0);
+  if (n < 0) fail("size a file image");
+  std::vector<std::byte> out(static_cast<std::size_t>(n));
+  if (H5Fget_file_image(file_.get(), out.data(), out.size()) != n) fail("copy a file image");
+  return out;
+}
+
+void create_group(hid_t loc, const std::string& name) {
+  Id g(H5Gcreate2(loc, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group " + name);
+}
+
+void write_dataset_raw(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t n) {
+  const hsize_t dims[1] = {n};
+  Id space(H5Screate_simple(1, dims, nullptr), H5Sclose, "create a dataspace for " + name);
+  Id ds(H5Dcreate2(loc, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+        "create dataset " + name);
+  if (n > 0) check(H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "write dataset " + name);
+}
+
+std::size_t dataset_size(hid_t loc, const std::string& name) {
+  if (!exists(loc, name)) throw std::runtime_error("HDF5: dataset " + name + " is missing");
+  Id ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + name);
+  Id space(H5Dget_space(ds.get()), H5Sclose, "read the shape of " + name);
+  if (H5Sget_simple_extent_ndims(space.get()) != 1) fail("read " + name + ": not a 1-D dataset");
+  hsize_t dims[1] = {0};
+  H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+  return static_cast<std::size_t>(dims[0]);
+}
+
+void read_dataset_raw(hid_t loc, const std::string& name, hid_t type, void* data, std::size_t n) {
+  if (dataset_size(loc, name) != n) fail("read " + name + ": unexpected length");
+  Id ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + name);
+  if (n > 0) check(H5Dread(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "read dataset " + name);
+}
+
+void write_attribute(hid_t loc, const std::string& name, std::uint64_t v) {
+  Id space(H5Screate(H5S_SCALAR), H5Sclose, "create a scalar dataspace");
+  Id a(H5Acreate2(loc, name.c_str(), H5T_NATIVE_UINT64, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+       "create attribute " + name);
+  check(H5Awrite(a.get(), H5T_NATIVE_UINT64, &v), "write attribute " + name);
+}
+
+void write_attribute(hid_t loc, const std::string& name, const std::string& v) {
+  Id type(H5Tcopy(H5T_C_S1), H5Tclose, "copy the string type");
+  check(H5Tset_size(type.get(), std::max<std::size_t>(1, v.size())), "size a string type");
+  check(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), "pad a string type");
+  Id space(H5Screate(H5S_SCALAR), H5Sclose, "create a scalar dataspace");
+  Id a(H5Acreate2(loc, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+       "create attribute " + name);
+  std::string buf = v.empty() ? std::string(1, '\0') : v;
+  check(H5Awrite(a.get(), type.get(), buf.data()), "write attribute " + name);
+}
+
+std::uint64_t read_uint_attribute(hid_t loc, const std::string& name) {
+  if (H5Aexists(loc, name.c_str()) <= 0) throw std::runtime_error("HDF5: attribute " + name + " is missing");
+  Id a(H5Aopen(loc, name.c_str(), H5P_DEFAULT), H5Aclose, "open attribute " + name);
+  std::uint64_t v = 0;
+  check(H5Aread(a.get(), H5T_NATIVE_UINT64, &v), "read attribute " + name);
+  return v;
+}
+
+std::string read_string_attribute(hid_t loc, const std::string& name) {
+  if (H5Aexists(loc, name.c_str()) <= 0) throw std::runtime_error("HDF5: attribute " + name + " is missing");
+  Id a(H5Aopen(loc, name.c_str(), H5P_DEFAULT), H5Aclose, "open attribute " + name);
+  Id type(H5Aget_type(a.get()), H5Tclose, "read the type of " + name);
+  if (H5Tget_class(type.get()) != H5T_STRING) fail("read attribute " + name + ": not a string");
+  std::string buf(H5Tget_size(type.get()), '\0');
+  check(H5Aread(a.get(), type.get(), buf.data()), "read attribute " + name);
+  return buf.substr(0, buf.find('\0'));
+}
+
+bool exists(hid_t loc, const std::string& path) {
+  // Checks each component, as H5Lexists requires.
+  std::size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    if (H5Lexists(loc, path.substr(0, pos).c_str(), H5P_DEFAULT) <= 0) return false;
+  }
+  return true;
+}
+
+}  // namespace dpstream::h5

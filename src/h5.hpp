@@ -1,0 +1,77 @@
+// A thin RAII layer over HDF5's C API: owned ids, 1-D datasets of native integers and bytes,
+// scalar attributes, and files built in memory (core driver) so that the engine writes, checksums
+// and renames the exact bytes itself. HDF5's own error printing is turned off; failures throw
+// std::runtime_error naming the object.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace dpstream::h5 {
+
+class Id {
+ public:
+  Id() = default;
+  Id(hid_t id, herr_t (*close)(hid_t), const std::string& what);
+  ~Id() { reset(); }
+  Id(Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
+  Id& operator=(Id&& o) noexcept;
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  hid_t get() const { return id_; }
+  void reset();
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+template <class T>
+hid_t native_type() {
+  if constexpr (std::is_same_v<T, std::uint64_t>) return H5T_NATIVE_UINT64;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return H5T_NATIVE_INT64;
+  else if constexpr (std::is_same_v<T, std::uint32_t>) return H5T_NATIVE_UINT32;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return H5T_NATIVE_UINT8;
+  else static_assert(sizeof(T) == 0, "no HDF5 type for T");
+}
+
+// A file that lives in memory until `image()` hands out its bytes.
+class MemoryFile {
+ public:
+  MemoryFile();  // new, empty file
+  explicit MemoryFile(const std::vector<std::byte>& image);  // opens an image read-only
+  hid_t get() const { return file_.get(); }
+  std::vector<std::byte> image() const;  // flushes and copies the file's bytes
+
+ private:
+  Id fapl_, file_;
+};
+
+void create_group(hid_t loc, const std::string& name);
+
+void write_dataset_raw(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t n);
+std::size_t dataset_size(hid_t loc, const std::string& name);  // throws when missing or not 1-D
+void read_dataset_raw(hid_t loc, const std::string& name, hid_t type, void* data, std::size_t n);
+
+template <class T>
+void write_dataset(hid_t loc, const std::string& name, const std::vector<T>& v) {
+  write_dataset_raw(loc, name, native_type<T>(), v.data(), v.size());
+}
+template <class T>
+std::vector<T> read_dataset(hid_t loc, const std::string& name) {
+  std::vector<T> v(dataset_size(loc, name));
+  read_dataset_raw(loc, name, native_type<T>(), v.data(), v.size());
+  return v;
+}
+
+void write_attribute(hid_t loc, const std::string& name, std::uint64_t v);
+void write_attribute(hid_t loc, const std::string& name, const std::string& v);
+std::uint64_t read_uint_attribute(hid_t loc, const std::string& name);
+std::string read_string_attribute(hid_t loc, const std::string& name);
+bool exists(hid_t loc, const std::string& path);
+
+}  // namespace dpstream::h5

@@ -1,0 +1,355 @@
+// Checkpoint pieces under MPI (1-3 ranks): HDF5 images, journals, re-partitioning on load, the
+// commit log through the Store, fall-back and identity. The kill-and-resume tests of the whole
+// CLI are tests/e2e/test_checkpoint_kill.py.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "kernels/bounding.hpp"
+#include "kernels/key_accumulate.hpp"
+#include "partition/hash.hpp"
+#include "src/checkpoint.hpp"
+#include "src/config.hpp"
+#include "src/errors.hpp"
+#include "src/h5.hpp"
+
+using namespace dpstream;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path shared_dir(const shuffle::Comm& comm, const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("dpstream_ckpt_" + name + "_np" + std::to_string(comm.size()));
+  comm.barrier();
+  if (comm.rank() == 0) fs::remove_all(dir);
+  comm.barrier();
+  return dir;
+}
+
+// A random trigger of records for users 0..U-1 and keys 0..K-1 (the same on every rank; each rank
+// keeps the users it owns, as after the user shuffle).
+std::vector<Record> owned_records(std::mt19937_64& rng, int rank, int ranks, int n, std::uint64_t U, std::uint64_t K) {
+  std::vector<Record> all;
+  for (int i = 0; i < n; ++i)
+    all.push_back(Record{rng() % U, rng() % K, static_cast<std::int64_t>(i), static_cast<std::uint64_t>(i),
+                         static_cast<double>(rng() % 1000) / 999.0});
+  std::vector<Record> mine;
+  for (const auto& r : all)
+    if (partition::owner_rank(partition::salted_hash(r.user, partition::kUserSalt), ranks) == rank) mine.push_back(r);
+  return mine;
+}
+
+// Flattened state for comparisons: user -> kept, (user, key) pairs, key -> state.
+struct Flat {
+  std::map<std::uint64_t, std::uint32_t> kept;
+  std::set<std::pair<std::uint64_t, std::uint64_t>> pairs;
+  std::map<std::uint64_t, std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::uint32_t, std::uint32_t>> keys;
+  bool operator==(const Flat&) const = default;
+};
+Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
+  Flat f;
+  for (const auto& m : u.kept) f.kept.insert(m.begin(), m.end());
+  for (const auto& s : u.touched) f.pairs.insert(s.begin(), s.end());
+  for (const auto& s : k.shards)
+    for (const auto& [key, st] : s)
+      f.keys[key] = {st.count, st.sum, st.users, st.round_base_users, st.round, st.round_start};
+  return f;
+}
+
+// Runs `triggers` triggers of bounding + accumulation with the journal on; a fake release bumps the
+// round of every 7th key so that the release fields change too. Returns one segment per trigger.
+std::vector<checkpoint::Segment> drive(kernels::UserState& users, kernels::KeyStateTable& keys, int triggers, int rank,
+                                       int ranks, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  users.journal = keys.journal = true;
+  const kernels::BoundingParams params{5, 0.0, 1.0, 1};
+  kernels::BoundingStats stats;
+  std::vector<checkpoint::Segment> out;
+  for (int t = 0; t < triggers; ++t) {
+    const auto recs = owned_records(rng, rank, ranks, 3000, 400, 90);
+    auto partials = kernels::bound_and_aggregate(recs, params, users, stats);
+    // Single-process key shuffle: keep only this rank's keys (the test feeds every rank the same stream).
+    std::erase_if(partials, [&](const KeyPartial& p) {
+      return partition::owner_rank(partition::salted_hash(p.key, partition::kKeySalt), ranks) != rank;
+    });
+    keys.accumulate(partials, false);
+    for (std::size_t s = 0; s < keys.shards.size(); ++s)
+      for (auto& [key, st] : keys.shards[s])
+        if ((key + static_cast<std::uint64_t>(t)) % 7 == 0) {
+          ++st.round;
+          st.round_start = static_cast<std::uint32_t>(t + 1);
+          st.round_base_users = st.users;
+          keys.changed_keys[s].push_back(key);
+        }
+    out.push_back(checkpoint::take_journal(users, keys));
+  }
+  return out;
+}
+
+JobConfig small_job() {
+  return parse_job(demo_job_toml(), "demo", {"output.progress=\"never\""});
+}
+
+}  // namespace
+
+TEST(H5, MemoryFileRoundTripsDatasetsAndAttributes) {
+  std::vector<std::byte> image;
+  {
+    h5::MemoryFile f;
+    h5::create_group(f.get(), "g");
+    h5::write_dataset(f.get(), "g/u64", std::vector<std::uint64_t>{1, 2, std::uint64_t{1} << 63});
+    h5::write_dataset(f.get(), "g/i64", std::vector<std::int64_t>{-5, 7});
+    h5::write_dataset(f.get(), "g/empty", std::vector<std::uint32_t>{});
+    h5::write_attribute(f.get(), "n", std::uint64_t{42});
+    h5::write_attribute(f.get(), "s", std::string("hello"));
+    h5::write_attribute(f.get(), "blank", std::string());
+    image = f.image();
+  }
+  h5::MemoryFile g(image);
+  EXPECT_EQ(h5::read_dataset<std::uint64_t>(g.get(), "g/u64"), (std::vector<std::uint64_t>{1, 2, std::uint64_t{1} << 63}));
+  EXPECT_EQ(h5::read_dataset<std::int64_t>(g.get(), "g/i64"), (std::vector<std::int64_t>{-5, 7}));
+  EXPECT_TRUE(h5::read_dataset<std::uint32_t>(g.get(), "g/empty").empty());
+  EXPECT_EQ(h5::read_uint_attribute(g.get(), "n"), 42u);
+  EXPECT_EQ(h5::read_string_attribute(g.get(), "s"), "hello");
+  EXPECT_EQ(h5::read_string_attribute(g.get(), "blank"), "");
+  EXPECT_FALSE(h5::exists(g.get(), "g/missing"));
+  EXPECT_THROW(h5::read_dataset<std::uint64_t>(g.get(), "g/missing"), std::runtime_error);
+  std::vector<std::byte> garbage(image.size(), std::byte{0x5a});
+  EXPECT_THROW(h5::MemoryFile{garbage}, std::runtime_error);
+}
+
+TEST(Journal, SegmentsReplayToTheSameState) {
+  shuffle::Comm comm;
+  kernels::UserState users;
+  kernels::KeyStateTable keys;
+  const auto segments = drive(users, keys, 6, comm.rank(), comm.size(), 11);
+  ASSERT_EQ(segments.size(), 6u);
+  kernels::UserState u2;
+  kernels::KeyStateTable k2;
+  for (const auto& s : segments) checkpoint::apply(s, u2, k2, comm.rank(), comm.size(), /*filter=*/false);
+  EXPECT_TRUE(flatten(users, keys) == flatten(u2, k2));
+  // A journal that missed one trigger does not reproduce the state (the test can fail).
+  kernels::UserState u3;
+  kernels::KeyStateTable k3;
+  for (std::size_t i = 0; i + 1 < segments.size(); ++i) checkpoint::apply(segments[i], u3, k3, comm.rank(), comm.size(), false);
+  EXPECT_FALSE(flatten(users, keys) == flatten(u3, k3));
+  // The journal was drained.
+  for (const auto& v : users.changed_users) EXPECT_TRUE(v.empty());
+  for (const auto& v : keys.changed_keys) EXPECT_TRUE(v.empty());
+}
+
+TEST(Journal, RepartitioningSplitsTheStateByOwner) {
+  // State of one rank-count-1 run, loaded onto 3 owners: the union is the whole, the parts disjoint.
+  kernels::UserState users;
+  kernels::KeyStateTable keys;
+  const auto segments = drive(users, keys, 4, 0, 1, 5);
+  const Flat whole = flatten(users, keys);
+  Flat merged;
+  std::size_t parts_users = 0, parts_keys = 0;
+  for (int r = 0; r < 3; ++r) {
+    kernels::UserState u;
+    kernels::KeyStateTable k;
+    for (const auto& s : segments) checkpoint::apply(s, u, k, r, 3, /*filter=*/true);
+    const Flat part = flatten(u, k);
+    for (const auto& [user, _] : part.kept)
+      EXPECT_EQ(partition::owner_rank(partition::salted_hash(user, partition::kUserSalt), 3), r);
+    for (const auto& [key, _] : part.keys)
+      EXPECT_EQ(partition::owner_rank(partition::salted_hash(key, partition::kKeySalt), 3), r);
+    parts_users += part.kept.size();
+    parts_keys += part.keys.size();
+    merged.kept.insert(part.kept.begin(), part.kept.end());
+    merged.pairs.insert(part.pairs.begin(), part.pairs.end());
+    merged.keys.insert(part.keys.begin(), part.keys.end());
+  }
+  EXPECT_TRUE(merged == whole);
+  EXPECT_EQ(parts_users, whole.kept.size());
+  EXPECT_EQ(parts_keys, whole.keys.size());
+}
+
+TEST(Identity, EveryOutputDefiningFieldChangesTheFingerprint) {
+  const auto base = small_job();
+  const auto fp = checkpoint::fingerprint(checkpoint::identity_fields(base, ""));
+  const std::vector<std::string> changes = {
+      "job.name=\"other\"",          "input.users=20001",           "input.keys=2001",
+      "input.seed=8",                "input.key_distribution=\"uniform\"", "input.records_per_user_q=25",
+      "input.records_per_user_s=6.7", "input.records_per_user_max=99999", "input.key_q=999",
+      "input.key_s=1.3",             "stream.window_seconds=86401", "stream.triggers=11",
+      "stream.first_window=1",       "stream.windows=2",            "privacy.max_records_per_user=15",
+      "privacy.clamp_min=-1",        "privacy.clamp_max=2",         "query.aggregations=[\"count\"]"};
+  for (const auto& c : changes) {
+    auto job = parse_job(demo_job_toml(), "demo", {"output.progress=\"never\"", c});
+    EXPECT_NE(checkpoint::fingerprint(checkpoint::identity_fields(job, "")), fp) << c;
+  }
+  // DP fields, against a DP base.
+  const std::vector<std::string> dp = {"privacy.mode=\"dp\"", "privacy.epsilon=6", "privacy.delta=1e-9"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), dp.begin(), dp.end());
+    return checkpoint::fingerprint(checkpoint::identity_fields(parse_job(demo_job_toml(), "demo", extra), ""));
+  };
+  const auto dp_fp = with({});
+  for (const auto& c : {"privacy.epsilon=5", "privacy.delta=1e-8", "privacy.mu=3", "privacy.beta=1e-12", "privacy.seed=4",
+                        "privacy.selection_epsilon_share=0.4", "privacy.selection_delta_share=0.5",
+                        "privacy.threshold=\"gaussian-quantile\""})
+    EXPECT_NE(with({c}), dp_fp) << c;
+  // What does not change the output does not change the identity.
+  for (const auto& c : {"checkpoint.every=3", "output.dir=\"elsewhere\"", "output.progress=\"auto\""})
+    EXPECT_EQ(with({c}), dp_fp) << c;
+  // A CSV input is identified by its content, not by its path.
+  auto csv = [](const std::string& path) {
+    return parse_job(demo_job_toml(), "demo", {"input.kind=\"csv\"", "input.path=\"" + path + "\"", "input.users=1"});
+  };
+  EXPECT_NE(checkpoint::fingerprint(checkpoint::identity_fields(csv("x.csv"), "a")),
+            checkpoint::fingerprint(checkpoint::identity_fields(csv("x.csv"), "b")));
+  EXPECT_EQ(checkpoint::fingerprint(checkpoint::identity_fields(csv("x.csv"), "a")),
+            checkpoint::fingerprint(checkpoint::identity_fields(csv("elsewhere/x.csv"), "a")));
+}
+
+TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
+  shuffle::Comm comm;
+  const auto dir = shared_dir(comm, "store");
+  const auto job = small_job();
+  const auto fields = checkpoint::identity_fields(job, "");
+  kernels::UserState users;
+  kernels::KeyStateTable keys;
+  auto segments = drive(users, keys, 3, comm.rank(), comm.size(), 3);
+  {
+    checkpoint::Store store(dir, comm);
+    EXPECT_EQ(store.open(job.name, fields, checkpoint::StartMode::Start).kind, checkpoint::Opened::Kind::New);
+    store.begin(job.name, fields, nullptr);
+    store.commit_start(10, nlohmann::json::object());
+    for (std::uint32_t t = 0; t < 3; ++t) {
+      auto seg = segments[t];
+      if (comm.rank() == 0) seg.releases_csv = "rows of trigger " + std::to_string(t) + "\n";
+      store.commit(std::move(seg), {0, t, t + 1, false}, {{"records", 7 * (t + 1)}}, 10 + 100 * (t + 1), t + 1);
+      if (comm.rank() == 0) store.collect_garbage();
+    }
+  }
+  comm.barrier();
+  const Flat expected = flatten(users, keys);
+  // Files are private.
+  if (comm.rank() == 0) {
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      const auto perms = fs::status(e.path()).permissions() & fs::perms::all;
+      EXPECT_EQ(perms, e.is_directory() ? fs::perms::owner_all : (fs::perms::owner_read | fs::perms::owner_write)) << e.path();
+    }
+    // Two manifests are kept: commits 2 and 3.
+    EXPECT_FALSE(fs::exists(dir / "MANIFEST-000001.json"));
+    EXPECT_TRUE(fs::exists(dir / "MANIFEST-000002.json"));
+  }
+
+  // Resume on the same ranks: the union of the loaded state over ranks equals what was committed.
+  auto load_all = [&](checkpoint::Store& store, std::string& staged) {
+    kernels::UserState u;
+    kernels::KeyStateTable k;
+    staged = store.load(u, k, false);
+    return flatten(u, k);
+  };
+  {
+    checkpoint::Store store(dir, comm);
+    const auto o = store.open(job.name, fields, checkpoint::StartMode::Resume);
+    EXPECT_EQ(o.kind, checkpoint::Opened::Kind::Resume);
+    EXPECT_TRUE(o.notes.empty());
+    EXPECT_EQ(store.manifest().seq, 3u);
+    EXPECT_EQ(store.manifest().next_trigger, 3u);
+    EXPECT_EQ(store.manifest().counters.at("records").get<int>(), 21);
+    std::string staged;
+    EXPECT_TRUE(load_all(store, staged) == expected);
+    if (comm.rank() == 0) {
+      EXPECT_EQ(staged, "rows of trigger 2\n");
+    }
+  }
+
+  // A damaged latest segment: fall back to commit 2, with a note.
+  comm.barrier();
+  if (comm.rank() == 0) {
+    const auto victim = dir / "w0" / "s000003-r0000.h5";
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  comm.barrier();
+  {
+    checkpoint::Store store(dir, comm);
+    const auto o = store.open(job.name, fields, checkpoint::StartMode::Resume);
+    ASSERT_EQ(o.notes.size(), 1u);
+    EXPECT_NE(o.notes[0].find("falling back"), std::string::npos) << o.notes[0];
+    EXPECT_EQ(store.manifest().seq, 2u);
+    std::string staged;
+    load_all(store, staged);
+    if (comm.rank() == 0) {
+      EXPECT_EQ(staged, "rows of trigger 1\n");
+    }
+  }
+
+  // A corrupted older segment (part of both kept commits, same size): opening only stats older
+  // files, the ranks that read it verify its checksum and every rank refuses.
+  comm.barrier();
+  if (comm.rank() == 0) {
+    std::fstream f(dir / "w0" / "s000001-r0000.h5", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x01');
+  }
+  comm.barrier();
+  {
+    checkpoint::Store store(dir, comm);
+    store.open(job.name, fields, checkpoint::StartMode::Resume);
+    kernels::UserState u;
+    kernels::KeyStateTable k;
+    try {
+      store.load(u, k, false);
+      ADD_FAILURE() << "a corrupted committed segment was accepted";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("s000001-r0000.h5"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+    }
+  }
+  // Truncated: refused when opening, since no kept commit is usable.
+  comm.barrier();
+  if (comm.rank() == 0) fs::resize_file(dir / "w0" / "s000001-r0000.h5", 50);
+  comm.barrier();
+  {
+    checkpoint::Store store(dir, comm);
+    try {
+      store.open(job.name, fields, checkpoint::StartMode::Resume);
+      ADD_FAILURE() << "a truncated committed segment was accepted";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("s000001-r0000.h5 is truncated"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Store, RefusesAnotherJobAndChangedFields) {
+  shuffle::Comm comm;
+  const auto dir = shared_dir(comm, "identity");
+  const auto job = small_job();
+  const auto fields = checkpoint::identity_fields(job, "");
+  {
+    checkpoint::Store store(dir, comm);
+    store.open(job.name, fields, checkpoint::StartMode::Start);
+    store.begin(job.name, fields, nullptr);
+    store.commit_start(10, nlohmann::json::object());
+  }
+  checkpoint::Store store(dir, comm);
+  EXPECT_THROW(store.open(job.name, fields, checkpoint::StartMode::Start), CheckpointError);  // unfinished: needs --resume
+  try {
+    store.open("other", checkpoint::identity_fields(parse_job(demo_job_toml(), "d", {"job.name=\"other\""}), ""),
+               checkpoint::StartMode::Resume);
+    ADD_FAILURE() << "another job's checkpoint was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("another job"), std::string::npos) << e.what();
+  }
+  try {
+    auto changed = parse_job(demo_job_toml(), "d", {"input.users=123", "stream.triggers=7"});
+    store.open(job.name, checkpoint::identity_fields(changed, ""), checkpoint::StartMode::Resume);
+    ADD_FAILURE() << "a changed job spec was accepted";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("input.users (20000 -> 123)"), std::string::npos) << what;
+    EXPECT_NE(what.find("stream.triggers (10 -> 7)"), std::string::npos) << what;
+    EXPECT_EQ(what.find("input.keys"), std::string::npos) << what;
+  }
+  EXPECT_EQ(store.open(job.name, fields, checkpoint::StartMode::Fresh).kind, checkpoint::Opened::Kind::New);
+}
