@@ -18,7 +18,7 @@ void UserState::clear() {
 }
 
 void UserState::clear_journal() {
-  for (auto& u : changed_users) std::vector<std::uint64_t>().swap(u);
+  for (auto& u : changed_users) std::vector<std::pair<std::uint64_t, std::uint32_t>>().swap(u);
   for (auto& p : new_pairs) std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(p);
 }
 
@@ -92,7 +92,7 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
         const std::uint32_t allowance = params.max_records_per_user - it->second;
         const std::uint32_t take = std::min(n, allowance);
         it->second += take;
-        if (state.journal && take > 0) changed_users.push_back(user);
+        if (state.journal && take > 0) changed_users.emplace_back(user, it->second);
         mine.stats.kept += take;
         mine.stats.dropped += n - take;
 

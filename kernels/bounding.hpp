@@ -53,9 +53,10 @@ class UserState {
   std::vector<absl::flat_hash_set<std::pair<std::uint64_t, std::uint64_t>>> touched{kShards};
 
   // Journal of the changes since the last checkpoint (kept only when `journal` is on), per shard:
-  // users whose kept count changed (a user may repeat) and (user, key) pairs added to `touched`.
+  // (user, new kept count) in the order of the changes (a user may repeat: the last entry holds)
+  // and (user, key) pairs added to `touched`.
   bool journal = false;
-  std::vector<std::vector<std::uint64_t>> changed_users{kShards};
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users{kShards};
   std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> new_pairs{kShards};
 };
 

@@ -39,6 +39,13 @@ constexpr const char* kJobFile = "job.h5";
 std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
 std::uint64_t xxh3(const std::vector<std::byte>& b) { return XXH3_64bits(b.data(), b.size()); }
 
+// A message that may quote bytes of a damaged file, made safe to print and to put into JSON.
+std::string printable(std::string s) {
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  return s;
+}
+
 std::string manifest_name(std::uint64_t seq) { return fmt::format("MANIFEST-{:06}.json", seq); }
 
 void make_private_dir(const fs::path& dir) {
@@ -70,7 +77,8 @@ json to_json(const Manifest& m) {
           {"job_file", {{"bytes", m.job_file_bytes}, {"xxh3", hex64(m.job_file_xxh3)}}},
           {"segments", segs},
           {"counters", m.counters},
-          {"privacy", m.privacy}};
+          {"privacy", m.privacy},
+          {"summary", m.summary}};
 }
 
 Manifest from_json(const json& j) {
@@ -93,6 +101,7 @@ Manifest from_json(const json& j) {
                           s.at("bytes").get<std::uint64_t>(), std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
   m.counters = j.at("counters");
   m.privacy = j.at("privacy");
+  m.summary = j.at("summary");
   return m;
 }
 
@@ -122,7 +131,7 @@ bool read_manifest(const fs::path& path, Manifest& out, std::string& why) {
     out = from_json(j);
     return true;
   } catch (const std::exception& e) {
-    why = fmt::format("{} is damaged or unreadable ({})", path.filename().string(), e.what());
+    why = fmt::format("{} is damaged or unreadable ({})", path.filename().string(), printable(e.what()));
     return false;
   }
 }
@@ -401,59 +410,48 @@ std::string file_digest(const std::string& path) {
 
 // ---- journal <-> state ------------------------------------------------------------------------
 
-Segment take_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
-  constexpr std::size_t SU = kernels::UserState::kShards, SK = kernels::KeyStateTable::kShards;
-  std::vector<Segment> per_shard(std::max(SU, SK));
+Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
+  Journal j;
+  j.changed_users.swap(users.changed_users);
+  j.new_pairs.swap(users.new_pairs);
+  users.changed_users.resize(j.changed_users.size());
+  users.new_pairs.resize(j.new_pairs.size());
+  j.keys.resize(keys.changed_keys.size());
 #pragma omp parallel for schedule(dynamic, 8)
-  for (std::size_t s = 0; s < per_shard.size(); ++s) {
-    Segment& out = per_shard[s];
-    if (s < SU) {
-      auto& changed = users.changed_users[s];
-      std::sort(changed.begin(), changed.end());
-      changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
-      for (const auto u : changed) {
-        out.user_id.push_back(u);
-        out.user_kept.push_back(users.kept[s].at(u));
-      }
-      for (const auto& [u, k] : users.new_pairs[s]) {
-        out.pair_user.push_back(u);
-        out.pair_key.push_back(k);
-      }
-    }
-    if (s < SK) {
-      auto& changed = keys.changed_keys[s];
-      std::sort(changed.begin(), changed.end());
-      changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
-      for (const auto k : changed) {
-        const auto& st = keys.shards[s].at(k);
-        out.key_id.push_back(k);
-        out.key_count.push_back(st.count);
-        out.key_sum.push_back(st.sum);
-        out.key_users.push_back(st.users);
-        out.key_round_base_users.push_back(st.round_base_users);
-        out.key_round.push_back(st.round);
-        out.key_round_start.push_back(st.round_start);
-      }
-    }
+  for (std::size_t s = 0; s < keys.changed_keys.size(); ++s) {
+    auto& changed = keys.changed_keys[s];
+    std::sort(changed.begin(), changed.end());
+    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+    j.keys[s].reserve(changed.size());
+    for (const auto k : changed) j.keys[s].emplace_back(k, keys.shards[s].at(k));
   }
-  users.clear_journal();
   keys.clear_journal();
-  Segment all;
-  auto append = [](auto& to, const auto& from) { to.insert(to.end(), from.begin(), from.end()); };
-  for (const auto& s : per_shard) {
-    append(all.user_id, s.user_id);
-    append(all.user_kept, s.user_kept);
-    append(all.pair_user, s.pair_user);
-    append(all.pair_key, s.pair_key);
-    append(all.key_id, s.key_id);
-    append(all.key_count, s.key_count);
-    append(all.key_sum, s.key_sum);
-    append(all.key_users, s.key_users);
-    append(all.key_round_base_users, s.key_round_base_users);
-    append(all.key_round, s.key_round);
-    append(all.key_round_start, s.key_round_start);
-  }
-  return all;
+  return j;
+}
+
+Segment Journal::to_segment() const {
+  Segment seg;
+  for (const auto& shard : changed_users)
+    for (const auto& [u, kept] : shard) {  // in order: a repeated user's last entry wins
+      seg.user_id.push_back(u);
+      seg.user_kept.push_back(kept);
+    }
+  for (const auto& shard : new_pairs)
+    for (const auto& [u, k] : shard) {
+      seg.pair_user.push_back(u);
+      seg.pair_key.push_back(k);
+    }
+  for (const auto& shard : keys)
+    for (const auto& [k, st] : shard) {
+      seg.key_id.push_back(k);
+      seg.key_count.push_back(st.count);
+      seg.key_sum.push_back(st.sum);
+      seg.key_users.push_back(st.users);
+      seg.key_round_base_users.push_back(st.round_base_users);
+      seg.key_round.push_back(st.round);
+      seg.key_round_start.push_back(st.round_start);
+    }
+  return seg;
 }
 
 void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks, bool filter) {
@@ -489,17 +487,25 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
 
 Store::Store(fs::path dir, const shuffle::Comm& comm) : dir_(std::move(dir)), comm_(comm) {}
 
+Store::~Store() {
+  if (io_.valid()) io_.wait();
+}
+
 Opened Store::open(const std::string& job_name, const Fields& fields, StartMode mode) {
   std::string payload;
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (comm_.rank() != 0) return;
     const Opened o = open_on_root(job_name, fields, mode);
-    payload = json{{"kind", static_cast<int>(o.kind)}, {"notes", o.notes}, {"manifest", to_json(manifest_)}}.dump();
+    // Notes may quote bytes of a damaged file: invalid UTF-8 is replaced, not fatal.
+    payload = json{{"kind", static_cast<int>(o.kind)}, {"notes", o.notes}, {"manifest", to_json(latest_)}}.dump(
+        -1, ' ', false, json::error_handler_t::replace);
   });
   shuffle::broadcast_string(comm_, payload);
   const json j = json::parse(payload);
-  manifest_ = from_json(j.at("manifest"));
-  previous_ = Manifest{};
+  latest_ = from_json(j.at("manifest"));
+  visible_ = latest_;
+  visible_prev_ = Manifest{};
+  pending_ = false;
   Opened o;
   o.kind = static_cast<Opened::Kind>(j.at("kind").get<int>());
   o.notes = j.at("notes").get<std::vector<std::string>>();
@@ -573,8 +579,8 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
       o.notes.push_back(fmt::format("warning: the latest checkpoint is damaged ({}); falling back to the previous "
                                     "committed checkpoint (commit {}: window {}, {} trigger(s) committed)",
                                     fmt::join(reasons, "; "), m.seq, m.window_index + 1, m.next_trigger));
-    manifest_ = std::move(m);
-    o.kind = manifest_.complete ? Opened::Kind::Complete : Opened::Kind::Resume;
+    latest_ = std::move(m);
+    o.kind = latest_.complete ? Opened::Kind::Complete : Opened::Kind::Resume;
     // No rank writes yet: temporary files of an interrupted commit can go.
     std::error_code ec;
     for (const auto& e : fs::recursive_directory_iterator(dir_, ec))
@@ -598,21 +604,21 @@ noise::Secret Store::secret() const {
 }
 
 std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done) {
-  const bool same_ranks = manifest_.ranks == comm_.size();
+  const bool same_ranks = latest_.ranks == comm_.size();
   const bool root = comm_.rank() == 0;
   std::string staged;
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
-    for (const auto& ref : manifest_.segments) {
-      const bool holds_staged = root && ref.seq == manifest_.seq && ref.rank == 0 && manifest_.staged_bytes > 0;
+    for (const auto& ref : latest_.segments) {
+      const bool holds_staged = root && ref.seq == latest_.seq && ref.rank == 0 && latest_.staged_bytes > 0;
       const bool mine = !window_done && (!same_ranks || ref.rank == comm_.rank());
       if (!mine && !holds_staged) continue;
-      Segment seg = read_segment(dir_, ref, manifest_.job_id);
+      Segment seg = read_segment(dir_, ref, latest_.job_id);
       if (mine) apply(seg, users, keys, comm_.rank(), comm_.size(), !same_ranks);
       if (holds_staged) staged = std::move(seg.releases_csv);
     }
-    if (root && staged.size() != manifest_.staged_bytes)
+    if (root && staged.size() != latest_.staged_bytes)
       throw CheckpointError(fmt::format("commit {} should stage {} bytes of release rows but holds {}; start over with --fresh",
-                                        manifest_.seq, manifest_.staged_bytes, staged.size()));
+                                        latest_.seq, latest_.staged_bytes, staged.size()));
   });
   return staged;
 }
@@ -629,88 +635,150 @@ void Store::begin(const std::string& job_name, const Fields& fields, const noise
     if (secret) job.secret = *secret;
     auto image = encode_job(job);
     write_file_atomically(dir_ / kJobFile, image.data(), image.size(), {.mode = kFileMode});
-    manifest_ = Manifest{};
-    manifest_.job_id = job.job_id;
-    manifest_.job_name = job_name;
-    manifest_.fingerprint = fingerprint(fields);
-    manifest_.job_file_bytes = image.size();
-    manifest_.job_file_xxh3 = xxh3(image);
+    latest_ = Manifest{};
+    latest_.job_id = job.job_id;
+    latest_.job_name = job_name;
+    latest_.fingerprint = fingerprint(fields);
+    latest_.job_file_bytes = image.size();
+    latest_.job_file_xxh3 = xxh3(image);
     OPENSSL_cleanse(image.data(), image.size());
     job_id = job.job_id;
   });
   shuffle::broadcast_string(comm_, job_id);
-  manifest_.job_id = job_id;
-  manifest_.ranks = comm_.size();
-  previous_ = Manifest{};
+  latest_.job_id = job_id;
+  latest_.ranks = comm_.size();
+  visible_ = visible_prev_ = Manifest{};
+  pending_ = false;
 }
 
 void Store::commit_start(std::uint64_t releases_bytes, const json& privacy) {
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (comm_.rank() != 0) return;
-    manifest_.releases_bytes = releases_bytes;
-    manifest_.privacy = privacy;
-    write_file_atomically(dir_ / manifest_name(0), manifest_text(manifest_), {.mode = kFileMode});
+    latest_.releases_bytes = releases_bytes;
+    latest_.privacy = privacy;
+    write_file_atomically(dir_ / manifest_name(0), manifest_text(latest_), {.mode = kFileMode});
+    visible_ = latest_;
   });
 }
 
-CommitStats Store::commit(Segment segment, const Position& pos, const json& counters, std::uint64_t releases_bytes,
-                          std::uint64_t release_rows) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int rank = comm_.rank(), P = comm_.size();
-  const std::uint64_t seq = manifest_.seq + 1;
-  auto file_of = [&](int r) { return fmt::format("w{}/s{:06}-r{:04}.h5", pos.window_index, seq, r); };
-  std::uint64_t bytes = 0, hash = 0;
-  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
-    fault::point("ckpt_begin");
-    const auto image = encode_segment(
-        segment, {manifest_.job_id, seq, rank, P, pos.window_index, pos.first_trigger, pos.next_trigger});
-    bytes = image.size();
-    hash = xxh3(image);
-    make_private_dir(dir_ / fmt::format("w{}", pos.window_index));
-    write_file_atomically(dir_ / file_of(rank), image.data(), image.size(),
-                          {.mode = kFileMode, .fault_half = "ckpt_half_written", .fault_before_rename = "ckpt_before_rename"});
-    fault::point("ckpt_after_rename");
-  });
+void Store::await_io(CommitStats& stats) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string err;
+  Written written;
+  if (io_.valid()) {
+    try {
+      written = io_.get();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  err = comm_.agree_on_error(err);
+  if (!err.empty()) throw CheckpointError("writing the checkpoint failed: " + err);
+  stats.segment_bytes = written.bytes;
+  stats.background_seconds = written.seconds;
+  stats.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!pending_) return;
+  t0 = std::chrono::steady_clock::now();
   shuffle::ByteWriter w;
-  w.put(bytes);
-  w.put(hash);
+  w.put(written.bytes);
+  w.put(written.xxh3);
   const auto refs = comm_.gather_bytes_to_root(w.bytes());
+  if (comm_.rank() == 0) {
+    shuffle::ByteReader in(refs.data(), refs.size());
+    for (int r = 0; r < comm_.size(); ++r) {
+      const auto bytes = in.get<std::uint64_t>();
+      const auto hash = in.get<std::uint64_t>();
+      latest_.segments.push_back(
+          {latest_.seq, r, fmt::format("w{}/s{:06}-r{:04}.h5", latest_.window_index, latest_.seq, r), bytes, hash});
+    }
+  }
+  stats.gather_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
-  Manifest next = manifest_;
+void Store::make_visible(const Manifest& m, const std::string& rows) {
+  write_file_atomically(dir_ / manifest_name(m.seq), manifest_text(m),
+                        {.mode = kFileMode, .fault_before_rename = "manifest_before_rename"});
+  fault::point("committed");
+  visible_prev_ = std::move(visible_);
+  visible_ = m;
+  if (publish_ && !rows.empty()) publish_(rows);
+  fault::point("published");
+  collect_garbage();
+}
+
+CommitStats Store::commit(std::function<Segment()> make_segment, std::string rows, const Position& pos,
+                          const json& counters, std::uint64_t releases_bytes, std::uint64_t release_rows) {
+  CommitStats stats;
+  const int rank = comm_.rank(), P = comm_.size();
+  const bool root = rank == 0;
+  // Every rank's file of the previous commit is durable; rank 0 completes its manifest.
+  await_io(stats);
+  const bool previous_pending = pending_;
+  Manifest previous = latest_;
+
+  const std::uint64_t seq = latest_.seq + 1;
+  Manifest next = latest_;
   next.seq = seq;
   next.ranks = P;
-  if (pos.window_index != manifest_.window_index) next.segments.clear();
+  if (pos.window_index != latest_.window_index) next.segments.clear();
   next.window_index = pos.window_index;
   next.next_trigger = pos.next_trigger;
   next.complete = pos.complete;
   next.releases_bytes = releases_bytes;
   next.release_rows = release_rows;
-  next.staged_bytes = segment.releases_csv.size();
+  next.staged_bytes = rows.size();
   next.counters = counters;
   if (next.privacy.contains("epsilon_per_window")) next.privacy["windows_charged"] = pos.window_index + 1;
-  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
-    if (rank != 0) return;
-    shuffle::ByteReader in(refs.data(), refs.size());
-    for (int r = 0; r < P; ++r) {
-      const auto b = in.get<std::uint64_t>();
-      const auto h = in.get<std::uint64_t>();
-      next.segments.push_back({seq, r, file_of(r), b, h});
-    }
-    write_file_atomically(dir_ / manifest_name(seq), manifest_text(next),
-                          {.mode = kFileMode, .fault_before_rename = "manifest_before_rename"});
-    fault::point("committed");
+  const SegmentHeader header{latest_.job_id, seq, rank, P, pos.window_index, pos.first_trigger, pos.next_trigger};
+  const fs::path path = dir_ / fmt::format("w{}/s{:06}-r{:04}.h5", pos.window_index, seq, rank);
+
+  // The I/O thread: first the previous commit's manifest and rows (rank 0: every rank's file of it
+  // is durable), then this commit's segment.
+  io_ = std::async(std::launch::async, [this, root, previous_pending, previous = std::move(previous),
+                                        previous_rows = std::move(pending_rows_), make_segment = std::move(make_segment),
+                                        rows, header, path]() {
+    using Clock = std::chrono::steady_clock;
+    const auto t = Clock::now();
+    if (root && previous_pending) make_visible(previous, previous_rows);
+    fault::point("ckpt_begin");
+    Segment segment = make_segment();
+    segment.releases_csv = rows;
+    const auto image = encode_segment(segment, header);
+    segment = Segment{};
+    Written w{image.size(), xxh3(image), 0};
+    make_private_dir(path.parent_path());
+    write_file_atomically(path, image.data(), image.size(),
+                          {.mode = kFileMode, .fault_half = "ckpt_half_written", .fault_before_rename = "ckpt_before_rename"});
+    fault::point("ckpt_after_rename");
+    w.seconds = std::chrono::duration<double>(Clock::now() - t).count();
+    return w;
   });
-  previous_ = std::move(manifest_);
-  manifest_ = std::move(next);
-  return {bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  latest_ = std::move(next);
+  pending_rows_ = std::move(rows);
+  pending_ = true;
+  return stats;
+}
+
+CommitStats Store::finish(const json& summary) {
+  CommitStats stats;
+  await_io(stats);
+  if (!pending_) return stats;
+  latest_.summary = summary;
+  const auto t0 = std::chrono::steady_clock::now();
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    if (comm_.rank() == 0) make_visible(latest_, pending_rows_);
+  });
+  pending_ = false;
+  pending_rows_.clear();
+  stats.background_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return stats;
 }
 
 void Store::collect_garbage() {
-  if (comm_.rank() != 0) return;
   std::set<std::string> keep;
-  for (const Manifest* m : {&manifest_, &previous_})
+  for (const Manifest* m : {&visible_, &visible_prev_})
     for (const auto& ref : m->segments) keep.insert(ref.file);
-  const std::uint64_t oldest_kept = std::min(manifest_.seq, previous_.seq);
+  const std::uint64_t oldest_kept = std::min(visible_.seq, visible_prev_.seq);
   std::error_code ec;
   for (const auto& [seq, path] : list_manifests(dir_))
     if (seq < oldest_kept) fs::remove(path, ec);
@@ -722,14 +790,13 @@ void Store::collect_garbage() {
     for (const auto& e : fs::directory_iterator(dir.path(), ec)) {
       std::smatch m;
       const std::string f = e.path().filename().string();
-      // Only finished files of commits up to this one: a later commit's files may be in flight.
-      if (std::regex_match(f, m, segment_name) && std::stoull(m[1].str()) <= manifest_.seq &&
-          !keep.count(wname + "/" + f))
+      // Only finished files of visible commits: a later commit's files may be in flight.
+      if (std::regex_match(f, m, segment_name) && std::stoull(m[1].str()) <= visible_.seq && !keep.count(wname + "/" + f))
         fs::remove(e.path(), ec);
       else
         empty = false;
     }
-    if (empty && wname != fmt::format("w{}", manifest_.window_index)) fs::remove(dir.path(), ec);
+    if (empty && wname != fmt::format("w{}", visible_.window_index)) fs::remove(dir.path(), ec);
   }
 }
 

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -56,11 +58,13 @@ struct Manifest {
   std::vector<SegmentRef> segments;  // the window's log in commit order (rank order within a commit)
   nlohmann::json counters = nlohmann::json::object();  // global sums carried over a resume
   nlohmann::json privacy = nlohmann::json::object();   // the budget ledger
+  nlohmann::json summary = nullptr;                      // the job's last commit: summary.json
 };
 
 // One rank's state changes since its previous commit.
 struct Segment {
-  std::vector<std::uint64_t> user_id;  // users whose kept count changed, with the new count
+  std::vector<std::uint64_t> user_id;  // users whose kept count changed, with the new count (in order:
+                                       // with every > 1 a user may repeat, and the last entry holds)
   std::vector<std::uint32_t> user_kept;
   std::vector<std::uint64_t> pair_user, pair_key;  // (user, key) pairs counted for the first time
   std::vector<std::uint64_t> key_id;               // keys whose state changed, with the new state
@@ -72,8 +76,19 @@ struct Segment {
   std::uint64_t key_bytes() const { return key_id.size() * 48; }
 };
 
-// Drains the tables' journals into a segment (each changed user and key once, current values).
-Segment take_journal(kernels::UserState& users, kernels::KeyStateTable& keys);
+// The tables' journals, drained at a commit: the users' changes as recorded (moved out, so the
+// trigger loop pays O(shards)) and a snapshot of each changed key's state. Turned into a Segment
+// by the checkpoint's I/O thread.
+struct Journal {
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users;
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> new_pairs;
+  std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> keys;
+  Segment to_segment() const;
+};
+Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys);
+inline Segment take_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
+  return drain_journal(users, keys).to_segment();
+}
 // Applies a segment to this rank's tables; with `filter`, only the users and keys it owns.
 void apply(const Segment& segment, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks,
            bool filter);
@@ -90,13 +105,19 @@ struct Opened {
 };
 
 struct CommitStats {
-  std::uint64_t segment_bytes = 0;  // this rank's file
-  double seconds = 0;
+  std::uint64_t segment_bytes = 0;  // this rank's file of the previous commit
+  double wait_seconds = 0;          // waiting for the I/O thread and agreeing that every rank's files are durable
+  double gather_seconds = 0;        // sizes and checksums to rank 0
+  double background_seconds = 0;    // the I/O thread's time for the previous commit (off the loop's path):
+                                    // HDF5 image, checksum, write, fsync, rename; rank 0 also the manifest and rows
 };
 
 class Store {
  public:
   Store(std::filesystem::path dir, const shuffle::Comm& comm);
+  ~Store();  // waits for the I/O thread (an unfinished commit stays invisible)
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
 
   // Collective. Finds the newest usable commit and checks that it belongs to this job; throws
   // CheckpointError (on every rank) saying what to change.
@@ -104,7 +125,8 @@ class Store {
   // Resume: the secret stored with the job (collective; all ranks get it).
   noise::Secret secret() const;
   // Resume: loads this rank's share of the state of the opened commit (re-partitioned when the rank
-  // count changed) unless `window_done`; returns the commit's staged release rows on rank 0.
+  // count changed) unless `window_done`; returns the commit's staged release rows on rank 0. Also for
+  // a complete job (window_done), whose last rows may not have reached releases.csv.
   std::string load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done);
 
   // New job, collective: empties DIR/checkpoint and writes job.h5 (with the secret, if any).
@@ -117,21 +139,45 @@ class Store {
     std::uint32_t first_trigger, next_trigger;  // triggers [first, next) are in this commit
     bool complete;
   };
-  // Collective: every rank writes its segment, then rank 0 the manifest (the commit point).
-  // `releases_csv`, `releases_bytes` and `release_rows` matter on rank 0 only.
-  CommitStats commit(Segment segment, const Position& position, const nlohmann::json& counters,
-                     std::uint64_t releases_bytes, std::uint64_t release_rows);
-  // Rank 0, after the commit's rows were published: removes files no kept manifest refers to.
-  void collect_garbage();
+  // Rank 0: appends a commit's rows to releases.csv once the commit is durable (I/O thread).
+  void set_publisher(std::function<void(const std::string&)> publish) { publish_ = std::move(publish); }
 
-  const Manifest& manifest() const { return manifest_; }  // segments: rank 0 only
+  // Collective, pipelined with the trigger loop: a background I/O thread builds the segment
+  // (`make_segment`), writes it and reports its size and checksum; the commit point (rank 0's
+  // manifest, then the rows) follows at the next commit() or finish(), once every rank's file is
+  // known to be durable. So a commit becomes visible during the next trigger. `rows` (rank 0) are
+  // the commit's release rows; `releases_bytes` and `release_rows` (rank 0) count them in.
+  CommitStats commit(std::function<Segment()> make_segment, std::string rows, const Position& position,
+                     const nlohmann::json& counters, std::uint64_t releases_bytes, std::uint64_t release_rows);
+  // Collective: makes the last commit durable and visible (end of job, clean stop); the job's
+  // last commit also keeps `summary`, so that a resume can write summary.json again.
+  CommitStats finish(const nlohmann::json& summary = nullptr);
+
+  const Manifest& manifest() const { return latest_; }  // the newest (maybe not yet visible); segments: rank 0
   const std::filesystem::path& dir() const { return dir_; }
 
  private:
   Opened open_on_root(const std::string& job_name, const Fields& fields, StartMode mode);
+  // Waits for the I/O thread, agrees that every rank's file is durable, and gives rank 0 the
+  // files' sizes and checksums for the pending manifest (collective).
+  void await_io(CommitStats& stats);
+  // Rank 0 (I/O thread, or finish()): writes a manifest (the commit point), publishes its rows, and
+  // removes files no kept manifest refers to.
+  void make_visible(const Manifest& manifest, const std::string& rows);
+  void collect_garbage();
+
   std::filesystem::path dir_;
   const shuffle::Comm& comm_;
-  Manifest manifest_, previous_;
+  Manifest latest_;                  // main thread: the newest commit, written or pending
+  bool pending_ = false;             // latest_ is written on every rank but its manifest is not
+  std::string pending_rows_;         // rank 0: latest_'s rows, published after its manifest
+  Manifest visible_, visible_prev_;  // I/O thread (rank 0): the newest two written manifests
+  struct Written {
+    std::uint64_t bytes = 0, xxh3 = 0;
+    double seconds = 0;
+  };
+  std::future<Written> io_;          // the I/O thread's current task
+  std::function<void(const std::string&)> publish_;
 };
 
 }  // namespace dpstream::checkpoint

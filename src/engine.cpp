@@ -192,6 +192,17 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     if (root)
       for (const auto& note : opened.notes) std::fprintf(stderr, "dpstream: %s\n", note.c_str());
     if (opened.kind == checkpoint::Opened::Kind::Complete) {
+      // The last commit may have been cut short after its manifest: its rows and summary.json
+      // are written again (both idempotent).
+      kernels::UserState no_users;
+      kernels::KeyStateTable no_keys;
+      const std::string staged = store.load(no_users, no_keys, /*window_done=*/true);
+      on_every_rank<CheckpointError>(comm, [&] {
+        if (!root) return;
+        const auto& m = store.manifest();
+        ReleaseWriter(out_dir, ReleaseColumns{config.query.count, config.query.sum}).restore(m.releases_bytes, staged, m.release_rows);
+        if (!m.summary.is_null()) write_file_atomically(out_dir / "summary.json", m.summary.dump(2) + "\n");
+      });
       report.already_complete = true;
       report.releases_path = (out_dir / "releases.csv").string();
       return report;
@@ -272,6 +283,9 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   std::uint32_t start_window = 0, start_trigger = 0, resumed_from = 0;
   double load_seconds = 0;
   std::uint64_t ckpt_commits = 0, ckpt_bytes = 0, ckpt_user_bytes = 0, ckpt_key_bytes = 0, ckpt_release_bytes = 0;
+  struct {
+    double journal = 0, wait = 0, gather = 0, background = 0;
+  } ckpt_time;  // parts of stage.checkpoint, and the I/O thread's time (off the loop's path)
   if (checkpointing) {
     t0 = Clock::now();
     if (resuming) {
@@ -302,33 +316,35 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       store.commit_start(root ? writer->bytes() : 0, ledger);
     }
     users.journal = keys.journal = true;
+    if (root) store.set_publisher([&writer](const std::string& rows) { writer->append(rows); });
     load_seconds = seconds_since(t0);
   }
   OPENSSL_cleanse(secret.data(), secret.size());
   std::uint64_t triggers_done = std::uint64_t{start_window} * T + start_trigger;
   const std::uint64_t triggers_at_start = triggers_done;
 
-  // One commit: every rank's state changes since the last one, rank 0's staged rows, the counters;
-  // then the rows become visible in releases.csv.
+  // One commit: every rank's state changes since the last one, rank 0's rows, the counters. The
+  // files are written in the background; the commit becomes visible during the next trigger.
+  auto add_times = [&](const checkpoint::CommitStats& cs) {
+    ckpt_time.wait += cs.wait_seconds;
+    ckpt_time.gather += cs.gather_seconds;
+    ckpt_time.background += cs.background_seconds;
+    ckpt_bytes += cs.segment_bytes;
+  };
   auto commit = [&](std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete) {
     const auto c0 = Clock::now();
-    checkpoint::Segment segment = checkpoint::take_journal(users, keys);
-    if (root) segment.releases_csv = writer->pending();
-    ckpt_user_bytes += segment.user_bytes();
-    ckpt_key_bytes += segment.key_bytes();
-    ckpt_release_bytes += segment.releases_csv.size();
+    auto journal = std::make_shared<checkpoint::Journal>(checkpoint::drain_journal(users, keys));
+    ckpt_time.journal += seconds_since(c0);
+    for (const auto& shard : journal->changed_users) ckpt_user_bytes += shard.size() * 12;
+    for (const auto& shard : journal->new_pairs) ckpt_user_bytes += shard.size() * 16;
+    for (const auto& shard : journal->keys) ckpt_key_bytes += shard.size() * 48;
+    std::string rows = root ? writer->take_pending() : std::string();
+    ckpt_release_bytes += rows.size();
     const auto counters = carried.global_sums(comm);
-    const auto cs = store.commit(std::move(segment), {wi, first_trigger, next_trigger, complete}, counters,
-                                 root ? writer->bytes() + writer->pending().size() : 0,
-                                 root ? writer->rows_written() + writer->pending_rows() : 0);
-    on_every_rank<std::runtime_error>(comm, [&] {
-      if (!root) return;
-      writer->publish();
-      fault::point("published");
-      store.collect_garbage();
-    });
+    add_times(store.commit([journal] { return journal->to_segment(); }, std::move(rows),
+                           {wi, first_trigger, next_trigger, complete}, counters, root ? writer->bytes() : 0,
+                           root ? writer->rows() : 0));
     ++ckpt_commits;
-    ckpt_bytes += cs.segment_bytes;
     stage.checkpoint += seconds_since(c0);
   };
 
@@ -486,7 +502,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   j["distinct_users"] = comm.sum(distinct_users);
   j["distinct_keys"] = comm.sum(distinct_keys);
   j["triggers"] = total_triggers;
-  j["release_rows"] = writer ? writer->rows_written() + writer->pending_rows() : 0;
+  j["release_rows"] = writer ? writer->rows() + writer->pending_rows() : 0;
   auto stage_max = [&](double v) { return comm.max(v); };
   j["stage_seconds_max_over_ranks"] = {{"ingest", stage_max(stage.ingest)},
                                        {"partition_user", stage_max(stage.partition_user)},
@@ -504,7 +520,12 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
                        {"commits", ckpt_commits + (final_commit_pending ? 1 : 0)},
                        {"resumed_from_commit", resuming ? nlohmann::json(resumed_from) : nlohmann::json(nullptr)},
                        {"load_seconds_max_over_ranks", stage_max(load_seconds)},
-                       {"segment_bytes_written", comm.sum(ckpt_bytes)},
+                       {"seconds_max_over_ranks",
+                        {{"journal", stage_max(ckpt_time.journal)},
+                         {"wait_for_io", stage_max(ckpt_time.wait)},
+                         {"gather", stage_max(ckpt_time.gather)},
+                         {"io_thread", stage_max(ckpt_time.background)}}},
+                       {"segment_bytes_written", comm.sum(ckpt_bytes)},  // files of this process's commits
                        {"user_state_bytes_written", comm.sum(ckpt_user_bytes)},
                        {"key_state_bytes_written", comm.sum(ckpt_key_bytes)},
                        {"release_bytes_staged", comm.sum(ckpt_release_bytes)}};
@@ -543,18 +564,19 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   }
   report.summary_json = j.dump(2);
 
-  // summary.json (atomically), then the job's last commit: after a crash in between, the resumed
-  // run redoes the last triggers and writes the summary again.
-  on_every_rank<std::runtime_error>(comm, [&] {
-    if (!root || !writer) return;
-    write_file_atomically(out_dir / "summary.json", report.summary_json + "\n");
-    report.releases_path = writer->final_path().string();
-  });
+  // The job's last commit (it keeps the summary), then summary.json: a resume after a crash in
+  // between writes the summary from the checkpoint.
   if (final_commit_pending) {
     commit(config.stream.windows - 1, uncommitted_from, T, true);
     users.clear();
     keys.clear();
   }
+  if (checkpointing) add_times(store.finish(j));
+  on_every_rank<std::runtime_error>(comm, [&] {
+    if (!root || !writer) return;
+    write_file_atomically(out_dir / "summary.json", report.summary_json + "\n");
+    report.releases_path = writer->final_path().string();
+  });
   return report;
 }
 

@@ -38,11 +38,10 @@ std::string csv_field(const std::string& s) {
 ReleaseWriter::ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns)
     : final_(dir / "releases.csv"), columns_(columns) {}
 
-std::uint64_t ReleaseWriter::start() {
+void ReleaseWriter::start() {
   write_file_atomically(final_, std::string(kHeader));
   bytes_ = kHeader.size();
   rows_ = 0;
-  return bytes_;
 }
 
 void ReleaseWriter::restore(std::uint64_t committed_bytes, const std::string& staged, std::uint64_t committed_rows) {
@@ -56,8 +55,8 @@ void ReleaseWriter::restore(std::uint64_t committed_bytes, const std::string& st
         final_.string(), ec ? 0 : size, before));
   if (::truncate(final_.c_str(), static_cast<off_t>(before)) != 0)
     throw std::runtime_error(fmt::format("cannot truncate {}: {}", final_.string(), std::strerror(errno)));
-  bytes_ = before;
   append(staged);
+  bytes_ = committed_bytes;
   rows_ = committed_rows;
 }
 
@@ -68,24 +67,26 @@ void ReleaseWriter::stage(std::int64_t window, std::uint32_t trigger, const std:
   pending_rows_ += rows.size();
 }
 
-void ReleaseWriter::publish() {
-  append(pending_);
+std::string ReleaseWriter::take_pending() {
+  std::string out;
+  out.swap(pending_);
+  bytes_ += out.size();
   rows_ += pending_rows_;
-  pending_.clear();
   pending_rows_ = 0;
+  return out;
 }
 
-void ReleaseWriter::append(const std::string& text) {
+void ReleaseWriter::append(const std::string& text) const {
   const int fd = ::open(final_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", final_.string(), std::strerror(errno)));
   // Two writes with a fault point between them: the tests kill the job in mid-append.
   const std::size_t half = text.size() / 2;
-  const bool ok = write_all(fd, text.data(), half) && (fault::point("publish_half"), true) &&
-                  write_all(fd, text.data() + half, text.size() - half) && ::fsync(fd) == 0;
+  bool ok = write_all(fd, text.data(), half);
+  if (ok) fault::point("publish_half");
+  ok = ok && write_all(fd, text.data() + half, text.size() - half) && ::fsync(fd) == 0;
   const int err = errno;
   ::close(fd);
   if (!ok) throw std::runtime_error(fmt::format("cannot append to {}: {}", final_.string(), std::strerror(err)));
-  bytes_ += text.size();
 }
 
 }  // namespace dpstream

@@ -31,9 +31,9 @@ std::string format_fixed(std::int64_t fixed);
 std::string csv_field(const std::string& s);
 
 // DIR/releases.csv on rank 0, grown only by rows of committed triggers (docs/CHECKPOINTS.md):
-// rows are formatted into a pending buffer, staged in the checkpoint, and appended after the
-// commit. After a crash the file is cut back to its committed length and the staged rows of the
-// last commit are appended again, so no row is ever lost or duplicated.
+// rows are formatted into a pending buffer, handed to the checkpoint with their commit, and
+// appended once the commit is durable. After a crash the file is cut back to its committed length
+// and the last commit's rows are appended again, so no row is ever lost or duplicated.
 class ReleaseWriter {
  public:
   static constexpr std::string_view kHeader = "window,trigger,key,count,sum\n";
@@ -42,25 +42,26 @@ class ReleaseWriter {
   ReleaseWriter(const ReleaseWriter&) = delete;
   ReleaseWriter& operator=(const ReleaseWriter&) = delete;
 
-  // New job: releases.csv holds the header only (written atomically). Returns its size.
-  std::uint64_t start();
+  // New job: releases.csv holds the header only (written atomically).
+  void start();
   // Resume: cut releases.csv to `committed_bytes - staged.size()` bytes, then append `staged` (the
   // rows of the last commit). Throws CheckpointError when the file holds fewer bytes than that.
   void restore(std::uint64_t committed_bytes, const std::string& staged, std::uint64_t committed_rows);
 
   // Formats one trigger's rows (sorted by key) into the pending buffer.
   void stage(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows);
-  const std::string& pending() const { return pending_; }
+  // Hands the pending rows to a commit; from now on they count in bytes() and rows().
+  std::string take_pending();
   std::uint64_t pending_rows() const { return pending_rows_; }
-  // Appends the pending rows to releases.csv, fsyncs, and empties the buffer.
-  void publish();
+  // Appends rows to releases.csv and fsyncs. Touches nothing but the file, so the checkpoint's
+  // I/O thread may call it while the trigger loop stages the next rows.
+  void append(const std::string& text) const;
 
   std::filesystem::path final_path() const { return final_; }
-  std::uint64_t bytes() const { return bytes_; }           // published bytes, header included
-  std::uint64_t rows_written() const { return rows_; }     // published rows
+  std::uint64_t bytes() const { return bytes_; }  // header and rows handed to commits
+  std::uint64_t rows() const { return rows_; }    // rows handed to commits
 
  private:
-  void append(const std::string& text);
   std::filesystem::path final_;
   ReleaseColumns columns_;
   std::string pending_;

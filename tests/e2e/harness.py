@@ -75,8 +75,8 @@ class Dpstream:
         full_env.update(env or {})
         limit = self.timeout if timeout is None else timeout
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                                cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
+                                errors="replace", env=full_env, cwd=cwd, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:

@@ -244,7 +244,8 @@ def check_prefix(job, content, what):
         i = harness.first_difference(content, job.ref)
         raise AssertionError(f"{what}: releases.csv ({len(content)} bytes) is not a byte prefix of the reference "
                              f"({len(job.ref)} bytes); first difference at byte {i}:\n"
-                             f"    got {content[max(0, i - 120):i + 80]!r}\n    ref {job.ref[max(0, i - 120):i + 80]!r}")
+                             f"    got {content[max(0, i - 120):i + 80]!r}\n"
+                             f"    ref {job.ref[max(0, i - 120):i + 80]!r}")
 
 
 def check_bounds(job, content, lo, hi, what):
@@ -263,7 +264,8 @@ def check_bounds(job, content, lo, hi, what):
         lower = job.header + job.rows_before(lo)
         if job.rows_before(lo) and not data.startswith(lower):
             raise AssertionError(f"{what}: releases.csv lacks rows of committed and published triggers "
-                                 f"(expected at least the first {lo} trigger(s), {len(lower)} bytes; got {show(content)})")
+                                 f"(expected at least the first {lo} trigger(s), {len(lower)} bytes; "
+                                 f"got {show(content)})")
 
 
 def check_modes(ckpt_dir, what):
@@ -325,12 +327,14 @@ def check_completed_checkpoint(job, out_dir, ranks):
         assert not miss, f"{name}: segment entry {s} lacks {miss}"
         m = SEGMENT_RE.match(s["file"])
         assert m, f"{name}: segment file {s['file']!r} is not w<window>/s<seq 6 digits>-r<rank 4 digits>.h5"
-        assert int(m.group(2)) == s["seq"] and int(m.group(3)) == s["rank"], f"{name}: entry {s} disagrees with its name"
+        assert int(m.group(2)) == s["seq"] and int(m.group(3)) == s["rank"], \
+            f"{name}: entry {s} disagrees with its name"
         assert 0 <= s["rank"] < ranks, f"{name}: entry {s} names rank {s['rank']} of a {ranks}-rank run"
         assert s["seq"] <= seq, f"{name}: entry {s} is newer than the manifest"
         full = os.path.join(ck, s["file"])
         assert os.path.isfile(full), f"{name}: segment {s['file']} does not exist"
-        assert os.path.getsize(full) == s["bytes"], f"{name}: {s['file']} has {os.path.getsize(full)} bytes, manifest says {s['bytes']}"
+        size = os.path.getsize(full)
+        assert size == s["bytes"], f"{name}: {s['file']} has {size} bytes, manifest says {s['bytes']}"
         if s["seq"] == seq:
             latest_ranks.add(s["rank"])
     assert latest_ranks == set(range(ranks)), \
@@ -411,8 +415,9 @@ def main():
             if bounds:
                 check_bounds(job, content, bounds[0], bounds[1], what)
             if os.path.exists(os.path.join(out, "summary.json")):
+                had = "no file" if content is None else f"{len(content)} of {len(job.ref)} bytes"
                 msg = (f"{what}: the killed run left summary.json (written before the job was committed complete; "
-                       f"releases.csv then had {'no file' if content is None else f'{len(content)} of {len(job.ref)} bytes'})")
+                       f"releases.csv then had {had})")
                 if deferred is None:
                     raise AssertionError(msg)
                 deferred.append(msg)
@@ -543,8 +548,8 @@ def main():
             have(dp_job)
             out = os.path.join(case_dir("double-fault"), "out")
             kill(dp_job, out, f"accumulate@5:{last}", bounds=(None, 4))
-            kill(dp_job, out, "manifest_before_rename@2:0", resume=True, what="resume killed at manifest_before_rename@2:0")
-            kill(dp_job, out, f"ckpt_half_written@3:{last}", resume=True, what=f"resume killed at ckpt_half_written@3:{last}")
+            for fault in ("manifest_before_rename@2:0", f"ckpt_half_written@3:{last}"):
+                kill(dp_job, out, fault, resume=True, what=f"resume killed at {fault}")
             resume(dp_job, out, what="third resume")
 
         results.check("double fault: kill, resume killed twice more, resume = reference", double_fault)
@@ -564,7 +569,8 @@ def main():
                 kill(job, out, fault, ranks=k_ranks, bounds=b if rank == 0 else (None, b[1]))
                 resume(job, out, ranks=r_ranks, what=f"resume at {r_ranks} rank(s)")
 
-            results.check(f"{job.label}: kill {fault} at {k_ranks} rank(s), resume at {r_ranks} = reference", rank_change)
+            results.check(f"{job.label}: kill {fault} at {k_ranks} rank(s), resume at {r_ranks} = reference",
+                          rank_change)
 
         # ---- DP without a seed: the resume reuses the stored secret ----
 
@@ -573,7 +579,8 @@ def main():
             killed = kill(noseed_job, a, "committed@6:0", what="unseeded DP killed at committed@6:0")
             b = os.path.join(case_dir("noseed-b"), "out")
             shutil.copytree(a, b)
-            r = dp.run_with("run", noseed_job.path, "--out", a, "--progress", "never", "--resume", cwd=os.path.dirname(a))
+            r = dp.run_with("run", noseed_job.path, "--out", a, "--progress", "never", "--resume",
+                            cwd=os.path.dirname(a))
             assert r.returncode == 0, "resume of the unseeded job failed\n  " + r.describe()
             ra = harness.read_bytes(os.path.join(a, "releases.csv"))
             assert ra and ra.startswith(killed or b""), "the resume rewrote rows published before the kill"
