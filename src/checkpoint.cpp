@@ -235,7 +235,7 @@ struct SegmentHeader {
 };
 
 std::vector<std::byte> encode_segment(const Segment& s, const SegmentHeader& h) {
-  h5::MemoryFile f;
+  h5::MemoryFile f(s.user_bytes() + s.key_bytes() + s.releases_csv.size() + (1 << 16));  // one allocation
   const hid_t root = f.get();
   h5::write_attribute(root, "format", kSegmentFormat);
   h5::write_attribute(root, "version", kFormatVersion);
@@ -431,6 +431,18 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
 
 Segment Journal::to_segment() const {
   Segment seg;
+  std::size_t nu = 0, np = 0, nk = 0;
+  for (const auto& shard : changed_users) nu += shard.size();
+  for (const auto& shard : new_pairs) np += shard.size();
+  for (const auto& shard : keys) nk += shard.size();
+  seg.user_id.reserve(nu);
+  seg.user_kept.reserve(nu);
+  seg.pair_user.reserve(np);
+  seg.pair_key.reserve(np);
+  for (auto* v : {&seg.key_count, &seg.key_sum, &seg.key_users, &seg.key_round_base_users}) v->reserve(nk);
+  seg.key_id.reserve(nk);
+  seg.key_round.reserve(nk);
+  seg.key_round_start.reserve(nk);
   for (const auto& shard : changed_users)
     for (const auto& [u, kept] : shard) {  // in order: a repeated user's last entry wins
       seg.user_id.push_back(u);
@@ -676,6 +688,8 @@ void Store::await_io(CommitStats& stats) {
   if (!err.empty()) throw CheckpointError("writing the checkpoint failed: " + err);
   stats.segment_bytes = written.bytes;
   stats.background_seconds = written.seconds;
+  stats.encode_seconds = written.encode_seconds;
+  stats.write_seconds = written.write_seconds;
   stats.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!pending_) return;
   t0 = std::chrono::steady_clock::now();
@@ -741,15 +755,19 @@ CommitStats Store::commit(std::function<Segment()> make_segment, std::string row
     const auto t = Clock::now();
     if (root && previous_pending) make_visible(previous, previous_rows);
     fault::point("ckpt_begin");
+    const auto t_encode = Clock::now();
     Segment segment = make_segment();
     segment.releases_csv = rows;
     const auto image = encode_segment(segment, header);
     segment = Segment{};
-    Written w{image.size(), xxh3(image), 0};
+    Written w{image.size(), xxh3(image), 0, 0, 0};
+    const auto t_write = Clock::now();
+    w.encode_seconds = std::chrono::duration<double>(t_write - t_encode).count();
     make_private_dir(path.parent_path());
     write_file_atomically(path, image.data(), image.size(),
                           {.mode = kFileMode, .fault_half = "ckpt_half_written", .fault_before_rename = "ckpt_before_rename"});
     fault::point("ckpt_after_rename");
+    w.write_seconds = std::chrono::duration<double>(Clock::now() - t_write).count();
     w.seconds = std::chrono::duration<double>(Clock::now() - t).count();
     return w;
   });

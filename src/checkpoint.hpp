@@ -110,6 +110,8 @@ struct CommitStats {
   double gather_seconds = 0;        // sizes and checksums to rank 0
   double background_seconds = 0;    // the I/O thread's time for the previous commit (off the loop's path):
                                     // HDF5 image, checksum, write, fsync, rename; rank 0 also the manifest and rows
+  double encode_seconds = 0;        // of which: the segment's columns, HDF5 image and checksum
+  double write_seconds = 0;         // of which: write, fsync, rename of the segment
 };
 
 class Store {
@@ -174,7 +176,7 @@ class Store {
   Manifest visible_, visible_prev_;  // I/O thread (rank 0): the newest two written manifests
   struct Written {
     std::uint64_t bytes = 0, xxh3 = 0;
-    double seconds = 0;
+    double seconds = 0, encode_seconds = 0, write_seconds = 0;
   };
   std::future<Written> io_;          // the I/O thread's current task
   std::function<void(const std::string&)> publish_;

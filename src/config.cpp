@@ -269,7 +269,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   out.finish({"dir", "format", "progress"});
 
   SectionReader ck(root, "checkpoint", source);
-  c.checkpoint.every = static_cast<std::uint32_t>(ck.integer("every", c.checkpoint.every, 1, 1'000'000));
+  c.checkpoint.every = static_cast<std::uint32_t>(ck.integer("every", c.checkpoint.every, 0, 1'000'000));
   ck.finish({"every"});
   return c;
 }

@@ -70,7 +70,8 @@ struct OutputConfig {
 };
 
 // Exactly-once checkpoints (docs/CHECKPOINTS.md): a commit every `every` triggers and at the end
-// of every window. Does not change the output, so it may differ on resume.
+// of every window; 0: none (releases.csv appears at the end; a killed run cannot resume). Does not
+// change the output, so it may differ on resume.
 struct CheckpointConfig {
   std::uint32_t every = 1;
 };

@@ -176,12 +176,14 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   const std::filesystem::path out_dir = config.output.dir;
 
   // Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md).
-  const bool checkpointing = options.write_output;
+  const bool checkpointing = options.write_output && config.checkpoint.every > 0;
+  if (options.write_output && !checkpointing && options.start_mode == checkpoint::StartMode::Resume)
+    throw ConfigError("--resume needs checkpoints: remove [checkpoint] every = 0 (or --set checkpoint.every=1)");
   checkpoint::Store store(out_dir / "checkpoint", comm);
   checkpoint::Fields identity;
   checkpoint::Opened opened;
   RunReport report;
-  if (checkpointing) {
+  if (options.write_output) {  // also without checkpoints: never overwrite an unfinished job silently
     std::string input_digest;
     on_every_rank(comm, [&] {
       if (root && config.input.kind == InputKind::Csv) input_digest = checkpoint::file_digest(config.input.path);
@@ -235,7 +237,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     if (ec) throw ConfigError(fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
     if (::access(out_dir.c_str(), W_OK) != 0)
       throw ConfigError(fmt::format("output dir {} is not writable; choose a writable [output] dir or --out", out_dir.string()));
-    writer = std::make_unique<ReleaseWriter>(out_dir, ReleaseColumns{config.query.count, config.query.sum});
+    writer = std::make_unique<ReleaseWriter>(out_dir, ReleaseColumns{config.query.count, config.query.sum}, !checkpointing);
   });
 
   StageTimes stage;
@@ -284,7 +286,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   double load_seconds = 0;
   std::uint64_t ckpt_commits = 0, ckpt_bytes = 0, ckpt_user_bytes = 0, ckpt_key_bytes = 0, ckpt_release_bytes = 0;
   struct {
-    double journal = 0, wait = 0, gather = 0, background = 0;
+    double journal = 0, wait = 0, gather = 0, background = 0, encode = 0, write = 0;
   } ckpt_time;  // parts of stage.checkpoint, and the I/O thread's time (off the loop's path)
   if (checkpointing) {
     t0 = Clock::now();
@@ -318,6 +320,13 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     users.journal = keys.journal = true;
     if (root) store.set_publisher([&writer](const std::string& rows) { writer->append(rows); });
     load_seconds = seconds_since(t0);
+  } else if (options.write_output) {
+    on_every_rank<CheckpointError>(comm, [&] {
+      if (!root) return;
+      std::error_code ec;
+      std::filesystem::remove_all(store.dir(), ec);  // a stale checkpoint must not outlive its output
+      writer->start();
+    });
   }
   OPENSSL_cleanse(secret.data(), secret.size());
   std::uint64_t triggers_done = std::uint64_t{start_window} * T + start_trigger;
@@ -329,6 +338,8 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     ckpt_time.wait += cs.wait_seconds;
     ckpt_time.gather += cs.gather_seconds;
     ckpt_time.background += cs.background_seconds;
+    ckpt_time.encode += cs.encode_seconds;
+    ckpt_time.write += cs.write_seconds;
     ckpt_bytes += cs.segment_bytes;
   };
   auto commit = [&](std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete) {
@@ -410,7 +421,10 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       std::uint64_t released = 0;
       if (options.write_output) {
         const auto rows = gather_release_rows(release, names, comm);
-        if (root) writer->stage(window, trigger, rows);
+        if (root) {
+          writer->stage(window, trigger, rows);
+          if (!checkpointing) writer->append(writer->take_pending(), /*sync=*/false);
+        }
         released = rows.size();
         fault::point("output");
       }
@@ -524,7 +538,9 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
                         {{"journal", stage_max(ckpt_time.journal)},
                          {"wait_for_io", stage_max(ckpt_time.wait)},
                          {"gather", stage_max(ckpt_time.gather)},
-                         {"io_thread", stage_max(ckpt_time.background)}}},
+                         {"io_thread", stage_max(ckpt_time.background)},
+                         {"io_thread_encode", stage_max(ckpt_time.encode)},
+                         {"io_thread_write", stage_max(ckpt_time.write)}}},
                        {"segment_bytes_written", comm.sum(ckpt_bytes)},  // files of this process's commits
                        {"user_state_bytes_written", comm.sum(ckpt_user_bytes)},
                        {"key_state_bytes_written", comm.sum(ckpt_key_bytes)},
@@ -574,6 +590,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   if (checkpointing) add_times(store.finish(j));
   on_every_rank<std::runtime_error>(comm, [&] {
     if (!root || !writer) return;
+    if (!checkpointing) writer->append("", /*sync=*/true), writer->finish();
     write_file_atomically(out_dir / "summary.json", report.summary_json + "\n");
     report.releases_path = writer->final_path().string();
   });

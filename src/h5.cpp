@@ -45,9 +45,11 @@ void Id::reset() {
   id_ = H5I_INVALID_HID;
 }
 
-MemoryFile::MemoryFile() {
+MemoryFile::MemoryFile(std::size_t expected_bytes) {
   fapl_ = Id(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "create a file access list");
-  check(H5Pset_fapl_core(fapl_.get(), 1 << 20, /*backing_store=*/0), "select the in-memory driver");
+  // The driver grows its buffer in steps of `expected_bytes`: one step for a file of that size.
+  check(H5Pset_fapl_core(fapl_.get(), std::max<std::size_t>(expected_bytes, 1 << 16), /*backing_store=*/0),
+        "select the in-memory driver");
   file_ = Id(H5Fcreate(unique_name().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()), H5Fclose, "create an in-memory file");
 }
 

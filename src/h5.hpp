@@ -42,7 +42,7 @@ hid_t native_type() {
 // A file that lives in memory until `image()` hands out its bytes.
 class MemoryFile {
  public:
-  MemoryFile();  // new, empty file
+  explicit MemoryFile(std::size_t expected_bytes = 1 << 20);  // new, empty file of about this size
   explicit MemoryFile(const std::vector<std::byte>& image);  // opens an image read-only
   hid_t get() const { return file_.get(); }
   std::vector<std::byte> image() const;  // flushes and copies the file's bytes

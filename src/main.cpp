@@ -2,6 +2,7 @@
 // Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <malloc.h>
 #include <omp.h>
 
 #include <cstdio>
@@ -71,6 +72,11 @@ void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Keep freed memory in the process instead of unmapping it: the trigger loop allocates and frees
+  // the same large buffers (shuffles, checkpoint images) every trigger, and on these VMs the page
+  // faults of fresh mappings cost ~0.6 ms per MB (docs/PERFORMANCE.md).
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   dpstream::shuffle::MpiSession mpi(argc, argv);
   const dpstream::shuffle::Comm comm;
   const bool root = comm.rank() == 0;

@@ -35,11 +35,25 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
-ReleaseWriter::ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns)
-    : final_(dir / "releases.csv"), columns_(columns) {}
+ReleaseWriter::ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns, bool unchecked)
+    : final_(dir / "releases.csv"), target_(unchecked ? dir / ".releases.csv.partial" : final_), columns_(columns) {}
+
+ReleaseWriter::~ReleaseWriter() {
+  if (target_ != final_) {
+    std::error_code ec;
+    std::filesystem::remove(target_, ec);
+  }
+}
+
+void ReleaseWriter::finish() {
+  if (target_ == final_) return;
+  std::filesystem::rename(target_, final_);
+  fsync_dir(final_.parent_path());
+  target_ = final_;
+}
 
 void ReleaseWriter::start() {
-  write_file_atomically(final_, std::string(kHeader));
+  write_file_atomically(target_, std::string(kHeader));
   bytes_ = kHeader.size();
   rows_ = 0;
 }
@@ -76,17 +90,17 @@ std::string ReleaseWriter::take_pending() {
   return out;
 }
 
-void ReleaseWriter::append(const std::string& text) const {
-  const int fd = ::open(final_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", final_.string(), std::strerror(errno)));
+void ReleaseWriter::append(const std::string& text, bool sync) const {
+  const int fd = ::open(target_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", target_.string(), std::strerror(errno)));
   // Two writes with a fault point between them: the tests kill the job in mid-append.
   const std::size_t half = text.size() / 2;
   bool ok = write_all(fd, text.data(), half);
   if (ok) fault::point("publish_half");
-  ok = ok && write_all(fd, text.data() + half, text.size() - half) && ::fsync(fd) == 0;
+  ok = ok && write_all(fd, text.data() + half, text.size() - half) && (!sync || ::fsync(fd) == 0);
   const int err = errno;
   ::close(fd);
-  if (!ok) throw std::runtime_error(fmt::format("cannot append to {}: {}", final_.string(), std::strerror(err)));
+  if (!ok) throw std::runtime_error(fmt::format("cannot append to {}: {}", target_.string(), std::strerror(err)));
 }
 
 }  // namespace dpstream

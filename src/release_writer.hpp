@@ -38,7 +38,10 @@ class ReleaseWriter {
  public:
   static constexpr std::string_view kHeader = "window,trigger,key,count,sum\n";
 
-  ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns);
+  // `unchecked`: a job without checkpoints writes a hidden partial file and renames it at the end
+  // (finish), so a failed run leaves no releases.csv.
+  ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns, bool unchecked = false);
+  ~ReleaseWriter();  // removes an unfinished partial file
   ReleaseWriter(const ReleaseWriter&) = delete;
   ReleaseWriter& operator=(const ReleaseWriter&) = delete;
 
@@ -55,14 +58,16 @@ class ReleaseWriter {
   std::uint64_t pending_rows() const { return pending_rows_; }
   // Appends rows to releases.csv and fsyncs. Touches nothing but the file, so the checkpoint's
   // I/O thread may call it while the trigger loop stages the next rows.
-  void append(const std::string& text) const;
+  void append(const std::string& text, bool sync = true) const;
+  // Without checkpoints: renames the partial file to releases.csv.
+  void finish();
 
   std::filesystem::path final_path() const { return final_; }
   std::uint64_t bytes() const { return bytes_; }  // header and rows handed to commits
   std::uint64_t rows() const { return rows_; }    // rows handed to commits
 
  private:
-  std::filesystem::path final_;
+  std::filesystem::path final_, target_;  // target_: final_, or the partial file
   ReleaseColumns columns_;
   std::string pending_;
   std::uint64_t pending_rows_ = 0, bytes_ = 0, rows_ = 0;
