@@ -101,7 +101,7 @@ Manifest from_json(const json& j) {
                           s.at("bytes").get<std::uint64_t>(), std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
   m.counters = j.at("counters");
   m.privacy = j.at("privacy");
-  m.summary = j.at("summary");
+  m.summary = j.contains("summary") ? j.at("summary") : json(nullptr);
   return m;
 }
 
@@ -693,10 +693,10 @@ void Store::await_io(CommitStats& stats) {
   stats.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!pending_) return;
   t0 = std::chrono::steady_clock::now();
-  shuffle::ByteWriter w;
-  w.put(written.bytes);
-  w.put(written.xxh3);
-  const auto refs = comm_.gather_bytes_to_root(w.bytes());
+  std::vector<std::byte> mine(2 * sizeof(std::uint64_t));
+  std::memcpy(mine.data(), &written.bytes, sizeof(std::uint64_t));
+  std::memcpy(mine.data() + sizeof(std::uint64_t), &written.xxh3, sizeof(std::uint64_t));
+  const auto refs = comm_.gather_bytes_to_root(mine);
   if (comm_.rank() == 0) {
     shuffle::ByteReader in(refs.data(), refs.size());
     for (int r = 0; r < comm_.size(); ++r) {

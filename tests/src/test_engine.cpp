@@ -20,8 +20,13 @@ using namespace dpstream;
 namespace fs = std::filesystem;
 
 namespace {
+// A fresh directory per test (an earlier, interrupted run must not leave a checkpoint to refuse).
 fs::path out_dir(const shuffle::Comm& comm, const std::string& name) {
-  return fs::temp_directory_path() / ("dpstream_engine_" + name + "_np" + std::to_string(comm.size()));
+  const auto dir = fs::temp_directory_path() / ("dpstream_engine_" + name + "_np" + std::to_string(comm.size()));
+  comm.barrier();
+  if (comm.rank() == 0) fs::remove_all(dir);
+  comm.barrier();
+  return dir;
 }
 
 std::string read_file(const fs::path& p) {
