@@ -227,7 +227,9 @@ TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
       store.commit([seg = segments[t]] { return seg; }, rows, {0, t, t + 1, false}, {{"records", 7 * (t + 1)}},
                    10 + 100 * (t + 1), t + 1);
       // Pipelined: commit t + 1 becomes visible only with the next commit (or finish).
-      if (comm.rank() == 0) EXPECT_FALSE(fs::exists(dir / fmt::format("MANIFEST-{:06}.json", t + 1)));
+      if (comm.rank() == 0) {
+        EXPECT_FALSE(fs::exists(dir / fmt::format("MANIFEST-{:06}.json", t + 1)));
+      }
     }
     store.finish();
   }
