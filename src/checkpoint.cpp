@@ -60,7 +60,12 @@ void make_private_dir(const fs::path& dir) {
 json to_json(const Manifest& m) {
   json segs = json::array();
   for (const auto& s : m.segments)
-    segs.push_back({{"seq", s.seq}, {"rank", s.rank}, {"file", s.file}, {"bytes", s.bytes}, {"xxh3", hex64(s.xxh3)}});
+    segs.push_back({{"seq", s.seq},
+                    {"rank", s.rank},
+                    {"ranks", s.ranks},
+                    {"file", s.file},
+                    {"bytes", s.bytes},
+                    {"xxh3", hex64(s.xxh3)}});
   return {{"format", "dpstream-checkpoint-manifest"},
           {"version", kFormatVersion},
           {"seq", m.seq},
@@ -97,8 +102,9 @@ Manifest from_json(const json& j) {
   m.job_file_bytes = j.at("job_file").at("bytes").get<std::uint64_t>();
   m.job_file_xxh3 = std::stoull(j.at("job_file").at("xxh3").get<std::string>(), nullptr, 16);
   for (const auto& s : j.at("segments"))
-    m.segments.push_back({s.at("seq").get<std::uint64_t>(), s.at("rank").get<int>(), s.at("file").get<std::string>(),
-                          s.at("bytes").get<std::uint64_t>(), std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
+    m.segments.push_back({s.at("seq").get<std::uint64_t>(), s.at("rank").get<int>(), s.value("ranks", m.ranks),
+                          s.at("file").get<std::string>(), s.at("bytes").get<std::uint64_t>(),
+                          std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
   m.counters = j.at("counters");
   m.privacy = j.at("privacy");
   m.summary = j.contains("summary") ? j.at("summary") : json(nullptr);
@@ -616,11 +622,13 @@ noise::Secret Store::secret() const {
 }
 
 std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done) {
-  const bool same_ranks = latest_.ranks == comm_.size();
   const bool root = comm_.rank() == 0;
   std::string staged;
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     for (const auto& ref : latest_.segments) {
+      // A segment written with this rank count holds exactly one rank's users and keys; one written
+      // with another count (before a resume that changed it) is read by every rank and filtered.
+      const bool same_ranks = ref.ranks == comm_.size();
       const bool holds_staged = root && ref.seq == latest_.seq && ref.rank == 0 && latest_.staged_bytes > 0;
       const bool mine = !window_done && (!same_ranks || ref.rank == comm_.rank());
       if (!mine && !holds_staged) continue;
@@ -702,8 +710,8 @@ void Store::await_io(CommitStats& stats) {
     for (int r = 0; r < comm_.size(); ++r) {
       const auto bytes = in.get<std::uint64_t>();
       const auto hash = in.get<std::uint64_t>();
-      latest_.segments.push_back(
-          {latest_.seq, r, fmt::format("w{}/s{:06}-r{:04}.h5", latest_.window_index, latest_.seq, r), bytes, hash});
+      latest_.segments.push_back({latest_.seq, r, comm_.size(),
+                                  fmt::format("w{}/s{:06}-r{:04}.h5", latest_.window_index, latest_.seq, r), bytes, hash});
     }
   }
   stats.gather_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

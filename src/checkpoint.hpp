@@ -39,6 +39,7 @@ std::string file_digest(const std::string& path);
 struct SegmentRef {
   std::uint64_t seq = 0;
   int rank = 0;
+  int ranks = 0;     // the rank count that wrote it: its users and keys are partitioned by that count
   std::string file;  // relative to the checkpoint directory
   std::uint64_t bytes = 0;
   std::uint64_t xxh3 = 0;
@@ -47,7 +48,7 @@ struct SegmentRef {
 struct Manifest {
   std::uint64_t seq = 0;           // commit number: 0 is the empty start
   std::string job_id, job_name, fingerprint;
-  int ranks = 0;                   // rank count that wrote the segments
+  int ranks = 0;                   // rank count of the last commit (a log may mix counts after a resume)
   std::uint32_t window_index = 0;  // window of the job (0-based) that the log belongs to
   std::uint32_t next_trigger = 0;  // triggers [0, next_trigger) of that window are committed; T: window done
   bool complete = false;

@@ -572,6 +572,17 @@ def main():
             results.check(f"{job.label}: kill {fault} at {k_ranks} rank(s), resume at {r_ranks} = reference",
                           rank_change)
 
+        # A window's log that mixes rank counts (commits by 4 ranks, then by 2), resumed again at 2:
+        # the 4-rank segments must still be re-partitioned (each rank reads them all).
+        def mixed_rank_log():
+            have(dp_job)
+            out = os.path.join(case_dir("ranks-4-2-2"), "out")
+            kill(dp_job, out, "committed@4:0", ranks=4, bounds=(None, 4))
+            kill(dp_job, out, "committed@3:0", resume=True, ranks=2, what="resume at 2 rank(s), killed again")
+            resume(dp_job, out, ranks=2, what="second resume at 2 rank(s)")
+
+        results.check("dp: log of 4-rank then 2-rank commits, resumed again at 2 = reference", mixed_rank_log)
+
         # ---- DP without a seed: the resume reuses the stored secret ----
 
         def no_seed():
