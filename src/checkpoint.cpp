@@ -48,11 +48,14 @@ std::string printable(std::string s) {
 
 std::string manifest_name(std::uint64_t seq) { return fmt::format("MANIFEST-{:06}.json", seq); }
 
+// mkdir -p with mode 0700; a new directory's entry is made durable (fsync of its parent).
 void make_private_dir(const fs::path& dir) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  const bool created = fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
-  ::chmod(dir.c_str(), 0700);
+  if (::chmod(dir.c_str(), 0700) != 0)
+    throw std::runtime_error(fmt::format("cannot make {} private (chmod 0700): {}", dir.string(), std::strerror(errno)));
+  if (created) fsync_dir(dir.parent_path());
 }
 
 // ---- manifest <-> JSON ----------------------------------------------------------------------
@@ -188,10 +191,11 @@ JobRecord read_job(const fs::path& path) {
     throw CheckpointError(fmt::format("{} is missing: the checkpoint cannot be used; start over with --fresh", path.string()));
   JobRecord job;
   try {
-    const auto bytes = read_file_bytes(path);
+    auto bytes = read_file_bytes(path);
     job.bytes = bytes.size();
     job.xxh3 = xxh3(bytes);
     h5::MemoryFile f(bytes);
+    OPENSSL_cleanse(bytes.data(), bytes.size());  // holds the secret
     if (h5::read_string_attribute(f.get(), "format") != kJobFormat) throw std::runtime_error("not a dpstream job file");
     if (h5::read_uint_attribute(f.get(), "version") != kFormatVersion) throw std::runtime_error("unknown format version");
     job.job_id = h5::read_string_attribute(f.get(), "job_id");
@@ -201,10 +205,9 @@ JobRecord read_job(const fs::path& path) {
     if (h5::exists(f.get(), "secret")) {
       auto s = h5::read_dataset<std::uint8_t>(f.get(), "secret");
       if (s.size() != 32) throw std::runtime_error("the secret is not 32 bytes");
-      noise::Secret secret;
-      std::copy(s.begin(), s.end(), secret.begin());
+      job.secret.emplace();
+      std::copy(s.begin(), s.end(), job.secret->begin());
       OPENSSL_cleanse(s.data(), s.size());
-      job.secret = secret;
     }
   } catch (const std::exception& e) {
     throw CheckpointError(fmt::format("{} is damaged or not a dpstream job file ({}): the checkpoint cannot be used; "
@@ -345,6 +348,9 @@ std::string check_commit(const fs::path& dir, const Manifest& m) {
 
 Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   Fields f;
+  // The engine's own output-defining choices (noise generator and sampler, fixed-point grid,
+  // checkpoint format): a binary that changes them must not resume an older job's checkpoint.
+  f["engine.mechanism"] = "noise AES-256-CTR/HMAC-SHA256 + CKS20 discrete Gaussian, values 2^-20, checkpoint v1";
   f["job.name"] = c.name;
   f["input.kind"] = to_string(c.input.kind);
   if (c.input.kind == InputKind::Csv) {
@@ -613,9 +619,10 @@ noise::Secret Store::secret() const {
   noise::Secret s{};
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (comm_.rank() != 0) return;
-    const JobRecord job = read_job(dir_ / kJobFile);
+    JobRecord job = read_job(dir_ / kJobFile);
     if (!job.secret) throw CheckpointError(fmt::format("{}/{} holds no noise secret", dir_.string(), kJobFile));
     s = *job.secret;
+    OPENSSL_cleanse(job.secret->data(), job.secret->size());
   });
   comm_.broadcast(s.data(), s.size());
   return s;
@@ -662,6 +669,7 @@ void Store::begin(const std::string& job_name, const Fields& fields, const noise
     latest_.job_file_bytes = image.size();
     latest_.job_file_xxh3 = xxh3(image);
     OPENSSL_cleanse(image.data(), image.size());
+    if (job.secret) OPENSSL_cleanse(job.secret->data(), job.secret->size());
     job_id = job.job_id;
   });
   shuffle::broadcast_string(comm_, job_id);
@@ -756,29 +764,36 @@ CommitStats Store::commit(std::function<Segment()> make_segment, std::string row
 
   // The I/O thread: first the previous commit's manifest and rows (rank 0: every rank's file of it
   // is durable), then this commit's segment.
-  io_ = std::async(std::launch::async, [this, root, previous_pending, previous = std::move(previous),
-                                        previous_rows = std::move(pending_rows_), make_segment = std::move(make_segment),
-                                        rows, header, path]() {
-    using Clock = std::chrono::steady_clock;
-    const auto t = Clock::now();
-    if (root && previous_pending) make_visible(previous, previous_rows);
-    fault::point("ckpt_begin");
-    const auto t_encode = Clock::now();
-    Segment segment = make_segment();
-    segment.releases_csv = rows;
-    const auto image = encode_segment(segment, header);
-    segment = Segment{};
-    Written w{image.size(), xxh3(image), 0, 0, 0};
-    const auto t_write = Clock::now();
-    w.encode_seconds = std::chrono::duration<double>(t_write - t_encode).count();
-    make_private_dir(path.parent_path());
-    write_file_atomically(path, image.data(), image.size(),
-                          {.mode = kFileMode, .fault_half = "ckpt_half_written", .fault_before_rename = "ckpt_before_rename"});
-    fault::point("ckpt_after_rename");
-    w.write_seconds = std::chrono::duration<double>(Clock::now() - t_write).count();
-    w.seconds = std::chrono::duration<double>(Clock::now() - t).count();
-    return w;
-  });
+  std::string launch_error;
+  try {
+    io_ = std::async(std::launch::async, [this, root, previous_pending, previous = std::move(previous),
+                                          previous_rows = std::move(pending_rows_), make_segment = std::move(make_segment),
+                                          rows, header, path]() {
+      using Clock = std::chrono::steady_clock;
+      const auto t = Clock::now();
+      if (root && previous_pending) make_visible(previous, previous_rows);
+      fault::point("ckpt_begin");
+      const auto t_encode = Clock::now();
+      Segment segment = make_segment();
+      segment.releases_csv = rows;
+      const auto image = encode_segment(segment, header);
+      segment = Segment{};
+      Written w{image.size(), xxh3(image), 0, 0, 0};
+      const auto t_write = Clock::now();
+      w.encode_seconds = std::chrono::duration<double>(t_write - t_encode).count();
+      make_private_dir(path.parent_path());
+      write_file_atomically(path, image.data(), image.size(),
+                            {.mode = kFileMode, .fault_half = "ckpt_half_written", .fault_before_rename = "ckpt_before_rename"});
+      fault::point("ckpt_after_rename");
+      w.write_seconds = std::chrono::duration<double>(Clock::now() - t_write).count();
+      w.seconds = std::chrono::duration<double>(Clock::now() - t).count();
+      return w;
+    });
+  } catch (const std::exception& e) {  // no thread: every rank must learn it before the next collective
+    launch_error = fmt::format("cannot start the checkpoint I/O thread: {}", e.what());
+  }
+  launch_error = comm_.agree_on_error(launch_error);
+  if (!launch_error.empty()) throw CheckpointError(launch_error);
   latest_ = std::move(next);
   pending_rows_ = std::move(rows);
   pending_ = true;
@@ -822,7 +837,12 @@ void Store::collect_garbage() {
       else
         empty = false;
     }
-    if (empty && wname != fmt::format("w{}", visible_.window_index)) fs::remove(dir.path(), ec);
+    // Only windows before both kept commits: another rank may be starting the next window's files.
+    std::smatch wm;
+    static const std::regex window_name(R"(w(\d+))");
+    if (empty && std::regex_match(wname, wm, window_name) &&
+        std::stoull(wm[1].str()) < std::min(visible_.window_index, visible_prev_.window_index))
+      fs::remove(dir.path(), ec);
   }
 }
 

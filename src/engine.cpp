@@ -179,6 +179,9 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   const bool checkpointing = options.write_output && config.checkpoint.every > 0;
   if (options.write_output && !checkpointing && options.start_mode == checkpoint::StartMode::Resume)
     throw ConfigError("--resume needs checkpoints: remove [checkpoint] every = 0 (or --set checkpoint.every=1)");
+  // Declared before the store: the store's I/O thread publishes through the writer, so the writer
+  // must outlive it when an error unwinds the stack.
+  std::unique_ptr<ReleaseWriter> writer;
   checkpoint::Store store(out_dir / "checkpoint", comm);
   checkpoint::Fields identity;
   checkpoint::Opened opened;
@@ -229,7 +232,6 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret);
   }
 
-  std::unique_ptr<ReleaseWriter> writer;
   on_every_rank<ConfigError>(comm, [&] {
     if (!options.write_output || !root) return;
     std::error_code ec;

@@ -53,6 +53,8 @@ void ReleaseWriter::finish() {
 }
 
 void ReleaseWriter::start() {
+  std::error_code ec;
+  std::filesystem::remove(final_.parent_path() / "summary.json", ec);  // an older run's completion marker
   write_file_atomically(target_, std::string(kHeader));
   bytes_ = kHeader.size();
   rows_ = 0;
