@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checkpoint cost on the paper workload (DP, T = 100, a commit after every trigger): one full run,
-# then the same job killed right after commit K and resumed. Prints RESULT lines with seconds per
+# Checkpoint cost on the paper workload (DP, T = 100, a commit after every trigger): the run without
+# checkpoints and with them, side by side, then the same job killed right after commit K and resumed. Prints RESULT lines with seconds per
 # commit, checkpoint time over the rest of the run, bytes per tracked key and per active user,
 # and the resume (load) time.
 #   jobs/bench-checkpoint.sh [build/src/dpstream] [ranks] [kill-after-commit] [extra --set args...]
@@ -16,6 +16,7 @@ out=${BENCH_OUT:-$(mktemp -d)}
 [ -n "${BENCH_OUT:-}" ] || trap 'rm -rf "$out"' EXIT
 run() { OMP_NUM_THREADS=$threads mpirun --oversubscribe -np "$np" --bind-to none "$bin" run "$here/paper-workload-dp.toml" --set privacy.seed=1 \
           --progress never "$@"; }
+run --out "$out/none" --set checkpoint.every=0 "$@" >/dev/null   # the same run without checkpoints
 run --out "$out/full" "$@" >/dev/null
 du -sb "$out/full/checkpoint" | awk '{print "checkpoint_dir_bytes_at_end=" $1}' > "$out/du.txt"
 # Kill rank 0 right after commit K (the manifest is durable, the rows not yet published), then resume.
@@ -32,6 +33,7 @@ python3 - "$out" "$(echo "$t1 - $t0" | bc)" "$same" "$kill_at" <<'PY'
 import json, sys
 out, resume_wall, same, kill_at = sys.argv[1], float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 full = json.load(open(f"{out}/full/summary.json"))
+none = json.load(open(f"{out}/none/summary.json"))
 res = json.load(open(f"{out}/killed/summary.json"))
 extra = dict(line.strip().split("=") for line in open(f"{out}/du.txt"))
 st, ck = full["stage_seconds_max_over_ranks"], full["checkpoint"]
@@ -45,6 +47,8 @@ print(f"RESULT ranks={full['ranks']} threads={full['threads_per_rank']} records=
       f"key_state_bytes_per_tracked_key={ck['key_state_bytes_written'] / keys:.1f} "
       f"file_bytes_per_record={ck['segment_bytes_written'] / full['records']['read']:.2f} "
       f"active_users={users} tracked_keys={keys} {' '.join(f'{k}={v}' for k, v in extra.items())}")
+print(f"RESULT wall_without_checkpoints_s={none['wall_seconds']:.2f} wall_with_s={full['wall_seconds']:.2f} "
+      f"with_over_without={full['wall_seconds'] / none['wall_seconds']:.3f}")
 print(f"RESULT resume_after_commit={kill_at} resume_wall_s={resume_wall:.2f} "
       f"resume_load_s={res['checkpoint']['load_seconds_max_over_ranks']:.2f} "
       f"resumed_run_wall_s={res['wall_seconds']:.2f} identical_releases={same}")
