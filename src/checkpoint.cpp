@@ -5,7 +5,6 @@
 #include <omp.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -18,6 +17,7 @@
 #include <set>
 
 #include "partition/hash.hpp"
+#include "src/csv_input.hpp"
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
 #include "src/fault_injection.hpp"
@@ -400,24 +400,9 @@ std::string fingerprint(const Fields& fields) {
 }
 
 std::string file_digest(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw InputError(fmt::format("cannot open input file {}: {}", path, std::strerror(errno)));
-  struct stat st {};
-  ::fstat(fd, &st);
-  const auto size = static_cast<std::size_t>(st.st_size);
-  std::uint64_t h = XXH3_64bits(nullptr, 0);
-  if (size > 0) {
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      throw InputError(fmt::format("cannot map input file {}: {}", path, std::strerror(errno)));
-    }
-    ::madvise(p, size, MADV_SEQUENTIAL);
-    h = XXH3_64bits(p, size);
-    ::munmap(p, size);
-  }
-  ::close(fd);
-  return fmt::format("{} bytes, xxh3 {}", size, hex64(h));
+  const MappedFile file(path);
+  const auto data = file.view();
+  return fmt::format("{} bytes, xxh3 {}", data.size(), hex64(XXH3_64bits(data.data(), data.size())));
 }
 
 // ---- journal <-> state ------------------------------------------------------------------------
@@ -439,6 +424,19 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
   }
   keys.clear_journal();
   return j;
+}
+
+std::uint64_t Journal::user_bytes() const {
+  std::uint64_t b = 0;
+  for (const auto& shard : changed_users) b += shard.size() * Segment::kKeptBytes;
+  for (const auto& shard : new_pairs) b += shard.size() * Segment::kPairBytes;
+  return b;
+}
+
+std::uint64_t Journal::key_bytes() const {
+  std::uint64_t b = 0;
+  for (const auto& shard : keys) b += shard.size() * Segment::kKeyBytes;
+  return b;
 }
 
 Segment Journal::to_segment() const {

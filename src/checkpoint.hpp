@@ -73,8 +73,10 @@ struct Segment {
   std::vector<std::uint32_t> key_round, key_round_start;
   std::string releases_csv;  // rank 0: the commit's release rows as they go into releases.csv
 
-  std::uint64_t user_bytes() const { return user_id.size() * 12 + pair_user.size() * 16; }
-  std::uint64_t key_bytes() const { return key_id.size() * 48; }
+  // Payload bytes per entry of each table.
+  static constexpr std::uint64_t kKeptBytes = 12, kPairBytes = 16, kKeyBytes = 48;
+  std::uint64_t user_bytes() const { return user_id.size() * kKeptBytes + pair_user.size() * kPairBytes; }
+  std::uint64_t key_bytes() const { return key_id.size() * kKeyBytes; }
 };
 
 // The tables' journals, drained at a commit: the users' changes as recorded (moved out, so the
@@ -85,6 +87,8 @@ struct Journal {
   std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> new_pairs;
   std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> keys;
   Segment to_segment() const;
+  std::uint64_t user_bytes() const;  // what to_segment() will hold, in Segment's payload bytes
+  std::uint64_t key_bytes() const;
 };
 Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys);
 inline Segment take_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {

@@ -44,47 +44,36 @@ Columns parse_header(const std::string& path, std::string_view header) {
   return Columns{idx[0], idx[1], idx[2], idx[3], fields.size()};
 }
 
-// Read-only mapping of a whole file (RAII).
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw InputError(fmt::format("cannot open input file {}: {}", path, std::strerror(errno)));
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd_);
-      throw InputError(fmt::format("input {} is not a regular file", path));
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd_);
-        throw InputError(fmt::format("cannot map input file {}: {}", path, std::strerror(errno)));
-      }
-      data_ = static_cast<const char*>(p);
-      ::madvise(p, size_, MADV_SEQUENTIAL);
-    }
-  }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<char*>(data_), size_);
-    if (fd_ >= 0) ::close(fd_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  std::string_view view() const { return {data_ ? data_ : "", size_}; }
-
- private:
-  int fd_ = -1;
-  const char* data_ = nullptr;
-  std::size_t size_ = 0;
-};
-
 std::size_t line_number_of(std::string_view file, std::size_t offset) {
   return 1 + static_cast<std::size_t>(std::count(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
 }
 
 }  // namespace
+
+MappedFile::MappedFile(const std::string& path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw InputError(fmt::format("cannot open input file {}: {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw InputError(fmt::format("input {} is not a regular file", path));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd_);
+      throw InputError(fmt::format("cannot map input file {}: {}", path, std::strerror(errno)));
+    }
+    data_ = static_cast<const char*>(p);
+    ::madvise(p, size_, MADV_SEQUENTIAL);
+  }
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<char*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
+}
 
 bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
   fields.clear();

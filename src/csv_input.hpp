@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/config.hpp"
@@ -12,6 +13,21 @@
 #include "src/stream_clock.hpp"
 
 namespace dpstream {
+
+// Read-only mapping of a whole file (RAII); throws InputError naming the file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  std::string_view view() const { return {data_ ? data_ : "", size_}; }
+
+ private:
+  int fd_ = -1;
+  const char* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 // Splits one CSV line (without its line break) into fields; false if quoting is malformed.
 bool split_csv_line(std::string_view line, std::vector<std::string>& fields);

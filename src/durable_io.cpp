@@ -64,6 +64,20 @@ void write_file_atomically(const std::filesystem::path& path, const void* data, 
   fsync_dir(path.parent_path());
 }
 
+void append_to_file(const std::filesystem::path& path, const void* data, std::size_t size, bool sync,
+                    const char* fault_half) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) fail("open", path, errno);
+  const auto* bytes = static_cast<const char*>(data);
+  const std::size_t half = size / 2;
+  bool ok = write_all(fd, bytes, half);
+  if (ok && fault_half) fault::point(fault_half);
+  ok = ok && write_all(fd, bytes + half, size - half) && (!sync || ::fsync(fd) == 0);
+  const int err = errno;
+  ::close(fd);
+  if (!ok) fail("append to", path, err);
+}
+
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("open", path, errno);

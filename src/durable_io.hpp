@@ -33,6 +33,11 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
   write_file_atomically(path, text.data(), text.size(), options);
 }
 
+// Appends `size` bytes to an existing file, fsynced unless `sync` is false; `fault_half` is a fault
+// point after half of the bytes (tests). Throws std::runtime_error naming the file.
+void append_to_file(const std::filesystem::path& path, const void* data, std::size_t size, bool sync = true,
+                    const char* fault_half = nullptr);
+
 // Whole file into memory; throws std::runtime_error naming the file.
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
 

@@ -348,9 +348,8 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
     const auto c0 = Clock::now();
     auto journal = std::make_shared<checkpoint::Journal>(checkpoint::drain_journal(users, keys));
     ckpt_time.journal += seconds_since(c0);
-    for (const auto& shard : journal->changed_users) ckpt_user_bytes += shard.size() * 12;
-    for (const auto& shard : journal->new_pairs) ckpt_user_bytes += shard.size() * 16;
-    for (const auto& shard : journal->keys) ckpt_key_bytes += shard.size() * 48;
+    ckpt_user_bytes += journal->user_bytes();
+    ckpt_key_bytes += journal->key_bytes();
     std::string rows = root ? writer->take_pending() : std::string();
     ckpt_release_bytes += rows.size();
     const auto counters = carried.global_sums(comm);

@@ -11,7 +11,6 @@
 
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
-#include "src/fault_injection.hpp"
 #include "src/record.hpp"
 
 namespace dpstream {
@@ -93,16 +92,7 @@ std::string ReleaseWriter::take_pending() {
 }
 
 void ReleaseWriter::append(const std::string& text, bool sync) const {
-  const int fd = ::open(target_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", target_.string(), std::strerror(errno)));
-  // Two writes with a fault point between them: the tests kill the job in mid-append.
-  const std::size_t half = text.size() / 2;
-  bool ok = write_all(fd, text.data(), half);
-  if (ok) fault::point("publish_half");
-  ok = ok && write_all(fd, text.data() + half, text.size() - half) && (!sync || ::fsync(fd) == 0);
-  const int err = errno;
-  ::close(fd);
-  if (!ok) throw std::runtime_error(fmt::format("cannot append to {}: {}", target_.string(), std::strerror(err)));
+  append_to_file(target_, text.data(), text.size(), sync, "publish_half");  // the tests kill the job mid-append
 }
 
 }  // namespace dpstream

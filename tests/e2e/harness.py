@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -118,6 +119,20 @@ class Results:
         for f in self.failed:
             print(f"  failed: {f}")
         return 1 if self.failed else 0
+
+
+class CaseDirs:
+    """Numbered sub-directories of `root`, one per test case: NNN-label."""
+
+    def __init__(self, root):
+        self.root = root
+        self.serial = 0
+
+    def __call__(self, label):
+        self.serial += 1
+        d = os.path.join(self.root, f"{self.serial:03d}-" + re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")[:60])
+        os.makedirs(d)
+        return d
 
 
 class TempDir:

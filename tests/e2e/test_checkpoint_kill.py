@@ -374,13 +374,7 @@ def main():
     last = args.ranks - 1
     kills = {"n": 0}
     with harness.TempDir(args.keep, "dpstream-e2e-ckpt-kill-") as root:
-        serial = {"n": 0}
-
-        def case_dir(label):
-            serial["n"] += 1
-            d = os.path.join(root, f"{serial['n']:03d}-" + re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")[:60])
-            os.makedirs(d)
-            return d
+        case_dir = harness.CaseDirs(root)
 
         csv_path = os.path.join(root, "input.csv")
         n_rows = write_csv_input(csv_path)

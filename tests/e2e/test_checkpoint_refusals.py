@@ -49,13 +49,7 @@ def main():
     results = harness.Results(f"test_checkpoint_refusals (ranks={args.ranks})")
     last = args.ranks - 1
     with harness.TempDir(args.keep, "dpstream-e2e-ckpt-refusals-") as root:
-        serial = {"n": 0}
-
-        def case_dir(label):
-            serial["n"] += 1
-            d = os.path.join(root, f"{serial['n']:02d}-" + re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")[:60])
-            os.makedirs(d)
-            return d
+        case_dir = harness.CaseDirs(root)
 
         job = ck.Job("dp", harness.write_job(os.path.join(root, "dp.toml"), ck.dp_toml()), 0, 8, 2, True)
         other_text = ck.dp_toml("e2e-ckpt-other").replace("users = 20000", "users = 15000") \
