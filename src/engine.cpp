@@ -24,6 +24,7 @@
 #include "src/naive_reference.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/release_writer.hpp"
+#include "src/stop_request.hpp"
 #include "src/summary.hpp"
 #include "src/workload.hpp"
 
@@ -149,6 +150,18 @@ struct CarriedCounters {
     for (const auto& [name, v] : items) *v = root && j.contains(name) ? j.at(name).get<std::uint64_t>() : 0;
   }
 };
+
+// A stop signal seen by any rank, agreed by all (one small allgather per trigger).
+struct StopAgreement {
+  int signal = 0;  // the first rank's signal
+  int rank = -1;   // the first rank that received one
+};
+StopAgreement agree_on_stop(const shuffle::Comm& comm) {
+  const auto seen = comm.allgather(static_cast<std::uint64_t>(stop_request::signal_received()));
+  for (std::size_t r = 0; r < seen.size(); ++r)
+    if (seen[r] != 0) return {static_cast<int>(seen[r]), static_cast<int>(r)};
+  return {};
+}
 
 }  // namespace
 
@@ -362,7 +375,9 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
 
   bool final_commit_pending = false;
   std::uint32_t uncommitted_from = start_trigger;  // first trigger of the window not yet committed
-  for (std::uint32_t wi = start_window; wi < config.stream.windows; ++wi) {
+  StopAgreement stop;
+  std::uint32_t stopped_window = 0, stopped_trigger = 0;
+  for (std::uint32_t wi = start_window; wi < config.stream.windows && !stop.signal; ++wi) {
     const std::int64_t window = config.stream.first_window + wi;
     if (releaser) releaser->begin_window(window);
     for (std::uint32_t trigger = wi == start_window ? start_trigger : 0; trigger < T; ++trigger) {
@@ -452,12 +467,14 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
 
       // 6. checkpoint every k triggers and at the end of each window; the job's very last commit
       // waits for summary.json.
+      bool committed_now = false;
       if (checkpointing && (trigger + 1 - uncommitted_from >= config.checkpoint.every || window_end)) {
         if (wi + 1 == config.stream.windows && window_end) {
           final_commit_pending = true;
         } else {
           commit(wi, uncommitted_from, trigger + 1, false);
           uncommitted_from = window_end ? 0 : trigger + 1;
+          committed_now = true;
         }
       }
 
@@ -472,11 +489,37 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
                      human_rate(static_cast<double>(global_records) / std::max(elapsed, 1e-9)).c_str(),
                      static_cast<unsigned long long>(released), dp ? "keys released" : "keys changed", elapsed, remaining);
       }
+
+      // 7. a stop signal on any rank: every rank stops after this trigger, which is committed even
+      // between two scheduled commits (the job's last trigger simply finishes the job).
+      if (triggers_done < total_triggers && (stop = agree_on_stop(comm)).signal != 0) {
+        if (checkpointing && !committed_now) commit(wi, uncommitted_from, trigger + 1, false);
+        stopped_window = wi;
+        stopped_trigger = trigger;
+        break;
+      }
     }
-    if (!final_commit_pending) {
+    if (!final_commit_pending && !stop.signal) {
       users.clear();
       keys.clear();
     }
+  }
+  if (stop.signal) {  // the last commit made durable and visible; no summary.json (the job is unfinished)
+    if (checkpointing) add_times(store.finish());
+    report.stop_signal = stop.signal;
+    const std::string where =
+        fmt::format("after trigger {} of {} in window {} of {}", stopped_trigger + 1, T, stopped_window + 1, config.stream.windows);
+    if (checkpointing)
+      report.stop_message = fmt::format(
+          "dpstream: stopped cleanly on {} (first seen by rank {}) {}; commit {} holds every trigger up to there and "
+          "releases.csv its rows; continue with: dpstream run ... --resume (any rank count)",
+          stop_request::signal_name(stop.signal), stop.rank, where, store.manifest().seq);
+    else
+      report.stop_message = fmt::format(
+          "dpstream: stopped on {} (first seen by rank {}) {}; checkpoints are off ([checkpoint] every = 0), so "
+          "nothing can be resumed and no output was kept",
+          stop_request::signal_name(stop.signal), stop.rank, where);
+    return report;
   }
   const double wall = seconds_since(run_start);
   global_records = comm.sum(local_records);

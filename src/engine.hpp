@@ -33,9 +33,12 @@ struct RunReport {
   std::string releases_path;  // rank 0
   std::string result_line;    // benchmark RESULT line (rank 0)
   bool already_complete = false;  // --resume found the job finished: nothing was run
+  int stop_signal = 0;            // the job stopped early on this signal (SIGTERM / SIGUSR1)
+  std::string stop_message;       // rank 0: where it stopped and how to continue
 };
 
-// Runs the job on all ranks of `comm`. Throws ConfigError / InputError / CheckpointError (the same
+// Runs the job on all ranks of `comm`. A stop signal (src/stop_request.hpp) on any rank stops every
+// rank after the same trigger with that trigger committed (stop_signal != 0). Throws ConfigError / InputError / CheckpointError (the same
 // on every rank) for bad jobs, input and checkpoints; nothing is written in that case.
 RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunOptions& options);
 

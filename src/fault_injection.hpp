@@ -1,6 +1,7 @@
-// Fault injection for the kill-and-resume tests: DPSTREAM_FAULT="<point>@<hit>:<rank>" makes rank
-// <rank> (default 0) SIGKILL itself the <hit>-th time (default 1) it reaches fault point <point>.
-// Unset, a fault point costs one relaxed atomic load. The points are listed in docs/CHECKPOINTS.md.
+// Fault injection for the kill-and-resume tests: DPSTREAM_FAULT="<point>@<hit>:<rank>[:<signal>]"
+// makes rank <rank> (default 0) send itself <signal> (KILL, the default; TERM or USR1 to test the
+// clean stop) the <hit>-th time (default 1) it reaches fault point <point>. Unset, a fault point
+// costs one relaxed atomic load. The points are listed in docs/CHECKPOINTS.md.
 #pragma once
 
 #include <signal.h>
@@ -18,6 +19,7 @@ struct Plan {
   std::string point;
   std::uint64_t hit = 1;
   int rank = 0;
+  int signal = SIGKILL;
 };
 
 // Parses DPSTREAM_FAULT (throws std::invalid_argument with the expected form).
@@ -25,15 +27,22 @@ inline bool parse_plan(const char* text, Plan& plan) {
   if (!text || !*text) return false;
   const std::string s(text);
   const auto at = s.find('@'), colon = s.find(':');
+  const auto colon2 = colon == std::string::npos ? colon : s.find(':', colon + 1);
   plan.point = s.substr(0, std::min(at, colon));
+  bool ok = true;
   try {
     if (at != std::string::npos) plan.hit = std::stoull(s.substr(at + 1, colon == std::string::npos ? colon : colon - at - 1));
-    if (colon != std::string::npos) plan.rank = std::stoi(s.substr(colon + 1));
+    if (colon != std::string::npos) plan.rank = std::stoi(s.substr(colon + 1, colon2 == std::string::npos ? colon2 : colon2 - colon - 1));
   } catch (const std::exception&) {
-    plan.point.clear();
+    ok = false;
   }
-  if (plan.point.empty() || plan.hit == 0 || plan.rank < 0)
-    throw std::invalid_argument("DPSTREAM_FAULT='" + s + "': expected <point>[@<hit>][:<rank>], e.g. shuffle_user@3:1");
+  if (colon2 != std::string::npos) {
+    const std::string name = s.substr(colon2 + 1);
+    plan.signal = name == "KILL" ? SIGKILL : name == "TERM" ? SIGTERM : name == "USR1" ? SIGUSR1 : 0;
+  }
+  if (!ok || plan.point.empty() || plan.hit == 0 || plan.rank < 0 || plan.signal == 0)
+    throw std::invalid_argument("DPSTREAM_FAULT='" + s +
+                                "': expected <point>[@<hit>][:<rank>[:KILL|TERM|USR1]], e.g. shuffle_user@3:1");
   return true;
 }
 
@@ -51,10 +60,11 @@ inline void arm_from_environment(int rank) {
   detail::armed.store(true, std::memory_order_release);
 }
 
-// A place where a crash must be survivable. Thread-safe; kills the whole process, not the thread.
+// A place where a crash (or a stop signal) must be survivable. Thread-safe; the signal goes to the
+// whole process, not the thread.
 inline void point(const char* name) {
   if (!detail::armed.load(std::memory_order_acquire) || detail::plan.point != name) return;
-  if (detail::hits.fetch_add(1) + 1 == detail::plan.hit) ::kill(::getpid(), SIGKILL);
+  if (detail::hits.fetch_add(1) + 1 == detail::plan.hit) ::kill(::getpid(), detail::plan.signal);
 }
 
 }  // namespace dpstream::fault

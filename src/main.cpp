@@ -1,5 +1,6 @@
 // dpstream command line: run | bench | generate | budget. Runs under mpirun / srun.
-// Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint.
+// Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint,
+// 5 stopped cleanly by SIGTERM / SIGUSR1 (resume with --resume).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <malloc.h>
@@ -14,6 +15,7 @@
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/privacy_plan.hpp"
+#include "src/stop_request.hpp"
 #include "src/workload.hpp"
 
 namespace {
@@ -21,6 +23,7 @@ namespace {
 constexpr int kExitConfig = 2;
 constexpr int kExitInput = 3;
 constexpr int kExitCheckpoint = 4;
+constexpr int kExitStopped = 5;
 constexpr int kExitOther = 1;
 
 struct JobArgs {
@@ -122,7 +125,12 @@ int main(int argc, char** argv) {
       options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
                            : fresh ? dpstream::checkpoint::StartMode::Fresh
                                    : dpstream::checkpoint::StartMode::Start;
+      dpstream::stop_request::install();
       const auto report = dpstream::run_job(config, comm, options);
+      if (report.stop_signal) {
+        if (root) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
+        return kExitStopped;
+      }
       if (root && report.already_complete) {
         std::printf("dpstream: job '%s' is already complete in %s; nothing to do\n  releases: %s\n", config.name.c_str(),
                     config.output.dir.c_str(), report.releases_path.c_str());
