@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <malloc.h>
 #include <omp.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -16,6 +19,7 @@
 #include "src/errors.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/stop_request.hpp"
+#include "src/summary.hpp"
 #include "src/workload.hpp"
 
 namespace {
@@ -96,6 +100,10 @@ int main(int argc, char** argv) {
                                     "Continue from the last committed checkpoint in DIR/checkpoint (any rank count); the "
                                     "output equals an uninterrupted run");
   run->add_flag("--fresh", fresh, "Discard the checkpoint and output in DIR and start over")->excludes(resume_flag);
+  bool result_line = false;
+  run->add_flag("--result", result_line,
+                "Also print a RESULT line (throughput, ms per trigger by stage, shuffle bytes per record, peak memory) "
+                "for the scaling drivers in slurm/");
   auto* bench = app.add_subcommand("bench", "Benchmark the engine path against the naive single-threaded reference; prints a RESULT line");
   add_job_args(bench, bench_args);
   auto* gen = app.add_subcommand("generate", "Write a job's synthetic stream as CSV (rank 0)");
@@ -137,6 +145,10 @@ int main(int argc, char** argv) {
       } else if (root) {
         std::printf("dpstream: %s finished on %d rank(s) x %d thread(s)\n", config.name.c_str(), comm.size(), omp_get_max_threads());
         std::printf("  releases: %s\n  summary:  %s/summary.json\n", report.releases_path.c_str(), config.output.dir.c_str());
+        if (result_line)
+          std::printf("%s\n", dpstream::run_result_line(nlohmann::json::parse(report.summary_json),
+                                                        comm.size() * omp_get_max_threads() > static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))))
+                                   .c_str());
       }
     } else if (*bench) {
       auto config = load(bench_args);
