@@ -13,6 +13,8 @@ packages=(
   libabsl-dev libxxhash-dev             # flat hash maps, string hashing
   libssl-dev                            # keyed cryptographic PRF for noise
   python3                               # independent reference computations in tests
+  slurm-wlm munge                       # the local SLURM cluster of the SLURM test (slurm/local-cluster.sh)
+  python3-matplotlib                    # scaling plots (slurm/plot_scaling.py)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,76 @@
+# Shared by the sbatch scripts in slurm/ (sourced, not run). Layout comes from SLURM:
+#   ranks   = SLURM_NTASKS (sbatch -n / --ntasks-per-node x -N)
+#   threads = SLURM_CPUS_PER_TASK (sbatch -c), exported as OMP_NUM_THREADS
+# Settings (environment, all optional):
+#   DPSTREAM_HOME      the dpstream checkout (default: the submit directory, else this file's parent)
+#   DPSTREAM_BIN       the binary (default: $DPSTREAM_HOME/build/src/dpstream)
+#   DPSTREAM_LAUNCHER  mpirun (default) or srun; DPSTREAM_SRUN_MPI sets srun --mpi (default pmix)
+#   DPSTREAM_STOP_GRACE seconds mpirun waits for ranks to stop cleanly after a SIGTERM (default 5;
+#                      mpirun also waits twice this long after a rank exits non-zero, e.g. 5 on a
+#                      clean stop; keep it below the cluster's KillWait, 30 s by default)
+
+dpstream_log() { printf '[%s] slurm/%s: %s\n' "$(date +%H:%M:%S)" "${DPSTREAM_SCRIPT:-lib.sh}" "$*" >&2; }
+
+dpstream_setup() {
+  if [[ -z ${SLURM_JOB_ID:-} ]]; then
+    dpstream_log "not inside a SLURM job: submit with sbatch (see slurm/README.md)"
+    exit 2
+  fi
+  if [[ -z ${DPSTREAM_HOME:-} ]]; then
+    if [[ -x ${SLURM_SUBMIT_DIR:-}/build/src/dpstream ]]; then
+      DPSTREAM_HOME=$SLURM_SUBMIT_DIR
+    else
+      DPSTREAM_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    fi
+  fi
+  DPSTREAM_BIN=${DPSTREAM_BIN:-$DPSTREAM_HOME/build/src/dpstream}
+  if [[ ! -x $DPSTREAM_BIN ]]; then
+    dpstream_log "dpstream binary not found at $DPSTREAM_BIN: build it (bash cmake/build.sh) or set DPSTREAM_BIN / DPSTREAM_HOME"
+    exit 2
+  fi
+  DPSTREAM_RANKS=${SLURM_NTASKS:-1}
+  export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
+  # Open MPI as root (containers, test clusters) and more ranks than cores (oversubscribed tests).
+  export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+  # mpirun answers a SIGTERM by killing its ranks after this many seconds: long enough for the
+  # ranks (which get the SIGTERM too) to finish their trigger and commit.
+  export OMPI_MCA_odls_base_sigkill_timeout=${DPSTREAM_STOP_GRACE:-5}
+  dpstream_log "job $SLURM_JOB_ID${SLURM_ARRAY_TASK_ID:+ (array task $SLURM_ARRAY_TASK_ID)}: $DPSTREAM_RANKS rank(s) x $OMP_NUM_THREADS thread(s) on ${SLURM_JOB_NUM_NODES:-1} node(s) [${SLURM_JOB_NODELIST:-?}], restart ${SLURM_RESTART_COUNT:-0}, launcher ${DPSTREAM_LAUNCHER:-mpirun}"
+}
+
+# Runs `dpstream ARGS...` on every task of the allocation and returns its exit code. A SIGUSR1 or
+# SIGTERM reaching the batch shell (sbatch --signal=B:USR1@secs, scancel --signal=USR1 --batch,
+# scancel at the time limit) is passed on as SIGUSR1, which mpirun and srun forward to every rank:
+# the engine then stops after its current trigger with the checkpoint committed and exits 5.
+dpstream_launch() {
+  local launcher=${DPSTREAM_LAUNCHER:-mpirun}
+  case $launcher in
+    mpirun)
+      mpirun -np "$DPSTREAM_RANKS" --oversubscribe --bind-to none -x OMP_NUM_THREADS "$DPSTREAM_BIN" "$@" &
+      ;;
+    srun)
+      srun --mpi="${DPSTREAM_SRUN_MPI:-pmix}" --kill-on-bad-exit=0 -n "$DPSTREAM_RANKS" -c "$OMP_NUM_THREADS" \
+        "$DPSTREAM_BIN" "$@" &
+      ;;
+    *)
+      dpstream_log "DPSTREAM_LAUNCHER=$launcher: use mpirun or srun"
+      return 2
+      ;;
+  esac
+  local child=$! code
+  DPSTREAM_SIGNALLED=0
+  trap 'DPSTREAM_SIGNALLED=1; dpstream_log "stop signal: asking dpstream to stop after its current trigger"; kill -USR1 '"$child"' 2>/dev/null || true' USR1 TERM
+  # `wait` returns early (status > 128) when a trapped signal arrives: wait again until the launcher ends.
+  while true; do
+    code=0
+    wait "$child" || code=$?
+    if ((code > 128)) && kill -0 "$child" 2>/dev/null; then continue; fi
+    if ((code > 128)); then code=0; wait "$child" || code=$?; fi  # it ended just after the signal
+    break
+  done
+  trap - USR1 TERM
+  return "$code"
+}
+
+# True when DIR holds a checkpoint to continue from (a started job: --resume, not a new run).
+dpstream_has_checkpoint() { [[ -f $1/checkpoint/job.h5 ]]; }
