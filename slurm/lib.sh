@@ -38,10 +38,10 @@ dpstream_setup() {
   dpstream_log "job $SLURM_JOB_ID${SLURM_ARRAY_TASK_ID:+ (array task $SLURM_ARRAY_TASK_ID)}: $DPSTREAM_RANKS rank(s) x $OMP_NUM_THREADS thread(s) on ${SLURM_JOB_NUM_NODES:-1} node(s) [${SLURM_JOB_NODELIST:-?}], restart ${SLURM_RESTART_COUNT:-0}, launcher ${DPSTREAM_LAUNCHER:-mpirun}"
 }
 
-# Runs `dpstream ARGS...` on every task of the allocation and returns its exit code. A SIGUSR1 or
-# SIGTERM reaching the batch shell (sbatch --signal=B:USR1@secs, scancel --signal=USR1 --batch,
-# scancel at the time limit) is passed on as SIGUSR1, which mpirun and srun forward to every rank:
-# the engine then stops after its current trigger with the checkpoint committed and exits 5.
+# Runs `dpstream ARGS...` on every task of the allocation and returns its exit code. A SIGUSR1
+# reaching the batch shell (sbatch --signal=B:USR1@secs, scancel --signal=USR1 --batch) is passed
+# on to mpirun or srun, which forward it to every rank: the engine then stops after its current
+# trigger with the checkpoint committed and exits 5.
 dpstream_launch() {
   local launcher=${DPSTREAM_LAUNCHER:-mpirun}
   case $launcher in
@@ -58,8 +58,11 @@ dpstream_launch() {
       ;;
   esac
   local child=$! code
-  DPSTREAM_SIGNALLED=0
-  trap 'DPSTREAM_SIGNALLED=1; dpstream_log "stop signal: asking dpstream to stop after its current trigger"; kill -USR1 '"$child"' 2>/dev/null || true' USR1 TERM
+  # USR1 reaches the batch shell alone (--signal=B:USR1, scancel --batch): pass it on. SIGTERM
+  # (time limit, scancel, pre-emption) reaches every process of the job, ranks included: passing
+  # it on would be their second signal, which aborts; just keep waiting for the clean stop.
+  trap 'dpstream_log "SIGUSR1: asking dpstream to stop after its current trigger"; kill -USR1 '"$child"' 2>/dev/null || true' USR1
+  trap 'dpstream_log "SIGTERM: every rank got it too; waiting for dpstream to stop after its current trigger"' TERM
   # `wait` returns early (status > 128) when a trapped signal arrives: wait again until the launcher ends.
   while true; do
     code=0
