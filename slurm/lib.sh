@@ -5,15 +5,18 @@
 #   DPSTREAM_HOME      the dpstream checkout (default: the submit directory, else this file's parent)
 #   DPSTREAM_BIN       the binary (default: $DPSTREAM_HOME/build/src/dpstream)
 #   DPSTREAM_LAUNCHER  mpirun (default) or srun; DPSTREAM_SRUN_MPI sets srun --mpi (default pmix)
-#   DPSTREAM_STOP_GRACE seconds mpirun waits for ranks to stop cleanly after a SIGTERM (default 5;
-#                      mpirun also waits twice this long after a rank exits non-zero, e.g. 5 on a
-#                      clean stop; keep it below the cluster's KillWait, 30 s by default)
+#   DPSTREAM_STOP_GRACE seconds mpirun waits for ranks to stop cleanly after a SIGTERM before it
+#                      kills them (default 5; longer than one trigger plus one commit, below the
+#                      cluster's KillWait, 30 s by default). mpirun also waits twice this long
+#                      after a rank exits non-zero, e.g. 5 on a clean stop.
 
 dpstream_log() { printf '[%s] slurm/%s: %s\n' "$(date +%H:%M:%S)" "${DPSTREAM_SCRIPT:-lib.sh}" "$*" >&2; }
 
 dpstream_setup() {
+  DPSTREAM_GOT_USR1=0
+  dpstream_record_signals
   if [[ -z ${SLURM_JOB_ID:-} ]]; then
-    dpstream_log "not inside a SLURM job: submit with sbatch (see slurm/README.md)"
+    dpstream_log "not inside a SLURM job: submit with sbatch (see docs/SLURM.md)"
     exit 2
   fi
   if [[ -z ${DPSTREAM_HOME:-} ]]; then
@@ -41,7 +44,8 @@ dpstream_setup() {
 # Runs `dpstream ARGS...` on every task of the allocation and returns its exit code. A SIGUSR1
 # reaching the batch shell (sbatch --signal=B:USR1@secs, scancel --signal=USR1 --batch) is passed
 # on to mpirun or srun, which forward it to every rank: the engine then stops after its current
-# trigger with the checkpoint committed and exits 5.
+# trigger with the checkpoint committed and exits 5. DPSTREAM_GOT_USR1=1 afterwards says the stop
+# was asked for this way (a time-limit warning: requeue), not by a cancel.
 dpstream_launch() {
   local launcher=${DPSTREAM_LAUNCHER:-mpirun}
   case $launcher in
@@ -57,22 +61,34 @@ dpstream_launch() {
       return 2
       ;;
   esac
-  local child=$! code
-  # USR1 reaches the batch shell alone (--signal=B:USR1, scancel --batch): pass it on. SIGTERM
-  # (time limit, scancel, pre-emption) reaches every process of the job, ranks included: passing
-  # it on would be their second signal, which aborts; just keep waiting for the clean stop.
-  trap 'dpstream_log "SIGUSR1: asking dpstream to stop after its current trigger"; kill -USR1 '"$child"' 2>/dev/null || true' USR1
-  trap 'dpstream_log "SIGTERM: every rank got it too; waiting for dpstream to stop after its current trigger"' TERM
+  local child=$! code signalled=0
+  # USR1 reaches the batch shell alone: pass it on. SIGTERM (time limit, scancel, pre-emption)
+  # reaches every process of the job, ranks included: passing it on would be a second signal; just
+  # keep waiting for the stop.
+  trap 'DPSTREAM_GOT_USR1=1; signalled=1; dpstream_log "SIGUSR1: asking dpstream to stop after its current trigger"; kill -USR1 '"$child"' 2>/dev/null || true' USR1
+  trap 'signalled=1; dpstream_log "SIGTERM: every rank got it too; waiting for dpstream to stop after its current trigger"' TERM
+  if ((DPSTREAM_GOT_USR1)); then  # it came before the launch (dpstream_setup's trap recorded it)
+    dpstream_log "SIGUSR1 arrived before the launch: asking dpstream to stop after its first trigger"
+    kill -USR1 "$child" 2>/dev/null || true
+  fi
   # `wait` returns early (status > 128) when a trapped signal arrives: wait again until the launcher ends.
   while true; do
-    code=0
+    signalled=0 code=0
     wait "$child" || code=$?
-    if ((code > 128)) && kill -0 "$child" 2>/dev/null; then continue; fi
-    if ((code > 128)); then code=0; wait "$child" || code=$?; fi  # it ended just after the signal
+    ((signalled)) || break
+    kill -0 "$child" 2>/dev/null && continue
+    code=0
+    wait "$child" || code=$?  # it ended just after the signal: its own status
     break
   done
-  trap - USR1 TERM
+  dpstream_record_signals
   return "$code"
+}
+
+# Outside dpstream_launch a SIGUSR1 or SIGTERM must not kill the batch shell: record it.
+dpstream_record_signals() {
+  trap 'DPSTREAM_GOT_USR1=1; dpstream_log "SIGUSR1 recorded"' USR1
+  trap 'dpstream_log "SIGTERM recorded"' TERM
 }
 
 # True when DIR holds a checkpoint to continue from (a started job: --resume, not a new run).

@@ -126,6 +126,8 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitConfig;
   }
 
+  // Before anything slow (job spec, checkpoint load): from here a stop signal is a clean stop.
+  if (*run || *bench) dpstream::stop_request::install();
   try {
     if (*run) {
       const auto config = load(run_args);
@@ -133,7 +135,6 @@ int main(int argc, char** argv) {
       options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
                            : fresh ? dpstream::checkpoint::StartMode::Fresh
                                    : dpstream::checkpoint::StartMode::Start;
-      dpstream::stop_request::install();
       const auto report = dpstream::run_job(config, comm, options);
       if (report.stop_signal) {
         if (root) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
@@ -155,6 +156,10 @@ int main(int argc, char** argv) {
       if (config.input.kind != dpstream::InputKind::Synthetic)
         throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
       const auto report = dpstream::run_job(config, comm, {.write_output = false, .naive_reference = true});
+      if (report.stop_signal) {
+        if (root) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
+        return kExitStopped;
+      }
       if (root) std::printf("%s\n", report.result_line.c_str());
     } else if (*budget) {
       const auto plan = dpstream::make_privacy_plan(load(budget_args));

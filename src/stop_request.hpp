@@ -1,6 +1,8 @@
 // Clean stop on SIGTERM / SIGUSR1 (SLURM's pre-emption and time-limit warnings): the first signal
 // only records itself; the trigger loop agrees on it across ranks after the current trigger, commits
-// the checkpoint and returns. A second signal terminates the process at once (docs/SLURM.md).
+// the checkpoint and returns. A second signal more than DPSTREAM_STOP_REPEAT_SECONDS (default 2)
+// after the first terminates the process at once; earlier repeats are the same request arriving
+// by two paths (SLURM signals both the ranks and mpirun, which forwards). docs/SLURM.md.
 #pragma once
 
 namespace dpstream::stop_request {
@@ -11,7 +13,5 @@ void install();
 int signal_received();
 // The signal's name for log lines ("SIGTERM", "SIGUSR1").
 const char* signal_name(int signo);
-// Tests: forget a recorded signal and re-arm the handlers.
-void reset_for_test();
 
 }  // namespace dpstream::stop_request

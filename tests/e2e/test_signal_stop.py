@@ -12,8 +12,9 @@ Each job first runs uninterrupted: its releases.csv is the reference. Then:
   * a signal during the job's last trigger just finishes the job (exit 0, summary.json).
   * [checkpoint] every = 0: exit 5, "nothing can be resumed", no output files left.
   * external signals on a larger job: SIGUSR1 to mpirun (which forwards it to every rank) stops
-    the job cleanly; two SIGTERMs 50 ms apart to one rank abort it ("second stop signal") and the
-    last committed checkpoint still resumes to the reference.
+    the job cleanly; SIGTERM then SIGUSR1 to one rank (repeat window off) abort it ("second stop
+    signal") and the last committed checkpoint still resumes to the reference; a repeat 50 ms later
+    with the default 2 s window is the same request (clean stop).
 
 Usage: test_signal_stop.py --ranks N [--bin build/src/dpstream] [--keep]
 """
@@ -177,10 +178,11 @@ def main():
             assert not os.path.exists(os.path.join(out, "checkpoint")), "a checkpoint dir without checkpoints"
         results.check("[checkpoint] every = 0: stops, keeps nothing", without_checkpoints)
 
-        def start_big(out):
+        def start_big(out, extra_env=None):
             argv = [dps.mpirun, "-np", str(R), "--oversubscribe", dps.bin, "run", specs["big"], "--out", out]
             env = dict(dps.env)
             env.pop("DPSTREAM_FAULT", None)
+            env.update(extra_env or {})
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                     start_new_session=True)
             releases = os.path.join(out, "releases.csv")
@@ -217,19 +219,37 @@ def main():
         results.check("SIGUSR1 to mpirun: forwarded, clean stop, resume", usr1_to_mpirun)
 
         def second_signal_aborts():
-            out = case_dir("big-double-term")
-            proc = start_big(out)
+            # Two different signals back to back never merge into one; the repeat window is off.
+            out = case_dir("big-term-then-usr1")
+            proc = start_big(out, {"DPSTREAM_STOP_REPEAT_SECONDS": "0"})
             pids = rank_pids(proc.pid)
             assert pids, "no rank processes found under mpirun"
             os.kill(pids[-1], signal.SIGTERM)
-            time.sleep(0.05)
-            os.kill(pids[-1], signal.SIGTERM)
+            os.kill(pids[-1], signal.SIGUSR1)
             code, err = finish(proc)
             assert code not in (0, EXIT_STOPPED), f"a second signal must abort (exit {code})\n{err[-2000:]}"
             assert "second stop signal: aborting" in err, f"no abort line: {err[-2000:]!r}"
             assert not os.path.exists(os.path.join(out, "summary.json")), "summary.json after an abort"
             resume_and_compare("big", out, other)
-        results.check("a second SIGTERM aborts; the last commit resumes", second_signal_aborts)
+        results.check("a second signal aborts; the last commit resumes", second_signal_aborts)
+
+        def repeat_is_one_request():
+            # SLURM signals a rank and mpirun, which forwards: the same request twice within moments.
+            out = case_dir("big-term-twice")
+            proc = start_big(out)
+            pids = rank_pids(proc.pid)
+            assert pids, "no rank processes found under mpirun"
+            os.kill(pids[-1], signal.SIGTERM)
+            time.sleep(0.05)
+            try:
+                os.kill(pids[-1], signal.SIGUSR1)
+            except ProcessLookupError:
+                pass  # already stopped
+            code, err = finish(proc)
+            assert code == EXIT_STOPPED, f"a repeat within the window must not abort (exit {code})\n{err[-2000:]}"
+            assert "second stop signal" not in err, err[-2000:]
+            resume_and_compare("big", out, R)
+        results.check("a repeat within 2 s is the same request: clean stop", repeat_is_one_request)
 
     return results.finish()
 
