@@ -91,5 +91,10 @@ dpstream_record_signals() {
   trap 'dpstream_log "SIGTERM recorded"' TERM
 }
 
+# Logs a failed dpstream exit code with what it means (src/main.cpp), plus an optional note.
+dpstream_log_failure() {
+  dpstream_log "dpstream exited with code $1 (1 unexpected, 2 job spec, 3 input, 4 checkpoint: see the log above)${2:+; $2}"
+}
+
 # True when DIR holds a checkpoint to continue from (a started job: --resume, not a new run).
 dpstream_has_checkpoint() { [[ -f $1/checkpoint/job.h5 ]]; }

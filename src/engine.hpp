@@ -32,6 +32,7 @@ struct RunReport {
   std::string summary_json;  // what summary.json holds (rank 0)
   std::string releases_path;  // rank 0
   std::string result_line;    // benchmark RESULT line (rank 0)
+  std::string run_result_line;  // `run --result` RESULT line (rank 0)
   bool already_complete = false;  // --resume found the job finished: nothing was run
   int stop_signal = 0;            // the job stopped early on this signal (SIGTERM / SIGUSR1)
   std::string stop_message;       // rank 0: where it stopped and how to continue

@@ -5,9 +5,6 @@
 #include <fmt/format.h>
 #include <malloc.h>
 #include <omp.h>
-#include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -19,7 +16,6 @@
 #include "src/errors.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/stop_request.hpp"
-#include "src/summary.hpp"
 #include "src/workload.hpp"
 
 namespace {
@@ -128,6 +124,10 @@ int main(int argc, char** argv) {
 
   // Before anything slow (job spec, checkpoint load): from here a stop signal is a clean stop.
   if (*run || *bench) dpstream::stop_request::install();
+  auto stopped = [root](const dpstream::RunReport& report) {  // a clean stop on a signal: say where, exit 5
+    if (root && report.stop_signal) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
+    return report.stop_signal != 0;
+  };
   try {
     if (*run) {
       const auto config = load(run_args);
@@ -136,30 +136,21 @@ int main(int argc, char** argv) {
                            : fresh ? dpstream::checkpoint::StartMode::Fresh
                                    : dpstream::checkpoint::StartMode::Start;
       const auto report = dpstream::run_job(config, comm, options);
-      if (report.stop_signal) {
-        if (root) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
-        return kExitStopped;
-      }
+      if (stopped(report)) return kExitStopped;
       if (root && report.already_complete) {
         std::printf("dpstream: job '%s' is already complete in %s; nothing to do\n  releases: %s\n", config.name.c_str(),
                     config.output.dir.c_str(), report.releases_path.c_str());
       } else if (root) {
         std::printf("dpstream: %s finished on %d rank(s) x %d thread(s)\n", config.name.c_str(), comm.size(), omp_get_max_threads());
         std::printf("  releases: %s\n  summary:  %s/summary.json\n", report.releases_path.c_str(), config.output.dir.c_str());
-        if (result_line)
-          std::printf("%s\n", dpstream::run_result_line(nlohmann::json::parse(report.summary_json),
-                                                        comm.size() * omp_get_max_threads() > static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))))
-                                   .c_str());
+        if (result_line) std::printf("%s\n", report.run_result_line.c_str());
       }
     } else if (*bench) {
       auto config = load(bench_args);
       if (config.input.kind != dpstream::InputKind::Synthetic)
         throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
       const auto report = dpstream::run_job(config, comm, {.write_output = false, .naive_reference = true});
-      if (report.stop_signal) {
-        if (root) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
-        return kExitStopped;
-      }
+      if (stopped(report)) return kExitStopped;
       if (root) std::printf("%s\n", report.result_line.c_str());
     } else if (*budget) {
       const auto plan = dpstream::make_privacy_plan(load(budget_args));

@@ -13,7 +13,7 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-std::string run_result_line(const nlohmann::json& j, bool oversubscribed) {
+std::string run_result_line(const nlohmann::json& j) {
   const auto& st = j.at("stage_seconds_max_over_ranks");
   const double triggers = std::max(1.0, j.at("triggers").get<double>());
   auto per_trigger = [&](std::initializer_list<const char*> names) {
@@ -39,6 +39,6 @@ std::string run_result_line(const nlohmann::json& j, bool oversubscribed) {
       per_trigger({"checkpoint"}),
       bytes.at("user_shuffle_total").get<double>() + bytes.at("key_shuffle_total").get<double>(),
       bytes.at("user_shuffle_to_other_ranks").get<double>() + bytes.at("key_shuffle_to_other_ranks").get<double>(),
-      static_cast<double>(rss) / 1048576.0, oversubscribed ? "yes" : "no");
+      static_cast<double>(rss) / 1048576.0, j.at("oversubscribed").get<bool>() ? "yes" : "no");
 }
 }  // namespace dpstream

@@ -10,5 +10,5 @@ std::uint64_t peak_rss_bytes();
 
 // One `RESULT key=value ...` line of a run's summary.json for the scaling drivers (slurm/):
 // throughput, seconds per trigger by stage (max over ranks), shuffle bytes per record, peak memory.
-std::string run_result_line(const nlohmann::json& summary, bool oversubscribed);
+std::string run_result_line(const nlohmann::json& summary);
 }  // namespace dpstream

@@ -150,6 +150,45 @@ class TempDir:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
+def synthetic_job_toml(name, mode, users, triggers, *, keys, seed, window_seconds, max_records, noise_seed,
+                       windows=1, first_window=0, every=None):
+    """A synthetic job spec counting and summing values in [0, 1]; mode "dp" gets eps 6, delta 1e-9
+    and a fixed noise seed; `every` adds a [checkpoint] section."""
+    dp = mode == "dp"
+    return f"""\
+[job]
+name = "{name}"
+
+[input]
+kind = "synthetic"
+users = {users}
+keys = {keys}
+seed = {seed}
+
+[stream]
+window_seconds = {window_seconds}
+triggers = {triggers}
+windows = {windows}
+first_window = {first_window}
+
+[privacy]
+mode = "{mode}"
+max_records_per_user = {max_records}
+clamp_min = 0.0
+clamp_max = 1.0
+{"epsilon = 6.0" if dp else ""}
+{"delta = 1e-9" if dp else ""}
+{f"seed = {noise_seed}" if dp else ""}
+
+[query]
+aggregations = ["count", "sum"]
+{f"[checkpoint]{chr(10)}every = {every}{chr(10)}" if every is not None else ""}
+[output]
+format = "csv"
+progress = "never"
+"""
+
+
 def write_job(path, text):
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)

@@ -36,39 +36,8 @@ STOP_RE = re.compile(r"stopped cleanly on (SIGTERM|SIGUSR1) \(first seen by rank
 
 
 def job_toml(name, mode, users, triggers, windows=1, every=None, first_window=0):
-    dp = mode == "dp"
-    return f"""\
-[job]
-name = "{name}"
-
-[input]
-kind = "synthetic"
-users = {users}
-keys = 200
-seed = 3
-
-[stream]
-window_seconds = 900
-triggers = {triggers}
-windows = {windows}
-first_window = {first_window}
-
-[privacy]
-mode = "{mode}"
-max_records_per_user = 8
-clamp_min = 0.0
-clamp_max = 1.0
-{"epsilon = 6.0" if dp else ""}
-{"delta = 1e-9" if dp else ""}
-{"seed = 5" if dp else ""}
-
-[query]
-aggregations = ["count", "sum"]
-{f"[checkpoint]{chr(10)}every = {every}{chr(10)}" if every is not None else ""}
-[output]
-format = "csv"
-progress = "never"
-"""
+    return harness.synthetic_job_toml(name, mode, users, triggers, keys=200, seed=3, window_seconds=900, max_records=8,
+                                      noise_seed=5, windows=windows, first_window=first_window, every=every)
 
 
 def rows_through(reference, first_window, window_index, trigger):

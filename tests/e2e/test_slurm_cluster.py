@@ -36,38 +36,9 @@ SKIP = 77
 EXIT_STOPPED = 5
 
 
-def job_toml(name, users, triggers, mode="dp"):
-    dp = mode == "dp"
-    return f"""\
-[job]
-name = "{name}"
-
-[input]
-kind = "synthetic"
-users = {users}
-keys = 3000
-seed = 21
-
-[stream]
-window_seconds = 86400
-triggers = {triggers}
-
-[privacy]
-mode = "{mode}"
-max_records_per_user = 16
-clamp_min = 0.0
-clamp_max = 1.0
-{"epsilon = 6.0" if dp else ""}
-{"delta = 1e-9" if dp else ""}
-{"seed = 4" if dp else ""}
-
-[query]
-aggregations = ["count", "sum"]
-
-[output]
-format = "csv"
-progress = "never"
-"""
+def job_toml(name, users, triggers, every=None):
+    return harness.synthetic_job_toml(name, "dp", users, triggers, keys=3000, seed=21, window_seconds=86400,
+                                      max_records=16, noise_seed=4, every=every)
 
 
 class Cluster:
@@ -142,7 +113,7 @@ def main():
         long = harness.write_job(os.path.join(tmp, "long.toml"), job_toml("slurm-long", 1500000, 24))
         # Commits only at the window's end: a mid-window commit can only come from a clean stop.
         long_rare = harness.write_job(os.path.join(tmp, "long-rare.toml"),
-                                      job_toml("slurm-long", 1500000, 24) + "\n[checkpoint]\nevery = 100\n")
+                                      job_toml("slurm-long", 1500000, 24, every=100))
         reference = {}
         for name, spec in (("small", small), ("long", long)):
             out = case_dir(f"reference-{name}")
