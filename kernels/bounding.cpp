@@ -119,7 +119,7 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
           auto& p = local.try_emplace(key, KeyPartial{key, 0, 0, 0}).first->second;
           p.count += count;
           add_or_flag(p.sum, sum, mine.overflow);
-          p.new_users += first_touch ? 1 : 0;
+          p.new_users += first_touch || params.users_per_trigger ? 1 : 0;
         }
         g = g_end;
       }

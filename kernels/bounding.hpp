@@ -19,6 +19,9 @@ struct BoundingParams {
   double clamp_min;                    // values are clamped (as doubles, so any magnitude is
   double clamp_max;                    // safe) and then rounded to fixed point
   std::int64_t value_quantum = 1;      // DP: fixed values are rounded to multiples of the sum noise grid
+  // KeyPartial::new_users counts a user once per key per window (false), or once per key in every
+  // trigger where the user has kept records of the key (true: the per-batch baseline's user counts).
+  bool users_per_trigger = false;
 };
 
 // Nearest multiple of q (ties away from zero); monotone, so clamped values stay within the rounded bounds.

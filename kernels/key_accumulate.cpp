@@ -32,7 +32,7 @@ std::uint64_t KeyStateTable::memory_bytes() const {
   return b;
 }
 
-std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials, bool report_changes) {
+std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials, Report report) {
   constexpr std::size_t S = kShards;
   auto sharded = partition::partition_by(partials, S, [](const KeyPartial& p) {
     return partition::local_shard(partition::salted_hash(p.key, partition::kKeySalt), S);
@@ -50,14 +50,19 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
       KeyState& st = table[p->key];
       const std::uint64_t key = p->key;
       bool flag = false;
+      KeyTotals trigger_totals{key, 0, 0, 0};
       for (; p != last && p->key == key; ++p) {
         st.count += p->count;
         add_or_flag(st.sum, p->sum, flag);
         st.users += p->new_users;
+        trigger_totals.count += p->count;
+        add_or_flag(trigger_totals.sum, p->sum, flag);
+        trigger_totals.users += p->new_users;
       }
       overflow = overflow || flag;
       if (journal) changed_keys[s].push_back(key);
-      if (report_changes) changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
+      if (report == Report::RunningTotals) changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
+      if (report == Report::TriggerTotals) changed[s].push_back(trigger_totals);
     }
   }
   if (overflow) throw std::overflow_error(kSumOverflowMessage);

@@ -31,9 +31,11 @@ class KeyStateTable {
   std::uint64_t keys() const;
   std::uint64_t memory_bytes() const;
 
-  // Adds one trigger's partials (any order, a key may repeat) and returns the totals of every
-  // key that changed, sorted by key id (nothing when report_changes is false: DP scans the table).
-  std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials, bool report_changes = true);
+  // What accumulate returns for every key the trigger touched, sorted by key id: its running
+  // totals (mode none), the trigger's own totals (the per-batch baseline), or nothing (DP scans the table).
+  enum class Report { RunningTotals, TriggerTotals, Nothing };
+  // Adds one trigger's partials (any order, a key may repeat).
+  std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials, Report report = Report::RunningTotals);
 
   std::vector<absl::flat_hash_map<std::uint64_t, KeyState>> shards{kShards};
 

@@ -17,7 +17,8 @@ using Secret = std::array<std::uint8_t, 32>;
 Secret secret_from_os();                      // OpenSSL RAND_priv_bytes; throws std::runtime_error
 Secret secret_from_seed(std::uint64_t seed);  // test mode: SHA-256("dpstream test seed" || seed LE8)
 
-enum class Family : std::uint32_t { KeySelection = 0, Count = 1, Sum = 2 };
+// DP-SQLP's trees, and the baselines' one-shot releases (round = trigger, level = index = 0).
+enum class Family : std::uint32_t { KeySelection = 0, Count = 1, Sum = 2, BaselineSelection = 3, BaselineCount = 4, BaselineSum = 5 };
 
 struct NodeId {
   std::uint64_t key;

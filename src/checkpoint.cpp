@@ -363,6 +363,7 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
     f["input.seed"] = fmt::format("{}", c.input.seed);
     f["input.records_per_user_q"] = fmt::format("{}", c.input.records_per_user_q);
     f["input.records_per_user_s"] = fmt::format("{}", c.input.records_per_user_s);
+    f["input.records_per_user_min"] = fmt::format("{}", c.input.records_per_user_min);
     f["input.records_per_user_max"] = fmt::format("{}", c.input.records_per_user_max);
     f["input.key_q"] = fmt::format("{}", c.input.key_q);
     f["input.key_s"] = fmt::format("{}", c.input.key_s);
@@ -372,11 +373,12 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   f["stream.first_window"] = fmt::format("{}", c.stream.first_window);
   f["stream.windows"] = fmt::format("{}", c.stream.windows);
   const auto& p = c.privacy;
-  f["privacy.mode"] = p.mode == PrivacyMode::Dp ? "dp" : "none";
+  f["privacy.mode"] = to_string(p.mode);
   f["privacy.max_records_per_user"] = fmt::format("{}", p.max_records_per_user);
   f["privacy.clamp_min"] = fmt::format("{}", p.clamp_min);
   f["privacy.clamp_max"] = fmt::format("{}", p.clamp_max);
-  if (p.mode == PrivacyMode::Dp) {
+  if (is_private(p.mode)) {
+    f["privacy.composition"] = to_string(p.composition);
     f["privacy.epsilon"] = fmt::format("{}", p.epsilon);
     f["privacy.delta"] = fmt::format("{}", p.delta);
     f["privacy.mu"] = p.mu ? fmt::format("{}", *p.mu) : "default";

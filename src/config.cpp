@@ -149,6 +149,17 @@ void apply_override(toml::table& root, const std::string& assignment) {
 
 std::string to_string(InputKind k) { return k == InputKind::Csv ? "csv" : "synthetic"; }
 std::string to_string(KeyDistribution d) { return d == KeyDistribution::Uniform ? "uniform" : "zipf-mandelbrot"; }
+std::string to_string(PrivacyMode m) {
+  switch (m) {
+    case PrivacyMode::Dp: return "dp";
+    case PrivacyMode::BaselineRepeated: return "baseline-repeated";
+    case PrivacyMode::BaselineBatch: return "baseline-batch";
+    default: return "none";
+  }
+}
+std::string to_string(Composition c) {
+  return c == Composition::Basic ? "basic" : c == Composition::Optimal ? "optimal" : "zcdp";
+}
 
 JobConfig parse_job(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides) {
   toml::table root;
@@ -188,6 +199,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   c.input.seed = static_cast<std::uint64_t>(in.integer("seed", 1, 0, kMaxI64));
   c.input.records_per_user_q = in.real("records_per_user_q", c.input.records_per_user_q);
   c.input.records_per_user_s = in.real("records_per_user_s", c.input.records_per_user_s);
+  c.input.records_per_user_min = static_cast<std::uint64_t>(in.integer("records_per_user_min", 1, 0, 1));
   c.input.records_per_user_max =
       static_cast<std::uint64_t>(in.integer("records_per_user_max", static_cast<std::int64_t>(c.input.records_per_user_max), 1, 1 << 20));
   c.input.key_q = in.real("key_q", c.input.key_q);
@@ -201,7 +213,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (c.input.key_q < 0) in.fail("key_q", "must be >= 0");
   if (c.input.key_s <= 0) in.fail("key_s", "must be > 0");
   in.finish({"kind", "path", "bad_rows", "users", "keys", "key_distribution", "seed", "records_per_user_q",
-             "records_per_user_s", "records_per_user_max", "key_q", "key_s"});
+             "records_per_user_s", "records_per_user_min", "records_per_user_max", "key_q", "key_s"});
 
   SectionReader st(root, "stream", source);
   c.stream.window_seconds = st.integer("window_seconds", c.stream.window_seconds, 1, std::int64_t{1} << 40);
@@ -214,8 +226,24 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   st.finish({"window_seconds", "triggers", "first_window", "windows"});
 
   SectionReader pr(root, "privacy", source);
-  c.privacy.mode = pr.choice<PrivacyMode>("mode", PrivacyMode::None, {{"none", PrivacyMode::None}, {"dp", PrivacyMode::Dp}});
-  c.privacy.max_records_per_user = static_cast<std::uint32_t>(pr.required_integer("max_records_per_user", 1, 1'000'000));
+  c.privacy.mode = pr.choice<PrivacyMode>("mode", PrivacyMode::None,
+                                          {{"none", PrivacyMode::None},
+                                           {"dp", PrivacyMode::Dp},
+                                           {"baseline-repeated", PrivacyMode::BaselineRepeated},
+                                           {"baseline-batch", PrivacyMode::BaselineBatch}});
+  if (c.privacy.mode == PrivacyMode::None && !pr.has("max_records_per_user"))
+    c.privacy.max_records_per_user = PrivacyConfig::kUnbounded;  // the true totals: nothing dropped
+  else
+    c.privacy.max_records_per_user = static_cast<std::uint32_t>(pr.required_integer("max_records_per_user", 1, 1'000'000));
+  c.privacy.composition = pr.choice<Composition>(
+      "composition", Composition::Zcdp,
+      {{"zcdp", Composition::Zcdp}, {"basic", Composition::Basic}, {"optimal", Composition::Optimal}});
+  if (c.privacy.composition == Composition::Basic && c.privacy.mode != PrivacyMode::Dp)
+    pr.fail("composition", "= \"basic\" is for mode = \"dp\" (key selection and aggregation converted separately); "
+                           "use \"zcdp\" or, for a baseline, \"optimal\"");
+  if (c.privacy.composition == Composition::Optimal && !is_baseline(c.privacy.mode))
+    pr.fail("composition", "= \"optimal\" is for the baseline modes (per-release budgets composed over the triggers); "
+                           "use \"zcdp\" or, for mode = \"dp\", \"basic\"");
   c.privacy.clamp_min = pr.real("clamp_min", c.privacy.clamp_min);
   c.privacy.clamp_max = pr.real("clamp_max", c.privacy.clamp_max);
   if (!(c.privacy.clamp_min <= c.privacy.clamp_max))
@@ -223,9 +251,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (std::abs(c.privacy.clamp_min) > kMaxAbsClamp || std::abs(c.privacy.clamp_max) > kMaxAbsClamp)
     pr.fail("clamp_min", fmt::format("and clamp_max must lie in [-2^31, 2^31] (got [{}, {}])", c.privacy.clamp_min,
                                      c.privacy.clamp_max));
-  const bool dp = c.privacy.mode == PrivacyMode::Dp;
-  if (dp && !pr.has("epsilon")) pr.fail("epsilon", "is required with mode = \"dp\" (the per-window budget, e.g. 6)");
-  if (dp && !pr.has("delta")) pr.fail("delta", "is required with mode = \"dp\" (e.g. 1e-9; well below 1 / users)");
+  const bool dp = is_private(c.privacy.mode);
+  const std::string mode_name = to_string(c.privacy.mode);
+  if (dp && !pr.has("epsilon")) pr.fail("epsilon", fmt::format("is required with mode = \"{}\" (the per-window budget, e.g. 6)", mode_name));
+  if (dp && !pr.has("delta")) pr.fail("delta", fmt::format("is required with mode = \"{}\" (e.g. 1e-9; well below 1 / users)", mode_name));
   c.privacy.epsilon = pr.real("epsilon", 0);
   c.privacy.delta = pr.real("delta", 0);
   if (pr.has("mu")) c.privacy.mu = pr.real("mu", 0);
@@ -239,13 +268,17 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (pr.has("epsilon") && !(c.privacy.epsilon > 0)) pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
   if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
     pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
+  for (const char* key : {"mu", "beta"})
+    if (is_baseline(c.privacy.mode) && pr.has(key))
+      pr.fail(key, fmt::format("is a DP-SQLP parameter; mode = \"{}\" thresholds each one-shot release by its own rule "
+                               "(docs/PRIVACY.md section 8): remove it", mode_name));
   if (c.privacy.mu && *c.privacy.mu < 0) pr.fail("mu", fmt::format("must be >= 0, got {}", *c.privacy.mu));
   if (c.privacy.beta && !(*c.privacy.beta > 0 && *c.privacy.beta < 1))
     pr.fail("beta", fmt::format("must be in (0, 1), got {}", *c.privacy.beta));
   for (const auto& [key, share] : {std::pair{"selection_epsilon_share", c.privacy.selection_epsilon_share},
                                    std::pair{"selection_delta_share", c.privacy.selection_delta_share}})
     if (!(share > 0 && share < 1)) pr.fail(key, fmt::format("must be in (0, 1), got {}", share));
-  pr.finish({"mode", "max_records_per_user", "clamp_min", "clamp_max", "epsilon", "delta", "mu", "beta", "seed",
+  pr.finish({"mode", "max_records_per_user", "composition", "clamp_min", "clamp_max", "epsilon", "delta", "mu", "beta", "seed",
              "selection_epsilon_share", "selection_delta_share", "threshold"});
 
   SectionReader q(root, "query", source);

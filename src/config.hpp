@@ -11,7 +11,18 @@ namespace dpstream {
 enum class InputKind { Synthetic, Csv };
 enum class KeyDistribution { ZipfMandelbrot, Uniform };
 enum class BadRowPolicy { Skip, Fail };
-enum class PrivacyMode { None, Dp };
+// none: exact totals; dp: DP-SQLP (the product); the two baselines of the core paper's section 5:
+// baseline-repeated: a one-shot DP query on all data so far at every trigger (baseline 1);
+// baseline-batch: a one-shot DP query on each trigger's micro-batch, released values summed (baseline 2).
+enum class PrivacyMode { None, Dp, BaselineRepeated, BaselineBatch };
+inline bool is_private(PrivacyMode m) { return m != PrivacyMode::None; }
+inline bool is_baseline(PrivacyMode m) { return m == PrivacyMode::BaselineRepeated || m == PrivacyMode::BaselineBatch; }
+// How the parts of a DP job are composed (docs/PRIVACY.md sections 7 and 8):
+// zcdp: one zCDP ledger for every noisy part, converted once to (epsilon, delta) (default);
+// basic: dp mode as the core paper: key selection and aggregation converted separately and added;
+// optimal: baselines as the core paper: a per-release (eps0, delta0) composed over the T releases
+// by the optimal composition theorem (Kairouz, Oh & Viswanath 2015).
+enum class Composition { Zcdp, Basic, Optimal };
 // How tau is set from the prefix noise's standard deviation lambda: the proven subgaussian tail
 // of the discrete Gaussian (tau = lambda sqrt(2 ln(1/beta))) or the paper's Gaussian quantile.
 enum class ThresholdTail { Subgaussian, GaussianQuantile };
@@ -26,8 +37,11 @@ struct InputConfig {
   std::uint64_t keys = 1'000;
   KeyDistribution key_distribution = KeyDistribution::ZipfMandelbrot;
   std::uint64_t seed = 1;
-  double records_per_user_q = 26.0;  // records per user ~ Zipf-Mandelbrot on {1..max}
+  // Records per user = X, or 1 + X when records_per_user_min = 0, with X ~ Zipf-Mandelbrot(q, s) on
+  // {min..max}. The core paper states {1..1e5}; its Table 1 totals match 1 + X on {0..1e5} (5.905 per user).
+  double records_per_user_q = 26.0;
   double records_per_user_s = 6.738;
+  std::uint64_t records_per_user_min = 1;  // 0 or 1
   std::uint64_t records_per_user_max = 100'000;
   double key_q = 1000.0;  // keys ~ Zipf-Mandelbrot on {1..keys}
   double key_s = 1.4;
@@ -42,7 +56,10 @@ struct StreamConfig {
 
 struct PrivacyConfig {
   PrivacyMode mode = PrivacyMode::None;
-  std::uint32_t max_records_per_user = 0;  // C, required
+  // C, required except in mode "none", where leaving it out keeps every record (the true totals).
+  static constexpr std::uint32_t kUnbounded = 0xffffffffu;
+  std::uint32_t max_records_per_user = 0;
+  Composition composition = Composition::Zcdp;
   double clamp_min = 0.0;
   double clamp_max = 1.0;
   // mode = "dp" (docs/PRIVACY.md): user-level (epsilon, delta)-DP per window.
@@ -97,5 +114,7 @@ std::string demo_job_toml();
 
 std::string to_string(InputKind k);
 std::string to_string(KeyDistribution d);
+std::string to_string(PrivacyMode m);
+std::string to_string(Composition c);
 
 }  // namespace dpstream

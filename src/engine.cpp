@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/bounding.hpp"
+#include "kernels/baseline_release.hpp"
 #include "kernels/dp_release.hpp"
 #include "kernels/noise.hpp"
 #include "kernels/key_accumulate.hpp"
@@ -176,7 +177,8 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
                                       (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)))}) != 0;
 
   // DP: the plan (refused before any data is read).
-  const bool dp = config.privacy.mode == PrivacyMode::Dp;
+  const PrivacyMode mode = config.privacy.mode;
+  const bool dp = is_private(mode);  // DP-SQLP or a baseline: a privacy plan and a noise secret
   PrivacyPlan plan;
   on_every_rank<ConfigError>(comm, [&] {
     if (dp) plan = make_privacy_plan(config);
@@ -231,6 +233,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   // DP noise secret, the same on every rank: the job's own on resume, else from the seed or the OS.
   noise::Secret secret{};
   std::unique_ptr<kernels::DpReleaser> releaser;
+  std::unique_ptr<kernels::BaselineReleaser> baseline;
   if (dp) {
     if (resuming)
       secret = store.secret();
@@ -242,7 +245,10 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       });
       comm.broadcast(secret.data(), secret.size());
     }
-    releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret);
+    if (mode == PrivacyMode::Dp)
+      releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret);
+    else
+      baseline = std::make_unique<kernels::BaselineReleaser>(baseline_params(plan), secret);
   }
 
   on_every_rank<ConfigError>(comm, [&] {
@@ -270,7 +276,12 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   stage.ingest += seconds_since(t0);
 
   const kernels::BoundingParams bounding{config.privacy.max_records_per_user, config.privacy.clamp_min,
-                                         config.privacy.clamp_max, dp ? plan.sum_quantum : 1};
+                                         config.privacy.clamp_max, dp ? plan.sum_quantum : 1,
+                                         /*users_per_trigger=*/mode == PrivacyMode::BaselineBatch};
+  // What the key owner needs from each trigger's accumulation (see the release step below).
+  const auto accumulate_report = mode == PrivacyMode::None            ? kernels::KeyStateTable::Report::RunningTotals
+                      : mode == PrivacyMode::BaselineBatch ? kernels::KeyStateTable::Report::TriggerTotals
+                                                           : kernels::KeyStateTable::Report::Nothing;
   const std::uint32_t T = config.stream.triggers;
   kernels::UserState users;
   kernels::KeyStateTable keys;
@@ -380,6 +391,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   for (std::uint32_t wi = start_window; wi < config.stream.windows && !stop.signal; ++wi) {
     const std::int64_t window = config.stream.first_window + wi;
     if (releaser) releaser->begin_window(window);
+    if (baseline) baseline->begin_window(window);
     for (std::uint32_t trigger = wi == start_window ? start_trigger : 0; trigger < T; ++trigger) {
       t0 = Clock::now();
       std::vector<Record> local = source->take_trigger(window, trigger);  // cannot fail: input was parsed at ingest
@@ -417,14 +429,20 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       stage.shuffle_key += seconds_since(t0);
       t0 = Clock::now();
       std::vector<KeyTotals> changed;
-      on_every_rank(comm, [&] { changed = keys.accumulate(key_partials, /*report_changes=*/!dp); });
+      on_every_rank(comm, [&] { changed = keys.accumulate(key_partials, accumulate_report); });
       stage.accumulate += seconds_since(t0);
 
-      // 4. DP: key selection and hierarchical perturbation over every tracked key.
+      // 4. DP: key selection and hierarchical perturbation over every tracked key; a baseline's
+      // one-shot query over every key's running totals (repeated) or the trigger's totals (batch).
       std::vector<KeyRelease> release;
       t0 = Clock::now();
       if (releaser) {
         on_every_rank(comm, [&] { release = releaser->release(keys, trigger, dp_stats); });
+      } else if (baseline) {
+        on_every_rank(comm, [&] {
+          if (mode == PrivacyMode::BaselineRepeated) changed = kernels::BaselineReleaser::running_totals(keys);
+          release = baseline->release(changed, keys, trigger, dp_stats);
+        });
       } else {
         release.reserve(changed.size());
         for (const auto& t : changed) release.push_back({t.key, t.count * static_cast<std::int64_t>(kValueScale), t.sum});
@@ -452,10 +470,11 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       if (window_end) {  // before the window's last commit, which carries these counters
         distinct_users += users.users();
         distinct_keys += keys.keys();
-        if (releaser) {
-          dp_cached_keys += releaser->cached_keys();
+        if (dp)  // KeyState::round > 0: released at least once in the window
           for (const auto& shard : keys.shards)
             for (const auto& [key, st] : shard) dp_keys_released += st.round > 0;
+        if (releaser) {
+          dp_cached_keys += releaser->cached_keys();
           if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys
             window_tracked_keys = keys.keys();
             window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
@@ -529,7 +548,10 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   nlohmann::json j;
   j["job"] = config.name;
   j["spec"] = config.source;
-  j["mode"] = dp ? "dp" : "none";
+  j["mode"] = to_string(mode);
+  // How a run's rows make its histogram at a trigger (dpstream evaluate): each row replaces the key's
+  // value, or (per-batch baseline) adds to it.
+  j["release_values"] = mode == PrivacyMode::BaselineBatch ? "increments" : "running";
   j["private"] = dp && plan.private_run;
   if (dp) {
     j["privacy"] = budget_json(plan, false);

@@ -1,4 +1,4 @@
-// dpstream command line: run | bench | generate | budget. Runs under mpirun / srun.
+// dpstream command line: run | bench | generate | budget | evaluate. Runs under mpirun / srun.
 // Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint,
 // 5 stopped cleanly by SIGTERM / SIGUSR1 (resume with --resume).
 #include <CLI/CLI.hpp>
@@ -11,9 +11,11 @@
 #include <iostream>
 
 #include "shuffle/comm.hpp"
+#include "src/choose_c.hpp"
 #include "src/config.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
+#include "src/evaluate.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/stop_request.hpp"
 #include "src/workload.hpp"
@@ -114,6 +116,41 @@ int main(int argc, char** argv) {
   bool budget_as_json = false, budget_thresholds = false;
   budget->add_flag("--json", budget_as_json, "Print JSON instead of text");
   budget->add_flag("--thresholds", budget_thresholds, "Also print tau for every round step 1..T");
+  auto* evaluate = app.add_subcommand(
+      "evaluate", "Error of a released histogram stream against the truth (a mode \"none\" run of the same stream) over "
+                  "the whole key space: keys released, linf, l1, l2 at every trigger of a window (rank 0)");
+  dpstream::EvaluateOptions eval_opts;
+  std::string eval_column = "count";
+  bool eval_json = false, eval_every = false;
+  evaluate->add_option("--truth", eval_opts.truth_dir, "Output directory of the mode \"none\" run (releases.csv, summary.json)")
+      ->required();
+  evaluate->add_option("--released", eval_opts.released_dir, "Output directory of the run to evaluate (dp or a baseline)")
+      ->required();
+  evaluate->add_option("--window", eval_opts.window, "Window (default: the last window of the truth file)");
+  evaluate->add_option("--trigger", eval_opts.trigger, "Trigger of that window (default: its last trigger)");
+  evaluate->add_option("--column", eval_column, "Released column to evaluate: count | sum (default count)")
+      ->check(CLI::IsMember({"count", "sum"}));
+  evaluate->add_flag("--per-trigger", eval_every, "Print every trigger in the table (default: about 10 and the last)");
+  evaluate->add_flag("--json", eval_json, "Print one JSON object instead of text");
+  auto* choose_c_cmd = app.add_subcommand(
+      "choose-c", "Choose the contribution bound C ([privacy] max_records_per_user) with DP: the q-quantile of the "
+                  "per-user record counts in one window of the job's input, released with discrete Gaussian noise "
+                  "(docs/CHOOSING-C.md)");
+  std::string choose_c_spec;
+  std::vector<std::string> choose_c_overrides;
+  dpstream::ChooseCOptions choose_c_opts;
+  bool choose_c_as_json = false;
+  choose_c_cmd->add_option("job", choose_c_spec, "Job spec (TOML) whose input is measured, e.g. jobs/paper-workload-dp.toml")
+      ->required();
+  choose_c_cmd->add_option("--set", choose_c_overrides, "Override a job key: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
+  choose_c_cmd->add_option("--epsilon", choose_c_opts.epsilon, "Epsilon spent on this release (> 0)")->required();
+  choose_c_cmd->add_option("--delta", choose_c_opts.delta, "Delta spent on this release, in (0, 1)")->required();
+  choose_c_cmd->add_option("--quantile", choose_c_opts.quantile, "Quantile q of the per-user counts, in (0, 1) (default 0.99)");
+  choose_c_cmd->add_option("--max-c", choose_c_opts.max_c, "Largest C considered, 1..1000000 (default 1000)");
+  choose_c_cmd->add_option("--window", choose_c_opts.window, "Window measured (default: the job's first window)");
+  choose_c_cmd->add_option("--seed", choose_c_opts.seed, "Noise secret from this seed: tests only, the output is NOT private");
+  choose_c_cmd->add_flag("--json", choose_c_as_json, "Print one JSON object instead of text");
 
   try {
     app.parse(argc, argv);
@@ -157,6 +194,20 @@ int main(int argc, char** argv) {
       if (root)
         std::fputs(budget_as_json ? (dpstream::budget_json(plan, budget_thresholds).dump(2) + "\n").c_str()
                                   : dpstream::budget_text(plan, budget_thresholds).c_str(),
+                   stdout);
+    } else if (*evaluate) {
+      eval_opts.column = eval_column == "sum" ? dpstream::EvalColumn::Sum : dpstream::EvalColumn::Count;
+      if (root) {
+        const auto result = dpstream::evaluate(eval_opts);
+        std::fputs(eval_json ? (dpstream::evaluate_json(result).dump(2) + "\n").c_str()
+                             : dpstream::evaluate_text(result, eval_every).c_str(),
+                   stdout);
+      }
+    } else if (*choose_c_cmd) {
+      const auto result = dpstream::choose_c(choose_c_spec, choose_c_overrides, choose_c_opts, comm);
+      if (root)
+        std::fputs(choose_c_as_json ? (dpstream::choose_c_json(result).dump(2) + "\n").c_str()
+                                    : dpstream::choose_c_text(result).c_str(),
                    stdout);
     } else if (*gen) {
       const auto config = load(gen_args);

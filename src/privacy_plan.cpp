@@ -40,61 +40,19 @@ void check_int64_headroom(const JobConfig& c, const std::string& family, double 
                                   c.source, family, sigma_units * q / kValueScale));
 }
 
-}  // namespace
 
-PrivacyPlan make_privacy_plan(const JobConfig& c) {
+// The released columns' noise: per tree level (one level for a baseline's one-shot release), one
+// user's <= C records move a column by at most C * L_col in L2 over all keys (sum over keys of
+// (c_k L)^2 <= (C L)^2); the m columns share rho_agg equally: sigma = C L sqrt(m levels / (2 rho_agg)).
+void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, std::uint32_t levels, double rho_agg) {
   const auto& pc = c.privacy;
-  if (pc.mode != PrivacyMode::Dp)
-    throw ConfigError(fmt::format("{}: [privacy] mode is \"none\": there is no privacy budget; set mode = \"dp\"", c.source));
-  PrivacyPlan p;
-  p.epsilon = pc.epsilon;
-  p.delta = pc.delta;
-  p.C = pc.max_records_per_user;
-  p.T = c.stream.triggers;
-  p.levels = kernels::dptree::levels(p.T);
-  p.threshold = pc.threshold;
-  p.private_run = !pc.seed.has_value();
-  p.epsilon_selection = p.epsilon * pc.selection_epsilon_share;
-  p.epsilon_aggregation = p.epsilon - p.epsilon_selection;
-  p.delta_selection = p.delta * pc.selection_delta_share;
-  p.delta_aggregation = p.delta - p.delta_selection;
-
-  // Theorem 3.1 charges (e^eps + 1) * P[some test of a user's key errs by more than tau]; a user
-  // touches <= C keys and each key is tested <= T times per window: union bound C T beta.
-  const double tests = static_cast<double>(p.C) * p.T;
-  const double beta_cost = (std::exp(p.epsilon_selection) + 1.0) * tests;
-  if (!std::isfinite(beta_cost) || !(p.delta_selection / beta_cost >= 1e-300))
-    throw ConfigError(fmt::format("{}: [privacy] epsilon = {} is too large to account: the key-selection failure term "
-                                  "(e^eps_sel + 1) C T beta leaves no usable beta; use a smaller epsilon",
-                                  c.source, p.epsilon));
-  p.beta_defaulted = !pc.beta.has_value();
-  p.beta = pc.beta ? *pc.beta : p.delta_selection / (2.0 * beta_cost);  // default: half of selection's delta
-  p.delta_beta = beta_cost * p.beta;
-  p.delta_selection_conversion = p.delta_selection - p.delta_beta;
-  if (!(p.delta_selection_conversion > 0))
-    throw ConfigError(fmt::format(
-        "{}: [privacy] beta = {:.3g} costs (e^eps_sel + 1) * C * T * beta = {:.3g} of delta, at least key selection's "
-        "share {:.3g}; set beta below {:.3g} (or remove it: the default is {:.3g})",
-        c.source, p.beta, p.delta_beta, p.delta_selection, p.delta_selection / beta_cost,
-        p.delta_selection / (2.0 * beta_cost)));
-
-  // Key selection: a user adds 1 to one leaf of one round tree of each of <= C keys, so per tree
-  // level the L2 sensitivity is sqrt(C); rho = levels * C / (2 sigma^2).
-  const double rho_sel = accounting::zcdp_rho_tight(p.epsilon_selection, p.delta_selection_conversion);
-  p.selection = {"key_selection", std::sqrt(static_cast<double>(p.C)), 0, 0, "users"};
-  p.selection.sigma = exact_sigma(c, std::sqrt(p.levels * p.C / (2.0 * rho_sel)), "key-selection");
-  p.selection.rho = p.levels * p.C / (2.0 * p.selection.sigma * p.selection.sigma);
-
-  // Aggregation: per level, one user's <= C records move a column by at most C * L_col in L2 over
-  // all keys (sum over keys of (c_k L)^2 <= (C L)^2). m columns share rho_agg equally.
-  p.rho_aggregation = accounting::zcdp_rho_tight(p.epsilon_aggregation, p.delta_aggregation);
   const int m = int{c.query.count} + int{c.query.sum};
-  auto sigma_for = [&](double per_record) { return p.C * per_record * std::sqrt(m * p.levels / (2.0 * p.rho_aggregation)); };
+  auto sigma_for = [&](double per_record) { return p.C * per_record * std::sqrt(m * levels / (2.0 * rho_agg)); };
   if (c.query.count) {
     TreeFamily f{"count", static_cast<double>(p.C), 0, 0, "records"};
     f.sigma = exact_sigma(c, sigma_for(1.0), "count");
-    check_int64_headroom(c, "count", f.sigma, kValueScale, p.levels);
-    f.rho = p.levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
+    check_int64_headroom(c, "count", f.sigma, kValueScale, levels);
+    f.rho = levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
     p.aggregation.push_back(f);
   }
   if (c.query.sum) {
@@ -117,11 +75,158 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
                                     "[{}, {}]; narrow the range around the values, lower max_records_per_user, raise "
                                     "epsilon, or release only [\"count\"]", c.source, quantum, pc.clamp_min, pc.clamp_max));
     p.sum_sigma_quanta = exact_sigma(c, sigma_for(p.clamp_bound) / quantum, "sum");
-    check_int64_headroom(c, "sum", p.sum_sigma_quanta, static_cast<double>(p.sum_quantum), p.levels);
+    check_int64_headroom(c, "sum", p.sum_sigma_quanta, static_cast<double>(p.sum_quantum), levels);
     TreeFamily f{"sum", p.C * p.clamp_bound, p.sum_sigma_quanta * quantum, 0, "value"};
-    f.rho = p.levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
+    f.rho = levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
     p.aggregation.push_back(f);
   }
+}
+
+// Baselines (docs/PRIVACY.md section 8). One release is a one-shot query: Gaussian thresholding of
+// the key's user count (L2 sensitivity sqrt(C): a user counts once in each of <= C keys) and the
+// columns' Gaussian noise (one tree level). Thresholding is delta-approximate zCDP (OpenDP's
+// NoiseThresholdPrivacyMap): a key whose only user is the one added or removed passes with
+// probability tail = P[noise > tau - 1]; conditioned on no such pass, the rest is rho-zCDP.
+PrivacyPlan make_baseline_plan(const JobConfig& c) {
+  const auto& pc = c.privacy;
+  PrivacyPlan p;
+  p.mode = pc.mode;
+  p.composition = pc.composition;
+  p.epsilon = pc.epsilon;
+  p.delta = pc.delta;
+  p.C = pc.max_records_per_user;
+  p.T = c.stream.triggers;
+  p.levels = 1;
+  p.threshold = pc.threshold;
+  p.private_run = !pc.seed.has_value();
+  const bool repeated = pc.mode == PrivacyMode::BaselineRepeated;
+  auto& b = p.baseline;
+  double rho_release = 0;  // one release's rho (selection + columns) in the worst case
+  if (pc.composition == Composition::Zcdp) {
+    // Repeated: the user is in all T releases with up to C records each: T rho_release. Batch: the
+    // user's <= C records are spread over the batches (c_t in batch t, k_t <= c_t keys), and the
+    // releases are independent, so the Renyi divergences add to sum_t (k_t / 2 s_sel^2 + c_t^2 / 2 s^2)
+    // <= C / 2 s_sel^2 + C^2 / 2 s^2: one release's rho; likewise <= C (batch, key) pairs can pass alone.
+    b.releases_composed = repeated ? p.T : 1;
+    b.keys_per_user = repeated ? static_cast<double>(p.T) * p.C : p.C;
+    b.delta_threshold = p.delta * pc.selection_delta_share;
+    b.delta_conversion = p.delta - b.delta_threshold;
+    b.rho_total = accounting::zcdp_rho_tight(p.epsilon, b.delta_conversion);
+    rho_release = b.rho_total / b.releases_composed;
+    b.tail = b.delta_threshold / b.keys_per_user;
+  } else {
+    // The paper's accounting: every release is (eps0, delta0)-DP with the worst-case sensitivity, and
+    // T of them compose by the optimal composition theorem; half of delta goes to 1 - (1 - delta0)^T.
+    b.releases_composed = p.T;
+    b.keys_per_user = static_cast<double>(p.T) * p.C;
+    b.delta0 = -std::expm1(std::log1p(-p.delta / 2.0) / p.T);
+    try {
+      b.eps0 = accounting::optimal_composition_eps0(p.epsilon, p.delta, b.delta0, p.T);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(fmt::format("{}: [privacy] composition = \"optimal\" cannot split (eps {}, delta {}) over T = {} "
+                                    "releases ({}); raise epsilon or delta, or use composition = \"zcdp\"",
+                                    c.source, p.epsilon, p.delta, p.T, e.what()));
+    }
+    b.delta0_threshold = b.delta0 * pc.selection_delta_share;
+    b.delta_conversion = b.delta0 - b.delta0_threshold;
+    rho_release = accounting::zcdp_rho_tight(b.eps0, b.delta_conversion);
+    b.tail = b.delta0_threshold / p.C;
+    b.delta_threshold = b.delta0_threshold * p.T;
+  }
+  const double rho_sel = rho_release * pc.selection_epsilon_share;
+  p.rho_aggregation = rho_release - rho_sel;
+  p.selection = {"threshold", std::sqrt(static_cast<double>(p.C)), 0, 0, "users"};
+  p.selection.sigma = exact_sigma(c, std::sqrt(p.C / (2.0 * rho_sel)), "threshold");
+  p.selection.rho = p.C / (2.0 * p.selection.sigma * p.selection.sigma);
+  add_aggregation_columns(c, p, 1, p.rho_aggregation);
+
+  // The noisy user count is an integer: a key whose only user is this one passes when N > tau - 1.
+  p.tail_z = pc.threshold == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / b.tail))
+                                                        : accounting::normal_upper_quantile(b.tail);
+  b.tau = 1.0 + p.selection.sigma * p.tail_z;
+  if (!std::isfinite(b.tau))
+    throw ConfigError(fmt::format("{}: the baseline's threshold is not finite; raise delta", c.source));
+  p.tau.assign(p.T + 1, b.tau);
+  p.lambda.assign(p.T + 1, p.selection.sigma);
+  p.mu = 0;
+
+  double rho_used = p.selection.rho;
+  for (const auto& f : p.aggregation) rho_used += f.rho;
+  if (pc.composition == Composition::Zcdp) {
+    p.eps_total = accounting::zcdp_eps_tight(rho_used * b.releases_composed, b.delta_conversion);
+    p.delta_total = b.delta_conversion + b.delta_threshold;
+  } else {
+    const double eps0_used = accounting::zcdp_eps_tight(rho_used, b.delta_conversion);
+    p.eps_total = p.epsilon;
+    p.delta_total = accounting::optimal_composition_delta(eps0_used, b.delta_conversion + b.delta0_threshold, p.T, p.epsilon);
+  }
+  p.rho_total = rho_used * b.releases_composed;
+  if (p.eps_total > p.epsilon * (1 + 1e-9) || p.delta_total > p.delta * (1 + 1e-9))
+    throw ConfigError(fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
+                                  "this is a bug, please report it", c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
+  return p;
+}
+
+}  // namespace
+
+PrivacyPlan make_privacy_plan(const JobConfig& c) {
+  const auto& pc = c.privacy;
+  if (!is_private(pc.mode))
+    throw ConfigError(fmt::format("{}: [privacy] mode is \"none\": there is no privacy budget; set mode = \"dp\"", c.source));
+  if (is_baseline(pc.mode)) return make_baseline_plan(c);
+  PrivacyPlan p;
+  p.mode = pc.mode;
+  p.composition = pc.composition;
+  const bool one_ledger = pc.composition == Composition::Zcdp;
+  p.epsilon = pc.epsilon;
+  p.delta = pc.delta;
+  p.C = pc.max_records_per_user;
+  p.T = c.stream.triggers;
+  p.levels = kernels::dptree::levels(p.T);
+  p.threshold = pc.threshold;
+  p.private_run = !pc.seed.has_value();
+  p.epsilon_selection = p.epsilon * pc.selection_epsilon_share;
+  p.epsilon_aggregation = p.epsilon - p.epsilon_selection;
+  p.delta_selection = p.delta * pc.selection_delta_share;
+  p.delta_aggregation = p.delta - p.delta_selection;
+
+  // Theorem 3.1 charges (e^eps + 1) * P[some test of a user's key errs by more than tau], with the
+  // eps of the mechanism without thresholds (key selection alone, or everything under one ledger);
+  // a user touches <= C keys and each key is tested <= T times per window: union bound C T beta.
+  const double tests = static_cast<double>(p.C) * p.T;
+  const double beta_cost = (std::exp(one_ledger ? p.epsilon : p.epsilon_selection) + 1.0) * tests;
+  if (!std::isfinite(beta_cost) || !(p.delta_selection / beta_cost >= 1e-300))
+    throw ConfigError(fmt::format("{}: [privacy] epsilon = {} is too large to account: the key-selection failure term "
+                                  "(e^eps_sel + 1) C T beta leaves no usable beta; use a smaller epsilon",
+                                  c.source, p.epsilon));
+  p.beta_defaulted = !pc.beta.has_value();
+  p.beta = pc.beta ? *pc.beta : p.delta_selection / (2.0 * beta_cost);  // default: half of selection's delta
+  p.delta_beta = beta_cost * p.beta;
+  p.delta_selection_conversion = p.delta_selection - p.delta_beta;
+  if (!(p.delta_selection_conversion > 0))
+    throw ConfigError(fmt::format(
+        "{}: [privacy] beta = {:.3g} costs (e^eps_sel + 1) * C * T * beta = {:.3g} of delta, at least key selection's "
+        "share {:.3g}; set beta below {:.3g} (or remove it: the default is {:.3g})",
+        c.source, p.beta, p.delta_beta, p.delta_selection, p.delta_selection / beta_cost,
+        p.delta_selection / (2.0 * beta_cost)));
+
+  // Key selection: a user adds 1 to one leaf of one round tree of each of <= C keys, so per tree
+  // level the L2 sensitivity is sqrt(C); rho = levels * C / (2 sigma^2).
+  // One ledger: rho = rho(eps, delta - delta_beta), split by selection_epsilon_share; basic: each part's
+  // own (eps, delta) converted separately (the paper's split).
+  if (one_ledger) {
+    p.rho_total = accounting::zcdp_rho_tight(p.epsilon, p.delta - p.delta_beta);
+    p.rho_aggregation = p.rho_total * (1.0 - pc.selection_epsilon_share);
+  } else {
+    p.rho_aggregation = accounting::zcdp_rho_tight(p.epsilon_aggregation, p.delta_aggregation);
+  }
+  const double rho_sel = one_ledger ? p.rho_total * pc.selection_epsilon_share
+                                    : accounting::zcdp_rho_tight(p.epsilon_selection, p.delta_selection_conversion);
+  p.selection = {"key_selection", std::sqrt(static_cast<double>(p.C)), 0, 0, "users"};
+  p.selection.sigma = exact_sigma(c, std::sqrt(p.levels * p.C / (2.0 * rho_sel)), "key-selection");
+  p.selection.rho = p.levels * p.C / (2.0 * p.selection.sigma * p.selection.sigma);
+
+  add_aggregation_columns(c, p, p.levels, p.rho_aggregation);
 
   // Thresholds: the round's Honaker prefix at step s has noise std lambda_s = sigma sqrt(v_s); each of
   // its popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each; a full step is added).
@@ -136,10 +241,11 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   if (!std::isfinite(p.tail_z) || !std::isfinite(p.tau[p.T]))
     throw ConfigError(fmt::format("{}: [privacy] beta = {:.3g} is too small for a finite threshold; raise beta or lower epsilon",
                                   c.source, p.beta));
-  // Default mu: a key with <= tau_min / 4 users would pass only if its noise exceeded 3/4 of the
-  // margin, probability <= beta^(9/16); gating it costs no utility and skips its noise entirely.
+  // Default mu = floor(min tau / 24): the bar mu + tau sits 4% above tau, while keys with <= mu users
+  // in their round (most of the long tail) skip their noise entirely. Measured on the paper's
+  // workload (docs/EVALUATION.md): tau / 4 released 10% fewer keys; mu = 0 costs 9x the draws.
   p.mu_defaulted = !pc.mu.has_value();
-  p.mu = pc.mu ? *pc.mu : std::floor(*std::min_element(p.tau.begin() + 1, p.tau.end()) / 4.0);
+  p.mu = pc.mu ? *pc.mu : std::floor(*std::min_element(p.tau.begin() + 1, p.tau.end()) / 24.0);
 
   // Report: each part by the tight and the simple conversion; the total by basic composition.
   double rho_agg_used = 0;
@@ -148,12 +254,34 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   p.eps_selection_simple = accounting::zcdp_eps_simple(p.selection.rho, p.delta_selection_conversion);
   p.eps_aggregation_tight = accounting::zcdp_eps_tight(rho_agg_used, p.delta_aggregation);
   p.eps_aggregation_simple = accounting::zcdp_eps_simple(rho_agg_used, p.delta_aggregation);
-  p.eps_total = p.eps_selection_tight + p.eps_aggregation_tight;
-  p.delta_total = p.delta_selection_conversion + p.delta_beta + p.delta_aggregation;
+  if (one_ledger) {
+    p.eps_total = accounting::zcdp_eps_tight(p.selection.rho + rho_agg_used, p.delta - p.delta_beta);
+    p.delta_total = (p.delta - p.delta_beta) + p.delta_beta;
+  } else {
+    p.eps_total = p.eps_selection_tight + p.eps_aggregation_tight;
+    p.delta_total = p.delta_selection_conversion + p.delta_beta + p.delta_aggregation;
+  }
   if (p.eps_total > p.epsilon * (1 + 1e-9) || p.delta_total > p.delta * (1 + 1e-9))
     throw ConfigError(fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
                                   "this is a bug, please report it", c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
   return p;
+}
+
+kernels::BaselineParams baseline_params(const PrivacyPlan& p) {
+  kernels::BaselineParams params;
+  params.tau = p.baseline.tau;
+  params.sigma_selection = p.selection.sigma;
+  params.release_count = params.release_sum = false;
+  for (const auto& f : p.aggregation) {
+    if (f.name == "count") {
+      params.release_count = true;
+      params.sigma_count = f.sigma;
+    }
+    if (f.name == "sum") params.release_sum = true;
+  }
+  params.sigma_sum = p.sum_sigma_quanta;
+  params.sum_quantum = p.sum_quantum;
+  return params;
 }
 
 kernels::DpParams release_params(const PrivacyPlan& p) {
@@ -175,13 +303,77 @@ kernels::DpParams release_params(const PrivacyPlan& p) {
   return params;
 }
 
-nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
-  auto family = [](const TreeFamily& f) {
-    return nlohmann::json{{"name", f.name}, {"unit", f.unit}, {"l2_sensitivity_per_level", f.sensitivity},
-                          {"sigma", f.sigma}, {"rho", f.rho}};
-  };
+namespace {
+nlohmann::json family_json(const TreeFamily& f) {
+  return nlohmann::json{{"name", f.name}, {"unit", f.unit}, {"l2_sensitivity_per_level", f.sensitivity},
+                        {"sigma", f.sigma}, {"rho", f.rho}};
+}
+
+nlohmann::json baseline_json(const PrivacyPlan& p) {
+  const auto& b = p.baseline;
   nlohmann::json j;
   j["budget"] = {{"epsilon", p.epsilon}, {"delta", p.delta}, {"unit", "one user's records in one window"}};
+  j["mode"] = to_string(p.mode);
+  j["composition"] = to_string(p.composition);
+  j["private"] = p.private_run;
+  j["threshold_proven"] = p.threshold == ThresholdTail::Subgaussian;
+  j["releases"] = {{"triggers", p.T}, {"releases_composed", b.releases_composed}, {"C", p.C}};
+  j["per_release"] = {{"rho", p.selection.rho + p.rho_aggregation}, {"eps0", b.eps0}, {"delta0", b.delta0}};
+  nlohmann::json fams = nlohmann::json::array();
+  for (const auto& f : p.aggregation) fams.push_back(family_json(f));
+  j["threshold"] = {{"noise", family_json(p.selection)},
+                    {"tau", b.tau},
+                    {"tail_per_key", b.tail},
+                    {"keys_per_user", b.keys_per_user},
+                    {"delta", b.delta_threshold},
+                    {"tail_z", p.tail_z},
+                    {"threshold_tail", p.threshold == ThresholdTail::Subgaussian ? "subgaussian" : "gaussian-quantile"}};
+  j["aggregation"] = {{"columns", fams}, {"sum_grid", static_cast<double>(p.sum_quantum) / kValueScale},
+                      {"clamp_bound", p.clamp_bound}};
+  j["total"] = {{"epsilon", p.eps_total}, {"delta", p.delta_total}, {"within_budget", true}, {"rho", p.rho_total},
+                {"delta_conversion", b.delta_conversion},
+                {"composition", p.composition == Composition::Zcdp ? "zCDP over all releases, converted once (CKS 2020)"
+                                                                   : "optimal composition of T (eps0, delta0) releases (KOV 2015)"}};
+  return j;
+}
+
+std::string baseline_text(const PrivacyPlan& p) {
+  const auto& b = p.baseline;
+  std::string s;
+  auto line = [&](const std::string& t) { s += t + "\n"; };
+  line(fmt::format("privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
+                   p.epsilon, p.delta));
+  if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
+  line(fmt::format("mode {}: a one-shot query with Gaussian thresholding at each of T = {} triggers, C = {}",
+                   to_string(p.mode), p.T, p.C));
+  if (p.composition == Composition::Zcdp)
+    line(fmt::format("composition     zcdp: rho = {:.6g} in total, a user pays {} release(s)' rho; converted once with delta {:.4g}",
+                     b.rho_total, b.releases_composed, b.delta_conversion));
+  else
+    line(fmt::format("composition     optimal (KOV 2015): T = {} releases of (eps0 {:.6g}, delta0 {:.4g}); eps0 from one "
+                     "release's rho by the tight conversion", p.T, b.eps0, b.delta0));
+  line(fmt::format("  per release   rho = {:.6g} (threshold {:.6g} + columns {:.6g})", p.selection.rho + p.rho_aggregation,
+                   p.selection.rho, p.rho_aggregation));
+  line(fmt::format("threshold       sigma = {:.6g} users, L2 sensitivity sqrt(C) = {:.6g}; tau = 1 + sigma * {:.6g} = {:.6g}",
+                   p.selection.sigma, p.selection.sensitivity, p.tail_z, b.tau));
+  line(fmt::format("  delta         {:.4g} = {:.4g} keys-and-releases per user x tail {:.4g} per key and release",
+                   b.delta_threshold, b.keys_per_user, b.tail));
+  for (const auto& f : p.aggregation)
+    line(fmt::format("  {:<13} sigma = {:.6g} {} per release, L2 sensitivity {:.6g}, rho = {:.6g}", f.name, f.sigma, f.unit,
+                     f.sensitivity, f.rho));
+  line(fmt::format("total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget", p.eps_total, p.epsilon,
+                   p.delta_total, p.delta));
+  return s;
+}
+}  // namespace
+
+nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
+  if (is_baseline(p.mode)) return baseline_json(p);
+  auto family = family_json;
+  nlohmann::json j;
+  j["budget"] = {{"epsilon", p.epsilon}, {"delta", p.delta}, {"unit", "one user's records in one window"}};
+  j["mode"] = "dp";
+  j["composition"] = to_string(p.composition);
   j["private"] = p.private_run;
   j["threshold_proven"] = p.threshold == ThresholdTail::Subgaussian;
   j["trees"] = {{"triggers", p.T}, {"levels", p.levels}};
@@ -211,12 +403,15 @@ nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
   j["aggregation"] = {{"epsilon", p.epsilon_aggregation}, {"delta", p.delta_aggregation}, {"rho", p.rho_aggregation},
                       {"columns", fams}, {"eps_tight", p.eps_aggregation_tight}, {"eps_simple", p.eps_aggregation_simple},
                       {"sum_grid", static_cast<double>(p.sum_quantum) / kValueScale}, {"clamp_bound", p.clamp_bound}};
-  j["total"] = {{"epsilon", p.eps_total}, {"delta", p.delta_total}, {"within_budget", true},
-                {"composition", "basic (key selection + aggregation)"}};
+  j["total"] = {{"epsilon", p.eps_total}, {"delta", p.delta_total}, {"within_budget", true}, {"rho", p.rho_total},
+                {"composition", p.composition == Composition::Zcdp
+                                    ? "zCDP: one ledger for key selection and aggregation, converted once (CKS 2020)"
+                                    : "basic (key selection + aggregation)"}};
   return j;
 }
 
 std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
+  if (is_baseline(p.mode)) return baseline_text(p);
   std::string s;
   auto line = [&](const std::string& t) { s += t + "\n"; };
   line(fmt::format("privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
@@ -227,16 +422,20 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
          "the discrete noise's tail, which is not proven (docs/PRIVACY.md section 6)");
   line(fmt::format("trees: T = {} triggers, {} levels (floor(log2 T) + 1), C = {}", p.T, p.levels, p.C));
   line("");
+  if (p.composition == Composition::Zcdp)
+    line(fmt::format("composition     zcdp: rho = {:.6g} = rho(eps, delta - beta term {:.4g}), shared by key selection ({:.6g}) "
+                     "and aggregation ({:.6g})", p.rho_total, p.delta_beta, p.selection.rho, p.rho_aggregation));
   line(fmt::format("key selection   eps {:.6g}, delta {:.4g} = {:.4g} (Gaussian conversion) + {:.4g} (beta term)",
                    p.epsilon_selection, p.delta_selection, p.delta_selection_conversion, p.delta_beta));
   line(fmt::format("  tree          sigma = {:.6g} users per node, L2 sensitivity sqrt(C) = {:.6g} per level, rho = {:.6g}",
                    p.selection.sigma, p.selection.sensitivity, p.selection.rho));
   line(fmt::format("  eps           {:.6g} tight (CKS 2020), {:.6g} simple (rho + 2 sqrt(rho ln 1/delta))",
                    p.eps_selection_tight, p.eps_selection_simple));
-  line(fmt::format("  beta          {:.4g} per threshold test{}, charged (e^eps_sel + 1) * C * T * beta = {:.4g}", p.beta,
-                   p.beta_defaulted ? " (default: half of selection's delta)" : "", p.delta_beta));
+  line(fmt::format("  beta          {:.4g} per threshold test{}, charged (e^eps{} + 1) * C * T * beta = {:.4g}", p.beta,
+                   p.beta_defaulted ? " (default: half of selection's delta)" : "",
+                   p.composition == Composition::Zcdp ? "" : "_sel", p.delta_beta));
   line(fmt::format("  threshold     mu = {}{}, tau_s = lambda_s * {:.6g} ({}); tau_1 = {:.6g}, max tau = {:.6g}, tau_T = {:.6g}",
-                   p.mu, p.mu_defaulted ? " (default: floor(min tau / 4))" : "", p.tail_z, p.threshold == ThresholdTail::Subgaussian ? "subgaussian tail" : "Gaussian quantile",
+                   p.mu, p.mu_defaulted ? " (default: floor(min tau / 24))" : "", p.tail_z, p.threshold == ThresholdTail::Subgaussian ? "subgaussian tail" : "Gaussian quantile",
                    p.tau[1], *std::max_element(p.tau.begin() + 1, p.tau.end()), p.tau[p.T]));
   line(fmt::format("aggregation     eps {:.6g}, delta {:.4g}, rho = {:.6g} shared by {} column(s)", p.epsilon_aggregation,
                    p.delta_aggregation, p.rho_aggregation, p.aggregation.size()));
@@ -248,8 +447,13 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
                      static_cast<double>(p.sum_quantum) / kValueScale, p.clamp_bound));
   line(fmt::format("  eps           {:.6g} tight, {:.6g} simple", p.eps_aggregation_tight, p.eps_aggregation_simple));
   line("");
-  line(fmt::format("total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget (basic composition of the two parts)",
-                   p.eps_total, p.epsilon, p.delta_total, p.delta));
+  if (p.composition == Composition::Zcdp)
+    line(fmt::format("total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget (composition zcdp: one ledger, "
+                     "rho = {:.6g}, converted once; the per-part eps above are for information)",
+                     p.eps_total, p.epsilon, p.delta_total, p.delta, p.rho_total));
+  else
+    line(fmt::format("total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget (basic composition of the two parts)",
+                     p.eps_total, p.epsilon, p.delta_total, p.delta));
   if (thresholds_table) {
     line("");
     line("step  lambda        tau");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/baseline_release.hpp"
 #include "kernels/dp_release.hpp"
 #include "src/config.hpp"
 
@@ -22,7 +23,24 @@ struct TreeFamily {
   std::string unit;
 };
 
+// The baselines of the core paper's section 5 (docs/PRIVACY.md section 8): one-shot queries with
+// Gaussian thresholding (seed 003) at every trigger, on all data so far (repeated) or on the trigger's
+// micro-batch (batch). `selection` and `aggregation` then hold the noise of one release.
+struct BaselinePlan {
+  double releases_composed = 0;  // zcdp: releases whose rho one user pays (T repeated, 1 batch); optimal: T
+  double rho_total = 0;          // zcdp: the ledger over all releases
+  double delta_conversion = 0;   // zcdp: rho -> eps; optimal: the composition's own delta
+  double delta_threshold = 0;    // total probability that one of a user's keys passes only by noise
+  double keys_per_user = 0;      // releases x keys in which one user may be a key's only user (T C or C)
+  double tail = 0;               // per key and release: P[noise > tau - 1]
+  double tau = 0;                // a key is released when users + noise > tau
+  double eps0 = 0, delta0 = 0;   // optimal: one release's (eps, delta), composed T times
+  double delta0_threshold = 0;   // optimal: the threshold part of delta0
+};
+
 struct PrivacyPlan {
+  PrivacyMode mode = PrivacyMode::Dp;
+  Composition composition = Composition::Zcdp;
   // Budget and its split (per window: the privacy unit is one user's records in one window).
   double epsilon = 0, delta = 0;
   double epsilon_selection = 0, delta_selection = 0;      // key selection: Gaussian conversion + beta term
@@ -50,6 +68,8 @@ struct PrivacyPlan {
   double eps_total = 0, delta_total = 0;   // basic composition of the two parts (what is guaranteed)
   bool private_run = true;                 // false when [privacy] seed fixes the secret
   ThresholdTail threshold = ThresholdTail::Subgaussian;
+  double rho_total = 0;                    // composition = zcdp: the one ledger (selection + aggregation)
+  BaselinePlan baseline;                   // baseline modes only
 };
 
 // Throws ConfigError when the job is invalid for DP or would exceed its budget.
@@ -57,6 +77,7 @@ PrivacyPlan make_privacy_plan(const JobConfig& config);
 
 // What the release kernel needs from the plan (noise scales, thresholds, columns).
 kernels::DpParams release_params(const PrivacyPlan& plan);
+kernels::BaselineParams baseline_params(const PrivacyPlan& plan);
 
 std::string budget_text(const PrivacyPlan& plan, bool thresholds_table);
 nlohmann::json budget_json(const PrivacyPlan& plan, bool thresholds_table);

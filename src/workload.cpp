@@ -14,7 +14,7 @@ constexpr std::uint64_t kCountStream = 0;
 SyntheticSource::SyntheticSource(const JobConfig& config, int rank, int ranks)
     : config_(config),
       clock_{config.stream.window_seconds, config.stream.triggers},
-      records_per_user_(1, config.input.records_per_user_max, config.input.records_per_user_q, config.input.records_per_user_s),
+      records_per_user_(config.input.records_per_user_min, config.input.records_per_user_max, config.input.records_per_user_q, config.input.records_per_user_s),
       key_zipf_(1, config.input.keys, config.input.key_q, config.input.key_s) {
   const auto U = static_cast<uint128>(config.input.users);
   first_user_ = static_cast<std::uint64_t>(U * static_cast<unsigned>(rank) / static_cast<unsigned>(ranks));
@@ -23,7 +23,8 @@ SyntheticSource::SyntheticSource(const JobConfig& config, int rank, int ranks)
 
 std::uint32_t SyntheticSource::draw_count(std::int64_t window, std::uint64_t user) const {
   CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, kCountStream);
-  return static_cast<std::uint32_t>(records_per_user_.sample([&] { return rng.uniform(); }));
+  const std::uint64_t x = records_per_user_.sample([&] { return rng.uniform(); });
+  return static_cast<std::uint32_t>(config_.input.records_per_user_min == 0 ? 1 + x : x);  // at least one record
 }
 
 std::int64_t SyntheticSource::advance(std::int64_t window, std::uint64_t user, UserCursor& c) const {

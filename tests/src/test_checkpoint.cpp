@@ -77,7 +77,7 @@ std::vector<checkpoint::Segment> drive(kernels::UserState& users, kernels::KeySt
     std::erase_if(partials, [&](const KeyPartial& p) {
       return partition::owner_rank(partition::salted_hash(p.key, partition::kKeySalt), ranks) != rank;
     });
-    keys.accumulate(partials, false);
+    keys.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
     for (std::size_t s = 0; s < keys.shards.size(); ++s)
       for (auto& [key, st] : keys.shards[s])
         if ((key + static_cast<std::uint64_t>(t)) % 7 == 0) {

@@ -30,7 +30,14 @@ TEST(Config, DefaultsAndRequiredKeys) {
   EXPECT_EQ(c.stream.triggers, 4u);
   EXPECT_EQ(c.privacy.max_records_per_user, 3u);
   EXPECT_EQ(c.output.format, "csv");
-  EXPECT_NE(error_of("[stream]\ntriggers = 4\n").find("max_records_per_user is required"), std::string::npos);
+  // C may be left out only in mode "none" (every record kept: the true histogram); DP modes need it.
+  EXPECT_EQ(parse_job("[stream]\ntriggers = 4\n", "t", {}).privacy.max_records_per_user, PrivacyConfig::kUnbounded);
+  EXPECT_NE(error_of("[stream]\ntriggers = 4\n[privacy]\nmode = \"dp\"\nepsilon = 1\ndelta = 1e-9\n")
+                .find("max_records_per_user is required"),
+            std::string::npos);
+  EXPECT_NE(error_of("[stream]\ntriggers = 4\n[privacy]\nmode = \"baseline-batch\"\nepsilon = 1\ndelta = 1e-9\n")
+                .find("max_records_per_user is required"),
+            std::string::npos);
   EXPECT_NE(error_of("[privacy]\nmax_records_per_user = 4\n").find("triggers is required"), std::string::npos);
 }
 
@@ -53,7 +60,8 @@ TEST(Config, TypesRangesAndChoices) {
   EXPECT_NE(error_of(kMinimal, {"input.kind=csv"}).find("[input] path is required"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"stream.window_seconds=10", "stream.triggers=11"}).find("must not exceed window_seconds"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"privacy.mode=magic"}).find("must be one of \"dp\" | \"none\""), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.mode=magic"}).find("must be one of \"baseline-batch\" | \"baseline-repeated\" | \"dp\" | \"none\""), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.composition=basic"}).find("composition"), std::string::npos);  // mode none
   EXPECT_NE(error_of("[stream\n").find("not valid TOML"), std::string::npos);
 }
 

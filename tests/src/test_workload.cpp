@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "src/config.hpp"
 #include "src/stream_clock.hpp"
@@ -111,4 +113,27 @@ TEST(StreamClock, WindowsAndTriggers) {
   EXPECT_EQ(clock.trigger_of(115), 1u);
   const StreamClock big{std::int64_t{1} << 40, 1'000'000};
   EXPECT_EQ(big.trigger_of((std::int64_t{1} << 40) - 1), 999'999u);  // no overflow in offset * T
+}
+
+TEST(Workload, RecordsPerUserOnePlusXVariant) {
+  // records_per_user_min = 0: records = 1 + X, X ~ Zipf-Mandelbrot on {0..1e5} (the data behind the
+  // core paper's Table 1): mean 1 + 4.9047 from the reference file; every user has >= 1 record.
+  std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/zipf_mandelbrot.json");
+  ASSERT_TRUE(f) << "missing ../shared/reference/zipf_mandelbrot.json";
+  const auto ref = nlohmann::json::parse(f)["records_per_user"]["support_from_0"];
+  auto c = small_job(40000, 8);
+  c.input.records_per_user_min = 0;
+  SyntheticSource s(c, 0, 1);
+  double total = 0;
+  std::uint64_t ones = 0;
+  for (std::uint64_t u = 0; u < 40000; ++u) {
+    const auto n = s.user_records(3, u).size();
+    ASSERT_GE(n, 1u);
+    total += static_cast<double>(n);
+    ones += n == 1;
+  }
+  // 6 standard errors: false failure < 1e-8 per check.
+  EXPECT_NEAR(total / 40000, 1 + ref["mean"].get<double>(), 6 * ref["std"].get<double>() / std::sqrt(40000.0));
+  const double p1 = ref["P_X_eq_min"].get<double>();  // P[records = 1] = P[X = 0]
+  EXPECT_NEAR(static_cast<double>(ones) / 40000, p1, 6 * std::sqrt(p1 * (1 - p1) / 40000));
 }
