@@ -4,7 +4,7 @@
 //     totals, users = distinct users so far); the row holds the trigger's release.
 //   batch (baseline 2): the query over the trigger's micro-batch only (users = the batch's users
 //     of the key); the row holds that batch's release, and the histogram at trigger i is the sum
-//     of a key's rows up to i (summary.json "release_rows": "increments").
+//     of a key's rows up to i (summary.json "release_values": "increments").
 // A candidate key (users >= 1) is released when users + N(0, sigma_sel^2) > tau, with its count
 // (and sum) plus independent noise. Each release draws fresh noise, a pure function of
 // (secret, window, key, family, trigger) (kernels/noise.hpp); nothing is cached or stored.

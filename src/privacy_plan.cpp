@@ -344,6 +344,9 @@ std::string baseline_text(const PrivacyPlan& p) {
   line(fmt::format("privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
                    p.epsilon, p.delta));
   if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
+  if (p.threshold != ThresholdTail::Subgaussian)
+    line("WARNING: threshold = \"gaussian-quantile\" assumes the Gaussian tail bounds the discrete noise's, which is "
+         "not proven (docs/PRIVACY.md section 6)");
   line(fmt::format("mode {}: a one-shot query with Gaussian thresholding at each of T = {} triggers, C = {}",
                    to_string(p.mode), p.T, p.C));
   if (p.composition == Composition::Zcdp)
@@ -420,7 +423,8 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
   if (p.threshold != ThresholdTail::Subgaussian)
     line("WARNING: threshold = \"gaussian-quantile\" is the paper's approximation; the delta below assumes it bounds "
          "the discrete noise's tail, which is not proven (docs/PRIVACY.md section 6)");
-  line(fmt::format("trees: T = {} triggers, {} levels (floor(log2 T) + 1), C = {}", p.T, p.levels, p.C));
+  line(fmt::format("mode dp (DP-SQLP), composition {}; trees: T = {} triggers, {} levels (floor(log2 T) + 1), C = {}",
+                   to_string(p.composition), p.T, p.levels, p.C));
   line("");
   if (p.composition == Composition::Zcdp)
     line(fmt::format("composition     zcdp: rho = {:.6g} = rho(eps, delta - beta term {:.4g}), shared by key selection ({:.6g}) "
