@@ -647,6 +647,11 @@ FixedParse parse_fixed_text(std::string_view s, std::int64_t& out) {
         break;
       }
     }
+    if (q == e && digits > 0 && digits <= 15 && decimals == 0 && m < (std::uint64_t{1} << 43)) {  // an integer
+      const auto f = static_cast<std::int64_t>(m << kValueFracBits);
+      out = neg ? -f : f;
+      return FixedParse::Ok;
+    }
     if (q == e && digits > 0 && digits <= 15) {
       static constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
       v = static_cast<double>(m) / kPow10[decimals];
@@ -716,11 +721,11 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
   // The trigger (checked against the data below when the summaries do not state T).
   std::optional<std::uint32_t> limit;
   if (opt.trigger) {
-    if (*opt.trigger < 0 || (T && *opt.trigger >= static_cast<std::int64_t>(*T)))
+    if (T && (*opt.trigger < 0 || *opt.trigger >= static_cast<std::int64_t>(*T)))
       throw ConfigError(fmt::format("--trigger {} is outside window {}: the runs have {} triggers per window; choose "
                                     "0..{}",
-                                    *opt.trigger, W, T ? fmt::format("{}", *T) : std::string("a non-negative number of"),
-                                    T ? fmt::format("{}", *T - 1) : std::string("T-1")));
+                                    *opt.trigger, W, *T, *T - 1));
+    if (*opt.trigger < 0) throw ConfigError(fmt::format("--trigger {} is negative; choose a trigger >= 0", *opt.trigger));
     if (*opt.trigger > std::numeric_limits<std::uint32_t>::max())
       throw ConfigError(fmt::format("--trigger {} is too large; choose a trigger of window {}", *opt.trigger, W));
     limit = static_cast<std::uint32_t>(*opt.trigger);

@@ -312,8 +312,10 @@ def main():
         results.check("triggers = 0 -> exit 2", spec_case("zero triggers", ["triggers"], replace={"triggers": "triggers = 0"}))
         results.check("clamp_max < clamp_min -> exit 2",
                       spec_case("clamp order", ["clamp_max"], replace={"clamp_min": "clamp_min = 2.0"}))
-        results.check("max_records_per_user missing -> exit 2",
-                      spec_case("no C", ["max_records_per_user"], drop=("max_records_per_user",)))
+        # C may be left out only in mode "none" (the true totals); a private mode needs it.
+        results.check("max_records_per_user missing in mode dp -> exit 2",
+                      spec_case("no C", ["max_records_per_user"], drop=("max_records_per_user",),
+                                replace={"mode": 'mode = "dp"\nepsilon = 1.0\ndelta = 1e-9'}))
         results.check("malformed TOML -> exit 2 naming the line", malformed_toml)
         results.check("nonexistent job spec -> exit 2", nonexistent_spec)
         results.check("--set without section -> exit 2", bad_set("triggers=5", ["triggers=5"]))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end test of `dpstream evaluate` (the error of a released histogram stream against the truth).
 
-1. A small synthetic stream (2 windows, T = 8) runs twice: mode "none" without bounding (the truth)
-   and mode "dp" with C = 4 and a fixed noise seed. `evaluate --json` (default window and trigger,
+1. A small synthetic stream (2 windows, T = 8) runs twice: mode "none" without bounding (no
+   max_records_per_user: the truth) and mode "dp" with C = 4 and a fixed noise seed. `evaluate --json` (default window and trigger,
    then window 0 / trigger 3 / column sum, and truth against itself) must equal, at every trigger,
    an independent computation here that reads both releases.csv with the csv module and works in
    exact rationals (fractions.Fraction, each value rounded to the engine's 2^-20 grid as the engine
