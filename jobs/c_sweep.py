@@ -20,27 +20,12 @@ import subprocess
 import sys
 import time
 
+from dpstream_runs import dpstream_run, write_truth_spec
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VALUES = "1,2,4,6,8,12,16,24,32,40,50"
 METRICS = ("keys_released", "linf", "l1", "l2", "dropped_share")
 LABELS = ("keys released", "l_inf", "l1", "l2", "dropped share")
-
-
-def dpstream_run(a, spec, out_dir, sets):
-    cmd = ["mpirun", "--oversubscribe", "-np", str(a.ranks), a.bin] if a.ranks > 1 else [a.bin]
-    cmd += ["run", spec, "--fresh", "--out", out_dir, "--set", "checkpoint.every=0", "--set", "output.progress=never"]
-    if a.users:
-        cmd += ["--set", f"input.users={a.users}"]
-    for s in sets + a.set:
-        cmd += ["--set", s]
-    os.makedirs(out_dir, exist_ok=True)
-    log = os.path.join(out_dir, "run.log")
-    with open(log, "w") as f:
-        t0 = time.monotonic()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        sys.exit(f"c_sweep: run failed (exit {rc}), see {log}")
-    return time.monotonic() - t0
 
 
 def ensure_truth(a, spec):
@@ -55,12 +40,7 @@ def ensure_truth(a, spec):
             time.sleep(5)
         return truth_dir
     truth_spec = os.path.join(a.out, "truth.toml")
-    with open(spec) as f, open(truth_spec, "w") as g:
-        for line in f:
-            key = line.split("=")[0].strip()
-            if key in ("max_records_per_user", "epsilon", "delta"):
-                continue
-            g.write('mode = "none"\n' if key == "mode" else line)
+    write_truth_spec(spec, truth_spec)
     dpstream_run(a, truth_spec, truth_dir, [])
     return truth_dir
 
@@ -119,7 +99,8 @@ def collect(a):
         fig.savefig(os.path.join(a.out, "c_sweep.png"), dpi=110)
     except ImportError:
         print("c_sweep: matplotlib missing (apt-get install python3-matplotlib): no PNG", file=sys.stderr)
-    print(f"c_sweep: wrote {a.out}/c_sweep.md, c_sweep.csv, c_sweep.png")
+    written = [n for n in ("c_sweep.md", "c_sweep.csv", "c_sweep.png") if os.path.exists(os.path.join(a.out, n))]
+    print(f"c_sweep: wrote {', '.join(written)} in {a.out}")
 
 
 def main():

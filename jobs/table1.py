@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from dpstream_runs import dpstream_run, write_truth_spec
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The paper's Table 1: (keys, l_inf, l1, l2) per (T, column).
@@ -43,27 +45,6 @@ CONFIGS = {  # name: (paper column, --set overrides)
 VARIANTS = {"inferred": "input.records_per_user_min=0", "stated": "input.records_per_user_min=1"}
 METRICS = ("keys_released", "linf", "l1", "l2")
 LABELS = ("Keys", "l_inf", "l1", "l2")
-
-
-def run(cmd, log):
-    with open(log, "w") as f:
-        t0 = time.monotonic()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
-        wall = time.monotonic() - t0
-    if rc != 0:
-        sys.exit(f"table1: command failed (exit {rc}), see {log}: {' '.join(cmd)}")
-    return wall
-
-
-def dpstream_run(a, spec, out_dir, sets):
-    cmd = ["mpirun", "--oversubscribe", "-np", str(a.ranks), a.bin] if a.ranks > 1 else [a.bin]
-    cmd += ["run", spec, "--fresh", "--out", out_dir, "--set", "checkpoint.every=0", "--set", "output.progress=never"]
-    if a.users:
-        cmd += ["--set", f"input.users={a.users}"]
-    for s in sets + a.set:
-        cmd += ["--set", s]
-    os.makedirs(out_dir, exist_ok=True)
-    return run(cmd, os.path.join(out_dir, "run.log"))
 
 
 def evaluate(a, truth, released):
@@ -186,12 +167,7 @@ def main():
             # The true histogram: mode none without contribution bounding (max_records_per_user left out).
             os.makedirs(base, exist_ok=True)
             truth_spec = os.path.join(base, "truth.toml")
-            with open(spec) as f, open(truth_spec, "w") as g:
-                for line in f:
-                    key = line.split("=")[0].strip()
-                    if key in ("max_records_per_user", "epsilon", "delta"):
-                        continue
-                    g.write('mode = "none"\n' if key == "mode" else line)
+            write_truth_spec(spec, truth_spec)
             wall = dpstream_run(a, truth_spec, truth_dir, [VARIANTS[variant]])
             # The truth's own norms: its errors against a run that releases nothing.
             empty_dir = os.path.join(base, "nothing-released")
@@ -221,7 +197,8 @@ def main():
         w.writerows(rows)
     write_markdown(a, rows, truths, os.path.join(a.out, "table1.md"))
     write_png(a, rows, os.path.join(a.out, "table1.png"))
-    print(f"table1: wrote {a.out}/table1.md, table1.png, runs.csv in {time.monotonic() - started:.0f} s")
+    written = [n for n in ("table1.md", "table1.png", "runs.csv") if os.path.exists(os.path.join(a.out, n))]
+    print(f"table1: wrote {', '.join(written)} in {a.out} in {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":

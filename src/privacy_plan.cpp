@@ -82,12 +82,8 @@ void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, std::uint32_t l
   }
 }
 
-// Baselines (docs/PRIVACY.md section 8). One release is a one-shot query: Gaussian thresholding of
-// the key's user count (L2 sensitivity sqrt(C): a user counts once in each of <= C keys) and the
-// columns' Gaussian noise (one tree level). Thresholding is delta-approximate zCDP (OpenDP's
-// NoiseThresholdPrivacyMap): a key whose only user is the one added or removed passes with
-// probability tail = P[noise > tau - 1]; conditioned on no such pass, the rest is rho-zCDP.
-PrivacyPlan make_baseline_plan(const JobConfig& c) {
+// What every private mode's plan starts from: the job's budget, bound and stream.
+PrivacyPlan plan_common(const JobConfig& c) {
   const auto& pc = c.privacy;
   PrivacyPlan p;
   p.mode = pc.mode;
@@ -96,9 +92,20 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
   p.delta = pc.delta;
   p.C = pc.max_records_per_user;
   p.T = c.stream.triggers;
-  p.levels = 1;
   p.threshold = pc.threshold;
   p.private_run = !pc.seed.has_value();
+  return p;
+}
+
+// Baselines (docs/PRIVACY.md section 8). One release is a one-shot query: Gaussian thresholding of
+// the key's user count (L2 sensitivity sqrt(C): a user counts once in each of <= C keys) and the
+// columns' Gaussian noise (one tree level). Thresholding is delta-approximate zCDP (OpenDP's
+// NoiseThresholdPrivacyMap): a key whose only user is the one added or removed passes with
+// probability tail = P[noise > tau - 1]; conditioned on no such pass, the rest is rho-zCDP.
+PrivacyPlan make_baseline_plan(const JobConfig& c) {
+  const auto& pc = c.privacy;
+  PrivacyPlan p = plan_common(c);
+  p.levels = 1;
   const bool repeated = pc.mode == PrivacyMode::BaselineRepeated;
   auto& b = p.baseline;
   double rho_release = 0;  // one release's rho (selection + columns) in the worst case
@@ -174,17 +181,9 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   if (!is_private(pc.mode))
     throw ConfigError(fmt::format("{}: [privacy] mode is \"none\": there is no privacy budget; set mode = \"dp\"", c.source));
   if (is_baseline(pc.mode)) return make_baseline_plan(c);
-  PrivacyPlan p;
-  p.mode = pc.mode;
-  p.composition = pc.composition;
+  PrivacyPlan p = plan_common(c);
   const bool one_ledger = pc.composition == Composition::Zcdp;
-  p.epsilon = pc.epsilon;
-  p.delta = pc.delta;
-  p.C = pc.max_records_per_user;
-  p.T = c.stream.triggers;
   p.levels = kernels::dptree::levels(p.T);
-  p.threshold = pc.threshold;
-  p.private_run = !pc.seed.has_value();
   p.epsilon_selection = p.epsilon * pc.selection_epsilon_share;
   p.epsilon_aggregation = p.epsilon - p.epsilon_selection;
   p.delta_selection = p.delta * pc.selection_delta_share;
@@ -267,10 +266,10 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   return p;
 }
 
-kernels::BaselineParams baseline_params(const PrivacyPlan& p) {
-  kernels::BaselineParams params;
-  params.tau = p.baseline.tau;
-  params.sigma_selection = p.selection.sigma;
+namespace {
+// The released columns' noise, as both release kernels take it.
+template <class Params>
+void set_column_noise(const PrivacyPlan& p, Params& params) {
   params.release_count = params.release_sum = false;
   for (const auto& f : p.aggregation) {
     if (f.name == "count") {
@@ -281,6 +280,14 @@ kernels::BaselineParams baseline_params(const PrivacyPlan& p) {
   }
   params.sigma_sum = p.sum_sigma_quanta;
   params.sum_quantum = p.sum_quantum;
+}
+}  // namespace
+
+kernels::BaselineParams baseline_params(const PrivacyPlan& p) {
+  kernels::BaselineParams params;
+  params.tau = p.baseline.tau;
+  params.sigma_selection = p.selection.sigma;
+  set_column_noise(p, params);
   return params;
 }
 
@@ -290,16 +297,7 @@ kernels::DpParams release_params(const PrivacyPlan& p) {
   params.mu = p.mu;
   params.tau = p.tau;
   params.sigma_selection = p.selection.sigma;
-  params.release_count = params.release_sum = false;
-  for (const auto& f : p.aggregation) {
-    if (f.name == "count") {
-      params.release_count = true;
-      params.sigma_count = f.sigma;
-    }
-    if (f.name == "sum") params.release_sum = true;
-  }
-  params.sigma_sum = p.sum_sigma_quanta;
-  params.sum_quantum = p.sum_quantum;
+  set_column_noise(p, params);
   return params;
 }
 
