@@ -67,7 +67,7 @@ Usable as a library (tests import it) or from the command line, printing the pla
 
   python3 dp_reference.py --epsilon 6 --delta 1e-9 --C 32 --T 100 [--count] [--sum] ...
           [--mode dp|baseline-repeated|baseline-batch] [--composition zcdp|basic|optimal]
-  python3 dp_reference.py --self-test     # checks against ../shared/reference/*.json when present
+  python3 dp_reference.py --self-test     # checks against tests/reference/*.json
 """
 
 import argparse
@@ -674,7 +674,7 @@ def discrete_gaussian_variance(sigma):
 
 
 # ------------------------------------------------------------------------------------------------
-# Self test against the shared reference values (mpmath, 50 digits) and PRIVACY.md's examples
+# Self test against the checked-in reference values (tests/reference, mpmath, 50 digits) and PRIVACY.md's examples
 
 
 def self_test(reference_dir):
@@ -734,9 +734,10 @@ def self_test(reference_dir):
     close("Phi^-1(1 - 1e-15)", normal_upper_quantile(1e-15), 7.941345326170997, 1e-9)
 
     path = os.path.join(reference_dir, "zcdp_conversion.json")
-    checked_shared = False
-    if os.path.isfile(path):
-        checked_shared = True
+    checked_shared = os.path.isfile(path)
+    if not checked_shared:
+        problems.append(f"reference values missing: {path}")
+    else:
         with open(path, encoding="utf-8") as f:
             ref = json.load(f)
         for r in ref["eps_given_rho"]:
@@ -939,7 +940,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--self-test", action="store_true")
     ap.add_argument("--reference-dir", default=os.path.normpath(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "reference")))
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference")))
     ap.add_argument("--epsilon", type=float)
     ap.add_argument("--delta", type=float)
     ap.add_argument("--C", type=int)

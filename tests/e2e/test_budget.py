@@ -679,7 +679,7 @@ def main():
             return d
 
         def reference_self_test():
-            problems, _ = dp_reference.self_test(os.path.join(harness.HERE, "..", "..", "..", "shared", "reference"))
+            problems, _ = dp_reference.self_test(os.path.join(harness.HERE, "..", "reference"))
             assert not problems, "\n  ".join(problems)
 
         # ---- 1. and 2. the plan, JSON and text (all runs started first, checked in order) ----

@@ -1,4 +1,4 @@
-// The tree code against ../shared/reference/honaker_variance.json: exact prefix-variance factors,
+// The tree code against tests/reference/honaker_variance.json: exact prefix-variance factors,
 // a Monte Carlo check of PrefixNoise (the engine's own Honaker recursion) with continuous Gaussian
 // node noise, and an exact check that "true prefix + rounded noise" equals the same rounding applied
 // to the noisy node values (the post-processing argument in docs/PRIVACY.md).
@@ -18,7 +18,7 @@ using namespace dpstream::kernels::dptree;
 namespace {
 nlohmann::json reference() {
   std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/honaker_variance.json");
-  if (!f) throw std::runtime_error("missing ../shared/reference/honaker_variance.json");
+  if (!f) throw std::runtime_error("missing tests/reference/honaker_variance.json");
   // The file is Python's json output: it spells an unbounded formula value "Infinity", not JSON.
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   for (std::size_t at; (at = text.find("Infinity")) != std::string::npos;) text.replace(at, 8, "null");

@@ -7,7 +7,7 @@ sensitivity D is (eps, delta)-DP iff
 Evaluated literally with mpmath at 100 digits (the subtraction loses at most ~20 of them here),
 at the exact binary value of each double input; sigma(eps, delta, D) is the smallest sigma with
 delta(sigma) <= delta, by 400 bisection steps on log sigma. Complements
-../shared/reference/analytic_gaussian.json with tiny deltas (down to ~1e-305) and small eps.
+tests/reference/analytic_gaussian.json with tiny deltas (down to ~1e-305) and small eps.
 
   python3 tests/reference/analytic_gaussian.py      # prints the C++ tables
 """

@@ -1,6 +1,6 @@
-// zCDP accounting against ../shared/reference/zcdp_conversion.json (50-digit mpmath values) and
+// zCDP accounting against tests/reference/zcdp_conversion.json (50-digit mpmath values) and
 // the README table; normal quantiles against 60-digit mpmath values (cross-checked with math.erfc);
-// the analytic Gaussian mechanism against ../shared/reference/analytic_gaussian.json and against
+// the analytic Gaussian mechanism against tests/reference/analytic_gaussian.json and against
 // tests/reference/analytic_gaussian.py (100-digit mpmath, tiny deltas and small eps).
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@ using namespace dpstream::accounting;
 namespace {
 nlohmann::json reference(const std::string& name = "zcdp_conversion.json") {
   std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/" + name);
-  if (!f) throw std::runtime_error("missing ../shared/reference/" + name);
+  if (!f) throw std::runtime_error("missing tests/reference/" + name);
   return nlohmann::json::parse(f);
 }
 

@@ -119,7 +119,7 @@ TEST(Workload, RecordsPerUserOnePlusXVariant) {
   // records_per_user_min = 0: records = 1 + X, X ~ Zipf-Mandelbrot on {0..1e5} (the data behind the
   // core paper's Table 1): mean 1 + 4.9047 from the reference file; every user has >= 1 record.
   std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/zipf_mandelbrot.json");
-  ASSERT_TRUE(f) << "missing ../shared/reference/zipf_mandelbrot.json";
+  ASSERT_TRUE(f) << "missing tests/reference/zipf_mandelbrot.json";
   const auto ref = nlohmann::json::parse(f)["records_per_user"]["support_from_0"];
   auto c = small_job(40000, 8);
   c.input.records_per_user_min = 0;

@@ -1,4 +1,4 @@
-// Statistical tests of the Zipf-Mandelbrot sampler against ../shared/reference/zipf_mandelbrot.json
+// Statistical tests of the Zipf-Mandelbrot sampler against tests/reference/zipf_mandelbrot.json
 // (exact values computed independently). Fixed seeds; each bound states its false-failure rate.
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@ using namespace dpstream;
 namespace {
 nlohmann::json reference() {
   std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/zipf_mandelbrot.json");
-  if (!f) throw std::runtime_error("missing ../shared/reference/zipf_mandelbrot.json");
+  if (!f) throw std::runtime_error("missing tests/reference/zipf_mandelbrot.json");
   return nlohmann::json::parse(f);
 }
 }  // namespace
