@@ -3,4 +3,4 @@
 set -euo pipefail
 source "$(dirname "$0")/build.sh"
 cd build
-ctest --output-on-failure -j"$(nproc)" --timeout 900
+ctest --output-on-failure -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --timeout 900

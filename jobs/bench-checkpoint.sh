@@ -11,7 +11,7 @@ np=${2:-2}
 kill_at=${3:-50}
 shift $(( $# >= 3 ? 3 : $# )) || true
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_odls_base_sigkill_timeout=0
-threads=$(( $(nproc) / np > 0 ? $(nproc) / np : 1 ))
+threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np > 0 ? $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np : 1 ))
 out=${BENCH_OUT:-$(mktemp -d)}
 [ -n "${BENCH_OUT:-}" ] || trap 'rm -rf "$out"' EXIT
 run() { OMP_NUM_THREADS=$threads mpirun --oversubscribe -np "$np" --bind-to none "$bin" run "$here/paper-workload-dp.toml" --set privacy.seed=1 \

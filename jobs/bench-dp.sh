@@ -8,7 +8,7 @@ bin=${1:-$here/../build/src/dpstream}
 np=${2:-2}
 shift $(( $# >= 2 ? 2 : $# )) || true
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-threads=$(( $(nproc) / np > 0 ? $(nproc) / np : 1 ))
+threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np > 0 ? $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np : 1 ))
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for mode in none dp; do

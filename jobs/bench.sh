@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=${1:-$here/../build/src/dpstream}
 shift || true
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cores=$(nproc)
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 for np in 1 2; do
   threads=$(( cores / np > 0 ? cores / np : 1 ))
   for th in 1 "$threads"; do

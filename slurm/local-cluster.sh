@@ -17,7 +17,7 @@
 #     (DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge), exit code 3 otherwise.
 #   * A private munged (own key, socket, pid, log and seed files in DIR/munge) and
 #     AuthInfo=socket=DIR/munge/munge.socket: neither /etc/munge nor a system munged is used.
-#   * slurm.conf is written at every start: node $(hostname -s) at 127.0.0.1 with CPUs=$(nproc) and
+#   * slurm.conf is written at every start: node $(hostname -s) at 127.0.0.1 with CPUs = the CPUs this process may use (nproc without the OpenMP variables) and
 #     90 % of the RAM, one partition "local" (Default, OverSubscribe=YES), no accounting, no cgroups
 #     (proctrack/linuxproc, task/none), MpiDefault=pmix, JobRequeue=1, ReturnToService=2.
 #   * SlurmctldPort and SlurmdPort are free TCP ports probed at start (retried if someone else takes
@@ -267,7 +267,7 @@ responding() {
 
 write_conf() {
   local host=$1 ctld_port=$2 slurmd_port=$3 cpus mem_mb
-  cpus=$(nproc)
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc alone honours OMP_NUM_THREADS
   mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
   cat >"$CONF" <<EOF
 # Written by slurm/local-cluster.sh on $(date -Is); rewritten at every start.
