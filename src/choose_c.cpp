@@ -235,6 +235,7 @@ ChooseCResult choose_c(const std::string& spec, const std::vector<std::string>& 
       throw;
     }
   });
+  resolve_windows_from_input(config, comm);
   return choose_c(config, options, comm);
 }
 

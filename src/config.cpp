@@ -221,7 +221,8 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (c.stream.triggers > c.stream.window_seconds)
     st.fail("triggers", fmt::format("({}) must not exceed window_seconds ({}): a trigger is at least one second",
                                     c.stream.triggers, c.stream.window_seconds));
-  c.stream.first_window = st.integer("first_window", 0, 0, std::int64_t{1} << 20);
+  c.stream.first_window = st.integer("first_window", 0, 0, StreamConfig::kMaxWindow);
+  c.stream.windows_from_input = c.input.kind == InputKind::Csv && !st.has("first_window") && !st.has("windows");
   c.stream.windows = static_cast<std::uint32_t>(st.integer("windows", 1, 1, 100'000));
   st.finish({"window_seconds", "triggers", "first_window", "windows"});
 

@@ -52,6 +52,10 @@ struct StreamConfig {
   std::uint32_t triggers = 0;     // T, required
   std::int64_t first_window = 0;  // windows [first_window, first_window + windows) are processed
   std::uint32_t windows = 1;
+  // CSV input without first_window and windows: the windows are those of the input (from its earliest
+  // to its latest window, resolved by resolve_windows_from_input before the job runs).
+  bool windows_from_input = false;
+  static constexpr std::int64_t kMaxWindow = std::int64_t{1} << 20;  // windows are 0..kMaxWindow
 };
 
 struct PrivacyConfig {

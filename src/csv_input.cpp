@@ -44,6 +44,38 @@ Columns parse_header(const std::string& path, std::string_view header) {
   return Columns{idx[0], idx[1], idx[2], idx[3], fields.size()};
 }
 
+// The byte range [begin, end) of the file whose lines this rank parses: the lines whose first byte
+// lies in its equal share of the body (after the header line).
+std::pair<std::size_t, std::size_t> share_of(std::string_view all, std::size_t header_end, int rank, int ranks) {
+  const std::size_t body = std::min(header_end + 1, all.size());
+  const std::size_t span = all.size() - body;
+  std::size_t begin = body + span * static_cast<std::size_t>(rank) / static_cast<std::size_t>(ranks);
+  const std::size_t end = body + span * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(ranks);
+  if (begin > body && begin < all.size() && all[begin - 1] != '\n') {
+    const std::size_t nl = all.find('\n', begin);
+    begin = nl == std::string_view::npos ? all.size() : nl + 1;
+  }
+  return {begin, end};
+}
+
+// Calls fn(offset, line) for every non-blank line (line break and trailing CR removed) starting in [begin, end).
+template <class Fn>
+void for_each_line(std::string_view all, std::size_t begin, std::size_t end, Fn&& fn) {
+  for (std::size_t pos = begin; pos < end && pos < all.size();) {
+    const std::size_t nl = std::min(all.find('\n', pos), all.size());
+    std::string_view line = all.substr(pos, nl - pos);
+    const std::size_t offset = pos;
+    pos = nl + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (!line.empty()) fn(offset, line);  // blank lines carry no record
+  }
+}
+
+bool parse_timestamp(std::string_view text, std::int64_t& ts) {
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), ts);
+  return ec == std::errc() && p == text.data() + text.size() && !text.empty();
+}
+
 std::size_t line_number_of(std::string_view file, std::size_t offset) {
   return 1 + static_cast<std::size_t>(std::count(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
 }
@@ -130,15 +162,7 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
   const std::size_t header_end = std::min(all.find('\n'), all.size());
   const Columns cols = parse_header(path, all.substr(0, header_end));
 
-  // This rank parses the lines whose first byte lies in [begin, end).
-  const std::size_t body = header_end + 1;
-  const std::size_t span = all.size() > body ? all.size() - body : 0;
-  std::size_t begin = body + span * static_cast<std::size_t>(rank) / static_cast<std::size_t>(ranks);
-  const std::size_t end = body + span * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(ranks);
-  if (begin > body && begin < all.size() && all[begin - 1] != '\n') {
-    const std::size_t nl = all.find('\n', begin);
-    begin = nl == std::string_view::npos ? all.size() : nl + 1;
-  }
+  const auto [begin, end] = share_of(all, header_end, rank, ranks);
 
   const std::int64_t first_window = config.stream.first_window;
   const std::int64_t last_window = first_window + config.stream.windows;  // exclusive
@@ -150,21 +174,15 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
                                    path, line_number_of(all, offset), why, line.substr(0, 200)));
   };
 
-  for (std::size_t pos = begin; pos < end && pos < all.size();) {
-    const std::size_t nl = std::min(all.find('\n', pos), all.size());
-    std::string_view line = all.substr(pos, nl - pos);
-    const std::size_t offset = pos;
-    pos = nl + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty()) continue;  // blank lines carry no record
+  for_each_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
     ++stats_.rows;
     if (!split_csv_line(line, fields)) {
       bad(stats_.malformed, offset, line, "unbalanced quotes");
-      continue;
+      return;
     }
     if (fields.size() != cols.count) {
       bad(stats_.malformed, offset, line, fmt::format("{} fields where the header has {}", fields.size(), cols.count));
-      continue;
+      return;
     }
     const std::string& user = fields[cols.user];
     const std::string& key = fields[cols.key];
@@ -172,7 +190,7 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
     const std::string& ttext = fields[cols.timestamp];
     if (user.empty() || key.empty()) {
       bad(stats_.malformed, offset, line, "empty user_id or key");
-      continue;
+      return;
     }
     double value = 0;
     const auto [vp, vec] = std::from_chars(vtext.data(), vtext.data() + vtext.size(), value);
@@ -181,27 +199,26 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
       value = std::strtod(vtext.c_str(), nullptr);
       if (std::isinf(value)) {
         bad(stats_.non_finite, offset, line, fmt::format("value '{}' overflows a double", vtext));
-        continue;
+        return;
       }
     } else if (vec != std::errc() || vp != vtext.data() + vtext.size() || vtext.empty()) {
       bad(stats_.malformed, offset, line, fmt::format("value '{}' is not a number", vtext));
-      continue;
+      return;
     }
     if (!std::isfinite(value)) {
       bad(stats_.non_finite, offset, line, fmt::format("value '{}' is not finite", vtext));
-      continue;
+      return;
     }
     std::int64_t ts = 0;
-    const auto [tp, tec] = std::from_chars(ttext.data(), ttext.data() + ttext.size(), ts);
-    if (tec != std::errc() || tp != ttext.data() + ttext.size() || ttext.empty()) {
+    if (!parse_timestamp(ttext, ts)) {
       bad(stats_.malformed, offset, line, fmt::format("timestamp '{}' is not an integer number of seconds", ttext));
-      continue;
+      return;
     }
     const std::int64_t w = clock_.window_of(ts);
     if (w < first_window || w >= last_window) {
       bad(stats_.out_of_window, offset, line,
           fmt::format("timestamp {} lies in window {}, outside the job's windows [{}, {})", ts, w, first_window, last_window));
-      continue;
+      return;
     }
     const std::uint64_t key_id = csv_key_id(key);
     const auto [it, inserted] = names_.try_emplace(key_id, key);
@@ -209,8 +226,50 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
       throw InputError(fmt::format("{}: keys '{}' and '{}' share the 64-bit id {:#x}; rename one of them", path,
                                    it->second, key, key_id));
     records_.push_back(Record{csv_user_id(user), key_id, ts, static_cast<std::uint64_t>(offset), value});
-  }
+  });
   std::sort(records_.begin(), records_.end(), [](const Record& a, const Record& b) { return a.timestamp < b.timestamp; });
+}
+
+void resolve_windows_from_input(JobConfig& config, const shuffle::Comm& comm) {
+  if (!config.stream.windows_from_input) return;
+  const StreamClock clock{config.stream.window_seconds, config.stream.triggers};
+  std::int64_t lo = StreamConfig::kMaxWindow + 1, hi = -1;  // this rank's span of valid windows
+  shuffle::on_all_ranks<InputError>(comm, [&] {
+    MappedFile file(config.input.path);
+    const std::string_view all = file.view();
+    const std::size_t header_end = std::min(all.find('\n'), all.size());
+    const Columns cols = parse_header(config.input.path, all.substr(0, header_end));
+    const auto [begin, end] = share_of(all, header_end, comm.rank(), comm.size());
+    std::vector<std::string> fields;
+    for_each_line(all, begin, end, [&](std::size_t, std::string_view line) {
+      std::int64_t ts = 0;
+      if (!split_csv_line(line, fields) || fields.size() != cols.count || !parse_timestamp(fields[cols.timestamp], ts)) return;
+      const std::int64_t w = clock.window_of(ts);
+      if (w < 0 || w > StreamConfig::kMaxWindow) return;  // out of window whatever the range
+      lo = std::min(lo, w), hi = std::max(hi, w);
+    });
+  });
+  // Both ends by one max-reduction: max(-lo) = -min(lo); windows are below 2^21, so the offset keeps them unsigned.
+  constexpr std::int64_t kOffset = std::int64_t{1} << 40;
+  const auto first = kOffset - static_cast<std::int64_t>(comm.max(static_cast<std::uint64_t>(kOffset - lo)));
+  const auto last = static_cast<std::int64_t>(comm.max(static_cast<std::uint64_t>(hi + 1))) - 1;
+  config.stream.first_window = last < 0 ? 0 : first;
+  config.stream.windows = last < 0 ? 1 : static_cast<std::uint32_t>(last - first + 1);
+}
+
+bool CsvSource::has_window(std::int64_t window) const {
+  const auto it = std::lower_bound(records_.begin() + static_cast<std::ptrdiff_t>(next_), records_.end(), window,
+                                   [&](const Record& r, std::int64_t w) { return clock_.window_of(r.timestamp) < w; });
+  return it != records_.end() && clock_.window_of(it->timestamp) == window;
+}
+
+void CsvSource::skip_to(std::int64_t /*first_window*/, std::int64_t window, std::uint32_t trigger) {
+  // Rows were counted when the file was parsed: skipping only moves past the records before (window, trigger).
+  while (next_ < records_.size()) {
+    const std::int64_t w = clock_.window_of(records_[next_].timestamp);
+    if (w > window || (w == window && clock_.trigger_of(records_[next_].timestamp) >= trigger)) break;
+    ++next_;
+  }
 }
 
 std::vector<Record> CsvSource::take_trigger(std::int64_t window, std::uint32_t trigger) {

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shuffle/comm.hpp"
 #include "src/config.hpp"
 #include "src/record_source.hpp"
 #include "src/stream_clock.hpp"
@@ -40,6 +41,11 @@ std::uint64_t csv_key_id(std::string_view s);
 // InputError saying what is wrong. Cheap: every rank calls it before the first collective.
 void check_csv_file(const std::string& path);
 
+// For a job with [stream] windows_from_input: sets first_window and windows to the span of windows
+// holding input rows with a valid timestamp (windows 0..kMaxWindow; others stay out of window), or
+// window 0 alone for an input without one. Collective: each rank scans the timestamps of its share.
+void resolve_windows_from_input(JobConfig& config, const shuffle::Comm& comm);
+
 class CsvSource final : public RecordSource {
  public:
   // Parses this rank's share of the file. Throws InputError on the first bad row when the
@@ -51,6 +57,8 @@ class CsvSource final : public RecordSource {
   std::uint32_t triggers_per_window() const override { return clock_.triggers; }
   const absl::flat_hash_map<std::uint64_t, std::string>& key_names() const override { return names_; }
   bool has_string_keys() const override { return true; }
+  bool has_window(std::int64_t window) const override;
+  void skip_to(std::int64_t first_window, std::int64_t window, std::uint32_t trigger) override;
 
  private:
   JobConfig config_;

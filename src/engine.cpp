@@ -152,6 +152,19 @@ struct CarriedCounters {
   }
 };
 
+// One line on stderr when input rows were skipped (bad_rows = "skip"), counted by kind.
+std::string skipped_rows_message(const nlohmann::json& input, const JobConfig& config) {
+  const auto n = [&](const char* kind) { return input.at(kind).get<std::uint64_t>(); };
+  const std::uint64_t malformed = n("malformed"), non_finite = n("non_finite"), outside = n("out_of_window");
+  if (malformed + non_finite + outside == 0) return {};
+  return fmt::format(
+      "dpstream: skipped {} of {} input rows: {} malformed, {} non-finite value, {} outside the job's windows {}..{}{} "
+      "(summary.json \"input\")",
+      malformed + non_finite + outside, n("rows_read"), malformed, non_finite, outside, config.stream.first_window,
+      config.stream.first_window + config.stream.windows - 1,
+      outside && !config.stream.windows_from_input ? "; leave out [stream] first_window and windows to process every window of the input" : "");
+}
+
 // A stop signal seen by any rank, agreed by all (one small allgather per trigger).
 struct StopAgreement {
   int signal = 0;  // the first rank's signal
@@ -390,6 +403,10 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   std::uint32_t stopped_window = 0, stopped_trigger = 0;
   for (std::uint32_t wi = start_window; wi < config.stream.windows && !stop.signal; ++wi) {
     const std::int64_t window = config.stream.first_window + wi;
+    // Windows from the input: a window without a record on any rank releases nothing and is skipped.
+    if (config.stream.windows_from_input && wi + 1 < config.stream.windows &&
+        comm.max(std::uint64_t{source->has_window(window)}) == 0)
+      continue;
     if (releaser) releaser->begin_window(window);
     if (baseline) baseline->begin_window(window);
     for (std::uint32_t trigger = wi == start_window ? start_trigger : 0; trigger < T; ++trigger) {
@@ -646,6 +663,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
         j["oversubscribed"].get<bool>() ? "yes" : "no");
     j["naive_records_per_second"] = naive_rate;
   }
+  report.skipped_rows_message = skipped_rows_message(j["input"], config);
   report.summary_json = j.dump(2);
   report.run_result_line = run_result_line(j);
 

@@ -36,6 +36,7 @@ struct RunReport {
   bool already_complete = false;  // --resume found the job finished: nothing was run
   int stop_signal = 0;            // the job stopped early on this signal (SIGTERM / SIGUSR1)
   std::string stop_message;       // rank 0: where it stopped and how to continue
+  std::string skipped_rows_message;  // rank 0: input rows skipped, by kind (empty when none)
 };
 
 // Runs the job on all ranks of `comm`. A stop signal (src/stop_request.hpp) on any rank stops every

@@ -13,6 +13,7 @@
 #include "shuffle/comm.hpp"
 #include "src/choose_c.hpp"
 #include "src/config.hpp"
+#include "src/csv_input.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/evaluate.hpp"
@@ -167,7 +168,8 @@ int main(int argc, char** argv) {
   };
   try {
     if (*run) {
-      const auto config = load(run_args);
+      auto config = load(run_args);
+      dpstream::resolve_windows_from_input(config, comm);
       dpstream::RunOptions options;
       options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
                            : fresh ? dpstream::checkpoint::StartMode::Fresh
@@ -182,6 +184,7 @@ int main(int argc, char** argv) {
         std::printf("  releases: %s\n  summary:  %s/summary.json\n", report.releases_path.c_str(), config.output.dir.c_str());
         if (result_line) std::printf("%s\n", report.run_result_line.c_str());
       }
+      if (root && !report.skipped_rows_message.empty()) std::fprintf(stderr, "%s\n", report.skipped_rows_message.c_str());
     } else if (*bench) {
       auto config = load(bench_args);
       if (config.input.kind != dpstream::InputKind::Synthetic)

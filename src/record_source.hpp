@@ -34,6 +34,8 @@ class RecordSource {
     for (std::uint32_t t = 0; t < trigger; ++t) take_trigger(window, t);
   }
   virtual std::uint32_t triggers_per_window() const = 0;
+  // False only when this rank certainly has no record in `window` (lets a job skip empty windows).
+  virtual bool has_window(std::int64_t /*window*/) const { return true; }
   // Names of string keys read by this rank (CSV input); empty for integer keys.
   virtual const absl::flat_hash_map<std::uint64_t, std::string>& key_names() const { return no_names_; }
   virtual bool has_string_keys() const { return false; }
