@@ -121,14 +121,28 @@ ChooseCResult choose_c(const JobConfig& config, const ChooseCOptions& options, c
   const std::int64_t window = options.window.value_or(config.stream.first_window);
   const auto max_c = options.max_c;
 
+  // Secret (noise, keyed CSV ids): from --seed (test mode) or 256 bits from the OS on rank 0, broadcast.
+  noise::Secret secret{};
+  if (options.seed) {
+    secret = noise::secret_from_seed(*options.seed);
+  } else {
+    shuffle::on_all_ranks<std::runtime_error>(comm, [&] {
+      if (root) secret = noise::secret_from_os();
+    });
+    comm.broadcast(secret.data(), secret.size());
+  }
+
   // 1. This rank's records of the window, exactly as the job reads them; only counts per user kept.
   std::unique_ptr<RecordSource> source;
   shuffle::on_all_ranks<InputError>(comm, [&] {
-    if (config.input.kind == InputKind::Csv)
-      source = std::make_unique<CsvSource>(config, comm.rank(), P);
-    else
+    if (config.input.kind == InputKind::Csv) {
+      IdPrf ids(secret);
+      source = std::make_unique<CsvSource>(config, comm.rank(), P, ids);
+    } else {
       source = std::make_unique<SyntheticSource>(config, comm.rank(), P);
+    }
   });
+  if (auto* csv = dynamic_cast<CsvSource*>(source.get())) csv->separate_ids(comm);
   absl::flat_hash_map<std::uint64_t, std::uint64_t> local;
   shuffle::on_all_ranks<InputError>(comm, [&] {
     source->skip_to(config.stream.first_window, window, 0);
@@ -159,16 +173,7 @@ ChooseCResult choose_c(const JobConfig& config, const ChooseCOptions& options, c
   absl::flat_hash_map<std::uint64_t, std::uint64_t>().swap(totals);
   hist = comm.sum(hist);
 
-  // 4. Noise. Secret: from --seed (test mode) or 256 bits from the OS on rank 0, broadcast.
-  noise::Secret secret{};
-  if (options.seed) {
-    secret = noise::secret_from_seed(*options.seed);
-  } else {
-    shuffle::on_all_ranks<std::runtime_error>(comm, [&] {
-      if (root) secret = noise::secret_from_os();
-    });
-    comm.broadcast(secret.data(), secret.size());
-  }
+  // 4. Noise, keyed with the secret drawn before the input was read.
   // The PRF is keyed with K = HMAC(secret, "dpstream window" || -1 - W). Jobs only have windows
   // >= 0 ([stream] first_window >= 0), so -1 - W is never a job's window: even with the same secret
   // (the same seed in tests) these draws never reuse a job's noise, and distinct W give distinct

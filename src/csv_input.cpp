@@ -5,7 +5,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
+
+#include <absl/container/flat_hash_set.h>
 
 #include <algorithm>
 #include <charconv>
@@ -13,14 +14,13 @@
 #include <cstring>
 #include <fstream>
 
+#include "partition/hash.hpp"
 #include "src/errors.hpp"
 
 namespace dpstream {
 
 namespace {
 
-constexpr XXH64_hash_t kUserIdSeed = 0x75736572;  // "user"
-constexpr XXH64_hash_t kKeyIdSeed = 0x6B6579;     // "key"
 const std::vector<std::string> kRequiredColumns = {"user_id", "key", "value", "timestamp"};
 
 struct Columns {
@@ -141,8 +141,6 @@ bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
   }
 }
 
-std::uint64_t csv_user_id(std::string_view s) { return XXH3_64bits_withSeed(s.data(), s.size(), kUserIdSeed); }
-std::uint64_t csv_key_id(std::string_view s) { return XXH3_64bits_withSeed(s.data(), s.size(), kKeyIdSeed); }
 
 void check_csv_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -154,7 +152,7 @@ void check_csv_file(const std::string& path) {
   parse_header(path, header);
 }
 
-CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
+CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
     : config_(config), clock_{config.stream.window_seconds, config.stream.triggers} {
   const std::string& path = config.input.path;
   MappedFile file(path);
@@ -220,14 +218,39 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks)
           fmt::format("timestamp {} lies in window {}, outside the job's windows [{}, {})", ts, w, first_window, last_window));
       return;
     }
-    const std::uint64_t key_id = csv_key_id(key);
-    const auto [it, inserted] = names_.try_emplace(key_id, key);
-    if (!inserted && it->second != key)
-      throw InputError(fmt::format("{}: keys '{}' and '{}' share the 64-bit id {:#x}; rename one of them", path,
-                                   it->second, key, key_id));
-    records_.push_back(Record{csv_user_id(user), key_id, ts, static_cast<std::uint64_t>(offset), value});
+    const Id128 key_id = ids(IdDomain::Key, key), user_id = ids(IdDomain::User, user);
+    parsed_names_.try_emplace(key_id, key);  // two names share a 128-bit id with probability ~2^-128
+    records_.push_back(Record{user_id.id, key_id.id, ts, static_cast<std::uint64_t>(offset), value});
+    user_checks_.push_back(user_id.check);
+    key_checks_.push_back(key_id.check);
   });
+}
+
+void CsvSource::separate_ids(const shuffle::Comm& comm) {
+  // Distinct local ids of one kind -> the moved ones' new ids.
+  auto moves_of = [&](auto field, const std::vector<std::uint64_t>& checks,
+                      std::uint64_t salt) {
+    absl::flat_hash_set<Id128> distinct;
+    for (std::size_t i = 0; i < records_.size(); ++i) distinct.insert({records_[i].*field, checks[i]});
+    return separate_colliding_ids({distinct.begin(), distinct.end()}, salt, comm);
+  };
+  const auto user_moves = moves_of(&Record::user, user_checks_, partition::kUserSalt);
+  const auto key_moves = moves_of(&Record::key, key_checks_, partition::kKeySalt);
+  for (std::size_t i = 0; i < records_.size(); ++i) {
+    if (const auto it = user_moves.find(Id128{records_[i].user, user_checks_[i]}); it != user_moves.end())
+      records_[i].user = it->second;
+    if (const auto it = key_moves.find(Id128{records_[i].key, key_checks_[i]}); it != key_moves.end())
+      records_[i].key = it->second;
+  }
+  for (auto& [id, name] : parsed_names_) {
+    const auto it = key_moves.find(id);
+    names_.try_emplace(it == key_moves.end() ? id.id : it->second, std::move(name));
+  }
+  parsed_names_ = {};
+  std::vector<std::uint64_t>().swap(user_checks_);
+  std::vector<std::uint64_t>().swap(key_checks_);
   std::sort(records_.begin(), records_.end(), [](const Record& a, const Record& b) { return a.timestamp < b.timestamp; });
+  separated_ = true;
 }
 
 void resolve_windows_from_input(JobConfig& config, const shuffle::Comm& comm) {
@@ -273,6 +296,7 @@ void CsvSource::skip_to(std::int64_t /*first_window*/, std::int64_t window, std:
 }
 
 std::vector<Record> CsvSource::take_trigger(std::int64_t window, std::uint32_t trigger) {
+  if (!separated_) throw std::logic_error("CsvSource: separate_ids must run before the records are taken");
   // Records are sorted by timestamp, (window, trigger) is monotone in it, and triggers are
   // visited in increasing order: the trigger's records are the next run.
   const std::size_t first = next_;

@@ -1,7 +1,7 @@
 // CSV input: header with columns user_id, key, value, timestamp (any order; other columns are
 // ignored). Each rank maps the file and parses the lines that start in its byte range, so the
 // file is read once in parallel. Fields may be quoted (RFC 4180, "" escapes a quote) but not
-// contain line breaks. Ids are hashed to 64 bits with XXH3 (see docs/DESIGN-NOTES.md).
+// contain line breaks. Ids are keyed PRF values of the strings (src/id_prf.hpp, docs/PRIVACY.md section 9).
 #pragma once
 
 #include <string>
@@ -10,6 +10,7 @@
 
 #include "shuffle/comm.hpp"
 #include "src/config.hpp"
+#include "src/id_prf.hpp"
 #include "src/record_source.hpp"
 #include "src/stream_clock.hpp"
 
@@ -33,10 +34,6 @@ class MappedFile {
 // Splits one CSV line (without its line break) into fields; false if quoting is malformed.
 bool split_csv_line(std::string_view line, std::vector<std::string>& fields);
 
-// 64-bit ids of CSV strings (different seeds for users and keys).
-std::uint64_t csv_user_id(std::string_view s);
-std::uint64_t csv_key_id(std::string_view s);
-
 // Checks that the file exists, is readable and has the required header columns; throws
 // InputError saying what is wrong. Cheap: every rank calls it before the first collective.
 void check_csv_file(const std::string& path);
@@ -48,9 +45,12 @@ void resolve_windows_from_input(JobConfig& config, const shuffle::Comm& comm);
 
 class CsvSource final : public RecordSource {
  public:
-  // Parses this rank's share of the file. Throws InputError on the first bad row when the
-  // policy is "fail"; counts bad rows otherwise.
-  CsvSource(const JobConfig& config, int rank, int ranks);
+  // Parses this rank's share of the file, mapping ids with `ids`. Throws InputError on the first bad
+  // row when the policy is "fail"; counts bad rows otherwise. separate_ids must follow.
+  CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids);
+  // Collective over the ranks that parse the file: distinct user ids (and keys) that share their
+  // 64-bit id get distinct ids (separate_colliding_ids), then the records are put in time order.
+  void separate_ids(const shuffle::Comm& comm);
 
   std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) override;
   const InputStats& stats() const override { return stats_; }
@@ -63,8 +63,11 @@ class CsvSource final : public RecordSource {
  private:
   JobConfig config_;
   StreamClock clock_;
-  std::vector<Record> records_;  // accepted records, sorted by timestamp
+  std::vector<Record> records_;  // accepted records, sorted by timestamp once ids are separated
+  std::vector<std::uint64_t> user_checks_, key_checks_;  // the checks of records_' ids until then
+  bool separated_ = false;
   std::size_t next_ = 0;
+  absl::flat_hash_map<Id128, std::string> parsed_names_;  // until separate_ids
   absl::flat_hash_map<std::uint64_t, std::string> names_;
   InputStats stats_;
 };

@@ -243,11 +243,13 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   }
   const bool resuming = opened.kind == checkpoint::Opened::Kind::Resume;
 
-  // DP noise secret, the same on every rank: the job's own on resume, else from the seed or the OS.
+  // The job's secret (DP noise, keyed CSV ids), the same on every rank: the job's own on resume, else
+  // from the seed or the OS.
   noise::Secret secret{};
   std::unique_ptr<kernels::DpReleaser> releaser;
   std::unique_ptr<kernels::BaselineReleaser> baseline;
-  if (dp) {
+  const bool has_secret = dp || config.input.kind == InputKind::Csv;
+  if (has_secret) {
     if (resuming)
       secret = store.secret();
     else if (config.privacy.seed)
@@ -258,6 +260,8 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       });
       comm.broadcast(secret.data(), secret.size());
     }
+  }
+  if (dp) {
     if (mode == PrivacyMode::Dp)
       releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret);
     else
@@ -278,11 +282,14 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   auto t0 = Clock::now();
   std::unique_ptr<RecordSource> source;
   on_every_rank(comm, [&] {
-    if (config.input.kind == InputKind::Csv)
-      source = std::make_unique<CsvSource>(config, comm.rank(), P);
-    else
+    if (config.input.kind == InputKind::Csv) {
+      IdPrf ids(secret);
+      source = std::make_unique<CsvSource>(config, comm.rank(), P, ids);
+    } else {
       source = std::make_unique<SyntheticSource>(config, comm.rank(), P);
+    }
   });
+  if (auto* csv = dynamic_cast<CsvSource*>(source.get())) csv->separate_ids(comm);
   KeyNames key_names;
   if (source->has_string_keys()) key_names = distribute_key_names(*source, comm);
   const KeyNames* names = source->has_string_keys() ? &key_names : nullptr;
@@ -348,7 +355,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
       carried.restore(m.counters, root);
       source->skip_to(config.stream.first_window, config.stream.first_window + start_window, start_trigger);
     } else {
-      store.begin(config.name, identity, dp ? &secret : nullptr);
+      store.begin(config.name, identity, has_secret ? &secret : nullptr);
       on_every_rank<CheckpointError>(comm, [&] {
         if (root) writer->start();
       });

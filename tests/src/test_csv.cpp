@@ -6,6 +6,11 @@
 #include "src/config.hpp"
 #include "src/csv_input.hpp"
 #include "src/errors.hpp"
+#include "src/id_prf.hpp"
+#include "shuffle/comm.hpp"
+
+#include <map>
+#include <set>
 
 using namespace dpstream;
 
@@ -19,6 +24,13 @@ JobConfig csv_job(const std::string& path, const std::string& policy = "skip") {
   return parse_job("[input]\nkind = \"csv\"\npath = \"" + path + "\"\nbad_rows = \"" + policy +
                        "\"\n[stream]\nwindow_seconds = 100\ntriggers = 4\n[privacy]\nmax_records_per_user = 4\n",
                    "test", {});
+}
+IdPrf test_ids(int id_bits = 64) { return IdPrf(noise::secret_from_seed(17), id_bits); }
+// A parsed and separated source of one process (the test runs on one rank).
+CsvSource parsed(const JobConfig& job, int rank, int ranks, IdPrf ids = test_ids()) {
+  CsvSource src(job, rank, ranks, ids);
+  src.separate_ids(shuffle::Comm());
+  return src;
 }
 }  // namespace
 
@@ -50,7 +62,8 @@ TEST(CsvSource, ParsesBucketsAndCountsBadRows) {
                                "250,k1,x,alice,1\n"
                                "-4,k1,x,alice,1\n"
                                "99,k1,x,carol,-7e-1\r\n");
-  CsvSource src(csv_job(path), 0, 1);
+  auto ids = test_ids();
+  auto src = parsed(csv_job(path), 0, 1);
   const auto& s = src.stats();
   EXPECT_EQ(s.rows, 11u);
   EXPECT_EQ(s.non_finite, 2u);
@@ -59,8 +72,8 @@ TEST(CsvSource, ParsesBucketsAndCountsBadRows) {
   EXPECT_EQ(s.accepted(), 3u);
   const auto t0 = src.take_trigger(0, 0);
   ASSERT_EQ(t0.size(), 1u);
-  EXPECT_EQ(t0[0].user, csv_user_id("alice"));
-  EXPECT_EQ(t0[0].key, csv_key_id("k1"));
+  EXPECT_EQ(t0[0].user, ids(IdDomain::User, "alice").id);
+  EXPECT_EQ(t0[0].key, ids(IdDomain::Key, "k1").id);
   EXPECT_DOUBLE_EQ(t0[0].value, 1.5);
   const auto t1 = src.take_trigger(0, 1);
   ASSERT_EQ(t1.size(), 1u);
@@ -76,13 +89,13 @@ TEST(CsvSource, RanksSplitTheFileWithoutLosingOrDuplicatingRows) {
   for (int i = 0; i < 1000; ++i) text += "u" + std::to_string(i % 37) + ",k" + std::to_string(i % 11) + "," + std::to_string(i) + "," + std::to_string(i % 100) + "\n";
   const auto path = write_temp("split.csv", text);
   std::vector<std::uint64_t> positions_one, positions_many;
-  CsvSource one(csv_job(path), 0, 1);
+  auto one = parsed(csv_job(path), 0, 1);
   for (std::uint32_t t = 0; t < 4; ++t)
     for (auto& r : one.take_trigger(0, t)) positions_one.push_back(r.position);
   for (int P : {2, 3, 7}) {
     positions_many.clear();
     for (int r = 0; r < P; ++r) {
-      CsvSource part(csv_job(path), r, P);
+      auto part = parsed(csv_job(path), r, P);
       for (std::uint32_t t = 0; t < 4; ++t)
         for (auto& rec : part.take_trigger(0, t)) positions_many.push_back(rec.position);
     }
@@ -96,7 +109,8 @@ TEST(CsvSource, RanksSplitTheFileWithoutLosingOrDuplicatingRows) {
 TEST(CsvSource, FailPolicyNamesTheLine) {
   const auto path = write_temp("fail.csv", "user_id,key,value,timestamp\na,k,1,1\na,k,zzz,2\n");
   try {
-    CsvSource src(csv_job(path, "fail"), 0, 1);
+    auto ids = test_ids();
+    CsvSource src(csv_job(path, "fail"), 0, 1, ids);
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(":3:"), std::string::npos) << e.what();
@@ -114,6 +128,46 @@ TEST(CsvSource, MissingFileAndColumns) {
     EXPECT_NE(std::string(e.what()).find("missing column 'value'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(check_csv_file(write_temp("empty.csv", "")), InputError);
+}
+
+// Ids are keyed: another secret gives other ids, and user and key ids of one string differ.
+TEST(IdPrf, KeyedAndDomainSeparated) {
+  IdPrf a(noise::secret_from_seed(1)), b(noise::secret_from_seed(2));
+  EXPECT_NE(a(IdDomain::User, "alice@example.com"), b(IdDomain::User, "alice@example.com"));
+  EXPECT_NE(a(IdDomain::User, "alice@example.com"), a(IdDomain::Key, "alice@example.com"));
+  EXPECT_EQ(a(IdDomain::User, "alice@example.com"), a(IdDomain::User, "alice@example.com"));
+  std::set<Id128> seen;
+  for (int i = 0; i < 10000; ++i) seen.insert(a(IdDomain::User, "u" + std::to_string(i)));
+  EXPECT_EQ(seen.size(), 10000u);
+}
+
+// With 4-bit ids 300 users and 40 keys collide all the time: separation keeps every distinct string
+// apart (one id per string, no id shared by two strings) and key names stay right.
+TEST(CsvSource, CollidingIdsAreKeptApart) {
+  std::string text = "user_id,key,value,timestamp\n";
+  for (int i = 0; i < 3000; ++i)
+    text += "user" + std::to_string(i % 300) + ",key" + std::to_string(i % 40) + ",1," + std::to_string(i % 100) + "\n";
+  const auto path = write_temp("collide.csv", text);
+  auto src = parsed(csv_job(path), 0, 1, test_ids(4));
+  std::map<std::uint64_t, std::set<std::uint64_t>> users_of_id;  // user id -> the user numbers seen with it
+  std::set<std::uint64_t> key_ids;
+  std::size_t n = 0;
+  for (std::uint32_t t = 0; t < 4; ++t)
+    for (const auto& r : src.take_trigger(0, t)) {
+      const std::size_t i = r.position;  // byte offset: find the row's user in the text
+      const std::string line = text.substr(i, text.find('\n', i) - i);
+      const std::uint64_t user = std::stoull(line.substr(4, line.find(',') - 4));
+      users_of_id[r.user].insert(user);
+      const std::string key = line.substr(line.find(',') + 1, line.find(',', line.find(',') + 1) - line.find(',') - 1);
+      EXPECT_EQ(src.key_names().at(r.key), key);
+      key_ids.insert(r.key);
+      ++n;
+    }
+  EXPECT_EQ(n, 3000u);
+  EXPECT_EQ(users_of_id.size(), 300u);
+  for (const auto& [id, users] : users_of_id) EXPECT_EQ(users.size(), 1u) << "id " << id << " merges users";
+  EXPECT_EQ(key_ids.size(), 40u);
+  EXPECT_EQ(src.key_names().size(), 40u);
 }
 
 #include "src/release_writer.hpp"

@@ -5,13 +5,16 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <regex>
 #include <sstream>
 
+#include "partition/hash.hpp"
 #include "src/config.hpp"
 #include "src/csv_input.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
+#include "src/id_prf.hpp"
 #include "src/naive_reference.hpp"
 #include "src/release_writer.hpp"
 #include "src/workload.hpp"
@@ -85,6 +88,7 @@ TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
   std::vector<std::vector<Record>> triggers(6);
   std::map<std::uint64_t, std::string> names;
   std::uint64_t state = 99;
+  IdPrf ids(noise::secret_from_seed(23));  // the job's [privacy] seed below
   auto next = [&] { return state = state * 6364136223846793005ULL + 1442695040888963407ULL, state >> 33; };
   for (int i = 0; i < 3000; ++i) {
     const std::string user = "user " + std::to_string(next() % 40);
@@ -94,13 +98,13 @@ TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
     const std::string quoted = "\"" + std::regex_replace(key, std::regex("\""), "\"\"") + "\"";
     const std::size_t offset = text.str().size();
     text << '"' << user << "\"," << quoted << ',' << value << ',' << ts << '\n';
-    triggers[static_cast<std::size_t>(ts * 6 / 600)].push_back(Record{csv_user_id(user), csv_key_id(key), ts, offset, value});
-    names[csv_key_id(key)] = key;
+    triggers[static_cast<std::size_t>(ts * 6 / 600)].push_back(Record{ids(IdDomain::User, user).id, ids(IdDomain::Key, key).id, ts, offset, value});
+    names[ids(IdDomain::Key, key).id] = key;
   }
   if (comm.rank() == 0) std::ofstream(csv) << text.str();
   comm.barrier();
   auto c = parse_job("[input]\nkind = \"csv\"\npath = \"" + csv.string() +
-                         "\"\n[stream]\nwindow_seconds = 600\ntriggers = 6\n[privacy]\nmax_records_per_user = 7\n"
+                         "\"\n[stream]\nwindow_seconds = 600\ntriggers = 6\n[privacy]\nseed = 23\nmax_records_per_user = 7\n"
                          "clamp_min = -1.5\nclamp_max = 4\n[output]\nprogress = \"never\"\ndir = \"" + dir.string() + "\"\n",
                      "csv-test", {});
   run_job(c, comm, {});
@@ -134,4 +138,27 @@ TEST(Engine, BadRowWithFailPolicyStopsEveryRankAndWritesNothing) {
   EXPECT_FALSE(fs::exists(dir / "releases.csv"));
   EXPECT_FALSE(fs::exists(dir / ".releases.csv.partial"));
   EXPECT_FALSE(fs::exists(dir / "summary.json"));
+}
+
+// Separation of colliding ids across ranks: every rank holds an overlapping share of 2000 distinct ids
+// packed into 16 values of `id`; afterwards one original has one id everywhere, distinct originals
+// have distinct ids, and the result equals a separation done by one process alone.
+TEST(SeparateCollidingIds, DistinctEverywhereAndIndependentOfRanks) {
+  const shuffle::Comm comm;
+  std::vector<Id128> all;
+  for (std::uint64_t i = 0; i < 2000; ++i) all.push_back({i % 16, partition::mix64(i + 1)});
+  std::vector<Id128> mine;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (i % static_cast<std::size_t>(comm.size()) == static_cast<std::size_t>(comm.rank()) || i % 7 == 0) mine.push_back(all[i]);
+  const auto moved = separate_colliding_ids(mine, partition::kUserSalt, comm);
+  const auto alone = separate_colliding_ids(all, partition::kUserSalt, shuffle::Comm(MPI_COMM_SELF));
+  auto final_id = [](const absl::flat_hash_map<Id128, std::uint64_t>& m, const Id128& x) {
+    const auto it = m.find(x);
+    return it == m.end() ? x.id : it->second;
+  };
+  std::set<std::uint64_t> ids;
+  for (const auto& x : all) ids.insert(final_id(alone, x));
+  EXPECT_EQ(ids.size(), all.size());
+  for (const auto& x : mine) EXPECT_EQ(final_id(moved, x), final_id(alone, x));
+  EXPECT_EQ(alone.size(), all.size() - 16);  // the smallest check of each of the 16 groups keeps its id
 }
