@@ -69,7 +69,8 @@ void check_choose_c_options(const JobConfig& config, const ChooseCOptions& o) {
                                   kChooseCMaxC, o.max_c));
   const std::int64_t first = config.stream.first_window;
   const std::int64_t last = first + static_cast<std::int64_t>(config.stream.windows) - 1;
-  if (o.window && (*o.window < first || *o.window > last))
+  const bool known = !config.stream.windows_from_input;  // else any window: the input's are not known here
+  if (known && o.window && (*o.window < first || *o.window > last))
     throw ConfigError(fmt::format("--window {} is not one of the job's windows {}..{} ([stream] first_window = {}, "
                                   "windows = {}); choose one of them or change the job with --set stream.first_window=...",
                                   *o.window, first, last, first, config.stream.windows));
@@ -103,7 +104,8 @@ QuantileChoice choose_from_noisy_histogram(const std::vector<std::int64_t>& nois
   return out;
 }
 
-ChooseCResult choose_c(const JobConfig& config, const ChooseCOptions& options, const shuffle::Comm& comm) {
+ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, const shuffle::Comm& comm) {
+  JobConfig config = job;  // a CSV job's windows are resolved from its input below
   const int P = comm.size();
   const bool root = comm.rank() == 0;
 
@@ -118,6 +120,9 @@ ChooseCResult choose_c(const JobConfig& config, const ChooseCOptions& options, c
   shuffle::on_all_ranks<InputError>(comm, [&] {
     if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
   });
+  // A --window outside the input's windows is measured as it is (an empty window), never refused: a
+  // refusal would tell whether the input holds rows in it.
+  resolve_windows_from_input(config, comm);
   const std::int64_t window = options.window.value_or(config.stream.first_window);
   const auto max_c = options.max_c;
 
@@ -240,7 +245,6 @@ ChooseCResult choose_c(const std::string& spec, const std::vector<std::string>& 
       throw;
     }
   });
-  resolve_windows_from_input(config, comm);
   return choose_c(config, options, comm);
 }
 

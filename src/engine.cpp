@@ -179,7 +179,8 @@ StopAgreement agree_on_stop(const shuffle::Comm& comm) {
 
 }  // namespace
 
-RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunOptions& options) {
+RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOptions& options) {
+  JobConfig config = job;  // the windows of a CSV job are resolved from its input below
   const auto run_start = Clock::now();
   const int P = comm.size();
   const bool root = comm.rank() == 0;
@@ -201,6 +202,7 @@ RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunO
   on_every_rank(comm, [&] {
     if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
   });
+  resolve_windows_from_input(config, comm);
   const std::filesystem::path out_dir = config.output.dir;
 
   // Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md).

@@ -13,7 +13,6 @@
 #include "shuffle/comm.hpp"
 #include "src/choose_c.hpp"
 #include "src/config.hpp"
-#include "src/csv_input.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/evaluate.hpp"
@@ -168,8 +167,7 @@ int main(int argc, char** argv) {
   };
   try {
     if (*run) {
-      auto config = load(run_args);
-      dpstream::resolve_windows_from_input(config, comm);
+      const auto config = load(run_args);
       dpstream::RunOptions options;
       options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
                            : fresh ? dpstream::checkpoint::StartMode::Fresh
