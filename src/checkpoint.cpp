@@ -1,5 +1,7 @@
 #include "src/checkpoint.hpp"
 
+#include "dpstream_version.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <omp.h>
@@ -71,6 +73,7 @@ json to_json(const Manifest& m) {
                     {"xxh3", hex64(s.xxh3)}});
   return {{"format", "dpstream-checkpoint-manifest"},
           {"version", kFormatVersion},
+          {"written_by", kVersionLine},
           {"seq", m.seq},
           {"job_id", m.job_id},
           {"job_name", m.job_name},
@@ -121,7 +124,8 @@ std::string manifest_text(const Manifest& m) {
   return j.dump(1) + "\n";
 }
 
-// Parses and verifies a manifest file; false with `why` when it is unreadable or damaged.
+}  // namespace
+
 bool read_manifest(const fs::path& path, Manifest& out, std::string& why) {
   try {
     const auto bytes = read_file_bytes(path);
@@ -145,6 +149,8 @@ bool read_manifest(const fs::path& path, Manifest& out, std::string& why) {
   }
 }
 
+namespace {
+
 // MANIFEST-<seq>.json files, newest first.
 std::vector<std::pair<std::uint64_t, fs::path>> list_manifests(const fs::path& dir) {
   std::vector<std::pair<std::uint64_t, fs::path>> out;
@@ -162,13 +168,6 @@ std::vector<std::pair<std::uint64_t, fs::path>> list_manifests(const fs::path& d
 
 // ---- job file ---------------------------------------------------------------------------------
 
-struct JobRecord {
-  std::string job_id, job_name, started_at;
-  Fields fields;
-  std::optional<noise::Secret> secret;
-  std::uint64_t bytes = 0, xxh3 = 0;
-};
-
 std::vector<std::byte> encode_job(const JobRecord& job) {
   h5::MemoryFile f;
   h5::write_attribute(f.get(), "format", kJobFormat);
@@ -184,6 +183,8 @@ std::vector<std::byte> encode_job(const JobRecord& job) {
   }
   return f.image();
 }
+
+}  // namespace
 
 JobRecord read_job(const fs::path& path) {
   std::error_code ec;
@@ -216,6 +217,8 @@ JobRecord read_job(const fs::path& path) {
   }
   return job;
 }
+
+namespace {
 
 std::string now_utc() {
   const auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -301,7 +304,8 @@ Segment decode_segment(const std::vector<std::byte>& image, const SegmentRef& re
   return s;
 }
 
-// Reads, verifies (size, XXH3) and decodes one segment of the committed log.
+}  // namespace
+
 Segment read_segment(const fs::path& dir, const SegmentRef& ref, const std::string& job_id) {
   const fs::path path = dir / ref.file;
   std::error_code ec;
@@ -321,6 +325,8 @@ Segment read_segment(const fs::path& dir, const SegmentRef& ref, const std::stri
     throw CheckpointError(fmt::format("checkpoint file {} cannot be used: {}; start over with --fresh", path.string(), e.what()));
   }
 }
+
+namespace {
 
 // Why the commit `m` is unusable ("" when usable): its own segments must be intact, older ones present.
 std::string check_commit(const fs::path& dir, const Manifest& m) {

@@ -17,6 +17,7 @@
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,22 @@ inline Segment take_journal(kernels::UserState& users, kernels::KeyStateTable& k
 // Applies a segment to this rank's tables; with `filter`, only the users and keys it owns.
 void apply(const Segment& segment, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks,
            bool filter);
+
+// Readers of the checkpoint's files, as Store::open and Store::load use them (also tests and fuzzing).
+// A manifest, verified against its own checksum: false with `why` when unreadable, damaged or of
+// another format.
+bool read_manifest(const std::filesystem::path& path, Manifest& out, std::string& why);
+// job.h5: the job's identity and noise secret; throws CheckpointError when missing or damaged.
+struct JobRecord {
+  std::string job_id, job_name, started_at;
+  Fields fields;
+  std::optional<noise::Secret> secret;
+  std::uint64_t bytes = 0, xxh3 = 0;  // of the file, for the manifests' check
+};
+JobRecord read_job(const std::filesystem::path& path);
+// One segment of a commit's log (dir / ref.file), verified against `ref` (size, XXH3, commit number,
+// rank) and `job_id`; throws CheckpointError when missing, damaged or not this job's.
+Segment read_segment(const std::filesystem::path& dir, const SegmentRef& ref, const std::string& job_id);
 
 enum class StartMode {
   Start,   // new job; refuse if DIR holds an unfinished one

@@ -16,6 +16,7 @@
 #include "kernels/dp_release.hpp"
 #include "kernels/noise.hpp"
 #include "kernels/key_accumulate.hpp"
+#include "dpstream_version.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
 #include "src/csv_input.hpp"
@@ -573,6 +574,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   const InputStats& in = source->stats();
   nlohmann::json j;
   j["job"] = config.name;
+  j["dpstream_version"] = {{"version", kVersion}, {"commit", kGitCommit}};
   j["spec"] = config.source;
   j["mode"] = to_string(mode);
   // How a run's rows make its histogram at a trigger (dpstream evaluate): each row replaces the key's

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "dpstream_version.hpp"
 #include "shuffle/comm.hpp"
 #include "src/choose_c.hpp"
 #include "src/config.hpp"
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "dpstream: user-level differentially private histograms at every trigger of a stream (MPI + OpenMP).\n"
       "Run under mpirun -np N or srun; OMP_NUM_THREADS sets threads per rank."};
+  app.set_version_flag("--version", dpstream::kVersionLine);
   app.require_subcommand(1);
   JobArgs run_args, bench_args, gen_args;
   auto* run = app.add_subcommand("run", "Run a job: DIR/releases.csv (window,trigger,key,count,sum) and DIR/summary.json");

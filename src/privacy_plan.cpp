@@ -176,6 +176,20 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
 
 }  // namespace
 
+// The round's Honaker prefix at step s has noise std lambda_s = sigma sqrt(v_s); each of its
+// popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each; a full step is added).
+SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_t T, ThresholdTail tail) {
+  SelectionThresholds t;
+  t.tail_z = tail == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / beta)) : accounting::normal_upper_quantile(beta);
+  t.tau.assign(T + 1, 0.0);
+  t.lambda.assign(T + 1, 0.0);
+  for (std::uint32_t s = 1; s <= T; ++s) {
+    t.lambda[s] = sigma * std::sqrt(kernels::dptree::prefix_variance_factor(s));
+    t.tau[s] = t.lambda[s] * t.tail_z + std::popcount(s) / kValueScale;
+  }
+  return t;
+}
+
 PrivacyPlan make_privacy_plan(const JobConfig& c) {
   const auto& pc = c.privacy;
   if (!is_private(pc.mode))
@@ -227,16 +241,10 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
 
   add_aggregation_columns(c, p, p.levels, p.rho_aggregation);
 
-  // Thresholds: the round's Honaker prefix at step s has noise std lambda_s = sigma sqrt(v_s); each of
-  // its popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each; a full step is added).
-  p.tail_z = pc.threshold == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / p.beta))
-                                                        : accounting::normal_upper_quantile(p.beta);
-  p.tau.assign(p.T + 1, 0.0);
-  p.lambda.assign(p.T + 1, 0.0);
-  for (std::uint32_t s = 1; s <= p.T; ++s) {
-    p.lambda[s] = p.selection.sigma * std::sqrt(kernels::dptree::prefix_variance_factor(s));
-    p.tau[s] = p.lambda[s] * p.tail_z + std::popcount(s) / kValueScale;
-  }
+  const SelectionThresholds thresholds = selection_thresholds(p.selection.sigma, p.beta, p.T, pc.threshold);
+  p.tail_z = thresholds.tail_z;
+  p.tau = thresholds.tau;
+  p.lambda = thresholds.lambda;
   if (!std::isfinite(p.tail_z) || !std::isfinite(p.tau[p.T]))
     throw ConfigError(fmt::format("{}: [privacy] beta = {:.3g} is too small for a finite threshold; raise beta or lower epsilon",
                                   c.source, p.beta));

@@ -72,6 +72,16 @@ struct PrivacyPlan {
   BaselinePlan baseline;                   // baseline modes only
 };
 
+// Key selection's thresholds (docs/PRIVACY.md section 6), index s = 1..T (index 0 unused):
+// lambda_s = sigma sqrt(v_s), the std of a round's prefix noise at step s, and
+// tau_s = lambda_s tail_z + popcount(s) 2^-20 with tail_z = sqrt(2 ln(1/beta)) (subgaussian, proven:
+// P[prefix noise > tau_s] <= beta) or Phi^-1(1 - beta) (gaussian-quantile). No checks (the plan's).
+struct SelectionThresholds {
+  double tail_z = 0;
+  std::vector<double> tau, lambda;
+};
+SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_t T, ThresholdTail tail);
+
 // Throws ConfigError when the job is invalid for DP or would exceed its budget.
 PrivacyPlan make_privacy_plan(const JobConfig& config);
 
