@@ -7,6 +7,11 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#ifdef DPSTREAM_TEST_HOOKS
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#endif
 
 #include "src/fault_injection.hpp"
 
@@ -14,10 +19,33 @@ namespace dpstream::kernels {
 
 namespace {
 constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or record in fixed point
+
+#ifdef DPSTREAM_TEST_HOOKS
+// Test-hooks build only: the target dpstream_test_hooks (tests/e2e/CMakeLists.txt) compiles this file
+// with DPSTREAM_TEST_HOOKS; the shipped dpstream contains no such code. DPSTREAM_TEST_NOISE_SCALE = f
+// multiplies every noise sigma by f (the thresholds stay the plan's): with f < 1, a deliberately
+// broken, non-private mechanism that the privacy audit (tests/e2e/test_privacy_audit.py) must detect.
+void apply_test_hooks(DpParams& p) {
+  const char* text = std::getenv("DPSTREAM_TEST_NOISE_SCALE");
+  if (text == nullptr || *text == '\0') return;
+  char* end = nullptr;
+  const double f = std::strtod(text, &end);
+  if (*end != '\0' || !(f > 0) || !std::isfinite(f))
+    throw std::invalid_argument(std::string("DPSTREAM_TEST_NOISE_SCALE='") + text + "': expected a number > 0");
+  p.sigma_selection *= f;
+  p.sigma_count *= f;
+  p.sigma_sum *= f;
+  std::fprintf(stderr, "dpstream test-hooks build: DPSTREAM_TEST_NOISE_SCALE = %g scales every noise sigma: NOT private\n", f);
 }
+#endif
+}  // namespace
 
 DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret)
     : params_(std::move(params)), secret_(secret), selection_noise_(params_.sigma_selection) {
+#ifdef DPSTREAM_TEST_HOOKS
+  apply_test_hooks(params_);
+  selection_noise_ = noise::DiscreteGaussian(params_.sigma_selection);
+#endif
   if (params_.triggers < 1 || params_.triggers > dptree::kMaxSteps || params_.tau.size() != params_.triggers + 1u)
     throw std::invalid_argument("DpParams: need 1 <= T <= 2^20 and tau[0..T]");
   if (params_.release_count) count_noise_.emplace(params_.sigma_count);
