@@ -15,6 +15,7 @@ packages=(
   python3                               # independent reference computations in tests
   slurm-wlm munge                       # the local SLURM cluster of the SLURM test (slurm/local-cluster.sh)
   python3-matplotlib                    # scaling plots (slurm/plot_scaling.py)
+  clang libclang-rt-14-dev libomp-dev   # libFuzzer targets built with clang (tests/fuzz/run_fuzz.sh)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <regex>
 #include <set>
+#include <utility>
 
 #include "partition/hash.hpp"
 #include "src/csv_input.hpp"
@@ -92,28 +94,56 @@ json to_json(const Manifest& m) {
           {"summary", m.summary}};
 }
 
+// An integer member of a manifest in T's range. Anything else is refused, not converted: a damaged
+// or hand-edited manifest may hold any JSON value there (a real number, a negative count).
+template <class T>
+T integer_at(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (v.is_number_unsigned()) {
+    if (const auto u = v.get<std::uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    if (const auto i = v.get<std::int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
+  }
+  throw std::runtime_error(fmt::format("\"{}\" must be an integer in [{}, {}], not {}", key, std::numeric_limits<T>::min(),
+                                       std::numeric_limits<T>::max(),
+                                       printable(v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 40))));
+}
+
 Manifest from_json(const json& j) {
   Manifest m;
-  m.seq = j.at("seq").get<std::uint64_t>();
+  m.seq = integer_at<std::uint64_t>(j, "seq");
   m.job_id = j.at("job_id").get<std::string>();
   m.job_name = j.at("job_name").get<std::string>();
   m.fingerprint = j.at("fingerprint").get<std::string>();
-  m.ranks = j.at("ranks").get<int>();
-  m.window_index = j.at("window_index").get<std::uint32_t>();
-  m.next_trigger = j.at("next_trigger").get<std::uint32_t>();
+  m.ranks = integer_at<int>(j, "ranks");
+  m.window_index = integer_at<std::uint32_t>(j, "window_index");
+  m.next_trigger = integer_at<std::uint32_t>(j, "next_trigger");
   m.complete = j.at("complete").get<bool>();
-  m.releases_bytes = j.at("releases_bytes").get<std::uint64_t>();
-  m.release_rows = j.at("release_rows").get<std::uint64_t>();
-  m.staged_bytes = j.at("staged_bytes").get<std::uint64_t>();
-  m.job_file_bytes = j.at("job_file").at("bytes").get<std::uint64_t>();
+  m.releases_bytes = integer_at<std::uint64_t>(j, "releases_bytes");
+  m.release_rows = integer_at<std::uint64_t>(j, "release_rows");
+  m.staged_bytes = integer_at<std::uint64_t>(j, "staged_bytes");
+  m.job_file_bytes = integer_at<std::uint64_t>(j.at("job_file"), "bytes");
   m.job_file_xxh3 = std::stoull(j.at("job_file").at("xxh3").get<std::string>(), nullptr, 16);
-  for (const auto& s : j.at("segments"))
-    m.segments.push_back({s.at("seq").get<std::uint64_t>(), s.at("rank").get<int>(), s.value("ranks", m.ranks),
-                          s.at("file").get<std::string>(), s.at("bytes").get<std::uint64_t>(),
-                          std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
+  // Segment files are named as commit() names them: never a path outside the checkpoint directory.
+  static const std::regex segment_file(R"(w\d+/s\d{6,}-r\d{4,}\.h5)");
+  for (const auto& s : j.at("segments")) {
+    m.segments.push_back({integer_at<std::uint64_t>(s, "seq"), integer_at<int>(s, "rank"),
+                          s.contains("ranks") ? integer_at<int>(s, "ranks") : m.ranks, s.at("file").get<std::string>(),
+                          integer_at<std::uint64_t>(s, "bytes"), std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
+    if (!std::regex_match(m.segments.back().file, segment_file))
+      throw std::runtime_error(fmt::format("segment file \"{}\" is not of the form w<window>/s<commit>-r<rank>.h5",
+                                           printable(m.segments.back().file.substr(0, 80))));
+  }
+  // Counters are sums carried over a resume; the ledger and the summary are objects.
   m.counters = j.at("counters");
+  if (!m.counters.is_object()) throw std::runtime_error("\"counters\" must be an object");
+  for (const auto& [name, value] : m.counters.items())
+    if (!value.is_number_unsigned())
+      throw std::runtime_error(fmt::format("counter \"{}\" must be a non-negative integer", printable(name.substr(0, 40))));
   m.privacy = j.at("privacy");
+  if (!m.privacy.is_object()) throw std::runtime_error("\"privacy\" must be an object");
   m.summary = j.contains("summary") ? j.at("summary") : json(nullptr);
+  if (!m.summary.is_null() && !m.summary.is_object()) throw std::runtime_error("\"summary\" must be an object or null");
   return m;
 }
 
@@ -186,7 +216,7 @@ std::vector<std::byte> encode_job(const JobRecord& job) {
 
 }  // namespace
 
-JobRecord read_job(const fs::path& path) {
+JobRecord read_job(const fs::path& path, const Manifest* expected) {
   std::error_code ec;
   if (!fs::exists(path, ec))
     throw CheckpointError(fmt::format("{} is missing: the checkpoint cannot be used; start over with --fresh", path.string()));
@@ -195,6 +225,12 @@ JobRecord read_job(const fs::path& path) {
     auto bytes = read_file_bytes(path);
     job.bytes = bytes.size();
     job.xxh3 = xxh3(bytes);
+    if (expected && (job.bytes != expected->job_file_bytes || job.xxh3 != expected->job_file_xxh3)) {
+      OPENSSL_cleanse(bytes.data(), bytes.size());
+      throw CheckpointError(fmt::format("{} does not match its size and checksum in commit {}'s manifest ({} of {} bytes): "
+                                        "it is damaged; start over with --fresh",
+                                        path.string(), expected->seq, job.bytes, expected->job_file_bytes));
+    }
     h5::MemoryFile f(bytes);
     OPENSSL_cleanse(bytes.data(), bytes.size());  // holds the secret
     if (h5::read_string_attribute(f.get(), "format") != kJobFormat) throw std::runtime_error("not a dpstream job file");
@@ -210,6 +246,8 @@ JobRecord read_job(const fs::path& path) {
       std::copy(s.begin(), s.end(), job.secret->begin());
       OPENSSL_cleanse(s.data(), s.size());
     }
+  } catch (const CheckpointError&) {
+    throw;
   } catch (const std::exception& e) {
     throw CheckpointError(fmt::format("{} is damaged or not a dpstream job file ({}): the checkpoint cannot be used; "
                                       "start over with --fresh",
@@ -566,8 +604,24 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
                                       dir_.string(), newest.job_name, newest.seq, newest.window_index + 1, newest.next_trigger));
   }
 
-  // Resume: the job record first (identity), then the newest usable commit.
-  const JobRecord job = read_job(dir_ / kJobFile);
+  // Resume: the job record first (identity), then the newest usable commit. The job file is parsed
+  // only once the newest readable manifest vouches for its bytes: HDF5 never reads a damaged file.
+  std::vector<std::string> reasons;
+  const Manifest* vouching = nullptr;
+  Manifest newest_readable;
+  for (const auto& [seq, path] : manifests) {
+    std::string why;
+    if (read_manifest(path, newest_readable, why)) {
+      vouching = &newest_readable;
+      break;
+    }
+    reasons.push_back(why);
+  }
+  if (!vouching)
+    throw CheckpointError(fmt::format("the checkpoint in {} cannot be used: {}; restore the file or start over with --fresh",
+                                      dir_.string(), fmt::join(reasons, "; ")));
+  reasons.clear();
+  const JobRecord job = read_job(dir_ / kJobFile, vouching);
   if (job.job_name != job_name)
     throw CheckpointError(fmt::format("the checkpoint in {} belongs to another job ('{}', started {}), not '{}': choose "
                                       "another --out, or pass --fresh to discard it",
@@ -585,7 +639,6 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
                                       "original spec, or pass --fresh to start over",
                                       dir_.string(), fmt::join(changed, ", ")));
 
-  std::vector<std::string> reasons;
   for (const auto& [seq, path] : manifests) {
     Manifest m;
     std::string why;
@@ -625,7 +678,7 @@ noise::Secret Store::secret() const {
   noise::Secret s{};
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (comm_.rank() != 0) return;
-    JobRecord job = read_job(dir_ / kJobFile);
+    JobRecord job = read_job(dir_ / kJobFile, &latest_);
     if (!job.secret) throw CheckpointError(fmt::format("{}/{} holds no noise secret", dir_.string(), kJobFile));
     s = *job.secret;
     OPENSSL_cleanse(job.secret->data(), job.secret->size());

@@ -103,14 +103,15 @@ void apply(const Segment& segment, kernels::UserState& users, kernels::KeyStateT
 // A manifest, verified against its own checksum: false with `why` when unreadable, damaged or of
 // another format.
 bool read_manifest(const std::filesystem::path& path, Manifest& out, std::string& why);
-// job.h5: the job's identity and noise secret; throws CheckpointError when missing or damaged.
+// job.h5: the job's identity and noise secret; throws CheckpointError when missing or damaged. With
+// `expected`, its bytes must match the size and XXH3 that manifest holds, checked before HDF5 parses them.
 struct JobRecord {
   std::string job_id, job_name, started_at;
   Fields fields;
   std::optional<noise::Secret> secret;
   std::uint64_t bytes = 0, xxh3 = 0;  // of the file, for the manifests' check
 };
-JobRecord read_job(const std::filesystem::path& path);
+JobRecord read_job(const std::filesystem::path& path, const Manifest* expected = nullptr);
 // One segment of a commit's log (dir / ref.file), verified against `ref` (size, XXH3, commit number,
 // rank) and `job_id`; throws CheckpointError when missing, damaged or not this job's.
 Segment read_segment(const std::filesystem::path& dir, const SegmentRef& ref, const std::string& job_id);

@@ -88,6 +88,15 @@ std::size_t dataset_size(hid_t loc, const std::string& name) {
   if (H5Sget_simple_extent_ndims(space.get()) != 1) fail("read " + name + ": not a 1-D dataset");
   hsize_t dims[1] = {0};
   H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+  // Datasets are written whole and uncompressed: a longer one than the file can hold is damaged,
+  // and its length must not size a buffer.
+  Id type(H5Dget_type(ds.get()), H5Tclose, "read the type of " + name);
+  Id file(H5Iget_file_id(loc), H5Fclose, "find the file of " + name);
+  hsize_t file_bytes = 0;
+  check(H5Fget_filesize(file.get(), &file_bytes), "size the file of " + name);
+  const std::size_t element = H5Tget_size(type.get());
+  if (element == 0 || dims[0] > file_bytes / element)
+    fail(fmt::format("read {}: {} elements of {} bytes do not fit in the file ({} bytes)", name, dims[0], element, file_bytes));
   return static_cast<std::size_t>(dims[0]);
 }
 
@@ -115,19 +124,32 @@ void write_attribute(hid_t loc, const std::string& name, const std::string& v) {
   check(H5Awrite(a.get(), type.get(), buf.data()), "write attribute " + name);
 }
 
-std::uint64_t read_uint_attribute(hid_t loc, const std::string& name) {
+namespace {
+// An attribute of one value of the given class, as write_attribute writes it (H5Aread fills the
+// whole extent: an array would overrun the caller's buffer).
+Id open_single_attribute(hid_t loc, const std::string& name, H5T_class_t cls, const char* what) {
   if (H5Aexists(loc, name.c_str()) <= 0) throw std::runtime_error("HDF5: attribute " + name + " is missing");
   Id a(H5Aopen(loc, name.c_str(), H5P_DEFAULT), H5Aclose, "open attribute " + name);
+  Id space(H5Aget_space(a.get()), H5Sclose, "read the shape of attribute " + name);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) fail("read attribute " + name + ": not a single value");
+  Id type(H5Aget_type(a.get()), H5Tclose, "read the type of attribute " + name);
+  if (H5Tget_class(type.get()) != cls) fail("read attribute " + name + ": not " + what);
+  return a;
+}
+}  // namespace
+
+std::uint64_t read_uint_attribute(hid_t loc, const std::string& name) {
+  Id a = open_single_attribute(loc, name, H5T_INTEGER, "an integer");
   std::uint64_t v = 0;
   check(H5Aread(a.get(), H5T_NATIVE_UINT64, &v), "read attribute " + name);
   return v;
 }
 
 std::string read_string_attribute(hid_t loc, const std::string& name) {
-  if (H5Aexists(loc, name.c_str()) <= 0) throw std::runtime_error("HDF5: attribute " + name + " is missing");
-  Id a(H5Aopen(loc, name.c_str(), H5P_DEFAULT), H5Aclose, "open attribute " + name);
+  Id a = open_single_attribute(loc, name, H5T_STRING, "a string");
   Id type(H5Aget_type(a.get()), H5Tclose, "read the type of " + name);
-  if (H5Tget_class(type.get()) != H5T_STRING) fail("read attribute " + name + ": not a string");
+  // A variable-length string would be read as a pointer into HDF5's memory.
+  if (H5Tis_variable_str(type.get()) != 0) fail("read attribute " + name + ": not a fixed-length string");
   std::string buf(H5Tget_size(type.get()), '\0');
   check(H5Aread(a.get(), type.get(), buf.data()), "read attribute " + name);
   return buf.substr(0, buf.find('\0'));

@@ -9,6 +9,7 @@
 #include <random>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
@@ -121,6 +122,54 @@ TEST(H5, MemoryFileRoundTripsDatasetsAndAttributes) {
   EXPECT_THROW(h5::read_dataset<std::uint64_t>(g.get(), "g/missing"), std::runtime_error);
   std::vector<std::byte> garbage(image.size(), std::byte{0x5a});
   EXPECT_THROW(h5::MemoryFile{garbage}, std::runtime_error);
+}
+
+// Found by tests/fuzz/fuzz_checkpoint_h5: an array attribute read as one integer overran the stack,
+// a variable-length string was read as a pointer, and a dataset's extent sized a buffer unchecked.
+TEST(H5, RefusesAttributesAndDatasetsOfAnotherShape) {
+  std::vector<std::byte> image;
+  {
+    h5::MemoryFile f;
+    {
+      const hsize_t eight[1] = {8};
+      const std::vector<std::uint64_t> values(8, 1);
+      h5::Id space(H5Screate_simple(1, eight, nullptr), H5Sclose, "a dataspace");
+      h5::Id array(H5Acreate2(f.get(), "array", H5T_NATIVE_UINT64, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, "array");
+      ASSERT_GE(H5Awrite(array.get(), H5T_NATIVE_UINT64, values.data()), 0);
+      h5::Id vstring(H5Tcopy(H5T_C_S1), H5Tclose, "a string type");
+      ASSERT_GE(H5Tset_size(vstring.get(), H5T_VARIABLE), 0);
+      h5::Id scalar(H5Screate(H5S_SCALAR), H5Sclose, "a dataspace");
+      h5::Id text(H5Acreate2(f.get(), "vstring", vstring.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, "vstring");
+      const char* p = "text";
+      ASSERT_GE(H5Awrite(text.get(), vstring.get(), &p), 0);
+      // 2^40 elements in chunks that were never written: a small file with a huge extent.
+      const hsize_t huge[1] = {hsize_t{1} << 40}, chunk[1] = {1024};
+      h5::Id huge_space(H5Screate_simple(1, huge, nullptr), H5Sclose, "a dataspace");
+      h5::Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "a dataset creation list");
+      ASSERT_GE(H5Pset_chunk(dcpl.get(), 1, chunk), 0);
+      h5::Id ds(H5Dcreate2(f.get(), "huge", H5T_NATIVE_UINT64, huge_space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                H5Dclose, "huge");
+    }
+    h5::write_attribute(f.get(), "name", std::string("abc"));
+    image = f.image();
+  }
+  h5::MemoryFile g(image);
+  auto message = [](auto&& read) {
+    try {
+      read();
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { h5::read_uint_attribute(g.get(), "array"); }).find("not a single value"), std::string::npos);
+  EXPECT_NE(message([&] { h5::read_string_attribute(g.get(), "array"); }).find("not a single value"), std::string::npos);
+  EXPECT_NE(message([&] { h5::read_string_attribute(g.get(), "vstring"); }).find("not a fixed-length string"),
+            std::string::npos);
+  EXPECT_NE(message([&] { h5::read_uint_attribute(g.get(), "name"); }).find("not an integer"), std::string::npos);
+  EXPECT_NE(message([&] { h5::read_dataset<std::uint64_t>(g.get(), "huge"); }).find("do not fit in the file"),
+            std::string::npos);
+  EXPECT_EQ(h5::read_string_attribute(g.get(), "name"), "abc");
 }
 
 TEST(Journal, SegmentsReplayToTheSameState) {
@@ -358,4 +407,104 @@ TEST(Store, RefusesAnotherJobAndChangedFields) {
     EXPECT_EQ(what.find("input.keys"), std::string::npos) << what;
   }
   EXPECT_EQ(store.open(job.name, fields, checkpoint::StartMode::Fresh).kind, checkpoint::Opened::Kind::New);
+}
+
+// Found by tests/fuzz/fuzz_manifest: a manifest with a valid checksum but a real number where an
+// integer belongs was converted with undefined behaviour (and a negative one wrapped around).
+// Such manifests, and segment files outside the checkpoint directory, are refused as damaged.
+TEST(Store, ManifestValuesOfTheWrongTypeOrRangeAreRefused) {
+  shuffle::Comm comm;
+  const auto dir = shared_dir(comm, "manifest_values");
+  const auto job = small_job();
+  const auto fields = checkpoint::identity_fields(job, "");
+  {
+    checkpoint::Store store(dir, comm);
+    store.open(job.name, fields, checkpoint::StartMode::Start);
+    store.begin(job.name, fields, nullptr);
+    store.commit_start(10, nlohmann::json::object());
+  }
+  if (comm.rank() != 0) return;
+  const auto original = nlohmann::json::parse(std::ifstream(dir / "MANIFEST-000000.json"));
+  // Writes the manifest with `edit` applied and its checksum made to match; returns read_manifest's verdict.
+  auto read_edited = [&](const std::function<void(nlohmann::json&)>& edit, std::string& why) {
+    nlohmann::json j = original;
+    edit(j);
+    j.erase("checksum");
+    const std::string body = j.dump();
+    j["checksum"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
+    const auto path = dir / "MANIFEST-000001.json";
+    std::ofstream(path) << j.dump(1) << "\n";
+    checkpoint::Manifest m;
+    why.clear();
+    return checkpoint::read_manifest(path, m, why);
+  };
+  std::string why;
+  EXPECT_TRUE(read_edited([](nlohmann::json&) {}, why)) << why;
+  const nlohmann::json segment = {{"seq", 1}, {"rank", 0}, {"ranks", 1}, {"file", "w0/s000001-r0000.h5"}, {"bytes", 9}, {"xxh3", "00"}};
+  EXPECT_TRUE(read_edited([&](nlohmann::json& j) { j["segments"].push_back(segment); }, why)) << why;
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> damaged = {
+      {[](nlohmann::json& j) { j["ranks"] = 1e300; }, "\"ranks\" must be an integer"},
+      {[](nlohmann::json& j) { j["seq"] = 1.5; }, "\"seq\" must be an integer"},
+      {[](nlohmann::json& j) { j["window_index"] = -1; }, "\"window_index\" must be an integer in [0, 4294967295]"},
+      {[](nlohmann::json& j) { j["next_trigger"] = std::uint64_t{1} << 40; }, "\"next_trigger\" must be an integer"},
+      {[](nlohmann::json& j) { j["job_file"]["bytes"] = "12"; }, "\"bytes\" must be an integer"},
+      {[&](nlohmann::json& j) {
+         auto s = segment;
+         s["rank"] = -1e20;
+         j["segments"].push_back(s);
+       },
+       "\"rank\" must be an integer"},
+      {[&](nlohmann::json& j) {
+         auto s = segment;
+         s["file"] = "../../elsewhere.h5";
+         j["segments"].push_back(s);
+       },
+       "is not of the form w<window>/s<commit>-r<rank>.h5"},
+      {[](nlohmann::json& j) { j["counters"] = {{"records", -3}}; }, "counter \"records\" must be a non-negative integer"},
+      {[](nlohmann::json& j) { j["counters"] = {{"records", 2.5}}; }, "counter \"records\" must be a non-negative integer"},
+      {[](nlohmann::json& j) { j["counters"] = nlohmann::json::array(); }, "\"counters\" must be an object"},
+      {[](nlohmann::json& j) { j["privacy"] = 3; }, "\"privacy\" must be an object"},
+      {[](nlohmann::json& j) { j["summary"] = "done"; }, "\"summary\" must be an object or null"},
+  };
+  for (const auto& [edit, needle] : damaged) {
+    EXPECT_FALSE(read_edited(edit, why)) << needle;
+    EXPECT_NE(why.find(needle), std::string::npos) << why;
+    EXPECT_NE(why.find("MANIFEST-000001.json is damaged"), std::string::npos) << why;
+  }
+}
+
+// A resume parses job.h5 only after the newest manifest vouches for its size and checksum, so that
+// HDF5 never reads a damaged file (libhdf5 is not memory-safe on arbitrary bytes).
+TEST(Store, ResumeChecksTheJobFileBeforeParsingIt) {
+  shuffle::Comm comm;
+  const auto dir = shared_dir(comm, "job_file");
+  const auto job = small_job();
+  const auto fields = checkpoint::identity_fields(job, "");
+  {
+    checkpoint::Store store(dir, comm);
+    store.open(job.name, fields, checkpoint::StartMode::Start);
+    store.begin(job.name, fields, nullptr);
+    store.commit_start(10, nlohmann::json::object());
+  }
+  comm.barrier();
+  {
+    checkpoint::Store store(dir, comm);
+    EXPECT_EQ(store.open(job.name, fields, checkpoint::StartMode::Resume).kind, checkpoint::Opened::Kind::Resume);
+  }
+  comm.barrier();
+  if (comm.rank() == 0) {
+    std::fstream f(dir / "job.h5", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.put('\x7f');  // the HDF5 signature
+  }
+  comm.barrier();
+  checkpoint::Store store(dir, comm);
+  try {
+    store.open(job.name, fields, checkpoint::StartMode::Resume);
+    ADD_FAILURE() << "a damaged job.h5 was accepted";
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("job.h5 does not match its size and checksum in commit 0's manifest"), std::string::npos) << what;
+    EXPECT_NE(what.find("start over with --fresh"), std::string::npos) << what;
+  }
 }
