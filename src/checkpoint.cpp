@@ -394,7 +394,7 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   Fields f;
   // The engine's own output-defining choices (noise generator and sampler, fixed-point grid,
   // checkpoint format): a binary that changes them must not resume an older job's checkpoint.
-  f["engine.mechanism"] = "noise AES-256-CTR/HMAC-SHA256 + CKS20 discrete Gaussian, values 2^-20, checkpoint v1";
+  f["engine.mechanism"] = "noise AES-256-CTR/HMAC-SHA256 + CKS20 discrete Gaussian, values 2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
   f["job.name"] = c.name;
   f["input.kind"] = to_string(c.input.kind);
   if (c.input.kind == InputKind::Csv) {
@@ -416,6 +416,7 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   f["stream.triggers"] = fmt::format("{}", c.stream.triggers);
   f["stream.first_window"] = fmt::format("{}", c.stream.first_window);
   f["stream.windows"] = fmt::format("{}", c.stream.windows);
+  f["stream.windows_from_input"] = c.stream.windows_from_input ? "yes" : "no";  // then the content fixes them
   const auto& p = c.privacy;
   f["privacy.mode"] = to_string(p.mode);
   f["privacy.max_records_per_user"] = fmt::format("{}", p.max_records_per_user);

@@ -120,10 +120,6 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
   shuffle::on_all_ranks<InputError>(comm, [&] {
     if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
   });
-  // A --window outside the input's windows is measured as it is (an empty window), never refused: a
-  // refusal would tell whether the input holds rows in it.
-  resolve_windows_from_input(config, comm);
-  const std::int64_t window = options.window.value_or(config.stream.first_window);
   const auto max_c = options.max_c;
 
   // Secret (noise, keyed CSV ids): from --seed (test mode) or 256 bits from the OS on rank 0, broadcast.
@@ -147,7 +143,13 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
       source = std::make_unique<SyntheticSource>(config, comm.rank(), P);
     }
   });
-  if (auto* csv = dynamic_cast<CsvSource*>(source.get())) csv->separate_ids(comm);
+  if (auto* csv = dynamic_cast<CsvSource*>(source.get())) {
+    csv->separate_ids(comm);
+    resolve_windows_from_input(config, *csv, comm);
+  }
+  // A --window outside the input's windows is measured as it is (an empty window), never refused: a
+  // refusal would tell whether the input holds rows in it.
+  const std::int64_t window = options.window.value_or(config.stream.first_window);
   absl::flat_hash_map<std::uint64_t, std::uint64_t> local;
   shuffle::on_all_ranks<InputError>(comm, [&] {
     source->skip_to(config.stream.first_window, window, 0);

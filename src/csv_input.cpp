@@ -162,8 +162,10 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
 
   const auto [begin, end] = share_of(all, header_end, rank, ranks);
 
-  const std::int64_t first_window = config.stream.first_window;
-  const std::int64_t last_window = first_window + config.stream.windows;  // exclusive
+  // Windows from the input: any window a job may have (the span is resolved once every rank has parsed).
+  const bool any_window = config.stream.windows_from_input;
+  const std::int64_t first_window = any_window ? 0 : config.stream.first_window;
+  const std::int64_t last_window = any_window ? StreamConfig::kMaxWindow + 1 : first_window + config.stream.windows;  // exclusive
   std::vector<std::string> fields;
   auto bad = [&](std::uint64_t& counter, std::size_t offset, std::string_view line, const std::string& why) {
     ++counter;
@@ -253,26 +255,14 @@ void CsvSource::separate_ids(const shuffle::Comm& comm) {
   separated_ = true;
 }
 
-void resolve_windows_from_input(JobConfig& config, const shuffle::Comm& comm) {
+void resolve_windows_from_input(JobConfig& config, const CsvSource& source, const shuffle::Comm& comm) {
   if (!config.stream.windows_from_input) return;
   const StreamClock clock{config.stream.window_seconds, config.stream.triggers};
-  std::int64_t lo = StreamConfig::kMaxWindow + 1, hi = -1;  // this rank's span of valid windows
-  shuffle::on_all_ranks<InputError>(comm, [&] {
-    MappedFile file(config.input.path);
-    const std::string_view all = file.view();
-    const std::size_t header_end = std::min(all.find('\n'), all.size());
-    const Columns cols = parse_header(config.input.path, all.substr(0, header_end));
-    const auto [begin, end] = share_of(all, header_end, comm.rank(), comm.size());
-    std::vector<std::string> fields;
-    for_each_line(all, begin, end, [&](std::size_t, std::string_view line) {
-      std::int64_t ts = 0;
-      if (!split_csv_line(line, fields) || fields.size() != cols.count || !parse_timestamp(fields[cols.timestamp], ts)) return;
-      const std::int64_t w = clock.window_of(ts);
-      if (w < 0 || w > StreamConfig::kMaxWindow) return;  // out of window whatever the range
-      lo = std::min(lo, w), hi = std::max(hi, w);
-    });
-  });
-  // Both ends by one max-reduction: max(-lo) = -min(lo); windows are below 2^21, so the offset keeps them unsigned.
+  // This rank's records are in time order: its span is that of its first and last record.
+  const auto& records = source.records();
+  const std::int64_t lo = records.empty() ? StreamConfig::kMaxWindow + 1 : clock.window_of(records.front().timestamp);
+  const std::int64_t hi = records.empty() ? -1 : clock.window_of(records.back().timestamp);
+  // Both ends by one max-reduction each: max(offset - lo) = offset - min(lo); windows stay below 2^21.
   constexpr std::int64_t kOffset = std::int64_t{1} << 40;
   const auto first = kOffset - static_cast<std::int64_t>(comm.max(static_cast<std::uint64_t>(kOffset - lo)));
   const auto last = static_cast<std::int64_t>(comm.max(static_cast<std::uint64_t>(hi + 1))) - 1;

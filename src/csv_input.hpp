@@ -38,11 +38,6 @@ bool split_csv_line(std::string_view line, std::vector<std::string>& fields);
 // InputError saying what is wrong. Cheap: every rank calls it before the first collective.
 void check_csv_file(const std::string& path);
 
-// For a job with [stream] windows_from_input: sets first_window and windows to the span of windows
-// holding input rows with a valid timestamp (windows 0..kMaxWindow; others stay out of window), or
-// window 0 alone for an input without one. Collective: each rank scans the timestamps of its share.
-void resolve_windows_from_input(JobConfig& config, const shuffle::Comm& comm);
-
 class CsvSource final : public RecordSource {
  public:
   // Parses this rank's share of the file, mapping ids with `ids`. Throws InputError on the first bad
@@ -51,6 +46,7 @@ class CsvSource final : public RecordSource {
   // Collective over the ranks that parse the file: distinct user ids (and keys) that share their
   // 64-bit id get distinct ids (separate_colliding_ids), then the records are put in time order.
   void separate_ids(const shuffle::Comm& comm);
+  const std::vector<Record>& records() const { return records_; }  // accepted, in time order once separated
 
   std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) override;
   const InputStats& stats() const override { return stats_; }
@@ -71,5 +67,10 @@ class CsvSource final : public RecordSource {
   absl::flat_hash_map<std::uint64_t, std::string> names_;
   InputStats stats_;
 };
+
+// For a job with [stream] windows_from_input: sets first_window and windows to the span of the
+// windows holding accepted records of `source` on any rank (a source of such a job accepts windows
+// 0..kMaxWindow), or window 0 alone when there is none. Collective; after separate_ids.
+void resolve_windows_from_input(JobConfig& config, const CsvSource& source, const shuffle::Comm& comm);
 
 }  // namespace dpstream

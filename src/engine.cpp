@@ -45,8 +45,8 @@ void on_every_rank(const shuffle::Comm& comm, Fn&& fn) {
   shuffle::on_all_ranks<E>(comm, std::forward<Fn>(fn));
 }
 
-// String keys: every rank sends (id, name) of the keys it read to the key's owner, which keeps
-// the names for output and checks that no two names share an id.
+// String keys: every rank sends (id, name) of the keys it read to the key's owner, which keeps the
+// names for output. Ids of distinct names were kept apart at ingest (CsvSource::separate_ids).
 KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& comm) {
   const int P = comm.size();
   std::vector<shuffle::ByteWriter> out(static_cast<std::size_t>(P));
@@ -64,17 +64,10 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
   std::vector<std::uint64_t> recv_offsets;
   const auto recv = comm.alltoallv_bytes(send.data(), offsets, recv_offsets);
   KeyNames names;
-  std::string collision;
-  shuffle::ByteReader in(recv.data(), recv.size());
-  while (!in.done()) {
+  for (shuffle::ByteReader in(recv.data(), recv.size()); !in.done();) {
     const auto id = in.get<std::uint64_t>();
-    auto name = in.get_string();
-    const auto [it, inserted] = names.try_emplace(id, std::move(name));
-    if (!inserted && it->second != name && collision.empty())
-      collision = fmt::format("keys '{}' and '{}' share the 64-bit id {:#x}; rename one of them", it->second, name, id);
+    names.try_emplace(id, in.get_string());
   }
-  const std::string err = comm.agree_on_error(collision);
-  if (!err.empty()) throw InputError(err);
   return names;
 }
 
@@ -203,7 +196,6 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   on_every_rank(comm, [&] {
     if (config.input.kind == InputKind::Csv) check_csv_file(config.input.path);
   });
-  resolve_windows_from_input(config, comm);
   const std::filesystem::path out_dir = config.output.dir;
 
   // Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md).
@@ -292,7 +284,10 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       source = std::make_unique<SyntheticSource>(config, comm.rank(), P);
     }
   });
-  if (auto* csv = dynamic_cast<CsvSource*>(source.get())) csv->separate_ids(comm);
+  if (auto* csv = dynamic_cast<CsvSource*>(source.get())) {
+    csv->separate_ids(comm);
+    resolve_windows_from_input(config, *csv, comm);
+  }
   KeyNames key_names;
   if (source->has_string_keys()) key_names = distribute_key_names(*source, comm);
   const KeyNames* names = source->has_string_keys() ? &key_names : nullptr;

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "partition/hash.hpp"
+#include "partition/partitioner.hpp"
 
 namespace dpstream {
 
@@ -88,26 +89,11 @@ absl::flat_hash_map<Id128, std::uint64_t> separate_colliding_ids(const std::vect
   std::vector<Id128> current = local_distinct;
   for (std::uint64_t pass = 0;; ++pass) {
     if (pass == 64) throw std::runtime_error("ids still collide after 64 separation passes");
-    // 1. every distinct current pair to the owner of its id.
-    std::vector<shuffle::ByteWriter> out(static_cast<std::size_t>(P));
-    for (const auto& x : current) {
-      auto& w = out[static_cast<std::size_t>(partition::owner_rank(partition::salted_hash(x.id, salt), P))];
-      w.put(x.id);
-      w.put(x.check);
-    }
-    std::vector<std::byte> send;
-    std::vector<std::uint64_t> offsets{0};
-    for (auto& w : out) {
-      send.insert(send.end(), w.bytes().begin(), w.bytes().end());
-      offsets.push_back(send.size());
-    }
-    std::vector<std::uint64_t> recv_offsets;
-    const auto recv = comm.alltoallv_bytes(send.data(), offsets, recv_offsets);
-    std::vector<Id128> owned;
-    for (shuffle::ByteReader in(recv.data(), recv.size()); !in.done();) {
-      const auto id = in.get<std::uint64_t>();
-      owned.push_back({id, in.get<std::uint64_t>()});
-    }
+    // 1. every distinct current pair to the owner of its id (the engine's partition and all-to-all).
+    const auto by_owner = partition::partition_by(current, static_cast<std::size_t>(P), [&](const Id128& x) {
+      return partition::owner_rank(partition::salted_hash(x.id, salt), P);
+    });
+    std::vector<Id128> owned = comm.alltoallv(by_owner.items, by_owner.offsets);
     // 2. the owner: in each group sharing an id, every check after the smallest moves.
     std::sort(owned.begin(), owned.end());
     owned.erase(std::unique(owned.begin(), owned.end()), owned.end());

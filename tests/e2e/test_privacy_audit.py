@@ -126,30 +126,18 @@ def binom_cdf(k, n, p):
     return betainc(n - k, k + 1, 1 - p)
 
 
-def _bisect(lo, hi, above):
-    for _ in range(300):
-        mid = (lo + hi) / 2
-        if mid <= lo or mid >= hi:
-            break
-        if above(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo, hi
-
-
 def cp_upper(k, n, level):
     """Smallest p with P[Bin(n, p) <= k] <= level (returned from above): P[p > cp_upper] <= level."""
     if k >= n:
         return 1.0
-    return _bisect(k / n, 1.0, lambda p: binom_cdf(k, n, p) <= level)[1]
+    return dp_reference._bisect(k / n, 1.0, lambda p: binom_cdf(k, n, p) <= level)[1]
 
 
 def cp_lower(k, n, level):
     """Largest p with P[Bin(n, p) >= k] <= level (returned from below): P[p < cp_lower] <= level."""
     if k <= 0:
         return 0.0
-    return _bisect(0.0, k / n, lambda p: 1 - binom_cdf(k - 1, n, p) >= level)[0]
+    return dp_reference._bisect(0.0, k / n, lambda p: 1 - binom_cdf(k - 1, n, p) >= level)[0]
 
 
 def self_test_statistics():

@@ -7,6 +7,8 @@
 //     noisy node values y = true + noise reproduces every release of DpReleaser bit for bit.
 // Assertions are exact unless a comment states a false-failure rate.
 #include <gtest/gtest.h>
+
+#include "tests/scoped_omp_threads.hpp"
 #include <omp.h>
 
 #include <algorithm>
@@ -69,19 +71,7 @@ DpParams flat_params(std::uint32_t T, double mu, double tau, double sigma_select
   return p;
 }
 
-// Fixes the number of OpenMP threads for a scope. The 10^4-secret loops open ~10^6 parallel regions;
-// on a loaded machine two spinning threads per region cost 10x more than one. The output does not
-// depend on the thread count (noise is a pure function of the node id; test_engine checks it end to end).
-class ScopedOmpThreads {
- public:
-  explicit ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ScopedOmpThreads() { omp_set_num_threads(saved_); }
-  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
-  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
-
- private:
-  int saved_;
-};
+using dpstream::testing::ScopedOmpThreads;
 
 const kernels::KeyState* find_state(const KeyStateTable& table, std::uint64_t key) {
   for (const auto& shard : table.shards)

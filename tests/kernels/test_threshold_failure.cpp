@@ -31,6 +31,8 @@
 // check is an exact binomial tail test at level kAlpha / kChecks: the whole file fails by chance with
 // probability below kAlpha = 1e-6 when every claim holds.
 #include <gtest/gtest.h>
+
+#include "tests/scoped_omp_threads.hpp"
 #include <omp.h>
 
 #include <algorithm>
@@ -191,18 +193,7 @@ void no_data_keys(KeyStateTable& table, std::uint32_t keys) {
 
 bool is_power_of_two(std::uint32_t s) { return std::has_single_bit(s); }
 
-// One OpenMP thread: the loops open ~10^5 parallel regions of little work each, which two spinning
-// threads make several times slower on a loaded machine. The noise does not depend on the thread count.
-class ScopedOmpThreads {
- public:
-  explicit ScopedOmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~ScopedOmpThreads() { omp_set_num_threads(saved_); }
-  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
-  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
-
- private:
-  int saved_;
-};
+using dpstream::testing::ScopedOmpThreads;
 
 TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
   const double sigma = plan_selection_sigma();

@@ -96,6 +96,15 @@ JobConfig small_job() {
   return parse_job(demo_job_toml(), "demo", {"output.progress=\"never\""});
 }
 
+// A checkpoint in `dir` of `job` that was started (commit 0) and never finished.
+void start_unfinished_job(const fs::path& dir, const JobConfig& job, const checkpoint::Fields& fields,
+                          const shuffle::Comm& comm) {
+  checkpoint::Store store(dir, comm);
+  store.open(job.name, fields, checkpoint::StartMode::Start);
+  store.begin(job.name, fields, nullptr);
+  store.commit_start(10, nlohmann::json::object());
+}
+
 }  // namespace
 
 TEST(H5, MemoryFileRoundTripsDatasetsAndAttributes) {
@@ -381,12 +390,7 @@ TEST(Store, RefusesAnotherJobAndChangedFields) {
   const auto dir = shared_dir(comm, "identity");
   const auto job = small_job();
   const auto fields = checkpoint::identity_fields(job, "");
-  {
-    checkpoint::Store store(dir, comm);
-    store.open(job.name, fields, checkpoint::StartMode::Start);
-    store.begin(job.name, fields, nullptr);
-    store.commit_start(10, nlohmann::json::object());
-  }
+  start_unfinished_job(dir, job, fields, comm);
   checkpoint::Store store(dir, comm);
   EXPECT_THROW(store.open(job.name, fields, checkpoint::StartMode::Start), CheckpointError);  // unfinished: needs --resume
   try {
@@ -417,12 +421,7 @@ TEST(Store, ManifestValuesOfTheWrongTypeOrRangeAreRefused) {
   const auto dir = shared_dir(comm, "manifest_values");
   const auto job = small_job();
   const auto fields = checkpoint::identity_fields(job, "");
-  {
-    checkpoint::Store store(dir, comm);
-    store.open(job.name, fields, checkpoint::StartMode::Start);
-    store.begin(job.name, fields, nullptr);
-    store.commit_start(10, nlohmann::json::object());
-  }
+  start_unfinished_job(dir, job, fields, comm);
   if (comm.rank() != 0) return;
   const auto original = nlohmann::json::parse(std::ifstream(dir / "MANIFEST-000000.json"));
   // Writes the manifest with `edit` applied and its checksum made to match; returns read_manifest's verdict.
@@ -480,12 +479,7 @@ TEST(Store, ResumeChecksTheJobFileBeforeParsingIt) {
   const auto dir = shared_dir(comm, "job_file");
   const auto job = small_job();
   const auto fields = checkpoint::identity_fields(job, "");
-  {
-    checkpoint::Store store(dir, comm);
-    store.open(job.name, fields, checkpoint::StartMode::Start);
-    store.begin(job.name, fields, nullptr);
-    store.commit_start(10, nlohmann::json::object());
-  }
+  start_unfinished_job(dir, job, fields, comm);
   comm.barrier();
   {
     checkpoint::Store store(dir, comm);

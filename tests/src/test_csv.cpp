@@ -22,7 +22,7 @@ std::string write_temp(const std::string& name, const std::string& text) {
 }
 JobConfig csv_job(const std::string& path, const std::string& policy = "skip") {
   return parse_job("[input]\nkind = \"csv\"\npath = \"" + path + "\"\nbad_rows = \"" + policy +
-                       "\"\n[stream]\nwindow_seconds = 100\ntriggers = 4\n[privacy]\nmax_records_per_user = 4\n",
+                       "\"\n[stream]\nwindow_seconds = 100\ntriggers = 4\nwindows = 1\n[privacy]\nmax_records_per_user = 4\n",
                    "test", {});
 }
 IdPrf test_ids(int id_bits = 64) { return IdPrf(noise::secret_from_seed(17), id_bits); }
