@@ -665,10 +665,6 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
                                     fmt::join(reasons, "; "), m.seq, m.window_index + 1, m.next_trigger));
     latest_ = std::move(m);
     o.kind = latest_.complete ? Opened::Kind::Complete : Opened::Kind::Resume;
-    // No rank writes yet: temporary files of an interrupted commit can go.
-    std::error_code ec;
-    for (const auto& e : fs::recursive_directory_iterator(dir_, ec))
-      if (e.path().extension() == ".tmp") fs::remove(e.path(), ec);
     return o;
   }
   throw CheckpointError(fmt::format("the checkpoint in {} cannot be used: {}; restore the file or start over with --fresh",
@@ -706,6 +702,14 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
     if (root && staged.size() != latest_.staged_bytes)
       throw CheckpointError(fmt::format("commit {} should stage {} bytes of release rows but holds {}; start over with --fresh",
                                         latest_.seq, latest_.staged_bytes, staged.size()));
+  });
+  // The commit is usable and no rank writes yet: temporary files of an interrupted commit can go. Not
+  // earlier: a resume refused while loading leaves the directory as it found it.
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    if (!root) return;
+    std::error_code ec;
+    for (const auto& e : fs::recursive_directory_iterator(dir_, ec))
+      if (e.path().extension() == ".tmp") fs::remove(e.path(), ec);
   });
   return staged;
 }
