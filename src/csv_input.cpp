@@ -166,6 +166,7 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
   const bool any_window = config.stream.windows_from_input;
   const std::int64_t first_window = any_window ? 0 : config.stream.first_window;
   const std::int64_t last_window = any_window ? StreamConfig::kMaxWindow + 1 : first_window + config.stream.windows;  // exclusive
+  absl::flat_hash_map<std::string, Id128> key_ids;  // the ids of the key names seen so far
   std::vector<std::string> fields;
   auto bad = [&](std::uint64_t& counter, std::size_t offset, std::string_view line, const std::string& why) {
     ++counter;
@@ -220,8 +221,13 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
           fmt::format("timestamp {} lies in window {}, outside the job's windows [{}, {})", ts, w, first_window, last_window));
       return;
     }
-    const Id128 key_id = ids(IdDomain::Key, key), user_id = ids(IdDomain::User, user);
-    parsed_names_.try_emplace(key_id, key);  // two names share a 128-bit id with probability ~2^-128
+    // Keys repeat: each distinct name is mapped once (two names share a 128-bit id with probability ~2^-128).
+    auto known = key_ids.find(key);
+    if (known == key_ids.end()) {
+      known = key_ids.emplace(key, ids(IdDomain::Key, key)).first;
+      parsed_names_.try_emplace(known->second, key);
+    }
+    const Id128 key_id = known->second, user_id = ids(IdDomain::User, user);
     records_.push_back(Record{user_id.id, key_id.id, ts, static_cast<std::uint64_t>(offset), value});
     user_checks_.push_back(user_id.check);
     key_checks_.push_back(key_id.check);
@@ -229,16 +235,16 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
 }
 
 void CsvSource::separate_ids(const shuffle::Comm& comm) {
-  // Distinct local ids of one kind -> the moved ones' new ids.
-  auto moves_of = [&](auto field, const std::vector<std::uint64_t>& checks,
-                      std::uint64_t salt) {
-    absl::flat_hash_set<Id128> distinct;
-    for (std::size_t i = 0; i < records_.size(); ++i) distinct.insert({records_[i].*field, checks[i]});
-    return separate_colliding_ids({distinct.begin(), distinct.end()}, salt, comm);
-  };
-  const auto user_moves = moves_of(&Record::user, user_checks_, partition::kUserSalt);
-  const auto key_moves = moves_of(&Record::key, key_checks_, partition::kKeySalt);
-  for (std::size_t i = 0; i < records_.size(); ++i) {
+  // The distinct local ids of each kind; the keys' are those of parsed_names_ (one entry per key id).
+  absl::flat_hash_set<Id128> users;
+  for (std::size_t i = 0; i < records_.size(); ++i) users.insert({records_[i].user, user_checks_[i]});
+  std::vector<Id128> keys;
+  keys.reserve(parsed_names_.size());
+  for (const auto& [id, name] : parsed_names_) keys.push_back(id);
+  const auto user_moves = separate_colliding_ids({users.begin(), users.end()}, partition::kUserSalt, comm);
+  const auto key_moves = separate_colliding_ids(keys, partition::kKeySalt, comm);
+  absl::flat_hash_set<Id128>().swap(users);
+  for (std::size_t i = 0; i < records_.size() && !(user_moves.empty() && key_moves.empty()); ++i) {
     if (const auto it = user_moves.find(Id128{records_[i].user, user_checks_[i]}); it != user_moves.end())
       records_[i].user = it->second;
     if (const auto it = key_moves.find(Id128{records_[i].key, key_checks_[i]}); it != key_moves.end())
