@@ -57,12 +57,9 @@ std::vector<KeyRelease> BaselineReleaser::release(const std::vector<KeyTotals>& 
       ++tested;
       const double noisy_users = static_cast<double>(t.users) + static_cast<double>(draw(t.key, noise::Family::BaselineSelection, selection_noise_));
       if (!(noisy_users > params_.tau)) continue;
-      KeyRelease r{t.key, 0, 0};
-      if (count_noise_ && (__builtin_add_overflow(t.count, draw(t.key, noise::Family::BaselineCount, *count_noise_), &r.count) ||
-                           __builtin_mul_overflow(r.count, kOne, &r.count)))
-        throw std::overflow_error("a noisy count left the int64 fixed-point range");
-      if (sum_noise_ && __builtin_add_overflow(t.sum, draw(t.key, noise::Family::BaselineSum, *sum_noise_) * params_.sum_quantum, &r.sum))
-        throw std::overflow_error("a noisy sum left the int64 fixed-point range; narrow clamp_min/clamp_max");
+      KeyRelease r{t.key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
+      if (count_noise_) r.count = (int128{t.count} + draw(t.key, noise::Family::BaselineCount, *count_noise_)) * kOne;
+      if (sum_noise_) r.sum = t.sum + int128{draw(t.key, noise::Family::BaselineSum, *sum_noise_)} * params_.sum_quantum;
       mine.push_back(r);
     }
   } catch (const std::exception& e) {

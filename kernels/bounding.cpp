@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <stdexcept>
 
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
@@ -47,7 +46,12 @@ namespace {
 struct alignas(64) ThreadOut {  // padded: threads update their own counters
   std::vector<KeyPartial> partials;
   BoundingStats stats;
-  bool overflow = false;
+};
+
+struct KeySum {  // a thread's pre-reduction of one key
+  std::int64_t count = 0;
+  int128 sum = 0;  // fixed point, exact (see record.hpp)
+  std::int64_t new_users = 0;
 };
 
 }  // namespace
@@ -67,7 +71,7 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
 #pragma omp parallel num_threads(threads)
   {
     ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
-    absl::flat_hash_map<std::uint64_t, KeyPartial> local;  // per-thread pre-reduction by key
+    absl::flat_hash_map<std::uint64_t, KeySum> local;  // per-thread pre-reduction by key
     std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values;  // (key, fixed value) of one user
 #pragma omp for schedule(dynamic, 4)
     for (std::size_t s = 0; s < S; ++s) {
@@ -109,28 +113,24 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
         std::sort(kept_values.begin(), kept_values.end());
         for (std::size_t i = 0; i < kept_values.size();) {
           const std::uint64_t key = kept_values[i].first;
-          std::int64_t count = 0, sum = 0;
+          auto& p = local[key];
           for (; i < kept_values.size() && kept_values[i].first == key; ++i) {
-            ++count;
-            add_or_flag(sum, kept_values[i].second, mine.overflow);
+            ++p.count;
+            p.sum += kept_values[i].second;
           }
           const bool first_touch = touched.emplace(user, key).second;
           if (state.journal && first_touch) new_pairs.emplace_back(user, key);
-          auto& p = local.try_emplace(key, KeyPartial{key, 0, 0, 0}).first->second;
-          p.count += count;
-          add_or_flag(p.sum, sum, mine.overflow);
           p.new_users += first_touch || params.users_per_trigger ? 1 : 0;
         }
         g = g_end;
       }
     }
     mine.partials.reserve(local.size());
-    for (const auto& [k, p] : local) mine.partials.push_back(p);
+    for (const auto& [k, p] : local) append_partial(mine.partials, k, p.count, p.sum, p.new_users);
   }
 
   std::vector<KeyPartial> partials;
   for (auto& o : out) {
-    if (o.overflow) throw std::overflow_error(kSumOverflowMessage);
     partials.insert(partials.end(), o.partials.begin(), o.partials.end());
     stats.kept += o.stats.kept;
     stats.dropped += o.stats.dropped;

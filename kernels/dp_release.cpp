@@ -102,20 +102,17 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         }
         c.selection.advance(step, drawer(key, noise::Family::KeySelection, st.round, selection_noise_));
         ++tested;
-        const std::int64_t noisy_users = round_users * kOne + c.selection.prefix_noise(kOne);
+        const int128 noisy_users = int128{round_users} * kOne + c.selection.prefix_noise(kOne);
         if (static_cast<double>(noisy_users) <= (params_.mu + params_.tau[step]) * static_cast<double>(kOne)) continue;
 
-        KeyRelease r{key, 0, 0};
+        KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
         if (count_noise_) {
           c.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
-          if (__builtin_mul_overflow(st.count, kOne, &r.count) ||
-              __builtin_add_overflow(r.count, c.count.prefix_noise(kOne), &r.count))
-            throw std::overflow_error("a noisy count left the int64 fixed-point range");
+          r.count = int128{st.count} * kOne + c.count.prefix_noise(kOne);
         }
         if (sum_noise_) {
           c.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
-          if (__builtin_add_overflow(st.sum, c.sum.prefix_noise(params_.sum_quantum), &r.sum))
-            throw std::overflow_error("a noisy sum left the int64 fixed-point range; narrow clamp_min/clamp_max");
+          r.sum = st.sum + c.sum.prefix_noise(params_.sum_quantum);
         }
         out[s].push_back(r);
         if (keys.journal) keys.changed_keys[s].push_back(key);

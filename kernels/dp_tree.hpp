@@ -24,9 +24,9 @@
 #include <cstdint>
 #include <stdexcept>
 
-namespace dpstream::kernels::dptree {
+#include "src/record.hpp"
 
-__extension__ typedef __int128 int128;
+namespace dpstream::kernels::dptree {
 
 inline constexpr std::uint32_t kMaxSteps = 1u << 20;  // PRF node ids hold 20-bit indices
 
@@ -42,10 +42,9 @@ inline double prefix_variance_factor(std::uint32_t i) {
 }
 
 // round(num / den) to the nearest integer, ties away from zero; den > 0. Exact.
-inline std::int64_t round_div(int128 num, int128 den) {
+inline int128 round_div(int128 num, int128 den) {
   const int128 half = den / 2;
-  const int128 q = num >= 0 ? (num + half) / den : -((-num + half) / den);
-  return static_cast<std::int64_t>(q);
+  return num >= 0 ? (num + half) / den : -((-num + half) / den);
 }
 
 // Noise of the Honaker prefix [1, at] as the stack of its nodes' noise numerators (one per set bit
@@ -76,8 +75,9 @@ class PrefixNoise {
     at_ = std::max(at_, to);
   }
 
-  // Noise of the prefix estimate on an output grid of q per noise unit (exact rounding per node).
-  std::int64_t prefix_noise(std::int64_t q) const {
+  // Noise of the prefix estimate on an output grid of q per noise unit (exact rounding per node), in
+  // 128 bits: numerators below 2^61 (checked at plan time, privacy_plan.cpp) times q < 2^63.
+  int128 prefix_noise(std::int64_t q) const {
     int128 total = 0;
     std::size_t k = 0;
     for (std::uint32_t j = 32; j-- > 0;)
@@ -85,8 +85,7 @@ class PrefixNoise {
         const int128 den = (int128{1} << (j + 1)) - 1;
         total += round_div(static_cast<int128>(numer_[k++]) * q, den);
       }
-    if (total > INT64_MAX || total < INT64_MIN) throw std::overflow_error("tree noise outside int64");
-    return static_cast<std::int64_t>(total);
+    return total;
   }
 
   std::size_t memory_bytes() const { return sizeof(*this) + (numer_.capacity() > 8 ? numer_.capacity() * 8 : 0); }

@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <stdexcept>
 
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
@@ -38,8 +37,7 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
     return partition::local_shard(partition::salted_hash(p.key, partition::kKeySalt), S);
   });
   std::vector<std::vector<KeyTotals>> changed(S);
-  bool overflow = false;
-#pragma omp parallel for schedule(dynamic, 4) reduction(|| : overflow)
+#pragma omp parallel for schedule(dynamic, 4)
   for (std::size_t s = 0; s < S; ++s) {
     KeyPartial* first = sharded.items.data() + sharded.offsets[s];
     KeyPartial* last = sharded.items.data() + sharded.offsets[s + 1];
@@ -49,23 +47,20 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
     for (KeyPartial* p = first; p != last;) {
       KeyState& st = table[p->key];
       const std::uint64_t key = p->key;
-      bool flag = false;
       KeyTotals trigger_totals{key, 0, 0, 0};
       for (; p != last && p->key == key; ++p) {
-        st.count += p->count;
-        add_or_flag(st.sum, p->sum, flag);
-        st.users += p->new_users;
         trigger_totals.count += p->count;
-        add_or_flag(trigger_totals.sum, p->sum, flag);
+        trigger_totals.sum += p->sum;  // 128 bits: cannot overflow (record.hpp)
         trigger_totals.users += p->new_users;
       }
-      overflow = overflow || flag;
+      st.count += trigger_totals.count;
+      st.sum += trigger_totals.sum;
+      st.users += trigger_totals.users;
       if (journal) changed_keys[s].push_back(key);
       if (report == Report::RunningTotals) changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
       if (report == Report::TriggerTotals) changed[s].push_back(trigger_totals);
     }
   }
-  if (overflow) throw std::overflow_error(kSumOverflowMessage);
   std::vector<KeyTotals> out;
   for (auto& c : changed) out.insert(out.end(), c.begin(), c.end());
   std::sort(out.begin(), out.end(), [](const KeyTotals& a, const KeyTotals& b) { return a.key < b.key; });

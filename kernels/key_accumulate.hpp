@@ -13,7 +13,7 @@ namespace dpstream::kernels {
 
 struct KeyState {
   std::int64_t count = 0;
-  std::int64_t sum = 0;    // fixed point
+  int128 sum = 0;          // fixed point, exact (record.hpp)
   std::int64_t users = 0;  // distinct users in the window
   // DP key selection (Algorithm 2): the current round began at trigger round_start with
   // round_base_users users; round r + 1 starts right after the key's r-th release.

@@ -36,7 +36,7 @@ namespace {
 
 constexpr const char* kSegmentFormat = "dpstream-checkpoint-segment";
 constexpr const char* kJobFormat = "dpstream-checkpoint-job";
-constexpr std::uint64_t kFormatVersion = 1;
+constexpr std::uint64_t kFormatVersion = 2;  // 2: key sums in 128 bits (keys/sum_low, keys/sum_high)
 constexpr mode_t kFileMode = 0600;
 constexpr const char* kJobFile = "job.h5";
 
@@ -303,7 +303,8 @@ std::vector<std::byte> encode_segment(const Segment& s, const SegmentHeader& h) 
   h5::write_dataset(root, "pairs/key", s.pair_key);
   h5::write_dataset(root, "keys/id", s.key_id);
   h5::write_dataset(root, "keys/count", s.key_count);
-  h5::write_dataset(root, "keys/sum", s.key_sum);
+  h5::write_dataset(root, "keys/sum_low", s.key_sum_low);
+  h5::write_dataset(root, "keys/sum_high", s.key_sum_high);
   h5::write_dataset(root, "keys/users", s.key_users);
   h5::write_dataset(root, "keys/round_base_users", s.key_round_base_users);
   h5::write_dataset(root, "keys/round", s.key_round);
@@ -327,7 +328,8 @@ Segment decode_segment(const std::vector<std::byte>& image, const SegmentRef& re
   s.pair_key = h5::read_dataset<std::uint64_t>(root, "pairs/key");
   s.key_id = h5::read_dataset<std::uint64_t>(root, "keys/id");
   s.key_count = h5::read_dataset<std::int64_t>(root, "keys/count");
-  s.key_sum = h5::read_dataset<std::int64_t>(root, "keys/sum");
+  s.key_sum_low = h5::read_dataset<std::uint64_t>(root, "keys/sum_low");
+  s.key_sum_high = h5::read_dataset<std::int64_t>(root, "keys/sum_high");
   s.key_users = h5::read_dataset<std::int64_t>(root, "keys/users");
   s.key_round_base_users = h5::read_dataset<std::int64_t>(root, "keys/round_base_users");
   s.key_round = h5::read_dataset<std::uint32_t>(root, "keys/round");
@@ -335,7 +337,7 @@ Segment decode_segment(const std::vector<std::byte>& image, const SegmentRef& re
   s.releases_csv.resize(h5::dataset_size(root, "releases/csv"));
   h5::read_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, s.releases_csv.data(), s.releases_csv.size());
   const std::size_t nu = s.user_id.size(), np = s.pair_user.size(), nk = s.key_id.size();
-  if (s.user_kept.size() != nu || s.pair_key.size() != np || s.key_count.size() != nk || s.key_sum.size() != nk ||
+  if (s.user_kept.size() != nu || s.pair_key.size() != np || s.key_count.size() != nk || s.key_sum_low.size() != nk || s.key_sum_high.size() != nk ||
       s.key_users.size() != nk || s.key_round_base_users.size() != nk || s.key_round.size() != nk ||
       s.key_round_start.size() != nk)
     throw std::runtime_error("its columns have different lengths");
@@ -496,7 +498,8 @@ Segment Journal::to_segment() const {
   seg.user_kept.reserve(nu);
   seg.pair_user.reserve(np);
   seg.pair_key.reserve(np);
-  for (auto* v : {&seg.key_count, &seg.key_sum, &seg.key_users, &seg.key_round_base_users}) v->reserve(nk);
+  for (auto* v : {&seg.key_count, &seg.key_sum_high, &seg.key_users, &seg.key_round_base_users}) v->reserve(nk);
+  seg.key_sum_low.reserve(nk);
   seg.key_id.reserve(nk);
   seg.key_round.reserve(nk);
   seg.key_round_start.reserve(nk);
@@ -514,7 +517,8 @@ Segment Journal::to_segment() const {
     for (const auto& [k, st] : shard) {
       seg.key_id.push_back(k);
       seg.key_count.push_back(st.count);
-      seg.key_sum.push_back(st.sum);
+      seg.key_sum_low.push_back(low_word(st.sum));
+      seg.key_sum_high.push_back(high_word(st.sum));
       seg.key_users.push_back(st.users);
       seg.key_round_base_users.push_back(st.round_base_users);
       seg.key_round.push_back(st.round);
@@ -544,7 +548,7 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
     if (filter && owner_rank(h, ranks) != rank) continue;
     auto& st = keys.shards[local_shard(h, kernels::KeyStateTable::kShards)][seg.key_id[i]];
     st.count = seg.key_count[i];
-    st.sum = seg.key_sum[i];
+    st.sum = from_words(seg.key_sum_low[i], seg.key_sum_high[i]);
     st.users = seg.key_users[i];
     st.round_base_users = seg.key_round_base_users[i];
     st.round = seg.key_round[i];

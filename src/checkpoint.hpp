@@ -70,12 +70,14 @@ struct Segment {
   std::vector<std::uint32_t> user_kept;
   std::vector<std::uint64_t> pair_user, pair_key;  // (user, key) pairs counted for the first time
   std::vector<std::uint64_t> key_id;               // keys whose state changed, with the new state
-  std::vector<std::int64_t> key_count, key_sum, key_users, key_round_base_users;
+  std::vector<std::int64_t> key_count, key_users, key_round_base_users;
+  std::vector<std::uint64_t> key_sum_low;  // the 128-bit sum as two words (record.hpp)
+  std::vector<std::int64_t> key_sum_high;
   std::vector<std::uint32_t> key_round, key_round_start;
   std::string releases_csv;  // rank 0: the commit's release rows as they go into releases.csv
 
   // Payload bytes per entry of each table.
-  static constexpr std::uint64_t kKeptBytes = 12, kPairBytes = 16, kKeyBytes = 48;
+  static constexpr std::uint64_t kKeptBytes = 12, kPairBytes = 16, kKeyBytes = 56;
   std::uint64_t user_bytes() const { return user_id.size() * kKeptBytes + pair_user.size() * kPairBytes; }
   std::uint64_t key_bytes() const { return key_id.size() * kKeyBytes; }
 };

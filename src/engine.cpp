@@ -77,8 +77,10 @@ std::vector<ReleaseRow> gather_release_rows(const std::vector<KeyRelease>& relea
   shuffle::ByteWriter w;
   for (const auto& t : released) {
     w.put(t.key);
-    w.put(t.count);
-    w.put(t.sum);
+    for (const int128 v : {t.count, t.sum}) {
+      w.put(low_word(v));
+      w.put(high_word(v));
+    }
     w.put_string(names ? names->at(t.key) : std::string());
   }
   const auto all = comm.gather_bytes_to_root(w.bytes());
@@ -87,8 +89,10 @@ std::vector<ReleaseRow> gather_release_rows(const std::vector<KeyRelease>& relea
   while (!in.done()) {
     ReleaseRow r;
     r.key = in.get<std::uint64_t>();
-    r.count = in.get<std::int64_t>();
-    r.sum = in.get<std::int64_t>();
+    for (int128* v : {&r.count, &r.sum}) {
+      const auto low = in.get<std::uint64_t>();
+      *v = from_words(low, in.get<std::int64_t>());
+    }
     r.name = in.get_string();
     if (!names) r.name = std::to_string(r.key);
     rows.push_back(std::move(r));
@@ -467,7 +471,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
         });
       } else {
         release.reserve(changed.size());
-        for (const auto& t : changed) release.push_back({t.key, t.count * static_cast<std::int64_t>(kValueScale), t.sum});
+        for (const auto& t : changed) release.push_back({t.key, int128{t.count} << kValueFracBits, t.sum});
       }
       std::vector<KeyTotals>().swap(changed);
       stage.dp_release += seconds_since(t0);

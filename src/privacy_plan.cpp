@@ -30,16 +30,11 @@ double exact_sigma(const JobConfig& c, double sigma, const std::string& family) 
   return noise::DiscreteGaussian(sigma).sigma();
 }
 
-// A released estimate is true total + sum over <= levels nodes of N_j q / (2^(j+1) - 1), with
-// |N_j| <= (j + 1) 2^j max|n| and max|n| <= 2^11 (sigma + 1) (the sampler's cut): keep it far inside int64.
-void check_int64_headroom(const JobConfig& c, const std::string& family, double sigma_units, double q, std::uint32_t levels) {
-  const double bound = static_cast<double>(levels) * levels * 1024.0 * (sigma_units + 1.0) * q;
-  if (!(bound < 0x1p61))
-    throw ConfigError(fmt::format("{}: {} noise (sigma = {:.6g}) could leave the int64 fixed-point range; "
-                                  "narrow clamp_min/clamp_max, lower max_records_per_user or raise epsilon",
-                                  c.source, family, sigma_units * q / kValueScale));
-}
-
+// A tree's noise numerators N_j = 2^j n + N_left + N_right are held in int64 (kernels/dp_tree.hpp):
+// |N_j| <= (j + 1) 2^j max|n| with j < 21 (T <= 2^20) and max|n| <= 2^11 (sigma + 1) (the sampler's cut),
+// so every sigma the sampler accepts keeps them below 2^60. Totals and released values are 128-bit
+// (src/record.hpp): no job needs a data-dependent overflow check.
+static_assert(21.0 * 0x1p20 * 0x1p11 * (kMaxSamplerSigma + 1.0) < 0x1p60);
 
 // The released columns' noise: per tree level (one level for a baseline's one-shot release), one
 // user's <= C records move a column by at most C * L_col in L2 over all keys (sum over keys of
@@ -51,7 +46,6 @@ void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, std::uint32_t l
   if (c.query.count) {
     TreeFamily f{"count", static_cast<double>(p.C), 0, 0, "records"};
     f.sigma = exact_sigma(c, sigma_for(1.0), "count");
-    check_int64_headroom(c, "count", f.sigma, kValueScale, levels);
     f.rho = levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
     p.aggregation.push_back(f);
   }
@@ -75,7 +69,6 @@ void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, std::uint32_t l
                                     "[{}, {}]; narrow the range around the values, lower max_records_per_user, raise "
                                     "epsilon, or release only [\"count\"]", c.source, quantum, pc.clamp_min, pc.clamp_max));
     p.sum_sigma_quanta = exact_sigma(c, sigma_for(p.clamp_bound) / quantum, "sum");
-    check_int64_headroom(c, "sum", p.sum_sigma_quanta, static_cast<double>(p.sum_quantum), levels);
     TreeFamily f{"sum", p.C * p.clamp_bound, p.sum_sigma_quanta * quantum, 0, "value"};
     f.rho = levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
     p.aggregation.push_back(f);

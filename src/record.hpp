@@ -4,11 +4,12 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace dpstream {
 
 // One input record as it enters the pipeline. `user` and `key` are 64-bit ids: integers
-// for the synthetic workload, XXH3 hashes of the strings for CSV input.
+// for the synthetic workload, keyed PRF values of the strings for CSV input (src/id_prf.hpp).
 struct Record {
   std::uint64_t user;
   std::uint64_t key;
@@ -31,18 +32,26 @@ inline constexpr double kValueScale = static_cast<double>(std::int64_t{1} << kVa
 
 inline std::int64_t to_fixed(double v) { return std::llround(v * kValueScale); }
 
-// Largest |clamp bound| accepted: keeps one record below 2^51 in fixed point, and sums of up to
-// 2^12 such records exact in int64 before the overflow check (add_or_flag) ever fires.
+// Largest |clamp bound| accepted: keeps one record below 2^51 in fixed point.
 inline constexpr double kMaxAbsClamp = 2147483648.0;  // 2^31
 
-// a += b, setting `overflow` instead of wrapping.
-inline void add_or_flag(std::int64_t& a, std::int64_t b, bool& overflow) {
-  overflow |= __builtin_add_overflow(a, b, &a);
-}
 inline double from_fixed(std::int64_t f) { return static_cast<double>(f) / kValueScale; }
 
+// Sums and released values are held in 128 bits. A key sees fewer than 2^64 records of |value| < 2^51
+// (fixed point), so |sum| < 2^115 and |count| * 2^20 < 2^84: no input can make an addition overflow,
+// and the job never aborts on what the data add up to (an abort would be an output that depends on
+// one user). Noise numerators are bounded by the sampler's range (privacy_plan.cpp).
+__extension__ typedef __int128 int128;  // GCC/Clang extension; __extension__ silences -Wpedantic
+__extension__ typedef unsigned __int128 uint128;
+inline std::uint64_t low_word(int128 v) { return static_cast<std::uint64_t>(v); }
+inline std::int64_t high_word(int128 v) { return static_cast<std::int64_t>(v >> 64); }
+inline int128 from_words(std::uint64_t low, std::int64_t high) {
+  return static_cast<int128>((static_cast<uint128>(static_cast<std::uint64_t>(high)) << 64) | low);
+}
+
 // Per-key partial aggregate of one trigger, produced by the user owners after bounding and
-// sent to the key owners.
+// sent to the key owners. The sum travels in 64 bits: a rank's larger sum for one key is sent as
+// several partials of that key (append_partial), which the key owner adds in 128 bits.
 struct KeyPartial {
   std::uint64_t key;
   std::int64_t count;      // kept records
@@ -51,11 +60,20 @@ struct KeyPartial {
 };
 static_assert(std::is_trivially_copyable_v<KeyPartial> && sizeof(KeyPartial) == 32);
 
+// Appends key's partial (count, sum, new_users) to out, splitting a sum beyond int64 into chunks.
+inline void append_partial(std::vector<KeyPartial>& out, std::uint64_t key, std::int64_t count, int128 sum,
+                           std::int64_t new_users) {
+  constexpr int128 kChunk = INT64_MAX;
+  for (; sum > kChunk; sum -= kChunk) out.push_back({key, 0, INT64_MAX, 0});
+  for (; sum < -kChunk; sum += kChunk) out.push_back({key, 0, -INT64_MAX, 0});
+  out.push_back({key, count, static_cast<std::int64_t>(sum), new_users});
+}
+
 // Running totals of one key after a trigger (raw, never leaves the engine in DP mode).
 struct KeyTotals {
   std::uint64_t key;
   std::int64_t count;
-  std::int64_t sum;
+  int128 sum;  // fixed point
   std::int64_t users;
 };
 static_assert(std::is_trivially_copyable_v<KeyTotals>);
@@ -64,14 +82,8 @@ static_assert(std::is_trivially_copyable_v<KeyTotals>);
 // "none", noisy estimates in mode "dp".
 struct KeyRelease {
   std::uint64_t key;
-  std::int64_t count;
-  std::int64_t sum;
+  int128 count;
+  int128 sum;
 };
 
-}  // namespace dpstream
-
-namespace dpstream {
-inline constexpr const char* kSumOverflowMessage =
-    "a key's sum of clamped values left the exact fixed-point range (|sum| < 2^43); narrow "
-    "[privacy] clamp_min/clamp_max";
 }  // namespace dpstream

@@ -15,7 +15,32 @@
 
 namespace dpstream {
 
-std::string format_fixed(std::int64_t fixed) {
+namespace {
+
+// Exact decimal text of fixed / 2^20: integer digits, then the fraction as frac * 5^20 / 10^20
+// (at most 20 digits, trailing zeros dropped).
+std::string exact_decimal(int128 fixed) {
+  const uint128 magnitude = fixed < 0 ? -static_cast<uint128>(fixed) : static_cast<uint128>(fixed);
+  std::string text;
+  for (uint128 whole = magnitude >> kValueFracBits; text.empty() || whole != 0; whole /= 10)
+    text.insert(text.begin(), static_cast<char>('0' + static_cast<int>(whole % 10)));
+  const uint128 frac = magnitude & ((uint128{1} << kValueFracBits) - 1);
+  if (frac != 0) {
+    std::string digits(20, '0');
+    uint128 scaled = frac * 95367431640625u;  // 5^20: frac / 2^20 = scaled / 10^20
+    for (int i = 19; i >= 0; --i, scaled /= 10) digits[static_cast<std::size_t>(i)] = static_cast<char>('0' + static_cast<int>(scaled % 10));
+    text += '.' + digits.substr(0, digits.find_last_not_of('0') + 1);
+  }
+  return fixed < 0 ? "-" + text : text;
+}
+
+}  // namespace
+
+std::string format_fixed(int128 wide) {
+  // Beyond 2^53 a double no longer holds every grid value: print the exact decimal.
+  constexpr int128 kDoubleExact = int128{1} << 53;
+  if (wide >= kDoubleExact || wide <= -kDoubleExact) return exact_decimal(wide);
+  const auto fixed = static_cast<std::int64_t>(wide);
   const double v = from_fixed(fixed);
   for (int decimals = 0; decimals < 7; ++decimals) {
     std::string text = fmt::format("{:.{}f}", v, decimals);

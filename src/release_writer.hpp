@@ -8,13 +8,15 @@
 #include <string_view>
 #include <vector>
 
+#include "src/record.hpp"
+
 namespace dpstream {
 
 struct ReleaseRow {
   std::uint64_t key;
   std::string name;  // key as printed (the CSV string, or the integer id)
-  std::int64_t count;  // fixed point (exact integers in mode "none", noisy estimates in mode "dp")
-  std::int64_t sum;    // fixed point
+  int128 count;  // fixed point (exact integers in mode "none", noisy estimates in mode "dp")
+  int128 sum;    // fixed point
 };
 
 // Which of the count and sum columns hold values; a column not released is left empty.
@@ -24,8 +26,9 @@ struct ReleaseColumns {
 };
 
 // Shortest decimal text that reads back to the same fixed-point value (e.g. "11.21", "-3",
-// "0.5"): at most 7 decimals, since 1e-7 is below half the 2^-20 grid step.
-std::string format_fixed(std::int64_t fixed);
+// "0.5"): at most 7 decimals, since 1e-7 is below half the 2^-20 grid step. From |value| >= 2^33
+// (2^53 grid steps, where doubles no longer hold every step) the exact decimal.
+std::string format_fixed(int128 fixed);
 
 // Quotes a CSV field when it holds a comma, quote or line break (RFC 4180).
 std::string csv_field(const std::string& s);

@@ -11,6 +11,7 @@ ranks they are found by a rank other than 0).
 Usage: test_bad_input.py --ranks N [--bin build/src/dpstream] [--keep]
 """
 
+import csv
 import json
 import os
 import re
@@ -236,6 +237,39 @@ def main():
             rows = reference.read_releases(os.path.join(c.out, "releases.csv"))
             assert rows == [(1, 0, "k1", 2, 0.5)], f"releases {rows}, expected [(1, 0, 'k1', 2, 0.5)]"
 
+        def huge_sums(mode):
+            def case():
+                # Sums beyond the 64-bit fixed-point range (2^43) neither abort nor wrap: whether they
+                # occur depends on the data, and an abort would be an output (docs/PRIVACY.md).
+                c = new(f"huge sums {mode}")
+                n = 6000
+                rows = [f"u{i},big,1e12,{100 + i % 100}" for i in range(n)]  # clamped to 2^31
+                rows += [f"v{i},small,-2147483648,{100 + i % 100}" for i in range(n)]
+                write(c.csv, HEADER + "\n" + "\n".join(rows) + "\n")
+                privacy = {"mode": f'mode = "{mode}"', "clamp_min": "clamp_min = -2147483648.0",
+                           "clamp_max": "clamp_max = 2147483648.0"}
+                extra = "" if mode == "none" else "\n[query]\naggregations = [\"count\", \"sum\"]\n"
+                if mode != "none":
+                    privacy["clamp_max"] += "\nepsilon = 6.0\ndelta = 1e-9"
+                write(c.job, toml_job(c.csv, c.out, replace=privacy, extra=extra))
+                run = c.run(c.job)
+                assert run.returncode == 0, run.describe()
+                with open(os.path.join(c.out, "releases.csv"), encoding="utf-8", newline="") as f:
+                    last = {}
+                    for r in csv.DictReader(f):
+                        last[r["key"]] = r
+                if mode == "none":
+                    want = {"big": str(n * 2**31), "small": str(-n * 2**31)}
+                    got = {k: last[k]["sum"] for k in want if k in last}
+                    assert got == want, f"final sums {got}, expected {want}"
+                else:  # noisy, yet within far less than 1% of a sum of about 1.3e13
+                    for k, sign in (("big", 1), ("small", -1)):
+                        assert k in last, f"key {k} was not released: {sorted(last)}"
+                        est = float(last[k]["sum"])
+                        assert abs(est - sign * n * 2**31) < 1e-3 * n * 2**31, f"{k}: sum {est}"
+
+            return case
+
         def header_only():
             c = new("header only")
             write(c.csv, HEADER + "\n")
@@ -303,6 +337,8 @@ def main():
             results.check(f"bad_rows=\"fail\": {label} -> exit 3 naming the line", fail_on_bad_row(i))
         results.check("value 1e-400 (underflows to 0) is a real, not non-finite", tiny_value_is_a_real)
         results.check("header-only CSV -> empty releases", header_only)
+        results.check("sums beyond 2^43 in mode none are exact, no abort", huge_sums("none"))
+        results.check("sums beyond 2^43 in mode dp are released, no abort", huge_sums("dp"))
         results.check("--out DIR with a quote in the name is used verbatim", out_dir_used_verbatim('a"b'))
         results.check("--out DIR with a backslash in the name is used verbatim", out_dir_used_verbatim("a\\tb"))
         results.check("unknown key -> exit 2 naming it",

@@ -176,7 +176,7 @@ std::vector<std::byte> job_file(Builder& b) {
   h5::MemoryFile f(1 << 16);
   const hid_t root = f.get();
   b.string_attribute(root, "format", "dpstream-checkpoint-job");
-  b.uint_attribute(root, "version", 1);
+  b.uint_attribute(root, "version", 2);
   b.string_attribute(root, "job_id", b.text());
   b.string_attribute(root, "job_name", b.text());
   b.string_attribute(root, "started_at", b.text());
@@ -191,7 +191,7 @@ std::vector<std::byte> segment_file(Builder& b, const checkpoint::SegmentRef& re
   h5::MemoryFile f(1 << 16);
   const hid_t root = f.get();
   b.string_attribute(root, "format", "dpstream-checkpoint-segment");
-  b.uint_attribute(root, "version", 1);
+  b.uint_attribute(root, "version", 2);
   b.string_attribute(root, "job_id", job_id);
   b.uint_attribute(root, "seq", ref.seq);
   b.uint_attribute(root, "rank", static_cast<std::uint64_t>(ref.rank));
@@ -204,7 +204,8 @@ std::vector<std::byte> segment_file(Builder& b, const checkpoint::SegmentRef& re
   b.dataset(root, "pairs/user", H5T_NATIVE_UINT64, 8, np);
   b.dataset(root, "pairs/key", H5T_NATIVE_UINT64, 8, b.length(np));
   b.dataset(root, "keys/id", H5T_NATIVE_UINT64, 8, nk);
-  for (const char* name : {"keys/count", "keys/sum", "keys/users", "keys/round_base_users"})
+  b.dataset(root, "keys/sum_low", H5T_NATIVE_UINT64, 8, b.length(nk));
+  for (const char* name : {"keys/count", "keys/sum_high", "keys/users", "keys/round_base_users"})
     b.dataset(root, name, H5T_NATIVE_INT64, 8, b.length(nk));
   for (const char* name : {"keys/round", "keys/round_start"}) b.dataset(root, name, H5T_NATIVE_UINT32, 4, b.length(nk));
   b.dataset(root, "releases/csv", H5T_NATIVE_UINT8, 1, b.length(20));
@@ -248,7 +249,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const checkpoint::Segment seg = checkpoint::read_segment(dir, ref, job_id);
     const std::size_t nk = seg.key_id.size();
     if (seg.user_kept.size() != seg.user_id.size() || seg.pair_key.size() != seg.pair_user.size() ||
-        seg.key_count.size() != nk || seg.key_sum.size() != nk || seg.key_users.size() != nk ||
+        seg.key_count.size() != nk || seg.key_sum_low.size() != nk || seg.key_sum_high.size() != nk || seg.key_users.size() != nk ||
         seg.key_round_base_users.size() != nk || seg.key_round.size() != nk || seg.key_round_start.size() != nk)
       fuzz::property_failed("read_segment returned columns of different lengths");
     kernels::UserState users;

@@ -7,6 +7,7 @@
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "src/naive_reference.hpp"
+#include "tests/scoped_omp_threads.hpp"
 
 using namespace dpstream;
 
@@ -29,7 +30,9 @@ std::vector<Record> random_trigger(std::mt19937_64& rng, int trigger, std::uint6
 }
 
 struct Totals {
-  std::int64_t count, sum, users;
+  std::int64_t count;
+  int128 sum;
+  std::int64_t users;
   bool operator==(const Totals&) const = default;
 };
 
@@ -104,4 +107,39 @@ TEST(Bounding, ClampsAndCountsAUserOncePerKey) {
   EXPECT_EQ(users.user_key_pairs(), 2u);
   users.clear();
   EXPECT_EQ(users.users(), 0u);
+}
+
+TEST(Bounding, SumsBeyondInt64NeverAbortAndStayExact) {
+  // 6000 users with C = 2 records of the largest value on key 7, and as many of the smallest on key 8:
+  // each key's sum is 12000 * 2^51 ~ 2^64.6 in fixed point, beyond int64 within one trigger.
+  const std::uint32_t C = 2;
+  const double lo = -kMaxAbsClamp, hi = kMaxAbsClamp;
+  std::vector<Record> records;
+  std::uint64_t position = 0;
+  for (std::uint64_t u = 0; u < 6000; ++u)
+    for (int i = 0; i < 3; ++i) {  // the third record of each user is dropped by bounding
+      records.push_back({u, 7, static_cast<std::int64_t>(position), position, 1e12});  // clamped to 2^31
+      ++position;
+      records.push_back({100000 + u, 8, static_cast<std::int64_t>(position), position, -hi});
+      ++position;
+    }
+  const int128 one_record = int128{1} << 51;  // 2^31 in 2^-20 fixed point
+  for (const int threads : {1, 2}) {
+    dpstream::testing::ScopedOmpThreads scoped(threads);
+    kernels::UserState users;
+    kernels::KeyStateTable keys;
+    kernels::BoundingStats stats;
+    const auto partials = kernels::bound_and_aggregate(records, {C, lo, hi}, users, stats);
+    const auto got = keys.accumulate(partials);
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].key, 7u);
+    EXPECT_EQ(got[0].count, 12000);
+    EXPECT_EQ(got[0].users, 6000);
+    EXPECT_TRUE(got[0].sum == 12000 * one_record) << static_cast<double>(got[0].sum);
+    EXPECT_TRUE(got[1].sum == -12000 * one_record) << static_cast<double>(got[1].sum);
+    EXPECT_EQ(stats.dropped, 12000u);
+    // The same trigger again (new positions do not matter: C is reached): the running sums hold.
+    const auto again = keys.accumulate(kernels::bound_and_aggregate(records, {C, lo, hi}, users, stats));
+    EXPECT_TRUE(again.empty());
+  }
 }

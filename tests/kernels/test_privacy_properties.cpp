@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/baseline_release.hpp"
 #include "kernels/bounding.hpp"
 #include "kernels/dp_release.hpp"
 #include "kernels/dp_tree.hpp"
@@ -185,10 +186,14 @@ double discrete_gaussian_nonnegative(double sigma) {
 // Streams of records for the sensitivity tests.
 
 struct Increment {  // one key's change at one trigger
-  std::int64_t count = 0, sum = 0, users = 0;
+  std::int64_t count = 0;
+  int128 sum = 0;
+  std::int64_t users = 0;
   bool operator==(const Increment&) const = default;
 };
-void PrintTo(const Increment& i, std::ostream* os) { *os << "{count " << i.count << ", sum " << i.sum << ", users " << i.users << "}"; }
+void PrintTo(const Increment& i, std::ostream* os) {
+  *os << "{count " << i.count << ", sum " << static_cast<double>(i.sum) << ", users " << i.users << "}";
+}
 using Increments = std::vector<std::map<std::uint64_t, Increment>>;  // [trigger][key]
 
 using Stream = std::vector<std::vector<Record>>;  // [trigger] records, in arbitrary arrival order
@@ -719,6 +724,49 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
   // Non-vacuity: many releases, many of them in later rounds (restarted selection trees).
   EXPECT_GT(releases, 100u);
   EXPECT_GT(later_rounds, 50u);
+}
+
+
+// A release is total + noise in 128 bits: totals far beyond int64 neither abort nor wrap, and the noise
+// added to them is the noise the same key gets on small totals (same secret, window, key and round).
+TEST(PrivacyProperties, TotalsBeyondInt64AreReleasedExactlyPlusTheSameNoise) {
+  const std::uint64_t key = 0x5EED;
+  const int128 huge_sum = (int128{1} << 100) + 12345, huge_count = int128{1} << 62;
+  auto state = [&](bool huge) {
+    kernels::KeyState st;
+    st.users = 50;
+    st.count = huge ? static_cast<std::int64_t>(huge_count) : 10;
+    st.sum = huge ? huge_sum : 777;
+    return st;
+  };
+  DpParams params = flat_params(4, 0, -1e9, 2.0);  // every tested key passes
+  std::vector<KeyRelease> dp[2];
+  std::vector<KeyRelease> baseline[2];
+  for (const bool huge : {false, true}) {
+    KeyStateTable table;
+    table.shards[0][key] = state(huge);
+    DpReleaser releaser(params, noise::secret_from_seed(8));
+    releaser.begin_window(3);
+    DpStats stats;
+    dp[huge] = releaser.release(table, 0, stats);
+    kernels::BaselineParams bp;
+    bp.tau = -1e9;
+    bp.sigma_selection = 2.0;
+    bp.sigma_count = 4.0;
+    bp.sigma_sum = 6.0;
+    bp.sum_quantum = 16;
+    kernels::BaselineReleaser base(bp, noise::secret_from_seed(8));
+    base.begin_window(3);
+    const kernels::KeyState st = state(huge);
+    baseline[huge] = base.release({KeyTotals{key, st.count, st.sum, st.users}}, table, 0, stats);
+  }
+  for (const auto* rel : {dp, baseline}) {
+    ASSERT_EQ(rel[0].size(), 1u);
+    ASSERT_EQ(rel[1].size(), 1u);
+    EXPECT_TRUE(rel[1][0].count - rel[0][0].count == (huge_count - 10) * kOne);
+    EXPECT_TRUE(rel[1][0].sum - rel[0][0].sum == huge_sum - 777);
+    EXPECT_TRUE(rel[1][0].sum > INT64_MAX);
+  }
 }
 
 }  // namespace dpstream

@@ -49,7 +49,7 @@ std::vector<Record> owned_records(std::mt19937_64& rng, int rank, int ranks, int
 struct Flat {
   std::map<std::uint64_t, std::uint32_t> kept;
   std::set<std::pair<std::uint64_t, std::uint64_t>> pairs;
-  std::map<std::uint64_t, std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::uint32_t, std::uint32_t>> keys;
+  std::map<std::uint64_t, std::tuple<std::int64_t, int128, std::int64_t, std::int64_t, std::uint32_t, std::uint32_t>> keys;
   bool operator==(const Flat&) const = default;
 };
 Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
@@ -63,7 +63,8 @@ Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
 }
 
 // Runs `triggers` triggers of bounding + accumulation with the journal on; a fake release bumps the
-// round of every 7th key so that the release fields change too. Returns one segment per trigger.
+// round of every 7th key so that the release fields change too, and moves its sum by +-2^100 so that
+// both words of the 128-bit sum travel. Returns one segment per trigger.
 std::vector<checkpoint::Segment> drive(kernels::UserState& users, kernels::KeyStateTable& keys, int triggers, int rank,
                                        int ranks, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -85,6 +86,7 @@ std::vector<checkpoint::Segment> drive(kernels::UserState& users, kernels::KeySt
           ++st.round;
           st.round_start = static_cast<std::uint32_t>(t + 1);
           st.round_base_users = st.users;
+          st.sum += (key & 1 ? 1 : -1) * (int128{1} << 100);
           keys.changed_keys[s].push_back(key);
         }
     out.push_back(checkpoint::take_journal(users, keys));

@@ -178,6 +178,12 @@ TEST(ReleaseFormat, ShortestDecimalThatRoundTrips) {
   EXPECT_EQ(format_fixed(to_fixed(-0.75)), "-0.75");
   EXPECT_EQ(format_fixed(0), "0");
   EXPECT_EQ(format_fixed(-1), "-0.000001");  // one grid step below zero still reads back
+  // Beyond 2^53 grid steps (|value| >= 2^33) the exact decimal: 2^-20 = 0.00000095367431640625.
+  EXPECT_EQ(format_fixed(int128{12000} << 51), "25769803776000");
+  EXPECT_EQ(format_fixed(-(int128{12000} << 51)), "-25769803776000");
+  EXPECT_EQ(format_fixed((int128{1} << 100) + 1), "1208925819614629174706176.00000095367431640625");
+  EXPECT_EQ(format_fixed((int128{1} << 53) + (int128{1} << 19)), "8589934592.5");
+  EXPECT_EQ(format_fixed((int128{1} << 53) - 1), "8589934591.999999");  // the last value of the double path
   for (std::int64_t f : {1LL, 3LL, 12345678LL, -987654321LL, (1LL << 50) + 7})
     EXPECT_EQ(to_fixed(std::strtod(format_fixed(f).c_str(), nullptr)), f) << f;
   EXPECT_EQ(csv_field("plain"), "plain");
