@@ -279,6 +279,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   for (const auto& [key, share] : {std::pair{"selection_epsilon_share", c.privacy.selection_epsilon_share},
                                    std::pair{"selection_delta_share", c.privacy.selection_delta_share}})
     if (!(share > 0 && share < 1)) pr.fail(key, fmt::format("must be in (0, 1), got {}", share));
+  if (dp && c.input.kind == InputKind::Csv && c.input.bad_rows == BadRowPolicy::Fail)
+    in.fail("bad_rows", fmt::format("= \"fail\" would stop a private job (mode = \"{}\") because of one row: the stop "
+                                    "is an output that depends on the data. Use \"skip\" (skipped rows are counted on "
+                                    "stderr and in summary.json), or check the input first with mode = \"none\"", mode_name));
   pr.finish({"mode", "max_records_per_user", "composition", "clamp_min", "clamp_max", "epsilon", "delta", "mu", "beta", "seed",
              "selection_epsilon_share", "selection_delta_share", "threshold"});
 

@@ -262,11 +262,11 @@ def main():
                     want = {"big": str(n * 2**31), "small": str(-n * 2**31)}
                     got = {k: last[k]["sum"] for k in want if k in last}
                     assert got == want, f"final sums {got}, expected {want}"
-                else:  # noisy, yet within far less than 1% of a sum of about 1.3e13
+                else:  # noisy (sigma about 2.4e10 per tree node at C = 3, eps 6), far within 5% of 1.3e13
                     for k, sign in (("big", 1), ("small", -1)):
                         assert k in last, f"key {k} was not released: {sorted(last)}"
                         est = float(last[k]["sum"])
-                        assert abs(est - sign * n * 2**31) < 1e-3 * n * 2**31, f"{k}: sum {est}"
+                        assert abs(est - sign * n * 2**31) < 0.05 * n * 2**31, f"{k}: sum {est}"
 
             return case
 
@@ -358,6 +358,10 @@ def main():
         results.check("--set without '=' -> exit 2", bad_set("stream.triggers", ["stream.triggers"]))
         results.check("--set unknown key -> exit 2 naming it", bad_set("stream.bogus=3", ["bogus"]))
         results.check("kind = \"csv\" without path -> exit 2", csv_without_path)
+        results.check("bad_rows = \"fail\" in mode dp -> exit 2 (a stop would depend on the data)",
+                      spec_case("fail in dp", ["bad_rows", "skip"],
+                                replace={"bad_rows": 'bad_rows = "fail"',
+                                         "mode": 'mode = "dp"\nepsilon = 1.0\ndelta = 1e-9'}))
     return results.finish()
 
 

@@ -170,7 +170,7 @@ name = "{name}"
 [input]
 kind = "csv"
 path = {json.dumps(csv_path)}
-bad_rows = "fail"
+bad_rows = "skip"
 
 [stream]
 window_seconds = {W}

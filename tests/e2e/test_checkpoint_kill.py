@@ -136,7 +136,7 @@ name = "e2e-ckpt-csv"
 [input]
 kind = "csv"
 path = "{path}"
-bad_rows = "fail"
+bad_rows = "skip"
 
 [stream]
 window_seconds = {CSV_W}

@@ -112,6 +112,17 @@ TEST(Config, DpParametersAreValidated) {
   EXPECT_NE(with({"query.aggregations=[\"sum\", \"sum\"]"}).find("lists \"sum\" twice"), std::string::npos);
   EXPECT_NE(with({"query.aggregations=[]"}).find("at least one column"), std::string::npos);
   EXPECT_NE(with({"query.aggregations=\"count\""}).find("array of strings"), std::string::npos);
+  // A private CSV job may not stop because of one bad row (a stop is an output); mode none may.
+  const std::vector<std::string> csv = {"input.kind=\"csv\"", "input.path=\"in.csv\"", "input.bad_rows=\"fail\""};
+  auto csv_with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), csv.begin(), csv.end());
+    return error_of(kMinimal, extra);
+  };
+  EXPECT_NE(with(csv).find("[input] bad_rows = \"fail\" would stop a private job"), std::string::npos) << with(csv);
+  EXPECT_NE(csv_with({"privacy.mode=\"baseline-batch\"", "privacy.epsilon=6", "privacy.delta=1e-9"}).find("bad_rows"),
+            std::string::npos);
+  EXPECT_EQ(csv_with({}), "");
+  EXPECT_EQ(with({"input.kind=\"csv\"", "input.path=\"in.csv\"", "input.bad_rows=\"skip\""}), "");
   const auto c = parse_job(kMinimal, "t", {"privacy.mode=dp", "privacy.epsilon=2", "privacy.delta=1e-6",
                                            "query.aggregations=[\"count\"]", "privacy.seed=5", "privacy.beta=1e-12"});
   EXPECT_TRUE(c.query.count);
