@@ -71,37 +71,76 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
   return names;
 }
 
-// Rank 0 receives the release rows of every key owner, named and sorted by key.
-std::vector<ReleaseRow> gather_release_rows(const std::vector<KeyRelease>& released, const KeyNames* names,
-                                            const shuffle::Comm& comm) {
-  shuffle::ByteWriter w;
-  for (const auto& t : released) {
-    w.put(t.key);
-    for (const int128 v : {t.count, t.sum}) {
-      w.put(low_word(v));
-      w.put(high_word(v));
-    }
-    w.put_string(names ? names->at(t.key) : std::string());
-  }
-  const auto all = comm.gather_bytes_to_root(w.bytes());
+// One trigger's rows of releases.csv, on rank 0. Each key owner names, sorts and formats its own rows;
+// rank 0 only merges the ranks' sorted runs (by key name, or by key id for integer keys) and copies
+// their text. Wire format per rank: row count, per row (sort key, end offset of its line), the text.
+struct ReleaseText {
+  std::string text;
+  std::uint64_t rows = 0;
+};
+ReleaseText gather_release_text(const std::vector<KeyRelease>& released, const KeyNames* names, std::int64_t window,
+                                std::uint32_t trigger, ReleaseColumns columns, const shuffle::Comm& comm) {
   std::vector<ReleaseRow> rows;
-  shuffle::ByteReader in(all.data(), all.size());
-  while (!in.done()) {
-    ReleaseRow r;
-    r.key = in.get<std::uint64_t>();
-    for (int128* v : {&r.count, &r.sum}) {
-      const auto low = in.get<std::uint64_t>();
-      *v = from_words(low, in.get<std::int64_t>());
-    }
-    r.name = in.get_string();
-    if (!names) r.name = std::to_string(r.key);
-    rows.push_back(std::move(r));
-  }
+  rows.reserve(released.size());
+  for (const auto& t : released)
+    rows.push_back({t.key, names ? names->at(t.key) : std::to_string(t.key), t.count, t.sum});
   if (names)
     std::sort(rows.begin(), rows.end(), [](const ReleaseRow& a, const ReleaseRow& b) { return a.name < b.name; });
   else
     std::sort(rows.begin(), rows.end(), [](const ReleaseRow& a, const ReleaseRow& b) { return a.key < b.key; });
-  return rows;
+  std::string text;
+  std::vector<std::uint64_t> ends;
+  ends.reserve(rows.size());
+  format_rows(window, trigger, rows, columns, text, ends);
+  shuffle::ByteWriter w;
+  w.put(static_cast<std::uint64_t>(rows.size()));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (names) w.put_string(rows[i].name);
+    else w.put(rows[i].key);
+    w.put(ends[i]);
+  }
+  w.put_string(text);
+  const auto all = comm.gather_bytes_to_root(w.bytes());
+  ReleaseText out;
+  if (all.empty()) return out;
+
+  struct Run {  // one rank's sorted rows
+    std::vector<std::uint64_t> ids, ends;
+    std::vector<std::string> names;
+    std::string text;
+    std::size_t next = 0;
+  };
+  std::vector<Run> runs;
+  for (shuffle::ByteReader in(all.data(), all.size()); !in.done();) {
+    Run r;
+    const auto n = in.get<std::uint64_t>();
+    for (std::uint64_t i = 0; i < n; ++i) {
+      if (names) r.names.push_back(in.get_string());
+      else r.ids.push_back(in.get<std::uint64_t>());
+      r.ends.push_back(in.get<std::uint64_t>());
+    }
+    r.text = in.get_string();
+    out.rows += n;
+    if (n > 0) runs.push_back(std::move(r));
+  }
+  out.text.reserve([&] {
+    std::size_t b = 0;
+    for (const auto& r : runs) b += r.text.size();
+    return b;
+  }());
+  auto less = [&](const Run& a, const Run& b) {
+    return names ? a.names[a.next] < b.names[b.next] : a.ids[a.next] < b.ids[b.next];
+  };
+  while (!runs.empty()) {  // P-way merge; P is small, a linear scan picks the smallest head
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < runs.size(); ++i)
+      if (less(runs[i], runs[best])) best = i;
+    Run& r = runs[best];
+    const std::uint64_t begin = r.next == 0 ? 0 : r.ends[r.next - 1];
+    out.text.append(r.text, begin, r.ends[r.next] - begin);
+    if (++r.next == r.ends.size()) runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(best));
+  }
+  return out;
 }
 
 std::string human_rate(double per_second) {
@@ -204,6 +243,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
 
   // Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md).
   const bool checkpointing = options.write_output && config.checkpoint.every > 0;
+  const ReleaseColumns release_columns{config.query.count, config.query.sum};
   if (options.write_output && !checkpointing && options.start_mode == checkpoint::StartMode::Resume)
     throw ConfigError("--resume needs checkpoints: remove [checkpoint] every = 0 (or --set checkpoint.every=1)");
   // Declared before the store: the store's I/O thread publishes through the writer, so the writer
@@ -232,7 +272,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       on_every_rank<CheckpointError>(comm, [&] {
         if (!root) return;
         const auto& m = store.manifest();
-        ReleaseWriter(out_dir, ReleaseColumns{config.query.count, config.query.sum}).restore(m.releases_bytes, staged, m.release_rows);
+        ReleaseWriter(out_dir, release_columns).restore(m.releases_bytes, staged, m.release_rows);
         if (!m.summary.is_null()) write_file_atomically(out_dir / "summary.json", m.summary.dump(2) + "\n");
       });
       report.already_complete = true;
@@ -274,7 +314,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     if (ec) throw ConfigError(fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
     if (::access(out_dir.c_str(), W_OK) != 0)
       throw ConfigError(fmt::format("output dir {} is not writable; choose a writable [output] dir or --out", out_dir.string()));
-    writer = std::make_unique<ReleaseWriter>(out_dir, ReleaseColumns{config.query.count, config.query.sum}, !checkpointing);
+    writer = std::make_unique<ReleaseWriter>(out_dir, release_columns, !checkpointing);
   });
 
   StageTimes stage;
@@ -480,12 +520,12 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       t0 = Clock::now();
       std::uint64_t released = 0;
       if (options.write_output) {
-        const auto rows = gather_release_rows(release, names, comm);
+        const auto rows = gather_release_text(release, names, window, trigger, release_columns, comm);
         if (root) {
-          writer->stage(window, trigger, rows);
+          writer->stage_text(rows.text, rows.rows);
           if (!checkpointing) writer->append(writer->take_pending(), /*sync=*/false);
         }
-        released = rows.size();
+        released = rows.rows;
         fault::point("output");
       }
       stage.output += seconds_since(t0);

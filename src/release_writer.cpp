@@ -34,19 +34,58 @@ std::string exact_decimal(int128 fixed) {
   return fixed < 0 ? "-" + text : text;
 }
 
+// format_fixed's text appended to `out`, without temporaries (the output stage formats millions).
+void append_fixed(std::string& out, int128 wide) {
+  // Beyond 2^53 a double no longer holds every grid value: print the exact decimal.
+  constexpr int128 kDoubleExact = int128{1} << 53;
+  if (wide >= kDoubleExact || wide <= -kDoubleExact) {
+    out += exact_decimal(wide);
+    return;
+  }
+  const auto fixed = static_cast<std::int64_t>(wide);
+  if ((fixed & ((std::int64_t{1} << kValueFracBits) - 1)) == 0) {  // a whole number: what {:.0f} prints
+    const fmt::format_int whole(fixed >> kValueFracBits);
+    out.append(whole.data(), whole.size());
+    return;
+  }
+  const double v = from_fixed(fixed);
+  char text[64];
+  for (int decimals = 1; decimals < 7; ++decimals) {
+    const auto end = fmt::format_to_n(text, sizeof text - 1, "{:.{}f}", v, decimals).out;
+    *end = '\0';
+    if (to_fixed(std::strtod(text, nullptr)) == fixed) {  // (never "-0": zero is a whole number)
+      out.append(text, end);
+      return;
+    }
+  }
+  fmt::format_to(std::back_inserter(out), "{:.7f}", v);
+}
+
 }  // namespace
 
 std::string format_fixed(int128 wide) {
-  // Beyond 2^53 a double no longer holds every grid value: print the exact decimal.
-  constexpr int128 kDoubleExact = int128{1} << 53;
-  if (wide >= kDoubleExact || wide <= -kDoubleExact) return exact_decimal(wide);
-  const auto fixed = static_cast<std::int64_t>(wide);
-  const double v = from_fixed(fixed);
-  for (int decimals = 0; decimals < 7; ++decimals) {
-    std::string text = fmt::format("{:.{}f}", v, decimals);
-    if (to_fixed(std::strtod(text.c_str(), nullptr)) == fixed) return text == "-0" ? "0" : text;
+  std::string out;
+  append_fixed(out, wide);
+  return out;
+}
+
+void format_rows(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows, ReleaseColumns columns,
+                 std::string& text, std::vector<std::uint64_t>& ends) {
+  const fmt::format_int w(window), t(trigger);
+  for (const auto& r : rows) {
+    text.append(w.data(), w.size());
+    text += ',';
+    text.append(t.data(), t.size());
+    text += ',';
+    if (r.name.find_first_of(",\"\r\n") == std::string::npos) text += r.name;
+    else text += csv_field(r.name);
+    text += ',';
+    if (columns.count) append_fixed(text, r.count);
+    text += ',';
+    if (columns.sum) append_fixed(text, r.sum);
+    text += '\n';
+    ends.push_back(text.size());
   }
-  return fmt::format("{:.7f}", v);
 }
 
 std::string csv_field(const std::string& s) {
@@ -101,10 +140,14 @@ void ReleaseWriter::restore(std::uint64_t committed_bytes, const std::string& st
 }
 
 void ReleaseWriter::stage(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows) {
-  for (const auto& r : rows)
-    fmt::format_to(std::back_inserter(pending_), "{},{},{},{},{}\n", window, trigger, csv_field(r.name),
-                   columns_.count ? format_fixed(r.count) : "", columns_.sum ? format_fixed(r.sum) : "");
+  std::vector<std::uint64_t> ends;
+  format_rows(window, trigger, rows, columns_, pending_, ends);
   pending_rows_ += rows.size();
+}
+
+void ReleaseWriter::stage_text(std::string_view text, std::uint64_t rows) {
+  pending_ += text;
+  pending_rows_ += rows;
 }
 
 std::string ReleaseWriter::take_pending() {

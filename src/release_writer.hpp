@@ -33,6 +33,11 @@ std::string format_fixed(int128 fixed);
 // Quotes a CSV field when it holds a comma, quote or line break (RFC 4180).
 std::string csv_field(const std::string& s);
 
+// Appends one CSV line per row (in the given order) to `text`, and each line's end offset in `text`
+// to `ends`: the rows of releases.csv, formatted by whichever rank owns the keys.
+void format_rows(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows, ReleaseColumns columns,
+                 std::string& text, std::vector<std::uint64_t>& ends);
+
 // DIR/releases.csv on rank 0, grown only by rows of committed triggers (docs/CHECKPOINTS.md):
 // rows are formatted into a pending buffer, handed to the checkpoint with their commit, and
 // appended once the commit is durable. After a crash the file is cut back to its committed length
@@ -56,6 +61,9 @@ class ReleaseWriter {
 
   // Formats one trigger's rows (sorted by key) into the pending buffer.
   void stage(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows);
+  // Adds `rows` rows already formatted by format_rows (in output order) to the pending buffer.
+  void stage_text(std::string_view text, std::uint64_t rows);
+  ReleaseColumns columns() const { return columns_; }
   // Hands the pending rows to a commit; from now on they count in bytes() and rows().
   std::string take_pending();
   std::uint64_t pending_rows() const { return pending_rows_; }
