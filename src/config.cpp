@@ -307,8 +307,11 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   out.finish({"dir", "format", "progress"});
 
   SectionReader ck(root, "checkpoint", source);
-  c.checkpoint.every = static_cast<std::uint32_t>(ck.integer("every", c.checkpoint.every, 0, 1'000'000));
-  ck.finish({"every"});
+  if (ck.has("every")) c.checkpoint.every = static_cast<std::uint32_t>(ck.integer("every", 1, 0, 1'000'000));
+  c.checkpoint.seconds = ck.real("seconds", c.checkpoint.seconds);
+  if (!(c.checkpoint.seconds >= 0.001 && c.checkpoint.seconds <= 1e7))
+    ck.fail("seconds", fmt::format("must be in [0.001, 1e7] (seconds between commits), got {}", c.checkpoint.seconds));
+  ck.finish({"every", "seconds"});
   return c;
 }
 

@@ -90,11 +90,14 @@ struct OutputConfig {
   ProgressMode progress = ProgressMode::Always;
 };
 
-// Exactly-once checkpoints (docs/CHECKPOINTS.md): a commit every `every` triggers and at the end
-// of every window; 0: none (releases.csv appears at the end; a killed run cannot resume). Does not
-// change the output, so it may differ on resume.
+// Exactly-once checkpoints (docs/CHECKPOINTS.md): a commit once `seconds` have passed since the
+// last one (rank 0's clock), or every `every` triggers when given, and always at the end of every
+// window; every = 0: none (releases.csv appears at the end; a killed run cannot resume). Does not
+// change the output, so both may differ on resume.
 struct CheckpointConfig {
-  std::uint32_t every = 1;
+  std::optional<std::uint32_t> every;  // unset: by time only
+  double seconds = 30.0;               // default cadence: a commit costs ~1% of 30 s of triggers
+  bool enabled() const { return !every || *every > 0; }
 };
 
 struct JobConfig {

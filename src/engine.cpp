@@ -207,11 +207,24 @@ struct StopAgreement {
   int signal = 0;  // the first rank's signal
   int rank = -1;   // the first rank that received one
 };
-StopAgreement agree_on_stop(const shuffle::Comm& comm) {
-  const auto seen = comm.allgather(static_cast<std::uint64_t>(stop_request::signal_received()));
+// One agreement at the end of every trigger: a stop signal seen by any rank, and whether rank 0's
+// commit clock has run out (the ranks' clocks differ; rank 0's decides for all).
+struct TriggerEnd {
+  StopAgreement stop;
+  bool commit_due = false;
+};
+TriggerEnd agree_on_trigger_end(const shuffle::Comm& comm, bool commit_due_on_root) {
+  constexpr std::uint64_t kCommitDue = std::uint64_t{1} << 32;  // above any signal number
+  const auto seen = comm.allgather(static_cast<std::uint64_t>(stop_request::signal_received()) |
+                                   (commit_due_on_root ? kCommitDue : 0));
+  TriggerEnd end;
+  end.commit_due = (seen.at(0) & kCommitDue) != 0;
   for (std::size_t r = 0; r < seen.size(); ++r)
-    if (seen[r] != 0) return {static_cast<int>(seen[r]), static_cast<int>(r)};
-  return {};
+    if (const auto signal = seen[r] & (kCommitDue - 1); signal != 0) {
+      end.stop = {static_cast<int>(signal), static_cast<int>(r)};
+      break;
+    }
+  return end;
 }
 
 }  // namespace
@@ -242,7 +255,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   const std::filesystem::path out_dir = config.output.dir;
 
   // Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md).
-  const bool checkpointing = options.write_output && config.checkpoint.every > 0;
+  const bool checkpointing = options.write_output && config.checkpoint.enabled();
   const ReleaseColumns release_columns{config.query.count, config.query.sum};
   if (options.write_output && !checkpointing && options.start_mode == checkpoint::StartMode::Resume)
     throw ConfigError("--resume needs checkpoints: remove [checkpoint] every = 0 (or --set checkpoint.every=1)");
@@ -430,9 +443,20 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     ckpt_time.write += cs.write_seconds;
     ckpt_bytes += cs.segment_bytes;
   };
+  auto last_commit = Clock::now();  // the time-based cadence counts from here (rank 0's clock decides)
   auto commit = [&](std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete) {
     const auto c0 = Clock::now();
-    auto journal = std::make_shared<checkpoint::Journal>(checkpoint::drain_journal(users, keys));
+    // A window's last commit carries no state: the next window starts empty, and a resume from that
+    // commit reads none (Store::load, window_done). Writing it would put the whole window on the
+    // critical path of the window's end.
+    std::shared_ptr<checkpoint::Journal> journal;
+    if (next_trigger == T) {
+      users.clear_journal();
+      keys.clear_journal();
+      journal = std::make_shared<checkpoint::Journal>();
+    } else {
+      journal = std::make_shared<checkpoint::Journal>(checkpoint::drain_journal(users, keys));
+    }
     ckpt_time.journal += seconds_since(c0);
     ckpt_user_bytes += journal->user_bytes();
     ckpt_key_bytes += journal->key_bytes();
@@ -444,6 +468,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                            root ? writer->rows() : 0));
     ++ckpt_commits;
     stage.checkpoint += seconds_since(c0);
+    last_commit = Clock::now();
   };
 
   bool final_commit_pending = false;
@@ -550,10 +575,18 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                                                           (releaser ? releaser->memory_bytes() : 0));
       }
 
-      // 6. checkpoint every k triggers and at the end of each window; the job's very last commit
-      // waits for summary.json.
+      // 6. one agreement per trigger (not after the job's last): a stop signal, and rank 0's commit clock.
+      const TriggerEnd end = triggers_done < total_triggers
+                                 ? agree_on_trigger_end(comm, root && checkpointing &&
+                                                                  seconds_since(last_commit) >= config.checkpoint.seconds)
+                                 : TriggerEnd{};
+      stop = end.stop;
+
+      // 7. checkpoint when `seconds` have passed or every `every` triggers, and at the end of each
+      // window; the job's very last commit waits for summary.json.
       bool committed_now = false;
-      if (checkpointing && (trigger + 1 - uncommitted_from >= config.checkpoint.every || window_end)) {
+      const bool count_due = config.checkpoint.every && trigger + 1 - uncommitted_from >= *config.checkpoint.every;
+      if (checkpointing && (count_due || end.commit_due || window_end)) {
         if (wi + 1 == config.stream.windows && window_end) {
           final_commit_pending = true;
         } else {
@@ -575,9 +608,9 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                      static_cast<unsigned long long>(released), dp ? "keys released" : "keys changed", elapsed, remaining);
       }
 
-      // 7. a stop signal on any rank: every rank stops after this trigger, which is committed even
+      // 8. a stop signal on any rank: every rank stops after this trigger, which is committed even
       // between two scheduled commits (the job's last trigger simply finishes the job).
-      if (triggers_done < total_triggers && (stop = agree_on_stop(comm)).signal != 0) {
+      if (stop.signal != 0) {
         if (checkpointing && !committed_now) commit(wi, uncommitted_from, trigger + 1, false);
         stopped_window = wi;
         stopped_trigger = trigger;
@@ -663,7 +696,8 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                                        {"checkpoint", stage_max(stage.checkpoint)}};
   if (checkpointing) {
     // Figures of this process: a resumed run counts its own commits only.
-    j["checkpoint"] = {{"every", config.checkpoint.every},
+    j["checkpoint"] = {{"every", config.checkpoint.every ? nlohmann::json(*config.checkpoint.every) : nlohmann::json(nullptr)},
+                       {"seconds", config.checkpoint.seconds},
                        {"commits", ckpt_commits + (final_commit_pending ? 1 : 0)},
                        {"resumed_from_commit", resuming ? nlohmann::json(resumed_from) : nlohmann::json(nullptr)},
                        {"load_seconds_max_over_ranks", stage_max(load_seconds)},

@@ -88,7 +88,9 @@ delta = 1e-9
 
 [query]
 aggregations = ["count", "sum"]
-{f"[checkpoint]{chr(10)}every = {every}{chr(10)}" if every else ""}
+[checkpoint]
+every = {every or 1}
+
 [output]
 format = "csv"
 progress = "never"
@@ -119,6 +121,9 @@ clamp_max = 0.5
 
 [query]
 aggregations = ["sum"]
+
+[checkpoint]
+every = 1
 
 [output]
 format = "csv"
@@ -155,6 +160,9 @@ seed = 5
 
 [query]
 aggregations = ["count", "sum"]
+
+[checkpoint]
+every = 1
 
 [output]
 format = "csv"
@@ -613,6 +621,30 @@ def main():
             dp3_job.set_reference(data, out)
 
         results.check("every = 3: uninterrupted run equals every = 1", every3_reference)
+
+        def time_cadence(seconds, want_commits):
+            def case():
+                # Without `every`, commits follow rank 0's clock: with 1 ms every trigger commits, with
+                # the default 30 s only the two windows' ends do. The output never changes.
+                have(dp_job)
+                path = os.path.join(case_dir(f"seconds-{seconds}"), "job.toml")
+                text = dp_toml().replace("[checkpoint]\nevery = 1\n", "" if seconds is None else
+                                         f"[checkpoint]\nseconds = {seconds}\n")
+                assert text != dp_toml(), "the job text holds no [checkpoint] every = 1 to replace"
+                harness.write_job(path, text)
+                out = os.path.join(os.path.dirname(path), "out")
+                r = fresh(Job("dp seconds", path, 0, 8, 2, True), out, cwd=os.path.dirname(out))
+                assert r.returncode == 0, r.describe()
+                assert harness.read_bytes(os.path.join(out, "releases.csv")) == dp_job.ref, \
+                    "a time-based cadence changed releases.csv"
+                with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+                    ck = json.load(f)["checkpoint"]
+                assert ck["every"] is None and ck["commits"] == want_commits, f"checkpoint summary {ck}"
+
+            return case
+
+        results.check("seconds = 0.001 without every: a commit at every trigger", time_cadence(0.001, 16))
+        results.check("default cadence (30 s): commits at the windows' ends only", time_cadence(None, 2))
 
         def every3_published(commit, triggers):
             def case():

@@ -37,7 +37,8 @@ STOP_RE = re.compile(r"stopped cleanly on (SIGTERM|SIGUSR1) \(first seen by rank
 
 def job_toml(name, mode, users, triggers, windows=1, every=None, first_window=0):
     return harness.synthetic_job_toml(name, mode, users, triggers, keys=200, seed=3, window_seconds=900, max_records=8,
-                                      noise_seed=5, windows=windows, first_window=first_window, every=every)
+                                      noise_seed=5, windows=windows, first_window=first_window,
+                                      every=1 if every is None else every)  # commits at every trigger unless given
 
 
 def rows_through(reference, first_window, window_index, trigger):

@@ -110,7 +110,7 @@ def main():
         # DPSTREAM_BIN: the binary under test (also when the build directory is not REPO/build).
         cluster.env["DPSTREAM_BIN"] = dps.bin
         small = harness.write_job(os.path.join(tmp, "small.toml"), job_toml("slurm-small", 20000, 6))
-        long = harness.write_job(os.path.join(tmp, "long.toml"), job_toml("slurm-long", 1500000, 24))
+        long = harness.write_job(os.path.join(tmp, "long.toml"), job_toml("slurm-long", 1500000, 24, every=1))
         # Commits only at the window's end: a mid-window commit can only come from a clean stop.
         long_rare = harness.write_job(os.path.join(tmp, "long-rare.toml"),
                                       job_toml("slurm-long", 1500000, 24, every=100))

@@ -112,6 +112,10 @@ TEST(Config, DpParametersAreValidated) {
   EXPECT_NE(with({"query.aggregations=[\"sum\", \"sum\"]"}).find("lists \"sum\" twice"), std::string::npos);
   EXPECT_NE(with({"query.aggregations=[]"}).find("at least one column"), std::string::npos);
   EXPECT_NE(with({"query.aggregations=\"count\""}).find("array of strings"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"checkpoint.seconds=0"}).find("[checkpoint] seconds must be in [0.001, 1e7]"), std::string::npos);
+  EXPECT_FALSE(parse_job(kMinimal, "t", {}).checkpoint.every.has_value());
+  EXPECT_FALSE(parse_job(kMinimal, "t", {"checkpoint.every=0"}).checkpoint.enabled());
+  EXPECT_EQ(parse_job(kMinimal, "t", {"checkpoint.every=3"}).checkpoint.every.value(), 3u);
   // A private CSV job may not stop because of one bad row (a stop is an output); mode none may.
   const std::vector<std::string> csv = {"input.kind=\"csv\"", "input.path=\"in.csv\"", "input.bad_rows=\"fail\""};
   auto csv_with = [&](std::vector<std::string> extra) {
