@@ -11,9 +11,9 @@
 
 namespace dpstream::kernels {
 
-struct KeyState {
+struct KeyState {  // 48 bytes
   std::int64_t count = 0;
-  int128 sum = 0;          // fixed point, exact (record.hpp)
+  Int128Words sum;         // fixed point, exact (record.hpp); two words: a table slot stays 56 bytes
   std::int64_t users = 0;  // distinct users in the window
   // DP key selection (Algorithm 2): the current round began at trigger round_start with
   // round_base_users users; round r + 1 starts right after the key's r-th release.
@@ -21,6 +21,7 @@ struct KeyState {
   std::uint32_t round = 0;
   std::uint32_t round_start = 0;
 };
+static_assert(sizeof(KeyState) == 48 && alignof(KeyState) == 8);
 
 class KeyStateTable {
  public:

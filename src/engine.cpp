@@ -366,6 +366,8 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * T;
   kernels::DpStats dp_stats;
   std::uint64_t dp_cached_keys = 0, dp_keys_released = 0, window_tracked_keys = 0, window_key_state_bytes = 0;
+  // State at the end of the window with the most users (keys): a window's state only grows, so this is its peak.
+  std::uint64_t window_active_users = 0, window_user_state_bytes = 0, window_keys = 0, window_key_bytes = 0;
   const CarriedCounters carried{{{"kept", &bstats.kept},
                                  {"dropped", &bstats.dropped},
                                  {"clamped", &bstats.clamped},
@@ -571,6 +573,14 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
             window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
           }
         }
+        if (users.users() >= window_active_users) {
+          window_active_users = users.users();
+          window_user_state_bytes = users.memory_bytes();
+        }
+        if (keys.keys() >= window_keys) {
+          window_keys = keys.keys();
+          window_key_bytes = keys.memory_bytes() + (releaser ? releaser->memory_bytes() : 0);
+        }
         peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes() +
                                                           (releaser ? releaser->memory_bytes() : 0));
       }
@@ -726,6 +736,13 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       {"key_shuffle_to_other_ranks", static_cast<double>(comm.sum(key_traffic.bytes_sent_to_others)) * per_record}};
   j["peak_rss_bytes_per_rank"] = comm.allgather(peak_rss_bytes());
   j["peak_state_bytes_per_rank"] = comm.allgather(peak_state_bytes);
+  // Bytes of state per active user (kept counts and first-touch pairs) and per tracked key (totals,
+  // round state and, in mode dp, the noise cache), summed over ranks and divided by the global count.
+  auto per = [&](std::uint64_t bytes, std::uint64_t count) {
+    return static_cast<double>(comm.sum(bytes)) / std::max<double>(1.0, static_cast<double>(comm.sum(count)));
+  };
+  j["state_bytes_per_active_user"] = per(window_user_state_bytes, window_active_users);
+  j["key_state_bytes_per_tracked_key"] = per(window_key_bytes, window_keys);
   // Ranks x threads above this node's online CPUs: timings then show volume, not speed.
   j["oversubscribed"] = P * omp_get_max_threads() > static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
 

@@ -49,6 +49,17 @@ inline int128 from_words(std::uint64_t low, std::int64_t high) {
   return static_cast<int128>((static_cast<uint128>(static_cast<std::uint64_t>(high)) << 64) | low);
 }
 
+// An int128 kept as two 64-bit words, so that table entries holding one stay 8-byte aligned (no
+// padding to 16). Converts to and from int128; nothing can bind an int128 reference to it.
+struct Int128Words {
+  std::uint64_t low = 0;
+  std::int64_t high = 0;
+  Int128Words() = default;
+  Int128Words(int128 v) : low(low_word(v)), high(high_word(v)) {}  // NOLINT: implicit by design
+  operator int128() const { return from_words(low, high); }        // NOLINT: implicit by design
+  Int128Words& operator+=(int128 v) { return *this = int128(*this) + v; }
+};
+
 // Per-key partial aggregate of one trigger, produced by the user owners after bounding and
 // sent to the key owners. The sum travels in 64 bits: a rank's larger sum for one key is sent as
 // several partials of that key (append_partial), which the key owner adds in 128 bits.
