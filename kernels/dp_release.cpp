@@ -19,6 +19,9 @@ namespace dpstream::kernels {
 
 namespace {
 constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or record in fixed point
+// Paper workload at 2M users, T = 1000, 2 ranks: caps 4 / 8 / 32 / none visit 25.7k / 20.7k / 18.1k /
+// 18.0k keys per trigger and draw 244M / 256M / 284M / 299M nodes (the full scan: 427k keys, 225M).
+constexpr std::uint32_t kMaxHorizon = 16;
 
 #ifdef DPSTREAM_TEST_HOOKS
 // Test-hooks build only: the target dpstream_test_hooks (tests/e2e/CMakeLists.txt) compiles this file
@@ -40,8 +43,8 @@ void apply_test_hooks(DpParams& p) {
 #endif
 }  // namespace
 
-DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret)
-    : params_(std::move(params)), secret_(secret), selection_noise_(params_.sigma_selection) {
+DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan)
+    : params_(std::move(params)), scan_(scan), secret_(secret), selection_noise_(params_.sigma_selection) {
 #ifdef DPSTREAM_TEST_HOOKS
   apply_test_hooks(params_);
   selection_noise_ = noise::DiscreteGaussian(params_.sigma_selection);
@@ -57,6 +60,9 @@ DpReleaser::~DpReleaser() { OPENSSL_cleanse(secret_.data(), secret_.size()); }
 void DpReleaser::begin_window(std::int64_t window) {
   window_ = window;
   for (auto& c : caches_) c.clear();
+  for (auto& c : calendar_) c.clear();
+  std::fill(above_mu_.begin(), above_mu_.end(), 0);
+  scan_all_next_ = true;
 }
 
 std::uint64_t DpReleaser::cached_keys() const {
@@ -68,16 +74,29 @@ std::uint64_t DpReleaser::cached_keys() const {
 std::uint64_t DpReleaser::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& c : caches_) b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache>));
+  for (const auto& cal : calendar_) {
+    b += cal.capacity() * (1 + sizeof(std::pair<const std::uint32_t, std::vector<std::uint64_t>>));
+    for (const auto& [t, due] : cal) b += due.capacity() * sizeof(std::uint64_t);
+  }
   return b;
+}
+
+// The threshold test of DP-SQLP Algorithm 2 at round step `step`: round users plus the Honaker prefix
+// noise above mu + tau[step].
+bool DpReleaser::passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const {
+  const int128 noisy_users = int128{round_users} * kOne + noise.prefix_noise(kOne);
+  return static_cast<double>(noisy_users) > (params_.mu + params_.tau[step]) * static_cast<double>(kOne);
 }
 
 std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats) {
   if (trigger >= params_.triggers) throw std::out_of_range("trigger beyond T");
   const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
+  const bool predict = scan_ == KeyScan::Predicted;
+  const bool scan_all = !predict || scan_all_next_;
   std::vector<std::vector<KeyRelease>> out(KeyStateTable::kShards);
-  std::uint64_t tested = 0, released = 0, draws = 0;
+  std::uint64_t tested = 0, released = 0, draws = 0, visited = 0, simulated = 0, scheduled = 0, discarded = 0, predicted = 0;
   std::string error;  // an exception must not leave the OpenMP region: keep the first, rethrow after
-#pragma omp parallel reduction(+ : tested, released, draws)
+#pragma omp parallel reduction(+ : tested, released, draws, visited, simulated, scheduled, discarded, predicted)
   try {
     noise::WindowPrf prf(secret_, window_);
     // Noise of one node of one tree family (drawn once per node per cache lifetime).
@@ -91,48 +110,103 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) {
       if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
       auto& cache = caches_[s];
-      for (auto& [key, st] : keys.shards[s]) {
+      auto& table = keys.shards[s];
+      auto& calendar = calendar_[s];
+      std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
+
+      // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
+      // on, the simulation of its next steps with no new user, which schedules its next visit.
+      auto visit = [&](std::uint64_t key, KeyState& st, bool touched) {
+        ++visited;
         const std::int64_t round_users = st.users - st.round_base_users;
-        if (static_cast<double>(round_users) <= params_.mu) continue;  // never tested: no tiny keys
-        const std::uint32_t step = trigger - st.round_start + 1;        // the round's leaf for this trigger
+        if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
+        const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
         NoiseCache& c = cache[key];
         if (c.selection_round != st.round || c.selection.at() > step) {
           c.selection.reset();
+          c.lookahead.reset();
           c.selection_round = st.round;
         }
+        if (scan_all || c.selection.at() == 0) ++above;  // first test of its round (users only grow in a round)
+        if (c.next_visit != kNoVisit && c.next_visit != trigger) ++discarded;  // new records came first (case 1)
+        const bool due = !touched && c.next_visit == trigger;  // visited for its prediction alone
+        c.next_visit = kNoVisit;
+        if (c.lookahead.at() == step) std::swap(c.selection, c.lookahead);  // simulated up to here: no redraw
         c.selection.advance(step, drawer(key, noise::Family::KeySelection, st.round, selection_noise_));
-        ++tested;
-        const int128 noisy_users = int128{round_users} * kOne + c.selection.prefix_noise(kOne);
-        if (static_cast<double>(noisy_users) <= (params_.mu + params_.tau[step]) * static_cast<double>(kOne)) continue;
+        if (passes(c.selection, round_users, step)) {
+          KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
+          if (count_noise_) {
+            c.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
+            r.count = int128{st.count} * kOne + c.count.prefix_noise(kOne);
+          }
+          if (sum_noise_) {
+            c.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
+            r.sum = st.sum + c.sum.prefix_noise(params_.sum_quantum);
+          }
+          out[s].push_back(r);
+          if (keys.journal) keys.changed_keys[s].push_back(key);
+          ++shard_released;
+          predicted += due;
+          // The next round counts users new to the key after this trigger, in a fresh tree; the key is
+          // visited again when it gets records (case 2 of Algorithm 4).
+          ++st.round;
+          st.round_start = trigger + 1;
+          st.round_base_users = st.users;
+          c.selection.reset();
+          c.lookahead.reset();
+          c.selection_round = st.round;
+          c.horizon = 0;
+          return;
+        }
+        if (!predict) return;
+        const std::uint32_t last = params_.triggers - st.round_start;  // the round's last step in the window
+        if (step >= last) return;
+        // Look ahead one step after new records (more may come soon), twice as far as last time
+        // otherwise, at most kMaxHorizon: new records make the steps simulated past them a redraw.
+        c.horizon = touched ? 1 : std::min({std::max(c.horizon, 1u) * 2, last, kMaxHorizon});
+        const std::uint32_t until = std::min(last, step + c.horizon);
+        c.lookahead = c.selection;
+        std::uint32_t q = step;
+        while (q < until) {
+          ++q;
+          ++simulated;
+          c.lookahead.advance(q, drawer(key, noise::Family::KeySelection, st.round, selection_noise_));
+          if (passes(c.lookahead, round_users, q)) break;  // its predicted release
+        }
+        c.next_visit = st.round_start + q - 1;
+        calendar[c.next_visit].push_back(key);
+        ++scheduled;
+      };
 
-        KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
-        if (count_noise_) {
-          c.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
-          r.count = int128{st.count} * kOne + c.count.prefix_noise(kOne);
+      if (scan_all) {
+        for (auto& [key, st] : table) visit(key, st, false);
+      } else {
+        for (const std::uint64_t key : keys.touched[s]) visit(key, table.at(key), true);
+        if (auto due = calendar.extract(trigger)) {
+          for (const std::uint64_t key : due.mapped()) {
+            const auto it = cache.find(key);  // skip entries whose key was visited since (rescheduled or released)
+            if (it != cache.end() && it->second.next_visit == trigger) visit(key, table.at(key), false);
+          }
         }
-        if (sum_noise_) {
-          c.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
-          r.sum = st.sum + c.sum.prefix_noise(params_.sum_quantum);
-        }
-        out[s].push_back(r);
-        if (keys.journal) keys.changed_keys[s].push_back(key);
-        ++released;
-        // The next round counts users new to the key after this trigger, in a fresh tree.
-        ++st.round;
-        st.round_start = trigger + 1;
-        st.round_base_users = st.users;
-        c.selection.reset();
-        c.selection_round = st.round;
       }
+      tested += above;  // every key above mu is tested at every trigger, visited or not
+      above_mu_[s] = above - shard_released;
+      released += shard_released;
     }
   } catch (const std::exception& e) {
 #pragma omp critical(dp_release_error)
     if (error.empty()) error = e.what();
   }
   if (!error.empty()) throw std::runtime_error("DP release: " + error);
+  scan_all_next_ = false;
   stats.tested += tested;
   stats.released += released;
   stats.noise_draws += draws;
+  stats.visited += visited;
+  stats.simulated += simulated;
+  stats.scheduled += scheduled;
+  stats.discarded += discarded;
+  stats.predicted += predicted;
   std::vector<KeyRelease> all;
   for (auto& o : out) all.insert(all.end(), o.begin(), o.end());
   std::sort(all.begin(), all.end(), [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });

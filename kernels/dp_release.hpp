@@ -20,6 +20,7 @@
 
 #include "kernels/dp_tree.hpp"
 #include "kernels/key_accumulate.hpp"
+#include "kernels/key_scan.hpp"
 #include "kernels/noise.hpp"
 
 namespace dpstream::kernels {
@@ -37,20 +38,27 @@ struct DpParams {
 };
 
 struct DpStats {
-  std::uint64_t tested = 0;        // (key, trigger) threshold tests
+  std::uint64_t tested = 0;        // (key, trigger) threshold tests: keys with > mu round users, per trigger
   std::uint64_t released = 0;      // (key, trigger) releases
-  std::uint64_t noise_draws = 0;   // discrete Gaussian samples
+  std::uint64_t noise_draws = 0;   // discrete Gaussian samples (simulations included)
+  std::uint64_t visited = 0;       // (key, trigger) visits: keys of the micro-batch and keys due (all, for Full)
+  std::uint64_t simulated = 0;     // steps simulated ahead by failed keys (Algorithm 4)
+  std::uint64_t scheduled = 0;     // visits scheduled by a simulation (a predicted release or the horizon's end)
+  std::uint64_t discarded = 0;     // scheduled visits overtaken by new records before they were due
+  std::uint64_t predicted = 0;     // releases at a scheduled visit: by noise alone, no new record
 };
 
 class DpReleaser {
  public:
-  DpReleaser(DpParams params, const noise::Secret& secret);
+  DpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan = KeyScan::Predicted);
   ~DpReleaser();  // wipes the secret
   DpReleaser(const DpReleaser&) = delete;
   DpReleaser& operator=(const DpReleaser&) = delete;
 
+  // Starts a window, or resumes one from a checkpoint: the next trigger visits every tracked key.
   void begin_window(std::int64_t window);
-  // Tests every tracked key after the trigger's accumulation; returns the releases sorted by key.
+  // After the trigger's accumulation (keys.touched: its keys): tests the keys that can pass and
+  // schedules their next visits; returns the releases sorted by key.
   std::vector<KeyRelease> release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats);
   std::uint64_t cached_keys() const;
   std::uint64_t memory_bytes() const;
@@ -58,16 +66,30 @@ class DpReleaser {
 
  private:
   // Noise stacks of the keys that have been tested (derivable: a cache, never needed for privacy).
+  static constexpr std::uint32_t kNoVisit = 0xffffffffu;
+  // Noise of a tested key: the selection tree at the last tested step and, ahead of it, at the
+  // simulation's frontier (the next scheduled visit); the value trees at the last release.
   struct NoiseCache {
     std::uint32_t selection_round = 0;
-    dptree::PrefixNoise selection, count, sum;
+    std::uint32_t next_visit = kNoVisit;  // trigger of the scheduled visit
+    std::uint32_t horizon = 0;            // steps the last simulation looked ahead (doubles while no record comes)
+    dptree::PrefixNoise selection, lookahead, count, sum;
   };
+  bool passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const;
+
   DpParams params_;
+  KeyScan scan_;
+  bool scan_all_next_ = true;  // the first trigger of a window or of a resumed run visits every key
   noise::Secret secret_;
   std::int64_t window_ = 0;
   noise::DiscreteGaussian selection_noise_;
   std::optional<noise::DiscreteGaussian> count_noise_, sum_noise_;  // for the chosen columns
   std::vector<absl::flat_hash_map<std::uint64_t, NoiseCache>> caches_{KeyStateTable::kShards};
+  // Per shard: trigger -> keys scheduled to be visited then (a key may be listed again by a later
+  // schedule; entries whose key's next_visit moved on are skipped). And the number of keys whose
+  // round users exceed mu (each is tested at every trigger until released).
+  std::vector<absl::flat_hash_map<std::uint32_t, std::vector<std::uint64_t>>> calendar_{KeyStateTable::kShards};
+  std::vector<std::uint64_t> above_mu_ = std::vector<std::uint64_t>(KeyStateTable::kShards);
 };
 
 }  // namespace dpstream::kernels

@@ -43,6 +43,11 @@ inline double prefix_variance_factor(std::uint32_t i) {
 
 // round(num / den) to the nearest integer, ties away from zero; den > 0. Exact.
 inline int128 round_div(int128 num, int128 den) {
+  constexpr int128 kFast = int128{1} << 62;  // both fit in 64 bits: the same quotient by one 64-bit division
+  if (num > -kFast && num < kFast && den < kFast) {
+    const auto n = static_cast<std::int64_t>(num), d = static_cast<std::int64_t>(den), h = d / 2;
+    return n >= 0 ? (n + h) / d : -((-n + h) / d);
+  }
   const int128 half = den / 2;
   return num >= 0 ? (num + half) / den : -((-num + half) / den);
 }

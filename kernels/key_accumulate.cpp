@@ -10,8 +10,13 @@
 
 namespace dpstream::kernels {
 
+std::size_t KeyStateTable::shard_of(std::uint64_t key) {
+  return partition::local_shard(partition::salted_hash(key, partition::kKeySalt), kShards);
+}
+
 void KeyStateTable::clear() {
   for (auto& s : shards) s.clear();
+  for (auto& t : touched) t.clear();
   clear_journal();
 }
 
@@ -33,9 +38,7 @@ std::uint64_t KeyStateTable::memory_bytes() const {
 
 std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials, Report report) {
   constexpr std::size_t S = kShards;
-  auto sharded = partition::partition_by(partials, S, [](const KeyPartial& p) {
-    return partition::local_shard(partition::salted_hash(p.key, partition::kKeySalt), S);
-  });
+  auto sharded = partition::partition_by(partials, S, [](const KeyPartial& p) { return shard_of(p.key); });
   std::vector<std::vector<KeyTotals>> changed(S);
 #pragma omp parallel for schedule(dynamic, 4)
   for (std::size_t s = 0; s < S; ++s) {
@@ -44,6 +47,7 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
     if (s == S / 2) fault::point("accumulate");
     std::sort(first, last, [](const KeyPartial& a, const KeyPartial& b) { return a.key < b.key; });
     auto& table = shards[s];
+    touched[s].clear();
     for (KeyPartial* p = first; p != last;) {
       KeyState& st = table[p->key];
       const std::uint64_t key = p->key;
@@ -59,6 +63,7 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
       if (journal) changed_keys[s].push_back(key);
       if (report == Report::RunningTotals) changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
       if (report == Report::TriggerTotals) changed[s].push_back(trigger_totals);
+      touched[s].push_back(key);
     }
   }
   std::vector<KeyTotals> out;

@@ -33,12 +33,16 @@ class KeyStateTable {
   std::uint64_t memory_bytes() const;
 
   // What accumulate returns for every key the trigger touched, sorted by key id: its running
-  // totals (mode none), the trigger's own totals (the per-batch baseline), or nothing (DP scans the table).
+  // totals (mode none), the trigger's own totals (the per-batch baseline), or nothing (DP). Every
+  // report leaves the keys touched in `touched`, per shard and ascending, for key selection to visit.
   enum class Report { RunningTotals, TriggerTotals, Nothing };
   // Adds one trigger's partials (any order, a key may repeat).
   std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials, Report report = Report::RunningTotals);
 
   std::vector<absl::flat_hash_map<std::uint64_t, KeyState>> shards{kShards};
+  // Keys of the last accumulate, per shard, ascending.
+  std::vector<std::vector<std::uint64_t>> touched{kShards};
+  static std::size_t shard_of(std::uint64_t key);
 
   // Journal (only when `journal` is on): per shard, keys whose state changed since the last
   // checkpoint, by accumulation or by a release (a key may repeat).

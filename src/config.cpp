@@ -157,6 +157,7 @@ std::string to_string(PrivacyMode m) {
     default: return "none";
   }
 }
+std::string to_string(KeyScan k) { return k == KeyScan::Full ? "full" : "predicted"; }
 std::string to_string(Composition c) {
   return c == Composition::Basic ? "basic" : c == Composition::Optimal ? "optimal" : "zcdp";
 }
@@ -173,10 +174,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   }
   for (const auto& o : overrides) apply_override(root, o);
 
-  const std::set<std::string> sections = {"job", "input", "stream", "privacy", "query", "output", "checkpoint"};
+  const std::set<std::string> sections = {"job", "input", "stream", "privacy", "query", "output", "checkpoint", "engine"};
   for (const auto& [k, _] : root)
     if (!sections.count(std::string(k.str())))
-      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [job], [input], [stream], [privacy], [query], [output], [checkpoint])",
+      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [job], [input], [stream], [privacy], [query], [output], [checkpoint], [engine])",
                                     source, k.str()));
 
   constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
@@ -312,6 +313,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (!(c.checkpoint.seconds >= 0.001 && c.checkpoint.seconds <= 1e7))
     ck.fail("seconds", fmt::format("must be in [0.001, 1e7] (seconds between commits), got {}", c.checkpoint.seconds));
   ck.finish({"every", "seconds"});
+
+  SectionReader en(root, "engine", source);
+  c.engine.key_scan = en.choice<KeyScan>("key_scan", KeyScan::Predicted, {{"predicted", KeyScan::Predicted}, {"full", KeyScan::Full}});
+  en.finish({"key_scan"});
   return c;
 }
 

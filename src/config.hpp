@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/key_scan.hpp"
+
 namespace dpstream {
 
 enum class InputKind { Synthetic, Csv };
@@ -27,6 +29,7 @@ enum class Composition { Zcdp, Basic, Optimal };
 // of the discrete Gaussian (tau = lambda sqrt(2 ln(1/beta))) or the paper's Gaussian quantile.
 enum class ThresholdTail { Subgaussian, GaussianQuantile };
 enum class ProgressMode { Always, Auto, Never };
+using kernels::KeyScan;  // [engine] key_scan
 
 struct InputConfig {
   InputKind kind = InputKind::Synthetic;
@@ -100,6 +103,10 @@ struct CheckpointConfig {
   bool enabled() const { return !every || *every > 0; }
 };
 
+struct EngineConfig {
+  KeyScan key_scan = KeyScan::Predicted;
+};
+
 struct JobConfig {
   std::string name = "job";
   std::string source;  // where the spec came from (file path or "built-in demo")
@@ -109,6 +116,7 @@ struct JobConfig {
   QueryConfig query;
   OutputConfig output;
   CheckpointConfig checkpoint;
+  EngineConfig engine;
 };
 
 // Parses TOML text; `overrides` are "section.key=value" strings applied before validation.
@@ -123,5 +131,6 @@ std::string to_string(InputKind k);
 std::string to_string(KeyDistribution d);
 std::string to_string(PrivacyMode m);
 std::string to_string(Composition c);
+std::string to_string(KeyScan k);
 
 }  // namespace dpstream

@@ -189,6 +189,16 @@ struct CarriedCounters {
   }
 };
 
+// Keys visited by key selection per trigger, summed over ranks: the mean over the job's triggers
+// (carried over a resume) and the most at one trigger this run processed.
+nlohmann::json visits_json(const shuffle::Comm& comm, std::uint64_t visited, const std::vector<std::uint64_t>& per_trigger,
+                           std::uint64_t triggers) {
+  const auto global = comm.sum(per_trigger);
+  const std::uint64_t most = global.empty() ? 0 : *std::max_element(global.begin(), global.end());
+  return {{"mean", static_cast<double>(comm.sum(visited)) / static_cast<double>(std::max<std::uint64_t>(1, triggers))},
+          {"max", most}};
+}
+
 // One line on stderr when input rows were skipped (bad_rows = "skip"), counted by kind.
 std::string skipped_rows_message(const nlohmann::json& input, const JobConfig& config) {
   const auto n = [&](const char* kind) { return input.at(kind).get<std::uint64_t>(); };
@@ -315,7 +325,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   }
   if (dp) {
     if (mode == PrivacyMode::Dp)
-      releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret);
+      releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret, config.engine.key_scan);
     else
       baseline = std::make_unique<kernels::BaselineReleaser>(baseline_params(plan), secret);
   }
@@ -365,6 +375,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   std::uint64_t distinct_users = 0, distinct_keys = 0, peak_state_bytes = 0, local_records = 0, global_records = 0;
   const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * T;
   kernels::DpStats dp_stats;
+  std::vector<std::uint64_t> visits_per_trigger;  // keys key selection visited, per trigger of this run
   std::uint64_t dp_cached_keys = 0, dp_keys_released = 0, window_tracked_keys = 0, window_key_state_bytes = 0;
   // State at the end of the window with the most users (keys): a window's state only grows, so this is its peak.
   std::uint64_t window_active_users = 0, window_user_state_bytes = 0, window_keys = 0, window_key_bytes = 0;
@@ -375,6 +386,11 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                                  {"threshold_tests", &dp_stats.tested},
                                  {"dp_release_rows", &dp_stats.released},
                                  {"noise_draws", &dp_stats.noise_draws},
+                                 {"keys_visited", &dp_stats.visited},
+                                 {"simulated_steps", &dp_stats.simulated},
+                                 {"scheduled_visits", &dp_stats.scheduled},
+                                 {"discarded_visits", &dp_stats.discarded},
+                                 {"predicted_releases", &dp_stats.predicted},
                                  {"user_shuffle_bytes", &user_traffic.bytes_total},
                                  {"user_shuffle_bytes_to_others", &user_traffic.bytes_sent_to_others},
                                  {"key_shuffle_bytes", &key_traffic.bytes_total},
@@ -530,7 +546,9 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       std::vector<KeyRelease> release;
       t0 = Clock::now();
       if (releaser) {
+        const std::uint64_t visited_before = dp_stats.visited;
         on_every_rank(comm, [&] { release = releaser->release(keys, trigger, dp_stats); });
+        visits_per_trigger.push_back(dp_stats.visited - visited_before);
       } else if (baseline) {
         on_every_rank(comm, [&] {
           if (mode == PrivacyMode::BaselineRepeated) changed = kernels::BaselineReleaser::running_totals(keys);
@@ -670,6 +688,12 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                {"release_rows", comm.sum(dp_stats.released)},
                {"keys_released", comm.sum(dp_keys_released)},
                {"noise_draws", comm.sum(dp_stats.noise_draws)},
+               {"key_scan", to_string(config.engine.key_scan)},
+               {"keys_visited_per_trigger", visits_json(comm, dp_stats.visited, visits_per_trigger, total_triggers)},
+               {"simulated_steps", comm.sum(dp_stats.simulated)},
+               {"scheduled_visits", comm.sum(dp_stats.scheduled)},
+               {"discarded_visits", comm.sum(dp_stats.discarded)},
+               {"predicted_releases", comm.sum(dp_stats.predicted)},
                {"keys_with_noise_cache", comm.sum(dp_cached_keys)},
                {"key_state_bytes_per_tracked_key",
                 static_cast<double>(comm.sum(window_key_state_bytes)) /

@@ -30,6 +30,8 @@ TEST(Config, DefaultsAndRequiredKeys) {
   EXPECT_EQ(c.stream.triggers, 4u);
   EXPECT_EQ(c.privacy.max_records_per_user, 3u);
   EXPECT_EQ(c.output.format, "csv");
+  EXPECT_EQ(c.engine.key_scan, KeyScan::Predicted);
+  EXPECT_EQ(parse_job(kMinimal, "job.toml", {"engine.key_scan=full"}).engine.key_scan, KeyScan::Full);
   // C may be left out only in mode "none" (every record kept: the true histogram); DP modes need it.
   EXPECT_EQ(parse_job("[stream]\ntriggers = 4\n", "t", {}).privacy.max_records_per_user, PrivacyConfig::kUnbounded);
   EXPECT_NE(error_of("[stream]\ntriggers = 4\n[privacy]\nmode = \"dp\"\nepsilon = 1\ndelta = 1e-9\n")
@@ -63,6 +65,9 @@ TEST(Config, TypesRangesAndChoices) {
   EXPECT_NE(error_of(kMinimal, {"privacy.mode=magic"}).find("must be one of \"baseline-batch\" | \"baseline-repeated\" | \"dp\" | \"none\""), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"privacy.composition=basic"}).find("composition"), std::string::npos);  // mode none
   EXPECT_NE(error_of("[stream\n").find("not valid TOML"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"engine.key_scan=sometimes"}).find("[engine] key_scan must be one of \"full\" | \"predicted\""),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"engine.threads=2"}).find("threads"), std::string::npos);  // unknown key named
 }
 
 TEST(Config, OverridesKeepTheirTypes) {

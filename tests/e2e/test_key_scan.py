@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""End-to-end test of empty-key release prediction (DP-SQLP Algorithm 4, [engine] key_scan).
+
+A DP job whose Zipf keys range from keys with records at every trigger to keys seen once, so that
+hundreds of releases come from noise alone at triggers without records for the key. With a fixed
+noise seed, for mu = 0 (every key with a user is tested) and the default mu:
+
+  * key_scan = "predicted" (default, 2 threads per rank) gives a releases.csv byte-identical to
+    key_scan = "full" (1 thread per rank) at the same rank count, visits fewer keys per trigger,
+    and summary.json counts releases at predicted visits;
+  * a predicted run killed inside key selection in its second window (checkpoint every trigger)
+    and resumed at another rank count gives the same bytes again.
+
+Usage: test_key_scan.py --ranks N [--bin build/src/dpstream] [--keep]
+"""
+
+import json
+import os
+import sys
+
+sys.dont_write_bytecode = True  # keep the source tree clean
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+KILLED_AT_TRIGGER = 70  # the 71st trigger: window 2, trigger 10 of 60
+
+
+def job_toml(mu):
+    text = harness.synthetic_job_toml("key-scan", "dp", 40000, 60, keys=3000, seed=3, window_seconds=900,
+                                      max_records=4, noise_seed=5, windows=2, every=1)
+    if mu is not None:
+        text = text.replace('mode = "dp"', f'mode = "dp"\nmu = {mu}')
+    return text
+
+
+def main():
+    args = harness.parse_args(__doc__.splitlines()[0])
+    dp = harness.Dpstream(args)
+    results = harness.Results("e2e key_scan")
+    with harness.TempDir(args.keep, "dpstream-key-scan-") as tmp:
+        for mu in (0, None):
+            label = f"mu = {mu}" if mu is not None else "default mu"
+            d = os.path.join(tmp, "mu0" if mu is not None else "mu-default")
+            os.makedirs(d)
+            job = os.path.join(d, "job.toml")
+            harness.write_job(job, job_toml(mu))
+            runs = {}
+
+            def run(name, *extra, threads="2", ranks=None, env=None):
+                out = os.path.join(d, name)
+                r = dp.run_with("run", job, "--out", out, "--fresh", *extra, ranks=ranks,
+                                env={"OMP_NUM_THREADS": threads, **(env or {})})
+                return r, out
+
+            def full_vs_predicted():
+                r, out = run("full", "--set", 'engine.key_scan="full"', threads="1")
+                assert r.returncode == 0, "full scan failed\n  " + r.describe()
+                runs["full"] = out
+                r, out = run("predicted")
+                assert r.returncode == 0, "predicted scan failed\n  " + r.describe()
+                runs["predicted"] = out
+                ref = harness.read_bytes(os.path.join(runs["full"], "releases.csv"))
+                got = harness.read_bytes(os.path.join(out, "releases.csv"))
+                if got != ref:
+                    i = harness.first_difference(got, ref)
+                    raise AssertionError(f"predicted releases.csv differs from the full scan's at byte {i}:\n"
+                                         f"    predicted {got[max(0, i - 80):i + 80]!r}\n    full      {ref[max(0, i - 80):i + 80]!r}")
+                with open(os.path.join(runs["full"], "summary.json"), encoding="utf-8") as f:
+                    full = json.load(f)["dp"]
+                with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+                    pred = json.load(f)["dp"]
+                assert (full["key_scan"], pred["key_scan"]) == ("full", "predicted"), (full["key_scan"], pred["key_scan"])
+                assert full["threshold_tests"] == pred["threshold_tests"], \
+                    f"threshold_tests: full {full['threshold_tests']}, predicted {pred['threshold_tests']}"
+                assert pred["predicted_releases"] >= 100, \
+                    f"only {pred['predicted_releases']} releases by noise alone: the workload does not test prediction"
+                assert full["predicted_releases"] == 0 and full["scheduled_visits"] == 0, full
+                fv, pv = full["keys_visited_per_trigger"]["mean"], pred["keys_visited_per_trigger"]["mean"]
+                assert pv < 0.9 * fv, f"predicted visits {pv:.0f} keys per trigger, the full scan {fv:.0f}"
+                rows = ref.count(b"\n") - 1
+                print(f"     {label}: {rows} rows identical; {pred['predicted_releases']} releases at a "
+                      f"predicted visit; keys visited per trigger {pv:.0f} vs {fv:.0f}", flush=True)
+
+            def killed_and_resumed():
+                assert "full" in runs, "needs the full scan's output"
+                last = args.ranks - 1
+                r, out = run("resumed", env={"DPSTREAM_FAULT": f"dp_release@{KILLED_AT_TRIGGER + 1}:{last}"})
+                assert r.returncode != 0, "the fault did not stop the run\n  " + r.describe()
+                other = 1 if args.ranks > 1 else 2
+                r2 = dp.run_with("run", job, "--out", out, "--resume", ranks=other, env={"OMP_NUM_THREADS": "1"})
+                assert r2.returncode == 0, "resume failed\n  " + r2.describe()
+                ref = harness.read_bytes(os.path.join(runs["full"], "releases.csv"))
+                got = harness.read_bytes(os.path.join(out, "releases.csv"))
+                assert got == ref, f"resumed releases.csv differs at byte {harness.first_difference(got, ref)}"
+
+            results.check(f"{label}: predicted == full scan at {args.ranks} rank(s)", full_vs_predicted)
+            results.check(f"{label}: killed in key selection at trigger {KILLED_AT_TRIGGER + 1}, resumed at another "
+                          f"rank count: identical", killed_and_resumed)
+    return results.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

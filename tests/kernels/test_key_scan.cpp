@@ -1,0 +1,165 @@
+// Empty-key release prediction (DP-SQLP section 4.3, Algorithm 4; kernels/dp_release.hpp) changes
+// which keys a trigger visits, never what it releases. KeyScan::Predicted runs side by side with
+// KeyScan::Full (every tracked key tested at every trigger) on the same stream and secret; every
+// trigger's releases and threshold-test count must be equal, over two windows, at 1 and 2 threads,
+// with mu = 0 (every key with a user is tested) and mu > 0, thresholds that grow with the round's
+// step, and a mid-window "resume" (a new releaser that knows nothing of the old one's predictions).
+// Thresholds are low against the noise so that many keys are released by noise alone at triggers
+// without records for them: the releases a wrong prediction would miss or invent.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/dp_release.hpp"
+#include "kernels/key_accumulate.hpp"
+#include "kernels/noise.hpp"
+#include "src/record.hpp"
+#include "tests/scoped_omp_threads.hpp"
+
+namespace dpstream {
+namespace {
+
+using kernels::DpParams;
+using kernels::DpReleaser;
+using kernels::DpStats;
+using kernels::KeyScan;
+using kernels::KeyStateTable;
+
+constexpr std::uint32_t kT = 48;
+constexpr int kKeys = 400;
+
+DpParams params(double mu) {
+  DpParams p;
+  p.triggers = kT;
+  p.mu = mu;
+  p.tau.resize(kT + 1);
+  for (std::uint32_t s = 0; s <= kT; ++s) p.tau[s] = 5.0 + 0.1 * s;  // grows with the step, as the plan's
+  p.sigma_selection = 3.0;
+  p.sigma_count = 2.0;
+  p.sigma_sum = 3.0;
+  p.sum_quantum = 16;
+  return p;
+}
+
+// Per trigger, the partials of a stream where key k gets records with a probability of its own
+// (from every trigger to almost never), some with no new user (records of users it already had).
+std::vector<std::vector<KeyPartial>> stream(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<double> rate(kKeys);
+  for (auto& r : rate) r = std::pow(std::uniform_real_distribution<double>(0.0, 1.0)(rng), 3.0);
+  std::vector<std::vector<KeyPartial>> out(kT);
+  for (std::uint32_t t = 0; t < kT; ++t)
+    for (int k = 0; k < kKeys; ++k)
+      if (std::uniform_real_distribution<double>(0.0, 1.0)(rng) < rate[k]) {
+        const auto users = static_cast<std::int64_t>(rng() % 3);  // 0: records of known users only
+        out[t].push_back({1000u + static_cast<std::uint64_t>(k) * 7919u, 1 + users, std::int64_t{1} << 20, users});
+      }
+  return out;
+}
+
+struct Totals {
+  std::uint64_t releases = 0, predicted = 0, visits_full = 0, visits_predicted = 0, discarded = 0;
+};
+
+void expect_same(const std::vector<KeyRelease>& full, const std::vector<KeyRelease>& pred,
+                 const std::string& where) {
+  ASSERT_EQ(full.size(), pred.size()) << where << ": release count";
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    ASSERT_EQ(full[i].key, pred[i].key) << where;
+    ASSERT_TRUE(full[i].count == pred[i].count && full[i].sum == pred[i].sum) << where << " key " << full[i].key;
+  }
+}
+
+// Two windows of the stream; in window 1 the predicting releaser is replaced at `resume_at` by a new
+// one (a resumed run: the key table is restored, the releaser's caches and calendar are not).
+void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t resume_at, Totals& totals) {
+  const testing::ScopedOmpThreads scoped(threads);
+  const auto secret = noise::secret_from_seed(seed);
+  DpReleaser full(params(mu), secret, KeyScan::Full);
+  auto predicted = std::make_unique<DpReleaser>(params(mu), secret, KeyScan::Predicted);
+  for (std::int64_t window = 0; window < 2; ++window) {
+    const auto partials = stream(seed * 31 + static_cast<std::uint64_t>(window));
+    KeyStateTable full_keys, predicted_keys;
+    full.begin_window(window);
+    predicted->begin_window(window);
+    DpStats fs, ps;
+    for (std::uint32_t t = 0; t < kT; ++t) {
+      const std::string where = "mu " + std::to_string(mu) + " threads " + std::to_string(threads) + " seed " +
+                                std::to_string(seed) + " window " + std::to_string(window) + " trigger " + std::to_string(t);
+      if (window == 1 && t == resume_at) {
+        predicted = std::make_unique<DpReleaser>(params(mu), secret, KeyScan::Predicted);
+        predicted->begin_window(window);
+      }
+      full_keys.accumulate(partials[t], KeyStateTable::Report::Nothing);
+      predicted_keys.accumulate(partials[t], KeyStateTable::Report::Nothing);
+      const std::uint64_t tested_full = fs.tested, tested_pred = ps.tested;
+      const auto rf = full.release(full_keys, t, fs);
+      const auto rp = predicted->release(predicted_keys, t, ps);
+      expect_same(rf, rp, where);
+      ASSERT_EQ(fs.tested - tested_full, ps.tested - tested_pred) << where << ": threshold tests";
+    }
+    totals.releases += fs.released;
+    totals.predicted += ps.predicted;
+    totals.visits_full += fs.visited;
+    totals.visits_predicted += ps.visited;
+    totals.discarded += ps.discarded;
+    EXPECT_EQ(fs.predicted, 0u) << "the full scan schedules nothing";
+  }
+}
+
+TEST(KeyScan, PredictionReleasesExactlyWhatTheFullScanReleases) {
+  for (const double mu : {0.0, 1.0, 3.0}) {
+    Totals totals;
+    for (const int threads : {1, 2})
+      for (std::uint64_t seed = 1; seed <= 6; ++seed) run_side_by_side(mu, threads, seed, static_cast<std::uint32_t>(5 + 7 * seed % 40), totals);
+    // Not vacuous: many releases, some by noise alone at a predicted visit, predictions overtaken by
+    // records, and fewer visits than the full scan (a dense stream: most keys get records often).
+    EXPECT_GT(totals.releases, 500u) << "mu " << mu;
+    EXPECT_GT(totals.predicted, 50u) << "mu " << mu << ": releases by noise alone at a scheduled visit";
+    EXPECT_GT(totals.discarded, 50u) << "mu " << mu;
+    EXPECT_LT(totals.visits_predicted * 4, totals.visits_full * 3) << "mu " << mu;
+    std::printf("mu %.0f: %llu releases, %llu by noise alone at a predicted visit, visits %llu (full scan %llu), "
+                "%llu schedules overtaken\n",
+                mu, static_cast<unsigned long long>(totals.releases), static_cast<unsigned long long>(totals.predicted),
+                static_cast<unsigned long long>(totals.visits_predicted),
+                static_cast<unsigned long long>(totals.visits_full), static_cast<unsigned long long>(totals.discarded));
+  }
+}
+
+// A key that never gets another record after its first is still released when its noise says so:
+// the prediction alone brings it back (the release the full scan finds by testing it every trigger).
+TEST(KeyScan, SilentKeysAreReleasedAtTheirPredictedTrigger) {
+  const auto secret = noise::secret_from_seed(77);
+  std::uint64_t releases = 0;
+  for (const KeyScan scan : {KeyScan::Full, KeyScan::Predicted}) {
+    DpReleaser releaser(params(0.0), secret, scan);
+    releaser.begin_window(3);
+    KeyStateTable keys;
+    std::vector<KeyPartial> first;
+    for (int k = 0; k < kKeys; ++k) first.push_back({static_cast<std::uint64_t>(k) + 1, 1, 0, 1});
+    DpStats stats;
+    std::vector<std::vector<KeyRelease>> got;
+    for (std::uint32_t t = 0; t < kT; ++t) {
+      keys.accumulate(t == 0 ? first : std::vector<KeyPartial>{}, KeyStateTable::Report::Nothing);
+      got.push_back(releaser.release(keys, t, stats));
+    }
+    static std::vector<std::vector<KeyRelease>> reference;
+    if (scan == KeyScan::Full) {
+      reference = got;
+      for (const auto& r : got) releases += r.size();
+    } else {
+      for (std::uint32_t t = 0; t < kT; ++t) expect_same(reference[t], got[t], "trigger " + std::to_string(t));
+      EXPECT_EQ(stats.predicted, releases - reference[0].size()) << "every later release came from a prediction";
+    }
+  }
+  EXPECT_GT(releases, 20u) << "noise alone releases some of the one-user keys";
+}
+
+}  // namespace
+}  // namespace dpstream
