@@ -5,6 +5,9 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <boost/multiprecision/cpp_bin_float.hpp>
+#include <boost/multiprecision/cpp_int.hpp>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -203,13 +206,72 @@ bool NodeStream::bernoulli(u128 num, u128 den) {
 }
 
 // ---------------------------------------------------------------------------------------------
-DiscreteGaussian::DiscreteGaussian(double sigma) {
+// ---------------------------------------------------------------------------------------------
+// The inverse-CDF table. With s2 = sigma^2 = n 2^-k exactly and w_m = exp(-m^2 / (2 s2)):
+// P[|Y| = 0] = 1/Z, P[|Y| = m] = 2 w_m / Z, Z = 1 + 2 sum_m w_m. w_m = w_(m-1) r_m with r_1 = a,
+// r_m = r_(m-1) b, a = exp(-1/(2 s2)), b = exp(-1/s2): two exponentials, then products, in 320-bit
+// binary floating point (relative error of w_m < m^2 2^-318 < 2^-280 for m < 2^17). Entry m is
+// C_m = round(2^192 sum_(j<=m) P[|Y| = j]); entries stop at m = ceil(17 sigma) + 2 (the mass beyond
+// is < 2^-200) or where C_m would reach 2^192, and the last entry is all ones (it takes the rest).
+// Each P_table(m) = (C_m - C_(m-1)) 2^-192 is within 2^-192 of P[|Y| = m] (rounding, plus the
+// arithmetic's 2^-280), so over < 2^17 entries the total variation to N_Z is < 2^-174 + 2^-200.
+struct DiscreteGaussian::Table {
+  std::vector<std::uint64_t> hi;                    // top word of C_m (the one the search reads)
+  std::vector<std::array<std::uint64_t, 2>> lo;     // its two lower words
+  std::array<std::uint32_t, (1u << kGuideBits)> guide;  // guide[h] = first m with hi[m] >= h 2^52
+};
+
+// boost::multiprecision's internals trip GCC's -Wnull-dereference analysis (false positives).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnull-dereference"
+std::shared_ptr<const DiscreteGaussian::Table> DiscreteGaussian::build_table(std::uint64_t n, int k, double sigma) {
+  namespace mp = boost::multiprecision;
+  using Big = mp::number<mp::cpp_bin_float<320, mp::digit_base_2>, mp::et_off>;
+  const Big s2 = mp::ldexp(Big(n), -k);
+  const auto ymax = static_cast<std::size_t>(std::ceil(17.0 * sigma)) + 2;
+  const Big a = mp::exp(-1 / (2 * s2)), b = mp::exp(-1 / s2);
+  std::vector<Big> mass(ymax + 1);
+  mass[0] = 1;
+  Big w = 1, r = a, z = 1;
+  for (std::size_t m = 1; m <= ymax; ++m) {
+    w *= r;
+    r *= b;
+    mass[m] = 2 * w;
+    z += mass[m];
+  }
+  const mp::cpp_int one = mp::cpp_int(1) << 192, word = (mp::cpp_int(1) << 64) - 1;
+  const Big scale = mp::ldexp(Big(1), 192) / z;
+  auto table = std::make_shared<Table>();
+  Big cum = 0;
+  for (std::size_t m = 0; m <= ymax; ++m) {
+    cum += mass[m];
+    const auto c = mp::round(cum * scale).convert_to<mp::cpp_int>();
+    if (m == ymax || c >= one) {  // the last entry: all ones, it takes every U above the previous one
+      table->hi.push_back(~std::uint64_t{0});
+      table->lo.push_back({~std::uint64_t{0}, ~std::uint64_t{0}});
+      break;
+    }
+    table->hi.push_back(static_cast<std::uint64_t>((c >> 128) & word));
+    table->lo.push_back({static_cast<std::uint64_t>((c >> 64) & word), static_cast<std::uint64_t>(c & word)});
+  }
+  std::size_t m = 0;
+  for (std::uint32_t h = 0; h < table->guide.size(); ++h) {
+    while (table->hi[m] < (std::uint64_t{h} << (64 - kGuideBits))) ++m;  // ends: the last hi is all ones
+    table->guide[h] = static_cast<std::uint32_t>(m);
+  }
+  return table;
+}
+#pragma GCC diagnostic pop
+
+namespace {
+// sigma^2 = m2 2^(2ex-106) rounded up to n 2^-k with n in [2^51, 2^52).
+void round_sigma2(double sigma, std::uint64_t& n, int& k) {
   if (!(sigma >= std::ldexp(1.0, -10) && sigma <= std::ldexp(1.0, 24)))
     throw std::invalid_argument("DiscreteGaussian: sigma must be in [2^-10, 2^24]");
   int ex = 0;
-  const double f = std::frexp(sigma, &ex);                  // sigma = f 2^ex, f in [1/2, 1)
+  const double f = std::frexp(sigma, &ex);                       // sigma = f 2^ex, f in [1/2, 1)
   const auto m = static_cast<std::uint64_t>(std::ldexp(f, 53));  // sigma = m 2^(ex-53), m in [2^52, 2^53)
-  const u128 m2 = u128{m} * m;                              // sigma^2 = m2 2^(2ex-106), m2 in [2^104, 2^106)
+  const u128 m2 = u128{m} * m;                                   // sigma^2 = m2 2^(2ex-106), m2 in [2^104, 2^106)
   int s = bit_length(m2) - 52;
   u128 q = m2 >> s;
   if ((q << s) != m2) ++q;  // round up: n 2^-k >= sigma^2
@@ -217,8 +279,20 @@ DiscreteGaussian::DiscreteGaussian(double sigma) {
     q >>= 1;
     ++s;
   }
-  n_ = static_cast<std::uint64_t>(q);  // in [2^51, 2^52)
-  k_ = -(2 * (ex - 53) + s);           // in [3, 71] for sigma in [2^-10, 2^24]
+  n = static_cast<std::uint64_t>(q);  // in [2^51, 2^52)
+  k = -(2 * (ex - 53) + s);           // in [3, 71] for sigma in [2^-10, 2^24]
+}
+}  // namespace
+
+double DiscreteGaussian::rounded_sigma(double sigma) {
+  std::uint64_t n = 0;
+  int k = 0;
+  round_sigma2(sigma, n, k);
+  return std::sqrt(std::ldexp(static_cast<double>(n), -k));  // correctly rounded, so >= requested sigma
+}
+
+DiscreteGaussian::DiscreteGaussian(double sigma) {
+  round_sigma2(sigma, n_, k_);
   sigma_ = std::sqrt(std::ldexp(static_cast<double>(n_), -k_));  // correctly rounded, so >= requested sigma
   // t - 1 = floor(sqrt(n 2^-k)) = isqrt(floor(n 2^-k)), exact integer square root.
   const std::uint64_t fl = k_ >= 64 ? 0 : n_ >> k_;
@@ -232,6 +306,7 @@ DiscreteGaussian::DiscreteGaussian(double sigma) {
   d_ = cd_ * n_;                       // D = n 2^(k+1) t^2 < 2^55 2^52 or 2^72 2^52 = 2^124
   e_ = (u128{n_} * t_) << (k_ + 1);    // D / t
   n2_ = u128{n_} * n_;                 // n^2 <= D since sigma^2 <= 2 t^2
+  if (sigma_ <= kTableMaxSigma) table_ = build_table(n_, k_, sigma_);
 }
 
 // gamma = (y - sigma^2/t)^2 / (2 sigma^2) = y^2 2^(k-1)/n - y/t + n/(2^(k+1) t^2) with y = v t + u.
@@ -269,7 +344,7 @@ DiscreteGaussian::Gamma DiscreteGaussian::gamma(std::uint64_t y) const {
 // distance P[|Y| > M] <= 2 sum_{j>=1} exp(-(M+j)^2/(2 sigma^2)) / Z with Z >= 1; (M+j)^2 >= M^2 + 2jM
 // gives <= 2 exp(-M^2/(2 sigma^2)) / (exp(M/sigma^2) - 1) <= 2 exp(-M^2/(2 sigma^2)) sigma^2/M, and
 // M = 2^11 t > 2^11 sigma, sigma <= 2^24 give < 2 exp(-2^21) 2^13 < exp(-2^20).
-std::int64_t DiscreteGaussian::sample(NodeStream& rng) const {
+std::int64_t DiscreteGaussian::sample_exact(NodeStream& rng) const {
   for (;;) {
     const std::uint64_t u = rng.uniform_below(t_);
     if (!bernoulli_exp_unit<std::uint64_t>(rng, u, t_)) continue;  // Bernoulli(exp(-u/t))
@@ -299,6 +374,39 @@ double DiscreteGaussian::variance() const {
     m += 2 * w * yd * yd;
   }
   return static_cast<double>(m / z);
+}
+
+std::int64_t DiscreteGaussian::sample(NodeStream& rng) const {
+  return table_ ? sample_table(rng) : sample_exact(rng);
+}
+
+// Inverse CDF: U uniform on [0, 2^192) (three stream words, the lower two read only on a tie of the
+// top word), |Y| = the first m with U < C_m (the guide table skips the entries below U's top 12
+// bits), then a sign bit for m > 0.
+std::int64_t DiscreteGaussian::sample_table(NodeStream& rng) const {
+  const Table& t = *table_;
+  const std::uint64_t u0 = rng.next_u64();
+  std::uint64_t u1 = 0, u2 = 0;
+  bool lower_read = false;
+  const auto below = [&](std::size_t m) {  // U < C_m
+    if (u0 != t.hi[m]) return u0 < t.hi[m];
+    if (!lower_read) u1 = rng.next_u64(), u2 = rng.next_u64(), lower_read = true;
+    if (u1 != t.lo[m][0]) return u1 < t.lo[m][0];
+    return u2 < t.lo[m][1];
+  };
+  const std::size_t last = t.hi.size() - 1;
+  std::size_t m = t.guide[u0 >> (64 - kGuideBits)];
+  while (m < last && !below(m)) ++m;
+  if (m == 0) return 0;
+  const auto y = static_cast<std::int64_t>(m);
+  return rng.next_bit() ? -y : y;
+}
+
+std::size_t DiscreteGaussian::table_size() const { return table_ ? table_->hi.size() : 0; }
+
+std::array<std::uint64_t, 3> DiscreteGaussian::table_entry(std::size_t m) const {
+  if (!table_ || m >= table_->hi.size()) throw std::out_of_range("DiscreteGaussian::table_entry");
+  return {table_->hi[m], table_->lo[m][0], table_->lo[m][1]};
 }
 
 std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg) {

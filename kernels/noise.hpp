@@ -4,8 +4,10 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 struct evp_cipher_ctx_st;  // OpenSSL's EVP_CIPHER_CTX
 
@@ -90,17 +92,35 @@ class NodeStream {
   std::array<std::uint64_t, 2 * kMoreBlocks> buf_;  // filled before read
 };
 
-// Exact N_Z(0, sigma^2) by CKS20 (arXiv 2004.00010) Algorithm 3 with sigma^2 = n / 2^k exactly,
-// n in [2^51, 2^52), rounded up from the double sigma^2. Integer arithmetic only while sampling.
+// N_Z(0, sigma^2) with sigma^2 = n / 2^k exactly, n in [2^51, 2^52), rounded up from the double
+// sigma^2; integer arithmetic only while sampling. Two samplers of the same distribution:
+//  - sigma <= kTableMaxSigma: inverse CDF of |Y| on a table of 192-bit fixed-point probabilities
+//    computed once in 320-bit floating point (boost::multiprecision) up to |y| <= 17 sigma + 2; one
+//    64-bit word of the stream decides almost always (a tie with an entry's top word, probability
+//    < 2^-50, reads two more), a 4096-entry guide table starts the search. Its output is within
+//    2^-170 of N_Z in total variation (docs/PRIVACY.md section 3);
+//  - larger sigma (and sample_exact): CKS20 (arXiv 2004.00010) Algorithm 3, exact.
 class DiscreteGaussian {
  public:
+  static constexpr double kTableMaxSigma = 4096.0;
+  static constexpr unsigned kGuideBits = 12;
+
   explicit DiscreteGaussian(double sigma);  // sigma in [2^-10, 2^24]; else std::invalid_argument
+  // sigma^2 rounded up to n / 2^k, as the constructor does, without building anything.
+  static double rounded_sigma(double sigma);
   double sigma() const { return sigma_; }   // sqrt(n / 2^k) >= requested
-  std::int64_t sample(NodeStream& rng) const;
+  std::int64_t sample(NodeStream& rng) const;        // the table when there is one, else sample_exact
+  std::int64_t sample_exact(NodeStream& rng) const;  // CKS20 Algorithm 3
   double variance() const;  // sum of y^2 pmf(y) over the integers
   std::uint64_t sigma2_num() const { return n_; }  // sigma^2 = sigma2_num() * 2^-sigma2_exp()
   int sigma2_exp() const { return k_; }
   std::uint64_t t() const { return t_; }  // DLap proposal scale floor(sigma) + 1
+
+  // The table: entry m is round(2^192 P[|Y| <= m]) as three words, most significant first; the last
+  // entry (all ones) takes every U above the previous one.
+  bool tabulated() const { return table_ != nullptr; }
+  std::size_t table_size() const;
+  std::array<std::uint64_t, 3> table_entry(std::size_t m) const;
 
   struct Gamma {
     std::uint64_t whole;  // gamma = whole + num / den exactly, 0 <= num < den
@@ -109,13 +129,17 @@ class DiscreteGaussian {
   Gamma gamma(std::uint64_t y) const;  // (y - sigma^2/t)^2 / (2 sigma^2) for 0 <= y <= 2^11 t
 
  private:
+  struct Table;
+  static std::shared_ptr<const Table> build_table(std::uint64_t n, int k, double sigma);
   Gamma gamma(std::uint64_t y, std::uint64_t v, std::uint64_t u) const;  // y = v t + u, 0 <= u < t
+  std::int64_t sample_table(NodeStream& rng) const;
 
   double sigma_;
   std::uint64_t n_;
   int k_;
   std::uint64_t t_, cut_;  // cut_ = 2^11 t
   u128 cd_, d_, e_, n2_;
+  std::shared_ptr<const Table> table_;  // shared by copies: immutable
 };
 
 std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg);

@@ -396,7 +396,7 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   Fields f;
   // The engine's own output-defining choices (noise generator and sampler, fixed-point grid,
   // checkpoint format): a binary that changes them must not resume an older job's checkpoint.
-  f["engine.mechanism"] = "noise AES-256-CTR/HMAC-SHA256 + CKS20 discrete Gaussian, values 2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
+  f["engine.mechanism"] = "noise AES-256-CTR/HMAC-SHA256 + discrete Gaussian by 192-bit inverse CDF (sigma <= 4096) or CKS20, values 2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
   f["job.name"] = c.name;
   f["input.kind"] = to_string(c.input.kind);
   if (c.input.kind == InputKind::Csv) {

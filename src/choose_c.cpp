@@ -285,7 +285,7 @@ std::string choose_c_text(const ChooseCResult& r) {
   line(fmt::format("  privacy:   epsilon {}, delta {} -> rho {:.6g} (tight zCDP conversion); one user changes one bin "
                    "by 1 (L2 sensitivity 1)",
                    r.epsilon, r.delta, r.rho_budget));
-  line(fmt::format("  noise:     exact discrete Gaussian per bin, sigma {:.6g} (sqrt(1 / (2 rho)) rounded up by the "
+  line(fmt::format("  noise:     discrete Gaussian per bin, sigma {:.6g} (sqrt(1 / (2 rho)) rounded up by the "
                    "sampler); rho spent {:.6g}",
                    r.sigma, r.rho));
   if (r.c_at_max)

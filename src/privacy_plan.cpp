@@ -27,7 +27,7 @@ double exact_sigma(const JobConfig& c, double sigma, const std::string& family) 
         "{}: {} noise sigma = {:.6g} is outside the exact sampler's range [2^-10, 2^24]; {}", c.source, family, sigma,
         sigma > kMaxSamplerSigma ? "raise epsilon, lower max_records_per_user or narrow clamp_min/clamp_max"
                                  : "epsilon is so large that the noise vanishes; lower epsilon"));
-  return noise::DiscreteGaussian(sigma).sigma();
+  return noise::DiscreteGaussian::rounded_sigma(sigma);
 }
 
 // A tree's noise numerators N_j = 2^j n + N_left + N_right are held in int64 (kernels/dp_tree.hpp):

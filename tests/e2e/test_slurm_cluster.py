@@ -36,6 +36,12 @@ SKIP = 77
 EXIT_STOPPED = 5
 
 
+def ranks_running(spec):
+    """Whether dpstream ranks of the job spec `spec` are running on this node."""
+    out = subprocess.run(["pgrep", "-f", f"dpstream.* run {re.escape(spec)}"], capture_output=True, text=True).stdout
+    return bool(out.split())
+
+
 def job_toml(name, users, triggers, every=None):
     return harness.synthetic_job_toml(name, "dp", users, triggers, keys=3000, seed=21, window_seconds=86400,
                                       max_records=16, noise_seed=4, every=every)
@@ -199,7 +205,11 @@ def main():
                 deadline = time.monotonic() + 60
                 while cluster.state(job) != "RUNNING" and time.monotonic() < deadline:
                     time.sleep(0.1)
-                time.sleep(2.0)  # a few triggers in (no rows appear before the window's end)
+                # Stop once the ranks run (the job's own time decides nothing: a faster engine must not
+                # finish before the signal): first trigger or later, no rows before the window's end.
+                while not ranks_running(long_rare) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(0.5)
                 cluster.cmd("scancel", job)
                 state = cluster.wait_done(job, timeout=120)
                 time.sleep(1)

@@ -1,4 +1,4 @@
-// Tests of the PRF-derived exact discrete Gaussian noise. Statistical assertions use fixed seeds (so
+// Tests of the PRF-derived discrete Gaussian noise (the 192-bit table and exact CKS20). Statistical assertions use fixed seeds (so
 // outcomes are reproducible) and state the false-failure rate each would have under a fresh seed.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "kernels/noise.hpp"
@@ -77,13 +80,21 @@ struct Pmf {
   double at(std::int64_t y) const { return y < -ymax || y > ymax ? 0.0 : p[y + ymax]; }
 };
 
-std::vector<std::int64_t> draw(const DiscreteGaussian& dg, std::uint64_t seed, std::size_t count) {
+// `exact`: CKS20 (sample_exact) even where the table sampler exists.
+std::vector<std::int64_t> draw(const DiscreteGaussian& dg, std::uint64_t seed, std::size_t count, bool exact = false) {
   std::vector<std::int64_t> out(count);
 #pragma omp parallel
   {
     WindowPrf prf(secret_from_seed(seed), 0);
 #pragma omp for schedule(static)
-    for (std::size_t i = 0; i < count; ++i) out[i] = node_noise(prf, node(i), dg);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (!exact) {
+        out[i] = node_noise(prf, node(i), dg);
+      } else {
+        NodeStream s(prf, node(i));
+        out[i] = dg.sample_exact(s);
+      }
+    }
   }
   return out;
 }
@@ -175,17 +186,67 @@ TEST(Noise, SameNodeSameNoiseAcrossObjectsAndThreads) {
 TEST(Noise, FrozenOutputs) {
   // Regression pin (not an independent check): a restart must reproduce released noise, so any change to the
   // PRF layout or to the sampler's use of random bits shows up here.
+  // CKS20 (sample_exact) keeps the outputs it had before the table sampler existed.
   WindowPrf prf(secret_from_seed(1), 0);
-  const std::vector<std::pair<double, std::vector<std::int64_t>>> expected = {
-      {1.0, {1, -1, 1, 0, 1, 1, 1, 1}},
-      {30.0, {14, 7, 64, -9, -4, 3, -4, 7}},
-      {1048576.0, {-118382, 1659597, -693556, 1168491, 2023457, -1126589, 167876, -854671}}};
-  for (const auto& [sigma, want] : expected) {
+  const std::vector<std::pair<double, std::vector<std::int64_t>>> table = {
+      {1.0, {-1, 0, 1, 0, -1, 1, 0, 2}},
+      {30.0, {-21, -12, 37, 16, -36, 47, 16, 47}},
+      {1048576.0, {-118382, 1659597, -693556, 1168491, 2023457, -1126589, 167876, -854671}}};  // CKS20 above 4096
+  const std::vector<std::pair<double, std::vector<std::int64_t>>> exact = {
+      {1.0, {1, -1, 1, 0, 1, 1, 1, 1}}, {30.0, {14, 7, 64, -9, -4, 3, -4, 7}}};
+  for (const auto& [sigma, want] : table) {
     const DiscreteGaussian dg(sigma);
     std::vector<std::int64_t> got;
     for (std::uint32_t i = 0; i < 8; ++i) got.push_back(node_noise(prf, NodeId{5, Family::Count, 0, 2, i}, dg));
     EXPECT_EQ(got, want) << sigma;
   }
+  for (const auto& [sigma, want] : exact) {
+    const DiscreteGaussian dg(sigma);
+    std::vector<std::int64_t> got;
+    for (std::uint32_t i = 0; i < 8; ++i) {
+      NodeStream s(prf, NodeId{5, Family::Count, 0, 2, i});
+      got.push_back(dg.sample_exact(s));
+    }
+    EXPECT_EQ(got, want) << "sample_exact, sigma " << sigma;
+  }
+}
+
+TEST(Noise, TableMatchesIndependentReference) {
+  // tests/reference/discrete_gaussian_table.txt: Python decimal exp at 130 digits, each w_m directly.
+  std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/discrete_gaussian_table.txt");
+  ASSERT_TRUE(f) << "missing tests/reference/discrete_gaussian_table.txt";
+  std::string line;
+  std::optional<DiscreteGaussian> dg;
+  int sigmas = 0, entries = 0;
+  while (std::getline(f, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    std::string first;
+    in >> first;
+    if (first == "sigma") {
+      double sigma = 0;
+      std::uint64_t n = 0, size = 0;
+      int k = 0;
+      in >> sigma >> n >> k >> size;
+      dg.emplace(sigma);
+      ASSERT_TRUE(dg->tabulated()) << sigma;
+      EXPECT_EQ(dg->sigma2_num(), n) << sigma;
+      EXPECT_EQ(dg->sigma2_exp(), k) << sigma;
+      EXPECT_EQ(dg->table_size(), size) << sigma;
+      ++sigmas;
+      continue;
+    }
+    std::string hex;
+    in >> hex;
+    ASSERT_EQ(hex.size(), 48u) << line;
+    const std::array<std::uint64_t, 3> want = {std::stoull(hex.substr(0, 16), nullptr, 16),
+                                               std::stoull(hex.substr(16, 16), nullptr, 16),
+                                               std::stoull(hex.substr(32, 16), nullptr, 16)};
+    EXPECT_EQ(dg->table_entry(std::stoull(first)), want) << "sigma " << dg->sigma() << " entry " << first;
+    ++entries;
+  }
+  EXPECT_EQ(sigmas, 6);
+  EXPECT_GT(entries, 40);
 }
 
 TEST(Noise, DistinctInputsGiveDistinctStreams) {
@@ -356,13 +417,14 @@ TEST(Noise, GammaIsExact) {
 
 // Per sigma, N = 10^6 samples from distinct nodes. Mean, second moment and tail use 5-standard-error bounds
 // (normal approximation, false failure < 6e-7 each); chi-square tests use p-value > 1e-6 (false failure 1e-6).
-class NoiseStats : public testing::TestWithParam<double> {};
+// Both samplers: the table (sigma <= 4096) and CKS20 (sample_exact).
+class NoiseStats : public testing::TestWithParam<std::tuple<double, bool>> {};
 
 TEST_P(NoiseStats, MatchesExactPmf) {
-  const double sigma = GetParam();
+  const auto [sigma, exact] = GetParam();
   const DiscreteGaussian dg(sigma);
   constexpr std::size_t kN = 1000000;
-  const auto ys = draw(dg, 1000 + static_cast<std::uint64_t>(sigma * 10), kN);
+  const auto ys = draw(dg, 1000 + static_cast<std::uint64_t>(sigma * 10) + exact, kN, exact);
   const Pmf pmf(dg);
   const double var = dg.variance();
   long double mu4 = 0;
@@ -437,24 +499,27 @@ TEST_P(NoiseStats, MatchesExactPmf) {
   EXPECT_LT(std::fabs(pos - neg), 5 * std::sqrt(pos + neg));
 }
 
-INSTANTIATE_TEST_SUITE_P(Sigmas, NoiseStats, testing::Values(0.5, 1.0, 3.7, 30.0, 1000.0, 1048576.0));
+INSTANTIATE_TEST_SUITE_P(Sigmas, NoiseStats, testing::Combine(testing::Values(0.5, 1.0, 3.7, 30.0, 1000.0, 1048576.0),
+                                                               testing::Bool()));
 
 TEST(Noise, BenchmarkNsPerSample) {
   // A printed benchmark, not a timed assertion: node_noise on distinct nodes (stream setup + AES + sampling).
   WindowPrf prf(secret_from_seed(99), 0);
   for (double sigma : {1.0, 30.0, 1000.0, 1048576.0}) {
     const DiscreteGaussian dg(sigma);
-    constexpr std::uint64_t kN = 1000000;
-    std::int64_t sink = 0;
-    std::uint64_t blocks = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::uint64_t i = 0; i < kN; ++i) {
-      NodeStream s(prf, node(i, 1000));
-      sink += dg.sample(s);
-      blocks += s.blocks_used();
+    for (const bool exact : {false, true}) {
+      constexpr std::uint64_t kN = 1000000;
+      std::int64_t sink = 0;
+      std::uint64_t blocks = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (std::uint64_t i = 0; i < kN; ++i) {
+        NodeStream s(prf, node(i, 1000));
+        sink += exact ? dg.sample_exact(s) : dg.sample(s);
+        blocks += s.blocks_used();
+      }
+      const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / kN;
+      std::printf("sigma %-8g %-6s %7.1f ns/sample  %.3f AES blocks/sample  (checksum %lld)\n", sigma,
+                  exact ? "CKS20" : dg.tabulated() ? "table" : "CKS20", ns, double(blocks) / kN, static_cast<long long>(sink));
     }
-    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / kN;
-    std::printf("sigma %-8g %7.1f ns/sample  %.3f AES blocks/sample  (checksum %lld)\n", sigma, ns,
-                double(blocks) / kN, static_cast<long long>(sink));
   }
 }

@@ -1,5 +1,5 @@
 // Threshold failure of key selection (docs/PRIVACY.md section 6), measured on the real kernel:
-// DpReleaser with the exact discrete Gaussian PRF noise, the Honaker prefix with its per-node rounding,
+// DpReleaser with the discrete Gaussian PRF noise, the Honaker prefix with its per-node rounding,
 // and the thresholds of selection_thresholds (the code make_privacy_plan uses), at the noise scale of
 // a real plan, with a fresh secret per trial.
 //
