@@ -108,10 +108,11 @@ void WindowPrf::blocks_packed(u128 packed, std::uint32_t first, std::uint32_t co
 }
 
 // ---------------------------------------------------------------------------------------------
-NodeStream::NodeStream(WindowPrf& prf, const NodeId& id) : prf_(prf), packed_(pack(id)) {}
+NodeStream::NodeStream(WindowPrf& prf, const NodeId& id, std::uint32_t first_blocks)
+    : prf_(prf), packed_(pack(id)), first_blocks_(std::clamp(first_blocks, 1u, kMoreBlocks)) {}
 
 void NodeStream::refill() {
-  const std::uint32_t want = next_block_ == 0 ? kFirstBlocks : kMoreBlocks;
+  const std::uint32_t want = next_block_ == 0 ? first_blocks_ : kMoreBlocks;
   const std::uint32_t n = std::min(want, WindowPrf::kBlocksPerNode - next_block_);
   if (n == 0) throw std::out_of_range("node PRF stream exhausted");
   prf_.blocks_packed(packed_, next_block_, n, reinterpret_cast<std::uint8_t*>(buf_.data()));
@@ -410,7 +411,8 @@ std::array<std::uint64_t, 3> DiscreteGaussian::table_entry(std::size_t m) const 
 }
 
 std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg) {
-  NodeStream rng(prf, id);
+  // The table reads one word and a sign bit (one block) but on a tie; CKS20 most often fits in two.
+  NodeStream rng(prf, id, dg.tabulated() ? 1 : NodeStream::kFirstBlocks);
   return dg.sample(rng);
 }
 

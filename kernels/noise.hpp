@@ -63,7 +63,8 @@ class NodeStream {
   static constexpr std::uint32_t kFirstBlocks = 2;
   static constexpr std::uint32_t kMoreBlocks = 8;
 
-  NodeStream(WindowPrf& prf, const NodeId& id);
+  // `first_blocks`: blocks of the first fetch (the stream is the same whatever the fetch sizes).
+  NodeStream(WindowPrf& prf, const NodeId& id, std::uint32_t first_blocks = kFirstBlocks);
   std::uint64_t next_u64() {
     if (pos_ == end_) refill();
     return buf_[pos_++];
@@ -85,6 +86,7 @@ class NodeStream {
 
   WindowPrf& prf_;
   u128 packed_;
+  std::uint32_t first_blocks_;
   std::uint32_t next_block_ = 0;
   std::uint32_t pos_ = 0, end_ = 0;  // word cursor in buf_
   std::uint64_t pool_ = 0;

@@ -513,7 +513,7 @@ TEST(Noise, BenchmarkNsPerSample) {
       std::uint64_t blocks = 0;
       const auto t0 = std::chrono::steady_clock::now();
       for (std::uint64_t i = 0; i < kN; ++i) {
-        NodeStream s(prf, node(i, 1000));
+        NodeStream s(prf, node(i, 1000), !exact && dg.tabulated() ? 1 : NodeStream::kFirstBlocks);  // as node_noise
         sink += exact ? dg.sample_exact(s) : dg.sample(s);
         blocks += s.blocks_used();
       }
