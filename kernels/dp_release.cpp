@@ -5,6 +5,7 @@
 #include <openssl/crypto.h>
 
 #include <algorithm>
+#include <bit>
 #include <stdexcept>
 #include <string>
 #ifdef DPSTREAM_TEST_HOOKS
@@ -41,6 +42,54 @@ void apply_test_hooks(DpParams& p) {
   std::fprintf(stderr, "dpstream test-hooks build: DPSTREAM_TEST_NOISE_SCALE = %g scales every noise sigma: NOT private\n", f);
 }
 #endif
+// The nodes of one tree that a PrefixNoise needs to go from step `from` to step `to`, drawn together
+// (noise::node_noises: many AES blocks in flight), then handed to advance() in the order it asks.
+class NodeBatch {
+ public:
+  explicit NodeBatch(noise::WindowPrf& prf) : prf_(prf) {}
+
+  // Draws the nodes of steps from+1..to: for step q its leaf, then the ctz(q) nodes that q completes.
+  std::size_t prepare(std::uint64_t key, noise::Family family, std::uint32_t round, std::uint32_t from,
+                      std::uint32_t to, const noise::DiscreteGaussian& dg) {
+    ids_.clear();
+    for (std::uint32_t q = from + 1; q <= to; ++q) {
+      ids_.push_back({key, family, round, 0, q - 1});
+      for (std::uint32_t j = 1; j <= static_cast<std::uint32_t>(std::countr_zero(q)); ++j)
+        ids_.push_back({key, family, round, j, (q >> j) - 1});
+    }
+    values_.resize(ids_.size());
+    noise::node_noises(prf_, ids_.data(), ids_.size(), dg, values_.data());
+    next_ = 0;
+    return ids_.size();
+  }
+
+  auto drawer() {
+    return [this](std::uint32_t level, std::uint32_t index) {
+      if (next_ >= ids_.size() || ids_[next_].level != level || ids_[next_].index != index)
+        throw std::logic_error("NodeBatch: the tree asked for a node that was not prepared");
+      return values_[next_++];
+    };
+  }
+
+ private:
+  noise::WindowPrf& prf_;
+  std::vector<noise::NodeId> ids_;
+  std::vector<std::int64_t> values_;
+  std::size_t next_ = 0;
+};
+
+// Advances a selection stack to `to`, drawing its nodes in batches of at most 32 steps.
+std::uint64_t advance_batched(dptree::PrefixNoise& stack, NodeBatch& batch, std::uint64_t key, std::uint32_t round,
+                              std::uint32_t to, const noise::DiscreteGaussian& dg) {
+  std::uint64_t drawn = 0;
+  for (std::uint32_t from = stack.at(); from < to;) {
+    const std::uint32_t until = std::min(to, from + 32);
+    drawn += batch.prepare(key, noise::Family::KeySelection, round, from, until, dg);
+    stack.advance(until, batch.drawer());
+    from = until;
+  }
+  return drawn;
+}
 }  // namespace
 
 DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan)
@@ -99,6 +148,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
 #pragma omp parallel reduction(+ : tested, released, draws, visited, simulated, scheduled, discarded, predicted)
   try {
     noise::WindowPrf prf(secret_, window_);
+    NodeBatch batch(prf);
     // Noise of one node of one tree family (drawn once per node per cache lifetime).
     auto drawer = [&](std::uint64_t key, noise::Family family, std::uint32_t round, const noise::DiscreteGaussian& dg) {
       return [&, key, family, round](std::uint32_t level, std::uint32_t index) {
@@ -132,7 +182,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         const bool due = !touched && c.next_visit == trigger;  // visited for its prediction alone
         c.next_visit = kNoVisit;
         if (c.lookahead.at() == step) std::swap(c.selection, c.lookahead);  // simulated up to here: no redraw
-        c.selection.advance(step, drawer(key, noise::Family::KeySelection, st.round, selection_noise_));
+        draws += advance_batched(c.selection, batch, key, st.round, step, selection_noise_);
         if (passes(c.selection, round_users, step)) {
           KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
           if (count_noise_) {
@@ -166,12 +216,14 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         c.horizon = touched ? 1 : std::min({std::max(c.horizon, 1u) * 2, last, kMaxHorizon});
         const std::uint32_t until = std::min(last, step + c.horizon);
         c.lookahead = c.selection;
+        draws += batch.prepare(key, noise::Family::KeySelection, st.round, step, until, selection_noise_);
+        auto next_node = batch.drawer();
         std::uint32_t q = step;
         while (q < until) {
           ++q;
           ++simulated;
-          c.lookahead.advance(q, drawer(key, noise::Family::KeySelection, st.round, selection_noise_));
-          if (passes(c.lookahead, round_users, q)) break;  // its predicted release
+          c.lookahead.advance(q, next_node);
+          if (passes(c.lookahead, round_users, q)) break;  // its predicted release (the nodes drawn past it are unused)
         }
         c.next_visit = st.round_start + q - 1;
         calendar[c.next_visit].push_back(key);

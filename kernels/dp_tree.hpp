@@ -19,6 +19,7 @@
 #include <absl/container/inlined_vector.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -50,6 +51,32 @@ inline int128 round_div(int128 num, int128 den) {
   }
   const int128 half = den / 2;
   return num >= 0 ? (num + half) / den : -((-num + half) / den);
+}
+
+// floor(x / (2^(j+1) - 1)) for 0 <= x < 2^63 and j < 32, without a division instruction: with
+// d = 2^(j+1) - 1 and M = floor(2^64 / d), q' = floor(x M / 2^64) satisfies x/d - 2 < q' <= x/d
+// (M >= 2^64/d - 1 and x < 2^64), so at most two corrections make it exact.
+inline std::uint64_t div_honaker_den(std::uint64_t x, std::uint32_t j) {
+  if (j == 0) return x;  // d = 1
+  static constexpr auto kMagic = [] {
+    std::array<std::uint64_t, 32> m{};
+    for (std::uint32_t i = 1; i < 32; ++i) m[i] = ~std::uint64_t{0} / ((std::uint64_t{2} << i) - 1);  // = floor(2^64 / d): d is not a power of two
+    return m;
+  }();
+  const std::uint64_t d = (std::uint64_t{2} << j) - 1;
+  std::uint64_t q = static_cast<std::uint64_t>((static_cast<uint128>(x) * kMagic[j]) >> 64);
+  while (x - q * d >= d) ++q;
+  return q;
+}
+
+// round(num / (2^(j+1) - 1)), ties away from zero, as round_div; exact.
+inline int128 round_honaker(int128 num, std::uint32_t j) {
+  constexpr int128 kFast = int128{1} << 62;
+  if (num <= -kFast || num >= kFast) return round_div(num, (int128{1} << (j + 1)) - 1);
+  const std::uint64_t half = ((std::uint64_t{2} << j) - 1) / 2;
+  const auto n = static_cast<std::int64_t>(num);
+  return n >= 0 ? int128{static_cast<std::int64_t>(div_honaker_den(static_cast<std::uint64_t>(n) + half, j))}
+                : -int128{static_cast<std::int64_t>(div_honaker_den(static_cast<std::uint64_t>(-n) + half, j))};
 }
 
 // Noise of the Honaker prefix [1, at] as the stack of its nodes' noise numerators (one per set bit
@@ -86,10 +113,7 @@ class PrefixNoise {
     int128 total = 0;
     std::size_t k = 0;
     for (std::uint32_t j = 32; j-- > 0;)
-      if (at_ >> j & 1u) {
-        const int128 den = (int128{1} << (j + 1)) - 1;
-        total += round_div(static_cast<int128>(numer_[k++]) * q, den);
-      }
+      if (at_ >> j & 1u) total += round_honaker(static_cast<int128>(numer_[k++]) * q, j);
     return total;
   }
 

@@ -107,7 +107,31 @@ void WindowPrf::blocks_packed(u128 packed, std::uint32_t first, std::uint32_t co
   }
 }
 
+void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t per_node, std::uint8_t* out) {
+  constexpr std::size_t kMaxBlocks = 64;
+  if (per_node == 0 || per_node > kBlocksPerNode || n * per_node > kMaxBlocks)
+    throw std::invalid_argument("first_blocks: at most 64 blocks per call");
+  std::uint8_t in[kMaxBlocks * 16];
+  std::size_t b = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::uint32_t c = 0; c < per_node; ++c, ++b) {  // plaintext = big-endian (pack(n) | counter)
+      put_be64(in + 16 * b, static_cast<std::uint64_t>(packed[i] >> 64));
+      put_be64(in + 16 * b + 8, static_cast<std::uint64_t>(packed[i]) | c);
+    }
+  int outl = 0;
+  if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(16 * b)) != 1 || outl != static_cast<int>(16 * b))
+    throw std::runtime_error("EVP_EncryptUpdate failed");
+}
+
 // ---------------------------------------------------------------------------------------------
+NodeStream::NodeStream(WindowPrf& prf, u128 packed, std::uint32_t first_blocks, const std::uint8_t* fetched)
+    : prf_(prf), packed_(packed), first_blocks_(first_blocks) {
+  if (first_blocks == 0 || first_blocks > kMoreBlocks) throw std::invalid_argument("NodeStream: 1..8 fetched blocks");
+  std::memcpy(buf_.data(), fetched, 16 * first_blocks);
+  next_block_ = first_blocks;
+  end_ = 2 * first_blocks;
+}
+
 NodeStream::NodeStream(WindowPrf& prf, const NodeId& id, std::uint32_t first_blocks)
     : prf_(prf), packed_(pack(id)), first_blocks_(std::clamp(first_blocks, 1u, kMoreBlocks)) {}
 
@@ -408,6 +432,22 @@ std::size_t DiscreteGaussian::table_size() const { return table_ ? table_->hi.si
 std::array<std::uint64_t, 3> DiscreteGaussian::table_entry(std::size_t m) const {
   if (!table_ || m >= table_->hi.size()) throw std::out_of_range("DiscreteGaussian::table_entry");
   return {table_->hi[m], table_->lo[m][0], table_->lo[m][1]};
+}
+
+void node_noises(WindowPrf& prf, const NodeId* ids, std::size_t n, const DiscreteGaussian& dg, std::int64_t* out) {
+  const std::uint32_t per_node = dg.tabulated() ? 1 : NodeStream::kFirstBlocks;  // as node_noise
+  constexpr std::size_t kChunk = 32;
+  std::array<u128, kChunk> packed;
+  std::array<std::uint8_t, kChunk * 16 * NodeStream::kFirstBlocks> fetched;
+  for (std::size_t at = 0; at < n; at += kChunk) {
+    const std::size_t c = std::min(kChunk, n - at);
+    for (std::size_t i = 0; i < c; ++i) packed[i] = pack(ids[at + i]);
+    prf.first_blocks(packed.data(), c, per_node, fetched.data());
+    for (std::size_t i = 0; i < c; ++i) {
+      NodeStream rng(prf, packed[i], per_node, fetched.data() + 16 * per_node * i);
+      out[at + i] = dg.sample(rng);
+    }
+  }
 }
 
 std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg) {

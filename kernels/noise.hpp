@@ -48,6 +48,8 @@ class WindowPrf {
   // `blocks` 16-byte blocks of node `id` starting at block `first`; throws std::out_of_range past 2^15.
   void blocks(const NodeId& id, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);
   void blocks_packed(u128 packed, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);  // packed = pack(id)
+  // Blocks 0..per_node-1 of each of `n` nodes, node after node, in one cipher call (n per_node <= 64).
+  void first_blocks(const u128* packed, std::size_t n, std::uint32_t per_node, std::uint8_t* out);
 
  private:
   struct CtxFree {
@@ -65,6 +67,8 @@ class NodeStream {
 
   // `first_blocks`: blocks of the first fetch (the stream is the same whatever the fetch sizes).
   NodeStream(WindowPrf& prf, const NodeId& id, std::uint32_t first_blocks = kFirstBlocks);
+  // A stream whose first `first_blocks` blocks were fetched already (WindowPrf::first_blocks).
+  NodeStream(WindowPrf& prf, u128 packed, std::uint32_t first_blocks, const std::uint8_t* fetched);
   std::uint64_t next_u64() {
     if (pos_ == end_) refill();
     return buf_[pos_++];
@@ -145,5 +149,8 @@ class DiscreteGaussian {
 };
 
 std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg);
+// node_noise of n nodes (the same values), their first blocks fetched together: many AES blocks in
+// flight instead of one per node.
+void node_noises(WindowPrf& prf, const NodeId* ids, std::size_t n, const DiscreteGaussian& dg, std::int64_t* out);
 
 }  // namespace dpstream::noise

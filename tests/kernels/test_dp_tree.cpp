@@ -136,3 +136,36 @@ TEST(DpTree, RoundDivIsNearestTiesAwayFromZero) {
   EXPECT_EQ(round_div(4, 3), 1);
   EXPECT_EQ(round_div(-4, 3), -1);
 }
+
+// The nearest-integer property checked directly in 128-bit arithmetic: r = round(n / d) iff
+// |n - r d| <= d / 2, with a tie (2 |n - r d| = d) going away from zero. Over random numerators of
+// every size (the 64-bit fast paths and the 128-bit one) and every Honaker denominator 2^(j+1) - 1.
+TEST(DpTree, RoundingIsExactAtEverySize) {
+  std::mt19937_64 rng(17);
+  auto check = [](dpstream::int128 n, dpstream::int128 d, dpstream::int128 r, const char* what) {
+    const dpstream::int128 twice_err = 2 * (n - r * d);  // 2 (n - r d), in [-d, d]
+    ASSERT_TRUE(twice_err <= d && twice_err >= -d) << what << " n " << static_cast<double>(n) << " d " << static_cast<double>(d);
+    if (twice_err == d || twice_err == -d) {
+      ASSERT_TRUE(n >= 0 ? r * d >= n : r * d <= n) << what << ": tie toward zero";
+    }
+  };
+  for (int i = 0; i < 200000; ++i) {
+    const int bits = static_cast<int>(rng() % 100);  // magnitudes from 1 to 2^100
+    dpstream::int128 n = static_cast<dpstream::int128>(rng() >> (bits < 64 ? 63 - bits % 64 : 0));
+    if (bits >= 64) n = (n << (bits - 63)) | static_cast<dpstream::int128>(rng() >> 40);
+    if (rng() & 1) n = -n;
+    const std::uint32_t j = static_cast<std::uint32_t>(rng() % 32);
+    const dpstream::int128 d = (dpstream::int128{1} << (j + 1)) - 1;
+    check(n, d, round_honaker(n, j), "round_honaker");
+    ASSERT_EQ(round_honaker(n, j), round_div(n, d));
+    const dpstream::int128 d2 = 1 + static_cast<dpstream::int128>(rng() >> (rng() % 64));
+    check(n, d2, round_div(n, d2), "round_div");
+  }
+  for (std::uint32_t j = 0; j < 32; ++j)  // ties and the edges of the fast path
+    for (const dpstream::int128 n : {dpstream::int128{0}, dpstream::int128{1}, (dpstream::int128{1} << 62) - 1,
+                                     dpstream::int128{1} << 62, (dpstream::int128{1} << j), ((dpstream::int128{2} << j) - 1) / 2 + 1,
+                                     ((dpstream::int128{2} << j) - 1) * 12345 + ((dpstream::int128{2} << j) - 1) / 2}) {
+      check(n, (dpstream::int128{2} << j) - 1, round_honaker(n, j), "round_honaker edge");
+      check(-n, (dpstream::int128{2} << j) - 1, round_honaker(-n, j), "round_honaker edge");
+    }
+}

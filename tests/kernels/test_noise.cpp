@@ -132,6 +132,21 @@ TEST(Noise, PrfKnownAnswer) {
   }
 }
 
+TEST(Noise, BatchedDrawsEqualSingleDraws) {
+  // node_noises fetches the first blocks of many nodes in one cipher call: the same values as node_noise.
+  WindowPrf prf(secret_from_seed(4), 3);
+  for (const double sigma : {0.7, 30.0, 5000.0, 1048576.0}) {  // table and CKS20
+    const DiscreteGaussian dg(sigma);
+    for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{100}}) {
+      std::vector<NodeId> ids;
+      for (std::size_t i = 0; i < n; ++i) ids.push_back(NodeId{i * 31 + n, Family::KeySelection, 2, static_cast<std::uint32_t>(i % 5), static_cast<std::uint32_t>(i)});
+      std::vector<std::int64_t> batched(n);
+      node_noises(prf, ids.data(), n, dg, batched.data());
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(batched[i], node_noise(prf, ids[i], dg)) << sigma << " " << n << " " << i;
+    }
+  }
+}
+
 TEST(Noise, OutOfRangeFieldsThrow) {
   WindowPrf prf(secret_from_seed(1), 0);
   DiscreteGaussian dg(3.0);
