@@ -133,7 +133,11 @@ std::uint64_t DpReleaser::memory_bytes() const {
 // The threshold test of DP-SQLP Algorithm 2 at round step `step`: round users plus the Honaker prefix
 // noise above mu + tau[step].
 bool DpReleaser::passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const {
-  const int128 noisy_users = int128{round_users} * kOne + noise.prefix_noise(kOne);
+  return passes(noise.prefix_noise(kOne), round_users, step);
+}
+
+bool DpReleaser::passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const {
+  const int128 noisy_users = int128{round_users} * kOne + prefix_noise;
   return static_cast<double>(noisy_users) > (params_.mu + params_.tau[step]) * static_cast<double>(kOne);
 }
 
@@ -218,12 +222,14 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         c.lookahead = c.selection;
         draws += batch.prepare(key, noise::Family::KeySelection, st.round, step, until, selection_noise_);
         auto next_node = batch.drawer();
+        dptree::PrefixTotal noise_total(c.lookahead, kOne);  // the test's noise, updated step by step
         std::uint32_t q = step;
         while (q < until) {
           ++q;
           ++simulated;
           c.lookahead.advance(q, next_node);
-          if (passes(c.lookahead, round_users, q)) break;  // its predicted release (the nodes drawn past it are unused)
+          noise_total.stepped(c.lookahead, q);
+          if (passes(noise_total.total(), round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
         }
         c.next_visit = st.round_start + q - 1;
         calendar[c.next_visit].push_back(key);

@@ -76,6 +76,7 @@ class DpReleaser {
     dptree::PrefixNoise selection, lookahead, count, sum;
   };
   bool passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const;
+  bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid
 
   DpParams params_;
   KeyScan scan_;

@@ -119,9 +119,45 @@ class PrefixNoise {
 
   std::size_t memory_bytes() const { return sizeof(*this) + (numer_.capacity() > 8 ? numer_.capacity() * 8 : 0); }
 
+  // The numerator of the node that ends at at() (height ctz(at())); at() > 0.
+  std::int64_t top() const { return numer_.back(); }
+  // The numerators, highest node first (one per set bit of at()).
+  const absl::InlinedVector<std::int64_t, 7>& numerators() const { return numer_; }
+
  private:
   std::uint32_t at_ = 0;
   absl::InlinedVector<std::int64_t, 7> numer_;
+};
+
+// prefix_noise(q) of a stack that advances one step at a time, updated from the entries that change:
+// step i removes the ctz(i) nodes it merges and adds its node of height ctz(i), so only those terms
+// are rounded again. Equal to stack.prefix_noise(q) after every step (integer sums, any order).
+class PrefixTotal {
+ public:
+  PrefixTotal(const PrefixNoise& stack, std::int64_t q) : q_(q) {
+    std::size_t k = 0;
+    for (std::uint32_t j = 32; j-- > 0;)
+      if (stack.at() >> j & 1u) push(round_honaker(static_cast<int128>(stack.numerators()[k++]) * q_, j));
+  }
+  // After stack.advance(i) from i - 1.
+  void stepped(const PrefixNoise& stack, std::uint32_t i) {
+    const auto merged = static_cast<std::uint32_t>(std::countr_zero(i));
+    for (std::uint32_t m = 0; m < merged; ++m) {
+      total_ -= parts_.back();
+      parts_.pop_back();
+    }
+    push(round_honaker(static_cast<int128>(stack.top()) * q_, merged));
+  }
+  int128 total() const { return total_; }
+
+ private:
+  void push(int128 part) {
+    parts_.push_back(part);
+    total_ += part;
+  }
+  std::int64_t q_;
+  int128 total_ = 0;
+  absl::InlinedVector<int128, 8> parts_;
 };
 
 }  // namespace dpstream::kernels::dptree

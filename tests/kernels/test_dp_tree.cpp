@@ -169,3 +169,28 @@ TEST(DpTree, RoundingIsExactAtEverySize) {
       check(-n, (dpstream::int128{2} << j) - 1, round_honaker(-n, j), "round_honaker edge");
     }
 }
+
+// PrefixTotal, updated only where a step changes the stack, equals prefix_noise at every step, for
+// stacks started at any step and grids of any size.
+TEST(DpTree, PrefixTotalTracksPrefixNoise) {
+  std::mt19937_64 rng(23);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::int64_t q = std::int64_t{1} << (rng() % 40);
+    auto draw = [&](std::uint32_t level, std::uint32_t index) {  // any pure function of the node will do
+      std::mt19937_64 node(level * 1000003ULL + index * 7919ULL + static_cast<std::uint64_t>(trial));
+      return static_cast<std::int64_t>(node() % 200001) - 100000;
+    };
+    PrefixNoise stack;
+    stack.advance(static_cast<std::uint32_t>(rng() % 70), draw);
+    PrefixTotal total(stack, q);
+    ASSERT_EQ(total.total(), stack.prefix_noise(q));
+    const std::uint32_t end = stack.at() + 80;
+    for (std::uint32_t i = stack.at() + 1; i <= end; ++i) {
+      PrefixNoise next = stack;
+      next.advance(i, draw);
+      stack = next;
+      total.stepped(stack, i);
+      ASSERT_EQ(total.total(), stack.prefix_noise(q)) << "trial " << trial << " step " << i;
+    }
+  }
+}
