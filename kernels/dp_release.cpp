@@ -170,12 +170,13 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
 
       // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
       // on, the simulation of its next steps with no new user, which schedules its next visit.
-      auto visit = [&](std::uint64_t key, KeyState& st, bool touched) {
+      // `known`: the key's cache entry when the caller has found it already.
+      auto visit = [&](std::uint64_t key, KeyState& st, bool touched, NoiseCache* known = nullptr) {
         ++visited;
         const std::int64_t round_users = st.users - st.round_base_users;
         if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
         const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
-        NoiseCache& c = cache[key];
+        NoiseCache& c = known ? *known : cache[key];
         if (c.selection_round != st.round || c.selection.at() > step) {
           c.selection.reset();
           c.lookahead.reset();
@@ -243,7 +244,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         if (auto due = calendar.extract(trigger)) {
           for (const std::uint64_t key : due.mapped()) {
             const auto it = cache.find(key);  // skip entries whose key was visited since (rescheduled or released)
-            if (it != cache.end() && it->second.next_visit == trigger) visit(key, table.at(key), false);
+            if (it != cache.end() && it->second.next_visit == trigger) visit(key, table.at(key), false, &it->second);
           }
         }
       }
