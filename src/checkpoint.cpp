@@ -43,6 +43,38 @@ constexpr const char* kJobFile = "job.h5";
 std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
 std::uint64_t xxh3(const std::vector<std::byte>& b) { return XXH3_64bits(b.data(), b.size()); }
 
+// Size and XXH3 of a file's bytes, read in 1 MiB pieces (a segment may be gigabytes); throws
+// std::runtime_error naming the file.
+struct FileDigest {
+  std::uint64_t bytes = 0, xxh3 = 0;
+};
+FileDigest digest_file(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), XXH3_freeState);
+  if (!state || XXH3_64bits_reset(state.get()) != XXH_OK) {
+    ::close(fd);
+    throw std::runtime_error("cannot start a checksum (out of memory)");
+  }
+  std::vector<char> buffer(1 << 20);
+  FileDigest d;
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw std::runtime_error(fmt::format("cannot read {}: {}", path.string(), std::strerror(err)));
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(state.get(), buffer.data(), static_cast<std::size_t>(n));
+    d.bytes += static_cast<std::uint64_t>(n);
+  }
+  ::close(fd);
+  d.xxh3 = XXH3_64bits_digest(state.get());
+  return d;
+}
+
 // A message that may quote bytes of a damaged file, made safe to print and to put into JSON.
 std::string printable(std::string s) {
   for (char& c : s)
@@ -284,9 +316,9 @@ struct SegmentHeader {
   std::uint32_t window_index, first_trigger, next_trigger;
 };
 
-std::vector<std::byte> encode_segment(const Segment& s, const SegmentHeader& h) {
-  h5::MemoryFile f(s.user_bytes() + s.key_bytes() + s.releases_csv.size() + (1 << 16));  // one allocation
-  const hid_t root = f.get();
+// Writes a segment's tables into an open HDF5 file, freeing each column once written: a segment
+// may hold gigabytes, so it is never copied whole. `fault_half`: a fault point halfway (tests).
+void write_segment_tables(hid_t root, Segment& s, const SegmentHeader& h, const char* fault_half) {
   h5::write_attribute(root, "format", kSegmentFormat);
   h5::write_attribute(root, "version", kFormatVersion);
   h5::write_attribute(root, "job_id", h.job_id);
@@ -297,25 +329,28 @@ std::vector<std::byte> encode_segment(const Segment& s, const SegmentHeader& h) 
   h5::write_attribute(root, "first_trigger", h.first_trigger);
   h5::write_attribute(root, "next_trigger", h.next_trigger);
   for (const char* g : {"users", "pairs", "keys", "releases"}) h5::create_group(root, g);
-  h5::write_dataset(root, "users/id", s.user_id);
-  h5::write_dataset(root, "users/kept", s.user_kept);
-  h5::write_dataset(root, "pairs/user", s.pair_user);
-  h5::write_dataset(root, "pairs/key", s.pair_key);
-  h5::write_dataset(root, "keys/id", s.key_id);
-  h5::write_dataset(root, "keys/count", s.key_count);
-  h5::write_dataset(root, "keys/sum_low", s.key_sum_low);
-  h5::write_dataset(root, "keys/sum_high", s.key_sum_high);
-  h5::write_dataset(root, "keys/users", s.key_users);
-  h5::write_dataset(root, "keys/round_base_users", s.key_round_base_users);
-  h5::write_dataset(root, "keys/round", s.key_round);
-  h5::write_dataset(root, "keys/round_start", s.key_round_start);
+  auto put = [root](const char* name, auto& column) {
+    h5::write_dataset(root, name, column);
+    std::decay_t<decltype(column)>().swap(column);
+  };
+  put("users/id", s.user_id);
+  put("users/kept", s.user_kept);
+  put("pairs/user", s.pair_user);
+  put("pairs/key", s.pair_key);
+  if (fault_half) fault::point(fault_half);
+  put("keys/id", s.key_id);
+  put("keys/count", s.key_count);
+  put("keys/sum_low", s.key_sum_low);
+  put("keys/sum_high", s.key_sum_high);
+  put("keys/users", s.key_users);
+  put("keys/round_base_users", s.key_round_base_users);
+  put("keys/round", s.key_round);
+  put("keys/round_start", s.key_round_start);
   h5::write_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, s.releases_csv.data(), s.releases_csv.size());
-  return f.image();
+  std::string().swap(s.releases_csv);
 }
 
-Segment decode_segment(const std::vector<std::byte>& image, const SegmentRef& ref, const std::string& job_id) {
-  h5::MemoryFile f(image);
-  const hid_t root = f.get();
+Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string& job_id) {
   if (h5::read_string_attribute(root, "format") != kSegmentFormat || h5::read_uint_attribute(root, "version") != kFormatVersion)
     throw std::runtime_error("not a dpstream checkpoint segment of this format version");
   if (h5::read_string_attribute(root, "job_id") != job_id) throw std::runtime_error("it belongs to another job");
@@ -353,14 +388,20 @@ Segment read_segment(const fs::path& dir, const SegmentRef& ref, const std::stri
     throw CheckpointError(fmt::format("checkpoint file {} is missing; it is part of the committed state, so the "
                                       "checkpoint cannot be used: restore the file or start over with --fresh",
                                       path.string()));
-  const auto bytes = read_file_bytes(path);
-  if (bytes.size() != ref.bytes || xxh3(bytes) != ref.xxh3)
+  FileDigest d;
+  try {
+    d = digest_file(path);
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("checkpoint file {} cannot be read ({}); start over with --fresh", path.string(), e.what()));
+  }
+  if (d.bytes != ref.bytes || d.xxh3 != ref.xxh3)
     throw CheckpointError(fmt::format("checkpoint file {} is truncated or corrupted (size {} of {} bytes, checksum {} "
                                       "where the manifest says {}); it is part of the committed state, so the checkpoint "
                                       "cannot be used: restore the file or start over with --fresh",
-                                      path.string(), bytes.size(), ref.bytes, hex64(xxh3(bytes)), hex64(ref.xxh3)));
-  try {
-    return decode_segment(bytes, ref, job_id);
+                                      path.string(), d.bytes, ref.bytes, hex64(d.xxh3), hex64(ref.xxh3)));
+  try {  // checked before HDF5 parses a byte of it
+    h5::DiskFile f(path.string(), h5::DiskFile::Mode::Read);
+    return read_segment_tables(f.get(), ref, job_id);
   } catch (const std::exception& e) {
     throw CheckpointError(fmt::format("checkpoint file {} cannot be used: {}; start over with --fresh", path.string(), e.what()));
   }
@@ -379,7 +420,7 @@ std::string check_commit(const fs::path& dir, const Manifest& m) {
       return fmt::format("checkpoint file {} is truncated or damaged ({} of {} bytes; checksum cannot match)", ref.file, size, ref.bytes);
     if (ref.seq == m.seq) {
       try {
-        if (xxh3(read_file_bytes(path)) != ref.xxh3) return fmt::format("checkpoint file {} is corrupted (checksum mismatch)", ref.file);
+        if (digest_file(path).xxh3 != ref.xxh3) return fmt::format("checkpoint file {} is corrupted (checksum mismatch)", ref.file);
       } catch (const std::exception& e) {
         return e.what();
       }
@@ -488,7 +529,7 @@ std::uint64_t Journal::key_bytes() const {
   return b;
 }
 
-Segment Journal::to_segment() const {
+Segment Journal::to_segment() {
   Segment seg;
   std::size_t nu = 0, np = 0, nk = 0;
   for (const auto& shard : changed_users) nu += shard.size();
@@ -503,17 +544,22 @@ Segment Journal::to_segment() const {
   seg.key_id.reserve(nk);
   seg.key_round.reserve(nk);
   seg.key_round_start.reserve(nk);
-  for (const auto& shard : changed_users)
+  // Each shard is freed once copied: the journal and the segment are never both whole.
+  for (auto& shard : changed_users) {
     for (const auto& [u, kept] : shard) {  // in order: a repeated user's last entry wins
       seg.user_id.push_back(u);
       seg.user_kept.push_back(kept);
     }
-  for (const auto& shard : new_pairs)
+    std::vector<std::pair<std::uint64_t, std::uint32_t>>().swap(shard);
+  }
+  for (auto& shard : new_pairs) {
     for (const auto& [u, k] : shard) {
       seg.pair_user.push_back(u);
       seg.pair_key.push_back(k);
     }
-  for (const auto& shard : keys)
+    std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(shard);
+  }
+  for (auto& shard : keys) {
     for (const auto& [k, st] : shard) {
       seg.key_id.push_back(k);
       seg.key_count.push_back(st.count);
@@ -524,6 +570,8 @@ Segment Journal::to_segment() const {
       seg.key_round.push_back(st.round);
       seg.key_round_start.push_back(st.round_start);
     }
+    std::vector<std::pair<std::uint64_t, kernels::KeyState>>().swap(shard);
+  }
   return seg;
 }
 
@@ -844,14 +892,22 @@ CommitStats Store::commit(std::function<Segment()> make_segment, std::string row
       const auto t_encode = Clock::now();
       Segment segment = make_segment();
       segment.releases_csv = rows;
-      const auto image = encode_segment(segment, header);
-      segment = Segment{};
-      Written w{image.size(), xxh3(image), 0, 0, 0};
+      Written w;
       const auto t_write = Clock::now();
       w.encode_seconds = std::chrono::duration<double>(t_write - t_encode).count();
+      // Straight to a temporary file, column by column; then fsync, checksum (from the page cache),
+      // rename: a crash at any point leaves no file or the whole one.
       make_private_dir(path.parent_path());
-      write_file_atomically(path, image.data(), image.size(),
-                            {.mode = kFileMode, .fault_half = "ckpt_half_written", .fault_before_rename = "ckpt_before_rename"});
+      const fs::path tmp = prepare_temporary(path, kFileMode);
+      {
+        h5::DiskFile f(tmp.string(), h5::DiskFile::Mode::Create);
+        write_segment_tables(f.get(), segment, header, "ckpt_half_written");
+        f.close();
+      }
+      const FileDigest d = digest_file(tmp);
+      w.bytes = d.bytes;
+      w.xxh3 = d.xxh3;
+      commit_temporary(path, "ckpt_before_rename");
       fault::point("ckpt_after_rename");
       w.write_seconds = std::chrono::duration<double>(Clock::now() - t_write).count();
       w.seconds = std::chrono::duration<double>(Clock::now() - t).count();

@@ -1,6 +1,6 @@
 // Exactly-once checkpoints (docs/CHECKPOINTS.md). DIR/checkpoint holds
 //   job.h5                     the job's identity (output-defining fields) and the noise secret;
-//   w<window>/s<seq>-r<rank>.h5 one HDF5 file per rank per commit: the state that rank changed
+//   w<window>/s<seq>-r<rank>.h5 one HDF5 file per rank per commit (written straight to disk): the state that rank changed
 //                              since its previous commit (a log of deltas, reset every window),
 //                              plus, in rank 0's file, the commit's release rows;
 //   MANIFEST-<seq>.json         the commit record, written last (temporary file, fsync, rename):
@@ -89,7 +89,7 @@ struct Journal {
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users;
   std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> new_pairs;
   std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> keys;
-  Segment to_segment() const;
+  Segment to_segment();  // empties the journal as it goes
   std::uint64_t user_bytes() const;  // what to_segment() will hold, in Segment's payload bytes
   std::uint64_t key_bytes() const;
 };
@@ -134,9 +134,9 @@ struct CommitStats {
   double wait_seconds = 0;          // waiting for the I/O thread and agreeing that every rank's files are durable
   double gather_seconds = 0;        // sizes and checksums to rank 0
   double background_seconds = 0;    // the I/O thread's time for the previous commit (off the loop's path):
-                                    // HDF5 image, checksum, write, fsync, rename; rank 0 also the manifest and rows
-  double encode_seconds = 0;        // of which: the segment's columns, HDF5 image and checksum
-  double write_seconds = 0;         // of which: write, fsync, rename of the segment
+                                    // HDF5 file, checksum, fsync, rename; rank 0 also the manifest and rows
+  double encode_seconds = 0;        // of which: the segment's columns from the journal
+  double write_seconds = 0;         // of which: the HDF5 file, its checksum, fsync, rename
 };
 
 class Store {

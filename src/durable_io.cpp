@@ -64,6 +64,33 @@ void write_file_atomically(const std::filesystem::path& path, const void* data, 
   fsync_dir(path.parent_path());
 }
 
+std::filesystem::path prepare_temporary(const std::filesystem::path& path, mode_t mode) {
+  auto tmp = std::filesystem::path(path.string() + ".tmp");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) fail("create", tmp, errno);
+  const int rc = ::fchmod(fd, mode);  // an older temporary file may have other permissions
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fail("set the permissions of", tmp, err);
+  return tmp;
+}
+
+void commit_temporary(const std::filesystem::path& path, const char* fault_before_rename) {
+  const auto tmp = std::filesystem::path(path.string() + ".tmp");
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("open", tmp, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) {
+    ::unlink(tmp.c_str());
+    fail("fsync", tmp, err);
+  }
+  if (fault_before_rename) fault::point(fault_before_rename);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename into place", path, errno);
+  fsync_dir(path.parent_path());
+}
+
 void append_to_file(const std::filesystem::path& path, const void* data, std::size_t size, bool sync,
                     const char* fault_half) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);

@@ -33,6 +33,12 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
   write_file_atomically(path, text.data(), text.size(), options);
 }
 
+// The same for a file that another writer (HDF5) fills: `prepare_temporary` creates `path`.tmp
+// empty with `mode` and returns its name; `commit_temporary` fsyncs it, renames it onto `path`
+// and fsyncs the directory. Both throw std::runtime_error naming the file.
+std::filesystem::path prepare_temporary(const std::filesystem::path& path, mode_t mode);
+void commit_temporary(const std::filesystem::path& path, const char* fault_before_rename = nullptr);
+
 // Appends `size` bytes to an existing file, fsynced unless `sync` is false; `fault_half` is a fault
 // point after half of the bytes (tests). Throws std::runtime_error naming the file.
 void append_to_file(const std::filesystem::path& path, const void* data, std::size_t size, bool sync = true,

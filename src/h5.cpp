@@ -69,6 +69,20 @@ std::vector<std::byte> MemoryFile::image() const {
   return out;
 }
 
+DiskFile::DiskFile(const std::string& path, Mode mode) {
+  file_ = mode == Mode::Create
+              ? Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, "create " + path)
+              : Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path + " (not an HDF5 file?)");
+}
+
+void DiskFile::close() {
+  const hid_t id = file_.get();
+  if (id < 0) return;
+  const herr_t flushed = H5Fflush(id, H5F_SCOPE_GLOBAL);
+  file_.reset();
+  check(flushed, "write out a file");
+}
+
 void create_group(hid_t loc, const std::string& name) {
   Id g(H5Gcreate2(loc, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group " + name);
 }

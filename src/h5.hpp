@@ -1,6 +1,6 @@
 // A thin RAII layer over HDF5's C API: owned ids, 1-D datasets of native integers and bytes,
-// scalar attributes, and files built in memory (core driver) so that the engine writes, checksums
-// and renames the exact bytes itself. HDF5's own error printing is turned off; failures throw
+// scalar attributes, files built in memory (core driver) so that the engine writes, checksums
+// and renames the exact bytes itself, and files on disk for the large ones. HDF5's own error printing is turned off; failures throw
 // std::runtime_error naming the object.
 #pragma once
 
@@ -49,6 +49,19 @@ class MemoryFile {
 
  private:
   Id fapl_, file_;
+};
+
+// A file on disk (HDF5's default driver), created or truncated for writing, or opened read-only:
+// large checkpoint segments go straight to disk instead of through an in-memory image.
+class DiskFile {
+ public:
+  enum class Mode { Create, Read };
+  DiskFile(const std::string& path, Mode mode);
+  hid_t get() const { return file_.get(); }
+  void close();  // flushes and closes; throws when HDF5 cannot write the file out
+
+ private:
+  Id file_;
 };
 
 void create_group(hid_t loc, const std::string& name);
