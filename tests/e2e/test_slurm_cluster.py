@@ -13,7 +13,9 @@ started by slurm/local-cluster.sh in a temporary directory and torn down at the 
     job cancelled by a plain scancel (SIGTERM to every process, as at a time limit), which stops
     cleanly without a second signal reaching the ranks;
   * slurm/sweep.sbatch as a 3-task array job over C: one RESULT line per value;
-  * slurm/scaling.sh strong at 1 and 2 ranks: its CSV has both points.
+  * slurm/scaling.sh strong at 1 and 2 ranks: its CSV has both points;
+  * slurm/billion.sbatch at 2e4 users: the memory model's table in the log, the job's releases equal
+    a direct run; with --mem=1 (1 MiB per node) it refuses to start (exit 3) and says why.
 
 Skips (exit 77) only when slurm-wlm / munge are not installed.
 Usage: test_slurm_cluster.py [--bin build/src/dpstream] [--keep]
@@ -253,6 +255,32 @@ def main():
                 assert all(int(r["records"]) > 0 and float(r["records_per_s"]) > 0 for r in rows), rows
                 assert rows[0]["records"] == rows[1]["records"], "strong scaling must keep the workload fixed"
             results.check("scaling.sh strong 1 and 2 ranks", scaling_driver)
+
+            def billion_script():
+                d = case_dir("billion")
+                spec = os.path.join(REPO, "jobs", "paper-billion.toml")
+                scale = ["--set", "input.users=20000", "--set", "privacy.seed=3"]
+                cal = os.path.join(d, "calibration")
+                run = dps.run_with("run", spec, "--out", cal, *scale, ranks=2)
+                assert run.returncode == 0, run.describe()
+                calibration = os.path.join(cal, "summary.json")
+                log = os.path.join(d, "job.out")
+                job = cluster.sbatch("--wait", "-N", "1", "--ntasks-per-node=2", f"--output={log}", "slurm/billion.sbatch",
+                                     os.path.join(d, "out"), calibration, *scale, timeout=180)
+                text = read_text(log)
+                assert cluster.state(job) == "COMPLETED", f"state {cluster.state(job)}\n{text}"
+                assert re.search(r"^\s+1\s+2\s.*\byes\b", text, re.M), f"no model row that fits:\n{text}"
+                got = harness.read_bytes(os.path.join(d, "out", "releases.csv"))
+                assert got == harness.read_bytes(os.path.join(cal, "releases.csv")), "releases differ from the direct run"
+                log2 = os.path.join(d, "refused.out")
+                proc = cluster.cmd("sbatch", "--parsable", "--wait", "-N", "1", "--ntasks-per-node=2", "--mem=1",
+                                   f"--output={log2}", "slurm/billion.sbatch", os.path.join(d, "out2"), calibration, *scale,
+                                   timeout=120, check=False)
+                text2 = read_text(log2)
+                assert proc.returncode == 3, f"exit {proc.returncode} (3 expected)\n{proc.stderr}\n{text2}"
+                assert "does not fit" in text2 and "ask for more nodes" in text2, text2
+                assert not os.path.exists(os.path.join(d, "out2", "releases.csv")), "a refused job must not start"
+            results.check("billion.sbatch: memory model check, then the job; refused when it cannot fit", billion_script)
         finally:
             t1 = time.monotonic()
             cluster.stop()

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Memory and time model of a synthetic dpstream job on N nodes: does it fit, and how long a trigger takes.
+
+  python3 jobs/memory_model.py --job jobs/paper-billion.toml --calibration CAL/summary.json \
+      [--users 100000000] [--nodes 1 4 16 64] [--memory-per-node-gib 24] [--ranks-per-node 2]
+  python3 jobs/memory_model.py --job JOB.toml --calibration CAL/summary.json --check RUN/summary.json
+
+Peak RSS per rank = base + state + other * records per rank, where
+  state  is the geometry of the engine's hash tables (absl::flat_hash_map: capacity 2^k - 1, grown at
+         7/8 load, one control byte per slot), 256 shards per rank, from the expected counts of the
+         workload: active users, (user, key) pairs (at most the kept records), tracked keys;
+  other  (bytes per input record of the rank's window: record buffers of a trigger, the checkpoint
+         journal, allocator slack) and base (bytes per process) are fitted on calibration runs:
+         summary.json files of the same workload at smaller scales (the peak RSS minus the modelled
+         state). With a single calibration, base is the RSS of an empty process (50 MiB).
+Time per trigger = records per trigger / (ranks x the calibration's records per second per rank):
+on one node of this kind; a cluster adds network time to the two shuffles, not modelled.
+--check compares the model's prediction with a measured run (bytes per user and key, peak RSS).
+docs/SCALE.md explains the terms and lists the measured checks.
+"""
+import argparse
+import json
+import math
+import sys
+import tomllib
+
+SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
+# Slot bytes (+1 control byte each): kept map pair<uint64, uint32>, touched set pair<uint64, uint64>,
+# key table pair<const uint64, KeyState> (kernels/bounding.hpp, kernels/key_accumulate.hpp).
+USER_SLOT, PAIR_SLOT, KEY_SLOT = 16, 16, 56
+BASE_BYTES = 50 * 2**20
+
+
+def table_bytes(items, slot):
+    """Bytes of an absl flat hash table holding `items`: capacity 2^k - 1 with items <= cap - cap/8."""
+    if items <= 0:
+        return 0
+    cap = 1
+    while items > cap - cap // 8 or cap < 7:
+        cap = cap * 2 + 1
+    return cap * (slot + 1) + 16
+
+
+def workload(job, users):
+    """Expected users, records, kept records and tracked keys of a synthetic job (core paper, section 5.1)."""
+    inp, priv = job["input"], job["privacy"]
+    lo = int(inp.get("records_per_user_min", 1))
+    hi = int(inp.get("records_per_user_max", 100_000))
+    q, s = float(inp.get("records_per_user_q", 26.0)), float(inp.get("records_per_user_s", 6.738))
+    c = int(priv.get("max_records_per_user", 2**32 - 1))
+    w = [(k + q) ** -s for k in range(lo, hi + 1)]
+    z = sum(w)
+    shift = 1 if lo == 0 else 0  # records per user = 1 + X when the minimum is 0
+    mean = sum((k + shift) * x for k, x in zip(range(lo, hi + 1), w)) / z
+    mean_kept = sum(min(k + shift, c) * x for k, x in zip(range(lo, hi + 1), w)) / z
+    keys = int(inp["keys"])
+    kept = users * mean_kept
+    if inp.get("key_distribution", "zipf-mandelbrot") == "uniform":
+        tracked = keys * -math.expm1(-kept / keys)  # distinct keys among `kept` uniform draws
+    else:
+        if keys > 10_000_000:
+            sys.exit("memory_model.py: Zipf keys are summed key by key; use at most 1e7 keys or uniform keys")
+        kq, ks = float(inp.get("key_q", 1000.0)), float(inp.get("key_s", 1.4))
+        p = [(k + kq) ** -ks for k in range(1, keys + 1)]
+        pz = sum(p)
+        tracked = sum(-math.expm1(kept * math.log1p(-x / pz)) for x in p)
+    return {"users": users, "records": users * mean, "kept": kept, "keys": tracked}
+
+
+def state_per_rank(w, ranks, fixed=None):
+    if fixed:  # what-if: bytes per active user and per tracked key given
+        return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks}
+    per_shard = ranks * SHARDS
+    users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT)
+    pairs = SHARDS * table_bytes(w["kept"] / per_shard, PAIR_SLOT)  # pairs <= kept records
+    keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
+    return {"user": users + pairs, "key": keys}
+
+
+def fit(job, calibrations):
+    """base and `other` bytes per record per rank from calibration summaries (least squares)."""
+    points = []
+    for c in calibrations:
+        ranks = c["ranks"]
+        w = workload(job, c["distinct_users"])
+        st = state_per_rank(w, ranks)
+        rss = max(c["peak_rss_bytes_per_rank"])
+        points.append((c["records"]["read"] / ranks, rss - st["user"] - st["key"]))
+    if len(points) == 1:
+        x, y = points[0]
+        return BASE_BYTES, max(0.0, (y - BASE_BYTES) / x)
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+    return max(0.0, my - slope * mx), max(0.0, slope)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", required=True, help="the job spec (synthetic input)")
+    ap.add_argument("--calibration", nargs="+", required=True, help="summary.json of runs of the same workload")
+    ap.add_argument("--users", type=float, help="override input.users")
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--memory-per-node-gib", type=float, default=24.0)
+    ap.add_argument("--ranks-per-node", type=int, default=2)
+    ap.add_argument("--headroom", type=float, default=0.9, help="share of a node's memory the ranks may use")
+    ap.add_argument("--state-bytes", type=float, nargs=2, metavar=("PER_USER", "PER_KEY"),
+                    help="what-if: state bytes per active user and per tracked key instead of today's tables")
+    ap.add_argument("--other-bytes", type=float, help="what-if: bytes per window record beyond the tables")
+    ap.add_argument("--check", help="summary.json of a run to compare with the model's prediction")
+    a = ap.parse_args()
+    with open(a.job, "rb") as f:
+        job = tomllib.load(f)
+    if job.get("input", {}).get("kind", "synthetic") != "synthetic":
+        sys.exit("memory_model.py: the model covers synthetic inputs only (input.kind = \"synthetic\")")
+    cals = [json.load(open(p)) for p in a.calibration]
+    base, other = fit(job, cals)
+    if a.other_bytes is not None:
+        other = a.other_bytes
+    rate = max(c["records"]["read"] / c["wall_seconds"] / c["ranks"] for c in cals)
+    users = int(a.users or job["input"]["users"])
+    w = workload(job, users)
+    T = int(job["stream"]["triggers"])
+    print(f"workload: {users:.3g} users, {w['records']:.3g} records ({w['kept']:.3g} kept), {w['keys']:.3g} tracked keys, T = {T}")
+    print(f"fitted on {len(cals)} run(s): base {base / 2**20:.0f} MiB per rank, {other:.1f} B per input record of the "
+          f"rank's window beyond the tables; {rate / 1e6:.2f} M records/s per rank")
+
+    def predict(ranks):
+        st = state_per_rank(w, ranks, a.state_bytes)
+        rss = base + st["user"] + st["key"] + other * w["records"] / ranks
+        return st, rss
+
+    if a.check:
+        run = json.load(open(a.check))
+        ranks = run["ranks"]
+        w = workload(job, run["distinct_users"])
+        st, rss = predict(ranks)
+        got = max(run["peak_rss_bytes_per_rank"])
+        print(f"check on {a.check} ({ranks} ranks): tracked keys model {w['keys']:.4g} measured {run['distinct_keys']}; "
+              f"B/user model {st['user'] * ranks / w['users']:.1f} measured {run['state_bytes_per_active_user']:.1f}; "
+              f"B/key model {st['key'] * ranks / w['keys']:.1f} measured {run['key_state_bytes_per_tracked_key']:.1f}; "
+              f"peak RSS/rank model {rss / 2**30:.2f} GiB measured {got / 2**30:.2f} GiB ({(rss - got) / got:+.1%})")
+        return
+    budget = a.memory_per_node_gib * 2**30 * a.headroom
+    print(f"{'nodes':>6} {'ranks':>6} {'users/rank':>11} {'keys/rank':>11} {'B/user':>7} {'B/key':>6} "
+          f"{'GiB/rank':>9} {'GiB/node':>9} {'fits':>5} {'s/trigger':>10}")
+    for n in a.nodes:
+        ranks = n * a.ranks_per_node
+        st, rss = predict(ranks)
+        node = rss * a.ranks_per_node
+        print(f"{n:>6} {ranks:>6} {w['users'] / ranks:>11.3g} {w['keys'] / ranks:>11.3g} "
+              f"{st['user'] * ranks / w['users']:>7.1f} {st['key'] * ranks / w['keys']:>6.1f} {rss / 2**30:>9.2f} "
+              f"{node / 2**30:>9.2f} {'yes' if node <= budget else 'NO':>5} {w['records'] / T / ranks / rate:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
