@@ -8,7 +8,8 @@
 Peak RSS per rank = base + state + other * records per rank, where
   state  is the geometry of the engine's hash tables (absl::flat_hash_map: capacity 2^k - 1, grown at
          7/8 load, one control byte per slot), 256 shards per rank, from the expected counts of the
-         workload: active users, (user, key) pairs (at most the kept records), tracked keys;
+         workload: active users, (user, key) pairs (at most the kept records), tracked keys, each
+         shard's count spread as hashing spreads it (Poisson);
   other  (bytes per input record of the rank's window: record buffers of a trigger, the checkpoint
          journal, allocator slack) and base (bytes per process) are fitted on calibration runs:
          summary.json files of the same workload at smaller scales (the peak RSS minus the modelled
@@ -31,14 +32,31 @@ USER_SLOT, PAIR_SLOT, KEY_SLOT = 16, 16, 56
 BASE_BYTES = 50 * 2**20
 
 
-def table_bytes(items, slot):
-    """Bytes of an absl flat hash table holding `items`: capacity 2^k - 1 with items <= cap - cap/8."""
-    if items <= 0:
-        return 0
-    cap = 1
-    while items > cap - cap // 8 or cap < 7:
+def capacity(items):
+    """absl flat hash table capacity for `items`: 2^k - 1 (at least 7) with items <= cap - cap/8."""
+    cap = 7
+    while items > cap - cap // 8:
         cap = cap * 2 + 1
-    return cap * (slot + 1) + 16
+    return cap
+
+
+def table_bytes(mean_items, slot, var_items=None):
+    """Expected bytes of one shard's table whose item count has this mean and variance (default
+    Poisson: items hashed to shards one by one): the capacity steps are averaged over the count's
+    spread (normal approximation)."""
+    if mean_items <= 0:
+        return 0
+    sd = math.sqrt(var_items if var_items is not None else mean_items)
+    lo, hi = max(0.0, mean_items - 6 * sd), mean_items + 6 * sd
+    cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
+    total, cap = 0.0, capacity(lo)
+    while True:
+        top = cap - cap // 8  # largest count this capacity holds
+        p = cdf(min(top, hi) + 0.5) - cdf(lo - 0.5)
+        total += p * (cap * (slot + 1) + 16)
+        if top >= hi:
+            return total
+        lo, cap = top + 1, cap * 2 + 1
 
 
 def workload(job, users):
@@ -53,6 +71,7 @@ def workload(job, users):
     shift = 1 if lo == 0 else 0  # records per user = 1 + X when the minimum is 0
     mean = sum((k + shift) * x for k, x in zip(range(lo, hi + 1), w)) / z
     mean_kept = sum(min(k + shift, c) * x for k, x in zip(range(lo, hi + 1), w)) / z
+    kept_sq = sum(min(k + shift, c) ** 2 * x for k, x in zip(range(lo, hi + 1), w)) / z
     keys = int(inp["keys"])
     kept = users * mean_kept
     if inp.get("key_distribution", "zipf-mandelbrot") == "uniform":
@@ -64,7 +83,7 @@ def workload(job, users):
         p = [(k + kq) ** -ks for k in range(1, keys + 1)]
         pz = sum(p)
         tracked = sum(-math.expm1(kept * math.log1p(-x / pz)) for x in p)
-    return {"users": users, "records": users * mean, "kept": kept, "keys": tracked}
+    return {"users": users, "records": users * mean, "kept": kept, "keys": tracked, "kept_sq_per_user": kept_sq}
 
 
 def state_per_rank(w, ranks, fixed=None):
@@ -72,7 +91,8 @@ def state_per_rank(w, ranks, fixed=None):
         return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks}
     per_shard = ranks * SHARDS
     users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT)
-    pairs = SHARDS * table_bytes(w["kept"] / per_shard, PAIR_SLOT)  # pairs <= kept records
+    # pairs <= kept records; a shard's pairs come in users' bunches: variance users x E[kept^2]
+    pairs = SHARDS * table_bytes(w["kept"] / per_shard, PAIR_SLOT, w["users"] / per_shard * w["kept_sq_per_user"])
     keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
     return {"user": users + pairs, "key": keys}
 
