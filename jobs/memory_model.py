@@ -26,9 +26,9 @@ import sys
 import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
-# Slot bytes (+1 control byte each): kept map pair<uint64, uint32>, touched set pair<uint64, uint64>,
+# Slot bytes (+1 control byte each): kept map pair<uint64, Slot{kept, index}>, touched set uint64 pair codes,
 # key table pair<const uint64, KeyState> (kernels/bounding.hpp, kernels/key_accumulate.hpp).
-USER_SLOT, PAIR_SLOT, KEY_SLOT = 16, 16, 56
+USER_SLOT, PAIR_SLOT, KEY_SLOT = 16, 8, 56
 BASE_BYTES = 50 * 2**20
 
 

@@ -18,7 +18,28 @@ void UserState::clear() {
 
 void UserState::clear_journal() {
   for (auto& u : changed_users) std::vector<std::pair<std::uint64_t, std::uint32_t>>().swap(u);
-  for (auto& p : new_pairs) std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(p);
+  for (auto& p : new_pairs) std::vector<std::pair<std::uint64_t, std::uint32_t>>().swap(p);
+}
+
+std::uint32_t UserState::key_fingerprint(std::uint64_t key) {
+  return static_cast<std::uint32_t>(partition::salted_hash(key, partition::kFingerprintSalt) >> 32);
+}
+
+std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user) {
+  auto& map = kept[shard];
+  const auto index = static_cast<std::uint32_t>(map.size());  // dense: users leave only with clear()
+  auto [it, added] = map.try_emplace(user, Slot{0, index});
+  return {&it->second, added};
+}
+
+std::vector<std::pair<std::uint64_t, std::uint32_t>> UserState::pairs(std::size_t shard) const {
+  std::vector<std::uint64_t> user_of(kept[shard].size());
+  for (const auto& [user, slot] : kept[shard]) user_of[slot.index] = user;
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> out;
+  out.reserve(touched[shard].size());
+  for (const std::uint64_t code : touched[shard])
+    out.emplace_back(user_of[code >> 32], static_cast<std::uint32_t>(code));
+  return out;
 }
 
 std::uint64_t UserState::users() const {
@@ -36,8 +57,8 @@ std::uint64_t UserState::user_key_pairs() const {
 std::uint64_t UserState::memory_bytes() const {
   // flat_hash_* store one control byte plus the slot per capacity entry.
   std::uint64_t b = 0;
-  for (const auto& m : kept) b += m.capacity() * (1 + sizeof(std::pair<std::uint64_t, std::uint32_t>));
-  for (const auto& s : touched) b += s.capacity() * (1 + sizeof(std::pair<std::uint64_t, std::uint64_t>));
+  for (const auto& m : kept) b += m.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Slot>));
+  for (const auto& s : touched) b += s.capacity() * (1 + sizeof(std::uint64_t));
   return b;
 }
 
@@ -82,21 +103,19 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
         return a.user != b.user ? a.user < b.user : stream_order_less(a, b);
       });
       if (s == S / 2) fault::point("bounding");
-      auto& kept_map = state.kept[s];
-      auto& touched = state.touched[s];
       auto& changed_users = state.changed_users[s];
       auto& new_pairs = state.new_pairs[s];
       for (Record* g = first; g != last;) {
         Record* g_end = g;
         while (g_end != last && g_end->user == g->user) ++g_end;
         const std::uint64_t user = g->user;
-        auto [it, inserted] = kept_map.try_emplace(user, 0u);
-        if (inserted) ++mine.stats.new_users;
+        auto [slot, added] = state.find_or_add(s, user);
+        if (added) ++mine.stats.new_users;
         const auto n = static_cast<std::uint32_t>(g_end - g);
-        const std::uint32_t allowance = params.max_records_per_user - it->second;
+        const std::uint32_t allowance = params.max_records_per_user - slot->kept;
         const std::uint32_t take = std::min(n, allowance);
-        it->second += take;
-        if (state.journal && take > 0) changed_users.emplace_back(user, it->second);
+        slot->kept += take;
+        if (state.journal && take > 0) changed_users.emplace_back(user, slot->kept);
         mine.stats.kept += take;
         mine.stats.dropped += n - take;
 
@@ -118,8 +137,9 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
             ++p.count;
             p.sum += kept_values[i].second;
           }
-          const bool first_touch = touched.emplace(user, key).second;
-          if (state.journal && first_touch) new_pairs.emplace_back(user, key);
+          const std::uint32_t fingerprint = UserState::key_fingerprint(key);
+          const bool first_touch = state.add_pair(s, *slot, fingerprint);
+          if (state.journal && first_touch) new_pairs.emplace_back(user, fingerprint);
           p.new_users += first_touch || params.users_per_trigger ? 1 : 0;
         }
         g = g_end;

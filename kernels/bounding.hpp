@@ -40,9 +40,20 @@ struct BoundingStats {
 
 // Per-user state of one window, owned by the rank that owns the user. Sharded by the low bits
 // of the user hash so that OpenMP threads own disjoint shards.
+//
+// First touches: a user adds at most 1 to a key's user count. The set holds, per shard, one 64-bit
+// code per counted (user, key) pair: the user's index in its shard (exact, dense, in order of
+// arrival) and a 32-bit fingerprint of the key. Two keys of the same user with equal fingerprints
+// (probability <= C / 2^32 per new key) count that user once for both: an under-count of that
+// user's own contribution only, never another user's, and never an over-count (a false negative
+// is impossible: a key always has its fingerprint). docs/PRIVACY.md section 4.
 class UserState {
  public:
   static constexpr std::size_t kShards = 256;
+  struct Slot {
+    std::uint32_t kept = 0;   // records kept so far in the window
+    std::uint32_t index = 0;  // the user's number in its shard (< 2^32 users per shard and rank)
+  };
 
   void clear();         // also clears the journal
   void clear_journal();
@@ -50,17 +61,28 @@ class UserState {
   std::uint64_t user_key_pairs() const;
   std::uint64_t memory_bytes() const;  // estimate from the tables' capacities
 
-  // Records kept so far in the window, per user.
-  std::vector<absl::flat_hash_map<std::uint64_t, std::uint32_t>> kept{kShards};
-  // (user, key) pairs already counted: a user adds at most 1 to a key's user count.
-  std::vector<absl::flat_hash_set<std::pair<std::uint64_t, std::uint64_t>>> touched{kShards};
+  static std::uint32_t key_fingerprint(std::uint64_t key);
+  static std::uint64_t pair_code(std::uint32_t index, std::uint32_t fingerprint) {
+    return std::uint64_t{index} << 32 | fingerprint;
+  }
+  // The user's slot in `shard`, added with kept = 0 and the next index when new (second: added).
+  std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user);
+  // Counts (user, key fingerprint) in the user's first-touch set; false if it was there.
+  bool add_pair(std::size_t shard, const Slot& slot, std::uint32_t fingerprint) {
+    return touched[shard].insert(pair_code(slot.index, fingerprint)).second;
+  }
+  // Every counted pair as (user, key fingerprint), per shard in no particular order.
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> pairs(std::size_t shard) const;
+
+  std::vector<absl::flat_hash_map<std::uint64_t, Slot>> kept{kShards};
+  std::vector<absl::flat_hash_set<std::uint64_t>> touched{kShards};  // pair codes
 
   // Journal of the changes since the last checkpoint (kept only when `journal` is on), per shard:
   // (user, new kept count) in the order of the changes (a user may repeat: the last entry holds)
-  // and (user, key) pairs added to `touched`.
+  // and (user, key fingerprint) pairs added to `touched`.
   bool journal = false;
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users{kShards};
-  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> new_pairs{kShards};
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> new_pairs{kShards};
 };
 
 // Bounds and aggregates one trigger's records of the users this rank owns (any order).

@@ -15,6 +15,8 @@ namespace dpstream::partition {
 // independent (a rank that owns a heavy user does not also tend to own its heavy keys).
 inline constexpr std::uint64_t kUserSalt = 0x9E3779B97F4A7C15ULL;
 inline constexpr std::uint64_t kKeySalt = 0xD1B54A32D192ED03ULL;
+// For the 32-bit key fingerprints of a user's first-touch set (kernels/bounding.hpp).
+inline constexpr std::uint64_t kFingerprintSalt = 0x8CB92BA72F3D8DD7ULL;
 
 // SplitMix64 finalizer: a bijection on 64-bit integers with full avalanche, so two distinct
 // ids never share a hash.

@@ -36,7 +36,8 @@ namespace {
 
 constexpr const char* kSegmentFormat = "dpstream-checkpoint-segment";
 constexpr const char* kJobFormat = "dpstream-checkpoint-job";
-constexpr std::uint64_t kFormatVersion = 2;  // 2: key sums in 128 bits (keys/sum_low, keys/sum_high)
+// 2: key sums in 128 bits (keys/sum_low, keys/sum_high); 3: pairs as (user, key fingerprint)
+constexpr std::uint64_t kFormatVersion = 3;
 constexpr mode_t kFileMode = 0600;
 constexpr const char* kJobFile = "job.h5";
 
@@ -336,7 +337,7 @@ void write_segment_tables(hid_t root, Segment& s, const SegmentHeader& h, const 
   put("users/id", s.user_id);
   put("users/kept", s.user_kept);
   put("pairs/user", s.pair_user);
-  put("pairs/key", s.pair_key);
+  put("pairs/key_fingerprint", s.pair_fingerprint);
   if (fault_half) fault::point(fault_half);
   put("keys/id", s.key_id);
   put("keys/count", s.key_count);
@@ -360,7 +361,7 @@ Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string
   s.user_id = h5::read_dataset<std::uint64_t>(root, "users/id");
   s.user_kept = h5::read_dataset<std::uint32_t>(root, "users/kept");
   s.pair_user = h5::read_dataset<std::uint64_t>(root, "pairs/user");
-  s.pair_key = h5::read_dataset<std::uint64_t>(root, "pairs/key");
+  s.pair_fingerprint = h5::read_dataset<std::uint32_t>(root, "pairs/key_fingerprint");
   s.key_id = h5::read_dataset<std::uint64_t>(root, "keys/id");
   s.key_count = h5::read_dataset<std::int64_t>(root, "keys/count");
   s.key_sum_low = h5::read_dataset<std::uint64_t>(root, "keys/sum_low");
@@ -372,7 +373,7 @@ Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string
   s.releases_csv.resize(h5::dataset_size(root, "releases/csv"));
   h5::read_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, s.releases_csv.data(), s.releases_csv.size());
   const std::size_t nu = s.user_id.size(), np = s.pair_user.size(), nk = s.key_id.size();
-  if (s.user_kept.size() != nu || s.pair_key.size() != np || s.key_count.size() != nk || s.key_sum_low.size() != nk || s.key_sum_high.size() != nk ||
+  if (s.user_kept.size() != nu || s.pair_fingerprint.size() != np || s.key_count.size() != nk || s.key_sum_low.size() != nk || s.key_sum_high.size() != nk ||
       s.key_users.size() != nk || s.key_round_base_users.size() != nk || s.key_round.size() != nk ||
       s.key_round_start.size() != nk)
     throw std::runtime_error("its columns have different lengths");
@@ -538,7 +539,7 @@ Segment Journal::to_segment() {
   seg.user_id.reserve(nu);
   seg.user_kept.reserve(nu);
   seg.pair_user.reserve(np);
-  seg.pair_key.reserve(np);
+  seg.pair_fingerprint.reserve(np);
   for (auto* v : {&seg.key_count, &seg.key_sum_high, &seg.key_users, &seg.key_round_base_users}) v->reserve(nk);
   seg.key_sum_low.reserve(nk);
   seg.key_id.reserve(nk);
@@ -553,11 +554,11 @@ Segment Journal::to_segment() {
     std::vector<std::pair<std::uint64_t, std::uint32_t>>().swap(shard);
   }
   for (auto& shard : new_pairs) {
-    for (const auto& [u, k] : shard) {
+    for (const auto& [u, fingerprint] : shard) {
       seg.pair_user.push_back(u);
-      seg.pair_key.push_back(k);
+      seg.pair_fingerprint.push_back(fingerprint);
     }
-    std::vector<std::pair<std::uint64_t, std::uint64_t>>().swap(shard);
+    std::vector<std::pair<std::uint64_t, std::uint32_t>>().swap(shard);
   }
   for (auto& shard : keys) {
     for (const auto& [k, st] : shard) {
@@ -584,12 +585,13 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
   for (std::size_t i = 0; i < seg.user_id.size(); ++i) {
     const std::uint64_t h = salted_hash(seg.user_id[i], kUserSalt);
     if (filter && owner_rank(h, ranks) != rank) continue;
-    users.kept[local_shard(h, kernels::UserState::kShards)][seg.user_id[i]] = seg.user_kept[i];
+    users.find_or_add(local_shard(h, kernels::UserState::kShards), seg.user_id[i]).first->kept = seg.user_kept[i];
   }
   for (std::size_t i = 0; i < seg.pair_user.size(); ++i) {
     const std::uint64_t h = salted_hash(seg.pair_user[i], kUserSalt);
     if (filter && owner_rank(h, ranks) != rank) continue;
-    users.touched[local_shard(h, kernels::UserState::kShards)].emplace(seg.pair_user[i], seg.pair_key[i]);
+    const std::size_t shard = local_shard(h, kernels::UserState::kShards);
+    users.add_pair(shard, *users.find_or_add(shard, seg.pair_user[i]).first, seg.pair_fingerprint[i]);
   }
   for (std::size_t i = 0; i < seg.key_id.size(); ++i) {
     const std::uint64_t h = salted_hash(seg.key_id[i], kKeySalt);

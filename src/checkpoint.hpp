@@ -68,7 +68,8 @@ struct Segment {
   std::vector<std::uint64_t> user_id;  // users whose kept count changed, with the new count (in order:
                                        // with every > 1 a user may repeat, and the last entry holds)
   std::vector<std::uint32_t> user_kept;
-  std::vector<std::uint64_t> pair_user, pair_key;  // (user, key) pairs counted for the first time
+  std::vector<std::uint64_t> pair_user;  // (user, key fingerprint) pairs counted for the first time
+  std::vector<std::uint32_t> pair_fingerprint;
   std::vector<std::uint64_t> key_id;               // keys whose state changed, with the new state
   std::vector<std::int64_t> key_count, key_users, key_round_base_users;
   std::vector<std::uint64_t> key_sum_low;  // the 128-bit sum as two words (record.hpp)
@@ -77,7 +78,7 @@ struct Segment {
   std::string releases_csv;  // rank 0: the commit's release rows as they go into releases.csv
 
   // Payload bytes per entry of each table.
-  static constexpr std::uint64_t kKeptBytes = 12, kPairBytes = 16, kKeyBytes = 56;
+  static constexpr std::uint64_t kKeptBytes = 12, kPairBytes = 12, kKeyBytes = 56;
   std::uint64_t user_bytes() const { return user_id.size() * kKeptBytes + pair_user.size() * kPairBytes; }
   std::uint64_t key_bytes() const { return key_id.size() * kKeyBytes; }
 };
@@ -87,7 +88,7 @@ struct Segment {
 // by the checkpoint's I/O thread.
 struct Journal {
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users;
-  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> new_pairs;
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> new_pairs;
   std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> keys;
   Segment to_segment();  // empties the journal as it goes
   std::uint64_t user_bytes() const;  // what to_segment() will hold, in Segment's payload bytes

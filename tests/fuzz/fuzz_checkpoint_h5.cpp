@@ -176,7 +176,7 @@ std::vector<std::byte> job_file(Builder& b) {
   h5::MemoryFile f(1 << 16);
   const hid_t root = f.get();
   b.string_attribute(root, "format", "dpstream-checkpoint-job");
-  b.uint_attribute(root, "version", 2);
+  b.uint_attribute(root, "version", 3);
   b.string_attribute(root, "job_id", b.text());
   b.string_attribute(root, "job_name", b.text());
   b.string_attribute(root, "started_at", b.text());
@@ -191,7 +191,7 @@ std::vector<std::byte> segment_file(Builder& b, const checkpoint::SegmentRef& re
   h5::MemoryFile f(1 << 16);
   const hid_t root = f.get();
   b.string_attribute(root, "format", "dpstream-checkpoint-segment");
-  b.uint_attribute(root, "version", 2);
+  b.uint_attribute(root, "version", 3);
   b.string_attribute(root, "job_id", job_id);
   b.uint_attribute(root, "seq", ref.seq);
   b.uint_attribute(root, "rank", static_cast<std::uint64_t>(ref.rank));
@@ -202,7 +202,7 @@ std::vector<std::byte> segment_file(Builder& b, const checkpoint::SegmentRef& re
   b.dataset(root, "users/id", H5T_NATIVE_UINT64, 8, nu);
   b.dataset(root, "users/kept", H5T_NATIVE_UINT32, 4, b.length(nu));
   b.dataset(root, "pairs/user", H5T_NATIVE_UINT64, 8, np);
-  b.dataset(root, "pairs/key", H5T_NATIVE_UINT64, 8, b.length(np));
+  b.dataset(root, "pairs/key_fingerprint", H5T_NATIVE_UINT32, 4, b.length(np));
   b.dataset(root, "keys/id", H5T_NATIVE_UINT64, 8, nk);
   b.dataset(root, "keys/sum_low", H5T_NATIVE_UINT64, 8, b.length(nk));
   for (const char* name : {"keys/count", "keys/sum_high", "keys/users", "keys/round_base_users"})
@@ -248,7 +248,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const checkpoint::Segment seg = checkpoint::read_segment(dir, ref, job_id);
     const std::size_t nk = seg.key_id.size();
-    if (seg.user_kept.size() != seg.user_id.size() || seg.pair_key.size() != seg.pair_user.size() ||
+    if (seg.user_kept.size() != seg.user_id.size() || seg.pair_fingerprint.size() != seg.pair_user.size() ||
         seg.key_count.size() != nk || seg.key_sum_low.size() != nk || seg.key_sum_high.size() != nk || seg.key_users.size() != nk ||
         seg.key_round_base_users.size() != nk || seg.key_round.size() != nk || seg.key_round_start.size() != nk)
       fuzz::property_failed("read_segment returned columns of different lengths");

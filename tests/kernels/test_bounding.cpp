@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
+#include <unordered_map>
 
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
@@ -65,7 +67,7 @@ TEST(Bounding, MatchesNaiveReferenceOverManyTriggers) {
     }
     EXPECT_EQ(stats.kept + stats.dropped, total);
     for (const auto& shard : users.kept)
-      for (const auto& [user, kept] : shard) EXPECT_LE(kept, C) << "user " << user;
+      for (const auto& [user, slot] : shard) EXPECT_LE(slot.kept, C) << "user " << user;
     EXPECT_GT(stats.dropped, 0u);
     EXPECT_GT(stats.clamped, 0u);
   }
@@ -107,6 +109,65 @@ TEST(Bounding, ClampsAndCountsAUserOncePerKey) {
   EXPECT_EQ(users.user_key_pairs(), 2u);
   users.clear();
   EXPECT_EQ(users.users(), 0u);
+}
+
+// Two keys whose 32-bit fingerprints collide (birthday search over consecutive keys: expected near
+// 2^16 of them).
+std::pair<std::uint64_t, std::uint64_t> colliding_keys() {
+  std::unordered_map<std::uint32_t, std::uint64_t> seen;
+  for (std::uint64_t k = 1;; ++k) {
+    auto [it, added] = seen.emplace(kernels::UserState::key_fingerprint(k), k);
+    if (!added) return {it->second, k};
+  }
+}
+
+std::int64_t new_users_of(const std::vector<KeyPartial>& partials, std::uint64_t key) {
+  std::int64_t n = 0;
+  for (const auto& p : partials)
+    if (p.key == key) n += p.new_users;
+  return n;
+}
+
+TEST(Bounding, FirstTouchFingerprintsNeverOverCountAndOnlyUnderCountTheSameUser) {
+  const auto [k1, k2] = colliding_keys();
+  ASSERT_NE(k1, k2);
+  ASSERT_EQ(kernels::UserState::key_fingerprint(k1), kernels::UserState::key_fingerprint(k2));
+  const kernels::BoundingParams params{32, 0.0, 1.0};
+  kernels::UserState users;
+  kernels::BoundingStats stats;
+  // User 1 touches k1, then (next trigger) k2: the collision hides k2's first touch of user 1 only:
+  // its record still counts, its user count is under-counted by one (privacy-safe).
+  auto p0 = kernels::bound_and_aggregate({{1, k1, 0, 0, 0.5}}, params, users, stats);
+  EXPECT_EQ(new_users_of(p0, k1), 1);
+  auto p1 = kernels::bound_and_aggregate({{1, k2, 1, 1, 0.5}, {2, k2, 1, 2, 0.5}, {3, k1, 1, 3, 0.5}}, params, users, stats);
+  EXPECT_EQ(new_users_of(p1, k2), 1);  // user 2 only: another user's collision never hides a user
+  EXPECT_EQ(new_users_of(p1, k1), 1);  // user 3
+  std::int64_t records_k2 = 0;
+  for (const auto& p : p1) records_k2 += p.key == k2 ? p.count : 0;
+  EXPECT_EQ(records_k2, 2);
+  // Both keys in one trigger of a new user: counted once in all (never twice).
+  auto p2 = kernels::bound_and_aggregate({{4, k1, 2, 4, 0.5}, {4, k2, 2, 5, 0.5}}, params, users, stats);
+  EXPECT_EQ(new_users_of(p2, k1) + new_users_of(p2, k2), 1);
+  // No false negative: a user's 32 distinct keys (distinct fingerprints) each count once, and
+  // never again when revisited, across triggers.
+  std::vector<Record> first, again;
+  std::set<std::uint32_t> fingerprints;
+  for (std::uint64_t i = 0; i < 32; ++i) {
+    const std::uint64_t key = 1000003 * (i + 1);
+    fingerprints.insert(kernels::UserState::key_fingerprint(key));
+    (i % 2 ? first : again).push_back({9, key, 3, 10 + i, 0.5});
+  }
+  ASSERT_EQ(fingerprints.size(), 32u);
+  auto a = kernels::bound_and_aggregate(first, params, users, stats);
+  auto b = kernels::bound_and_aggregate(again, params, users, stats);
+  std::int64_t total = 0;
+  for (const auto& p : a) total += p.new_users;
+  for (const auto& p : b) total += p.new_users;
+  EXPECT_EQ(total, 32);
+  EXPECT_EQ(users.user_key_pairs(), 1u + 1u + 1u + 1u + 32u);  // (1,k1) (2,k2) (3,k1) (4,k1|k2) + 32
+  std::size_t listed = 0;
+  for (std::size_t s = 0; s < kernels::UserState::kShards; ++s) listed += users.pairs(s).size();
+  EXPECT_EQ(listed, users.user_key_pairs());
 }
 
 TEST(Bounding, SumsBeyondInt64NeverAbortAndStayExact) {

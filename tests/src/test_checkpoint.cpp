@@ -45,17 +45,21 @@ std::vector<Record> owned_records(std::mt19937_64& rng, int rank, int ranks, int
   return mine;
 }
 
-// Flattened state for comparisons: user -> kept, (user, key) pairs, key -> state.
+// Flattened state for comparisons: user -> kept, (user, key fingerprint) pairs, key -> state.
 struct Flat {
   std::map<std::uint64_t, std::uint32_t> kept;
-  std::set<std::pair<std::uint64_t, std::uint64_t>> pairs;
+  std::set<std::pair<std::uint64_t, std::uint32_t>> pairs;
   std::map<std::uint64_t, std::tuple<std::int64_t, int128, std::int64_t, std::int64_t, std::uint32_t, std::uint32_t>> keys;
   bool operator==(const Flat&) const = default;
 };
 Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
   Flat f;
-  for (const auto& m : u.kept) f.kept.insert(m.begin(), m.end());
-  for (const auto& s : u.touched) f.pairs.insert(s.begin(), s.end());
+  for (const auto& m : u.kept)
+    for (const auto& [user, slot] : m) f.kept[user] = slot.kept;
+  for (std::size_t s = 0; s < u.kept.size(); ++s) {
+    const auto pairs = u.pairs(s);
+    f.pairs.insert(pairs.begin(), pairs.end());
+  }
   for (const auto& s : k.shards)
     for (const auto& [key, st] : s)
       f.keys[key] = {st.count, st.sum, st.users, st.round_base_users, st.round, st.round_start};
