@@ -70,9 +70,15 @@ std::vector<std::byte> MemoryFile::image() const {
 }
 
 DiskFile::DiskFile(const std::string& path, Mode mode) {
+  Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "create a file access list");
+#if H5_VERSION_GE(1, 10, 7)
+  // No flock(): parallel file systems often refuse it, and the engine's own protocol (temporary
+  // file, rename, one writer per file) already keeps readers and writers apart.
+  check(H5Pset_file_locking(fapl.get(), false, true), "turn off file locking");
+#endif
   file_ = mode == Mode::Create
-              ? Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, "create " + path)
-              : Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path + " (not an HDF5 file?)");
+              ? Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose, "create " + path)
+              : Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "open " + path + " (not an HDF5 file?)");
 }
 
 void DiskFile::close() {

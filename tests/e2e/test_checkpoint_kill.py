@@ -364,7 +364,7 @@ def check_completed_checkpoint(job, out_dir, ranks):
         return n
     proc = subprocess.run([h5dump, "-H", os.path.join(ck, seg0)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"h5dump -H {seg0} failed ({proc.returncode}): {proc.stderr[:500]!r}"
-    want = {"users": ["id", "kept"], "pairs": ["user", "key"],
+    want = {"users": ["id", "kept"], "pairs": ["user", "key_fingerprint"],
             "keys": ["id", "count", "sum_low", "sum_high", "users", "round", "round_start", "round_base_users"], "releases": ["csv"]}
     missing = [g for g in want if f'GROUP "{g}"' not in proc.stdout]
     missing += [f"{g}/{d}" for g, ds in want.items() for d in ds if f'DATASET "{d}"' not in proc.stdout]
