@@ -27,8 +27,9 @@ import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
 # Slot bytes (+1 control byte each): kept map pair<uint64, Slot{kept, index}>, touched set uint64 pair codes,
-# key table pair<const uint64, KeyState> (kernels/bounding.hpp, kernels/key_accumulate.hpp).
-USER_SLOT, PAIR_SLOT, KEY_SLOT = 16, 8, 56
+# key table pair<const uint64, Packed> (kernels/bounding.hpp, kernels/key_accumulate.hpp); a query with a
+# sum column adds a dense std::vector of 16-byte sums per key shard (capacity: the next power of two).
+USER_SLOT, PAIR_SLOT, KEY_SLOT, SUM_BYTES = 16, 8, 32, 16
 BASE_BYTES = 50 * 2**20
 
 
@@ -59,6 +60,22 @@ def table_bytes(mean_items, slot, var_items=None):
         lo, cap = top + 1, cap * 2 + 1
 
 
+def vector_bytes(mean_items, item):
+    """Expected bytes of a std::vector grown by push_back (capacity doubles) holding ~Poisson(mean) items."""
+    if mean_items <= 0:
+        return 0
+    sd = math.sqrt(mean_items)
+    lo, hi = max(1.0, mean_items - 6 * sd), mean_items + 6 * sd
+    cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
+    total, cap = 0.0, 2 ** math.ceil(math.log2(lo))
+    while True:
+        p = cdf(min(cap, hi) + 0.5) - cdf(max(lo, cap / 2) - 0.5)
+        total += p * cap * item
+        if cap >= hi:
+            return total
+        cap *= 2
+
+
 def workload(job, users):
     """Expected users, records, kept records and tracked keys of a synthetic job (core paper, section 5.1)."""
     inp, priv = job["input"], job["privacy"]
@@ -83,7 +100,9 @@ def workload(job, users):
         p = [(k + kq) ** -ks for k in range(1, keys + 1)]
         pz = sum(p)
         tracked = sum(-math.expm1(kept * math.log1p(-x / pz)) for x in p)
-    return {"users": users, "records": users * mean, "kept": kept, "keys": tracked, "kept_sq_per_user": kept_sq}
+    sums = "sum" in job.get("query", {}).get("aggregations", ["count", "sum"])
+    return {"users": users, "records": users * mean, "kept": kept, "keys": tracked, "kept_sq_per_user": kept_sq,
+            "sums": sums}
 
 
 def state_per_rank(w, ranks, fixed=None):
@@ -94,6 +113,8 @@ def state_per_rank(w, ranks, fixed=None):
     # pairs <= kept records; a shard's pairs come in users' bunches: variance users x E[kept^2]
     pairs = SHARDS * table_bytes(w["kept"] / per_shard, PAIR_SLOT, w["users"] / per_shard * w["kept_sq_per_user"])
     keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
+    if w["sums"]:
+        keys += SHARDS * vector_bytes(w["keys"] / per_shard, SUM_BYTES)
     return {"user": users + pairs, "key": keys}
 
 

@@ -28,8 +28,7 @@ BaselineReleaser::~BaselineReleaser() { OPENSSL_cleanse(secret_.data(), secret_.
 std::vector<KeyTotals> BaselineReleaser::running_totals(const KeyStateTable& keys) {
   std::vector<KeyTotals> all;
   all.reserve(keys.keys());
-  for (const auto& shard : keys.shards)
-    for (const auto& [key, st] : shard) all.push_back({key, st.count, st.sum, st.users});
+  keys.for_each([&](std::uint64_t key, const KeyState& st) { all.push_back({key, st.count, st.sum, st.users}); });
   return all;
 }
 
@@ -72,9 +71,10 @@ std::vector<KeyRelease> BaselineReleaser::release(const std::vector<KeyTotals>& 
   for (auto& o : out) all.insert(all.end(), o.begin(), o.end());
   std::sort(all.begin(), all.end(), [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });
   for (const auto& r : all) {  // KeyState::round counts the key's releases (checkpointed: keys released survives a resume)
-    const std::size_t s = partition::local_shard(partition::salted_hash(r.key, partition::kKeySalt), KeyStateTable::kShards);
-    ++keys.shards[s][r.key].round;
-    if (keys.journal) keys.changed_keys[s].push_back(r.key);
+    KeyState st = keys.at(r.key);
+    ++st.round;
+    keys.put(r.key, st);
+    if (keys.journal) keys.changed_keys[KeyStateTable::shard_of(r.key)].push_back(r.key);
   }
   stats.tested += tested;
   stats.released += all.size();

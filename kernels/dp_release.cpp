@@ -164,14 +164,13 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) {
       if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
       auto& cache = caches_[s];
-      auto& table = keys.shards[s];
       auto& calendar = calendar_[s];
       std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
 
       // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
       // on, the simulation of its next steps with no new user, which schedules its next visit.
       // `known`: the key's cache entry when the caller has found it already.
-      auto visit = [&](std::uint64_t key, KeyState& st, bool touched, NoiseCache* known = nullptr) {
+      auto visit = [&](std::uint64_t key, KeyState st, bool touched, NoiseCache* known = nullptr) {
         ++visited;
         const std::int64_t round_users = st.users - st.round_base_users;
         if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
@@ -207,6 +206,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
           ++st.round;
           st.round_start = trigger + 1;
           st.round_base_users = st.users;
+          keys.put(key, st);
           c.selection.reset();
           c.lookahead.reset();
           c.selection_round = st.round;
@@ -238,13 +238,13 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
       };
 
       if (scan_all) {
-        for (auto& [key, st] : table) visit(key, st, false);
+        keys.for_each_in(s, [&](std::uint64_t key, const KeyState& st) { visit(key, st, false); });
       } else {
-        for (const std::uint64_t key : keys.touched[s]) visit(key, table.at(key), true);
+        for (const std::uint64_t key : keys.touched[s]) visit(key, keys.at(key), true);
         if (auto due = calendar.extract(trigger)) {
           for (const std::uint64_t key : due.mapped()) {
             const auto it = cache.find(key);  // skip entries whose key was visited since (rescheduled or released)
-            if (it != cache.end() && it->second.next_visit == trigger) visit(key, table.at(key), false, &it->second);
+            if (it != cache.end() && it->second.next_visit == trigger) visit(key, keys.at(key), false, &it->second);
           }
         }
       }

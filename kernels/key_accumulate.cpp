@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
@@ -15,7 +16,7 @@ std::size_t KeyStateTable::shard_of(std::uint64_t key) {
 }
 
 void KeyStateTable::clear() {
-  for (auto& s : shards) s.clear();
+  for (auto& sh : shards_) sh = Shard{};
   for (auto& t : touched) t.clear();
   clear_journal();
 }
@@ -26,14 +27,75 @@ void KeyStateTable::clear_journal() {
 
 std::uint64_t KeyStateTable::keys() const {
   std::uint64_t n = 0;
-  for (const auto& s : shards) n += s.size();
+  for (const auto& sh : shards_) n += sh.packed.size();
   return n;
 }
 
 std::uint64_t KeyStateTable::memory_bytes() const {
   std::uint64_t b = 0;
-  for (const auto& s : shards) b += s.capacity() * (1 + sizeof(std::pair<const std::uint64_t, KeyState>));
+  for (const auto& sh : shards_)
+    b += sh.packed.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Packed>)) +
+         sh.sums.capacity() * sizeof(Int128Words) +
+         sh.wide.capacity() * (1 + sizeof(std::pair<const std::uint64_t, KeyState>));
   return b;
+}
+
+KeyState KeyStateTable::load(const Shard& sh, std::uint64_t key, const Packed& p) const {
+  if (p.count == kWide) return sh.wide.at(key);
+  KeyState st;
+  st.count = p.count;
+  st.users = p.users;
+  st.round_base_users = p.round_base_users;
+  st.round = p.round;
+  st.round_start = p.round_start;
+  if (track_sums_) st.sum = sh.sums[p.sum_index];
+  return st;
+}
+
+// Packed while every value fits 32 bits; once a value does not, the key's state stays full width.
+void KeyStateTable::store(Shard& sh, std::uint64_t key, Packed& p, const KeyState& st) {
+  const auto fits = [](std::int64_t v) { return v >= 0 && v < std::int64_t{kWide}; };
+  if (p.count != kWide && fits(st.count) && fits(st.users) && fits(st.round_base_users)) {
+    p.count = static_cast<std::uint32_t>(st.count);
+    p.users = static_cast<std::uint32_t>(st.users);
+    p.round_base_users = static_cast<std::uint32_t>(st.round_base_users);
+    p.round = st.round;
+    p.round_start = st.round_start;
+    if (track_sums_) sh.sums[p.sum_index] = st.sum;
+    return;
+  }
+  KeyState& wide = sh.wide[key];
+  wide = st;
+  if (!track_sums_) wide.sum = 0;
+  p.count = kWide;
+}
+
+KeyStateTable::Packed& KeyStateTable::slot(Shard& sh, std::uint64_t key) {
+  auto [it, inserted] = sh.packed.try_emplace(key);
+  if (inserted && track_sums_) {
+    if (sh.sums.size() >= kWide) throw std::length_error("KeyStateTable: more than 2^32 - 1 keys in one shard");
+    it->second.sum_index = static_cast<std::uint32_t>(sh.sums.size());
+    sh.sums.emplace_back();
+  }
+  return it->second;
+}
+
+std::optional<KeyState> KeyStateTable::find(std::uint64_t key) const {
+  const Shard& sh = shards_[shard_of(key)];
+  const auto it = sh.packed.find(key);
+  if (it == sh.packed.end()) return std::nullopt;
+  return load(sh, key, it->second);
+}
+
+KeyState KeyStateTable::at(std::uint64_t key) const {
+  auto st = find(key);
+  if (!st) throw std::out_of_range("KeyStateTable: key not tracked");
+  return *st;
+}
+
+void KeyStateTable::put(std::uint64_t key, const KeyState& st) {
+  Shard& sh = shards_[shard_of(key)];
+  store(sh, key, slot(sh, key), st);
 }
 
 std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials, Report report) {
@@ -46,11 +108,12 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
     KeyPartial* last = sharded.items.data() + sharded.offsets[s + 1];
     if (s == S / 2) fault::point("accumulate");
     std::sort(first, last, [](const KeyPartial& a, const KeyPartial& b) { return a.key < b.key; });
-    auto& table = shards[s];
+    Shard& sh = shards_[s];
     touched[s].clear();
     for (KeyPartial* p = first; p != last;) {
-      KeyState& st = table[p->key];
       const std::uint64_t key = p->key;
+      Packed& packed = slot(sh, key);
+      KeyState st = load(sh, key, packed);
       KeyTotals trigger_totals{key, 0, 0, 0};
       for (; p != last && p->key == key; ++p) {
         trigger_totals.count += p->count;
@@ -58,8 +121,9 @@ std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& 
         trigger_totals.users += p->new_users;
       }
       st.count += trigger_totals.count;
-      st.sum += trigger_totals.sum;
+      if (track_sums_) st.sum += trigger_totals.sum;
       st.users += trigger_totals.users;
+      store(sh, key, packed, st);
       if (journal) changed_keys[s].push_back(key);
       if (report == Report::RunningTotals) changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
       if (report == Report::TriggerTotals) changed[s].push_back(trigger_totals);

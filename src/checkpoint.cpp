@@ -200,7 +200,7 @@ bool read_manifest(const fs::path& path, Manifest& out, std::string& why) {
       why = fmt::format("{} is damaged (checksum mismatch)", path.filename().string());
       return false;
     }
-    if (j.at("format") != "dpstream-checkpoint-manifest" || j.at("version").get<std::uint64_t>() != kFormatVersion) {
+    if (j.at("format") != "dpstream-checkpoint-manifest" || integer_at<std::uint64_t>(j, "version") != kFormatVersion) {
       why = fmt::format("{} is not a dpstream checkpoint manifest of format version {}", path.filename().string(), kFormatVersion);
       return false;
     }
@@ -511,7 +511,7 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
     std::sort(changed.begin(), changed.end());
     changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
     j.keys[s].reserve(changed.size());
-    for (const auto k : changed) j.keys[s].emplace_back(k, keys.shards[s].at(k));
+    for (const auto k : changed) j.keys[s].emplace_back(k, keys.at(k));
   }
   keys.clear_journal();
   return j;
@@ -596,13 +596,14 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
   for (std::size_t i = 0; i < seg.key_id.size(); ++i) {
     const std::uint64_t h = salted_hash(seg.key_id[i], kKeySalt);
     if (filter && owner_rank(h, ranks) != rank) continue;
-    auto& st = keys.shards[local_shard(h, kernels::KeyStateTable::kShards)][seg.key_id[i]];
+    kernels::KeyState st;
     st.count = seg.key_count[i];
     st.sum = from_words(seg.key_sum_low[i], seg.key_sum_high[i]);
     st.users = seg.key_users[i];
     st.round_base_users = seg.key_round_base_users[i];
     st.round = seg.key_round[i];
     st.round_start = seg.key_round_start[i];
+    keys.put(seg.key_id[i], st);
   }
 }
 

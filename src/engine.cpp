@@ -369,7 +369,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                                                            : kernels::KeyStateTable::Report::Nothing;
   const std::uint32_t T = config.stream.triggers;
   kernels::UserState users;
-  kernels::KeyStateTable keys;
+  kernels::KeyStateTable keys(/*track_sums=*/config.query.sum);
   kernels::BoundingStats bstats;
   shuffle::TrafficCounter user_traffic, key_traffic;
   std::uint64_t distinct_users = 0, distinct_keys = 0, peak_state_bytes = 0, local_records = 0, global_records = 0;
@@ -582,8 +582,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
         distinct_users += users.users();
         distinct_keys += keys.keys();
         if (dp)  // KeyState::round > 0: released at least once in the window
-          for (const auto& shard : keys.shards)
-            for (const auto& [key, st] : shard) dp_keys_released += st.round > 0;
+          keys.for_each([&](std::uint64_t, const kernels::KeyState& st) { dp_keys_released += st.round > 0; });
         if (releaser) {
           dp_cached_keys += releaser->cached_keys();
           if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys

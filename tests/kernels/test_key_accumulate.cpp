@@ -61,3 +61,80 @@ TEST(KeyAccumulate, WidePartialSumsAreSplitIntoInt64Chunks) {
     EXPECT_TRUE(table.accumulate(out).at(0).sum == sum);
   }
 }
+
+// Counts and users live in 32-bit fields until a value does not fit; then the key's state moves to
+// the full-width side table. Whether that happens depends on the data: it must stay exact, never abort.
+TEST(KeyAccumulate, CountsBeyond32BitsMoveTheKeyToFullWidthExactly) {
+  for (const bool sums : {true, false}) {
+    kernels::KeyStateTable table(sums);
+    const std::int64_t near = 0xffffffffLL - 3;  // 2^32 - 4
+    table.accumulate({{7, near, 5, near}, {8, 1, 2, 1}});
+    auto totals = table.accumulate({{7, 2, 1, 2}, {7, 1, 1, 1}, {7, 9, 1, 0}, {8, 1, 2, 0}});
+    ASSERT_EQ(totals.size(), 2u);
+    EXPECT_EQ(totals[0].count, near + 12);  // crossed 2^32 - 1 within one trigger
+    EXPECT_EQ(totals[0].users, near + 3);
+    EXPECT_TRUE(totals[0].sum == (sums ? 8 : 0));
+    EXPECT_EQ(totals[1].count, 2);
+    EXPECT_TRUE(totals[1].sum == (sums ? 4 : 0));
+    // A wide key keeps accumulating and its release fields round-trip.
+    table.accumulate({{7, std::int64_t{1} << 40, 0, 1}});
+    kernels::KeyState st = table.at(7);
+    EXPECT_EQ(st.count, near + 12 + (std::int64_t{1} << 40));
+    EXPECT_EQ(st.users, near + 4);
+    st.round = 3;
+    st.round_start = 17;
+    st.round_base_users = st.users;
+    table.put(7, st);
+    EXPECT_TRUE(table.at(7) == st);
+    EXPECT_EQ(table.keys(), 2u);
+  }
+}
+
+// put/at round-trip every state exactly, at the edges of the packed fields and beyond them; a key
+// put back with small values after going wide stays exact too.
+TEST(KeyAccumulate, EveryStateRoundTripsPackedOrWide) {
+  kernels::KeyStateTable table;
+  const std::int64_t edges[] = {0, 1, 0xfffffffeLL, 0xffffffffLL, 0x100000000LL, INT64_MAX, -1, INT64_MIN};
+  std::uint64_t key = 1;
+  std::vector<std::pair<std::uint64_t, kernels::KeyState>> put;
+  for (const std::int64_t count : edges)
+    for (const std::int64_t users : edges) {
+      kernels::KeyState st;
+      st.count = count;
+      st.users = users;
+      st.round_base_users = users / 2;
+      st.round = static_cast<std::uint32_t>(key * 2654435761u);
+      st.round_start = static_cast<std::uint32_t>(key);
+      st.sum = (int128{count} << 20) - users;
+      table.put(key, st);
+      put.emplace_back(key++, st);
+    }
+  for (const auto& [k, st] : put) EXPECT_TRUE(table.at(k) == st) << "key " << k;
+  kernels::KeyState small;
+  small.count = 3;
+  table.put(put.back().first, small);
+  EXPECT_TRUE(table.at(put.back().first) == small);
+  EXPECT_FALSE(table.find(key + 1000).has_value());
+  EXPECT_THROW(table.at(key + 1000), std::out_of_range);
+  std::uint64_t visited = 0;
+  table.for_each([&](std::uint64_t k, const kernels::KeyState& st) {
+    ++visited;
+    EXPECT_TRUE(table.at(k) == st);
+  });
+  EXPECT_EQ(visited, put.size());
+}
+
+// A count-only query stores no sums: the same keys take less memory, and a slot is 32 bytes.
+TEST(KeyAccumulate, CountOnlyTablesStoreNoSums) {
+  kernels::KeyStateTable with_sums(true), count_only(false);
+  std::vector<KeyPartial> partials;
+  for (std::uint64_t k = 0; k < 100000; ++k) partials.push_back({k * 0x9E3779B97F4A7C15ull, 1, 1000, 1});
+  with_sums.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
+  count_only.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
+  EXPECT_EQ(with_sums.keys(), count_only.keys());
+  EXPECT_GE(with_sums.memory_bytes(), count_only.memory_bytes() + 100000 * 16);
+  // Hash slots (32 bytes + 1 control byte) at absl's load factor of at least 7/16 after growth.
+  EXPECT_LE(count_only.memory_bytes(), 100000 * 33 * 16 / 7 + 256 * 64);
+  EXPECT_TRUE(count_only.at(partials[5].key).sum == 0);
+  EXPECT_TRUE(with_sums.at(partials[5].key).sum == 1000);
+}

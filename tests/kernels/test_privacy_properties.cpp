@@ -74,11 +74,6 @@ DpParams flat_params(std::uint32_t T, double mu, double tau, double sigma_select
 
 using dpstream::testing::ScopedOmpThreads;
 
-const kernels::KeyState* find_state(const KeyStateTable& table, std::uint64_t key) {
-  for (const auto& shard : table.shards)
-    if (auto it = shard.find(key); it != shard.end()) return &it->second;
-  return nullptr;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Dyadic trees and an independent Honaker implementation in exact rationals.
@@ -462,8 +457,8 @@ TEST(PrivacyProperties, PlanLevelNoReleaseUntilMoreThanMuNewUsers) {
         if (rel) {
           base[k] = users[k];
           released_before[k] = true;
-          const kernels::KeyState* st = find_state(table, static_cast<std::uint64_t>(k));
-          ASSERT_NE(st, nullptr);
+          const auto st = table.find(static_cast<std::uint64_t>(k));
+          ASSERT_TRUE(st.has_value());
           EXPECT_EQ(st->users - st->round_base_users, 0) << "the round restarts after a release";
         }
       }
@@ -744,7 +739,7 @@ TEST(PrivacyProperties, TotalsBeyondInt64AreReleasedExactlyPlusTheSameNoise) {
   std::vector<KeyRelease> baseline[2];
   for (const bool huge : {false, true}) {
     KeyStateTable table;
-    table.shards[0][key] = state(huge);
+    table.put(key, state(huge));
     DpReleaser releaser(params, noise::secret_from_seed(8));
     releaser.begin_window(3);
     DpStats stats;

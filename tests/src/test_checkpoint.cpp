@@ -60,9 +60,9 @@ Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
     const auto pairs = u.pairs(s);
     f.pairs.insert(pairs.begin(), pairs.end());
   }
-  for (const auto& s : k.shards)
-    for (const auto& [key, st] : s)
-      f.keys[key] = {st.count, st.sum, st.users, st.round_base_users, st.round, st.round_start};
+  k.for_each([&](std::uint64_t key, const kernels::KeyState& st) {
+    f.keys[key] = {st.count, st.sum, st.users, st.round_base_users, st.round, st.round_start};
+  });
   return f;
 }
 
@@ -84,15 +84,16 @@ std::vector<checkpoint::Segment> drive(kernels::UserState& users, kernels::KeySt
       return partition::owner_rank(partition::salted_hash(p.key, partition::kKeySalt), ranks) != rank;
     });
     keys.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
-    for (std::size_t s = 0; s < keys.shards.size(); ++s)
-      for (auto& [key, st] : keys.shards[s])
-        if ((key + static_cast<std::uint64_t>(t)) % 7 == 0) {
-          ++st.round;
-          st.round_start = static_cast<std::uint32_t>(t + 1);
-          st.round_base_users = st.users;
-          st.sum += (key & 1 ? 1 : -1) * (int128{1} << 100);
-          keys.changed_keys[s].push_back(key);
-        }
+    for (std::size_t s = 0; s < kernels::KeyStateTable::kShards; ++s)
+      keys.for_each_in(s, [&](std::uint64_t key, kernels::KeyState st) {
+        if ((key + static_cast<std::uint64_t>(t)) % 7 != 0) return;
+        ++st.round;
+        st.round_start = static_cast<std::uint32_t>(t + 1);
+        st.round_base_users = st.users;
+        st.sum += (key & 1 ? 1 : -1) * (int128{1} << 100);
+        keys.put(key, st);
+        keys.changed_keys[s].push_back(key);
+      });
     out.push_back(checkpoint::take_journal(users, keys));
   }
   return out;
