@@ -27,9 +27,10 @@ import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
 # Slot bytes (+1 control byte each): kept map pair<uint64, Slot{kept, index}>, touched set uint64 pair codes,
-# key table pair<const uint64, Packed> (kernels/bounding.hpp, kernels/key_accumulate.hpp); a query with a
-# sum column adds a dense std::vector of 16-byte sums per key shard (capacity: the next power of two).
-USER_SLOT, PAIR_SLOT, KEY_SLOT, SUM_BYTES = 16, 8, 32, 16
+# key table pair<const uint64, Packed{count, users}>, and with a sum column a table pair<const uint64, 128-bit
+# sum> per key (kernels/bounding.hpp, kernels/key_accumulate.hpp). Keys released at least once keep a
+# 56-byte full state in a side table: few in a large uniform key space, not modelled.
+USER_SLOT, PAIR_SLOT, KEY_SLOT, SUM_SLOT = 16, 8, 16, 24
 BASE_BYTES = 50 * 2**20
 
 
@@ -58,22 +59,6 @@ def table_bytes(mean_items, slot, var_items=None):
         if top >= hi:
             return total
         lo, cap = top + 1, cap * 2 + 1
-
-
-def vector_bytes(mean_items, item):
-    """Expected bytes of a std::vector grown by push_back (capacity doubles) holding ~Poisson(mean) items."""
-    if mean_items <= 0:
-        return 0
-    sd = math.sqrt(mean_items)
-    lo, hi = max(1.0, mean_items - 6 * sd), mean_items + 6 * sd
-    cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
-    total, cap = 0.0, 2 ** math.ceil(math.log2(lo))
-    while True:
-        p = cdf(min(cap, hi) + 0.5) - cdf(max(lo, cap / 2) - 0.5)
-        total += p * cap * item
-        if cap >= hi:
-            return total
-        cap *= 2
 
 
 def workload(job, users):
@@ -114,7 +99,7 @@ def state_per_rank(w, ranks, fixed=None):
     pairs = SHARDS * table_bytes(w["kept"] / per_shard, PAIR_SLOT, w["users"] / per_shard * w["kept_sq_per_user"])
     keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
     if w["sums"]:
-        keys += SHARDS * vector_bytes(w["keys"] / per_shard, SUM_BYTES)
+        keys += SHARDS * table_bytes(w["keys"] / per_shard, SUM_SLOT)
     return {"user": users + pairs, "key": keys}
 
 

@@ -35,8 +35,8 @@ std::uint64_t KeyStateTable::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& sh : shards_)
     b += sh.packed.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Packed>)) +
-         sh.sums.capacity() * sizeof(Int128Words) +
-         sh.wide.capacity() * (1 + sizeof(std::pair<const std::uint64_t, KeyState>));
+         sh.wide.capacity() * (1 + sizeof(std::pair<const std::uint64_t, KeyState>)) +
+         sh.sums.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Int128Words>));
   return b;
 }
 
@@ -45,40 +45,33 @@ KeyState KeyStateTable::load(const Shard& sh, std::uint64_t key, const Packed& p
   KeyState st;
   st.count = p.count;
   st.users = p.users;
-  st.round_base_users = p.round_base_users;
-  st.round = p.round;
-  st.round_start = p.round_start;
-  if (track_sums_) st.sum = sh.sums[p.sum_index];
+  if (track_sums_)
+    if (const auto it = sh.sums.find(key); it != sh.sums.end()) st.sum = it->second;
   return st;
 }
 
-// Packed while every value fits 32 bits; once a value does not, the key's state stays full width.
+// Packed while the round state is zero and count and users fit 32 bits; once not, the key's state
+// stays full width (with its sum) for the rest of the window.
 void KeyStateTable::store(Shard& sh, std::uint64_t key, Packed& p, const KeyState& st) {
   const auto fits = [](std::int64_t v) { return v >= 0 && v < std::int64_t{kWide}; };
-  if (p.count != kWide && fits(st.count) && fits(st.users) && fits(st.round_base_users)) {
+  if (p.count != kWide && fits(st.count) && fits(st.users) && st.round_base_users == 0 && st.round == 0 &&
+      st.round_start == 0) {
     p.count = static_cast<std::uint32_t>(st.count);
     p.users = static_cast<std::uint32_t>(st.users);
-    p.round_base_users = static_cast<std::uint32_t>(st.round_base_users);
-    p.round = st.round;
-    p.round_start = st.round_start;
-    if (track_sums_) sh.sums[p.sum_index] = st.sum;
+    if (track_sums_) {
+      if (int128(st.sum) != 0) sh.sums[key] = st.sum;
+      else sh.sums.erase(key);
+    }
     return;
   }
   KeyState& wide = sh.wide[key];
   wide = st;
   if (!track_sums_) wide.sum = 0;
+  if (p.count != kWide && track_sums_) sh.sums.erase(key);
   p.count = kWide;
 }
 
-KeyStateTable::Packed& KeyStateTable::slot(Shard& sh, std::uint64_t key) {
-  auto [it, inserted] = sh.packed.try_emplace(key);
-  if (inserted && track_sums_) {
-    if (sh.sums.size() >= kWide) throw std::length_error("KeyStateTable: more than 2^32 - 1 keys in one shard");
-    it->second.sum_index = static_cast<std::uint32_t>(sh.sums.size());
-    sh.sums.emplace_back();
-  }
-  return it->second;
-}
+KeyStateTable::Packed& KeyStateTable::slot(Shard& sh, std::uint64_t key) { return sh.packed[key]; }
 
 std::optional<KeyState> KeyStateTable::find(std::uint64_t key) const {
   const Shard& sh = shards_[shard_of(key)];

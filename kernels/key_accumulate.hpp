@@ -30,9 +30,11 @@ struct KeyState {
 };
 
 // Per-key state of the key owner, in 256 shards (a thread owns a shard at a time). A key costs one
-// 32-byte slot (key + Packed) in a hash table, plus 16 bytes in a dense array when sums are tracked;
-// a key with a value beyond 32 bits (a count of 2^32 - 1 records or more) moves to a side table of
-// full-width states, so every value stays exact whatever the data.
+// 16-byte slot (key, count, users in 32 bits each) in a hash table while it has never been released
+// and its values fit 32 bits: almost every key of a large key space. A key released at least once
+// (its round state is not zero) or with a value of 2^32 - 1 or more keeps its full state in a side
+// table, so every value stays exact whatever the data. Sums, when the query has a sum column, are a
+// table of their own.
 class KeyStateTable {
  public:
   static constexpr std::size_t kShards = 256;
@@ -77,21 +79,17 @@ class KeyStateTable {
   std::vector<std::vector<std::uint64_t>> changed_keys{kShards};
 
  private:
-  // A key's state when every value fits 32 bits (all keys but a few heavy hitters): 24 bytes.
+  // A key's state while its round state is zero and its values fit 32 bits: 8 bytes.
   struct Packed {
     std::uint32_t count = 0;  // kWide: the state is in Shard::wide
     std::uint32_t users = 0;
-    std::uint32_t round_base_users = 0;
-    std::uint32_t round = 0;
-    std::uint32_t round_start = 0;
-    std::uint32_t sum_index = 0;  // into Shard::sums, when sums are tracked
   };
-  static_assert(sizeof(Packed) == 24);
+  static_assert(sizeof(Packed) == 8);
   static constexpr std::uint32_t kWide = 0xffffffffu;
   struct Shard {
-    absl::flat_hash_map<std::uint64_t, Packed> packed;  // every tracked key
-    std::vector<Int128Words> sums;                      // by Packed::sum_index
-    absl::flat_hash_map<std::uint64_t, KeyState> wide;  // keys whose Packed::count is kWide
+    absl::flat_hash_map<std::uint64_t, Packed> packed;       // every tracked key
+    absl::flat_hash_map<std::uint64_t, KeyState> wide;       // keys whose Packed::count is kWide
+    absl::flat_hash_map<std::uint64_t, Int128Words> sums;    // non-zero sums of packed keys, when tracked
   };
   KeyState load(const Shard& sh, std::uint64_t key, const Packed& p) const;
   void store(Shard& sh, std::uint64_t key, Packed& p, const KeyState& st);
