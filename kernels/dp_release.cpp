@@ -109,6 +109,7 @@ DpReleaser::~DpReleaser() { OPENSSL_cleanse(secret_.data(), secret_.size()); }
 void DpReleaser::begin_window(std::int64_t window) {
   window_ = window;
   for (auto& c : caches_) c.clear();
+  for (auto& v : values_) v.clear();
   for (auto& c : calendar_) c.clear();
   std::fill(above_mu_.begin(), above_mu_.end(), 0);
   scan_all_next_ = true;
@@ -123,6 +124,7 @@ std::uint64_t DpReleaser::cached_keys() const {
 std::uint64_t DpReleaser::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& c : caches_) b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache>));
+  for (const auto& v : values_) b += v.capacity() * (1 + sizeof(std::pair<const std::uint64_t, ValueNoise>));
   for (const auto& cal : calendar_) {
     b += cal.capacity() * (1 + sizeof(std::pair<const std::uint32_t, std::vector<std::uint64_t>>));
     for (const auto& [t, due] : cal) b += due.capacity() * sizeof(std::uint64_t);
@@ -164,6 +166,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) {
       if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
       auto& cache = caches_[s];
+      auto& values = values_[s];
       auto& calendar = calendar_[s];
       std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
 
@@ -189,13 +192,14 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         draws += advance_batched(c.selection, batch, key, st.round, step, selection_noise_);
         if (passes(c.selection, round_users, step)) {
           KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
+          ValueNoise& v = values[key];
           if (count_noise_) {
-            c.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
-            r.count = int128{st.count} * kOne + c.count.prefix_noise(kOne);
+            v.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
+            r.count = int128{st.count} * kOne + v.count.prefix_noise(kOne);
           }
           if (sum_noise_) {
-            c.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
-            r.sum = st.sum + c.sum.prefix_noise(params_.sum_quantum);
+            v.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
+            r.sum = st.sum + v.sum.prefix_noise(params_.sum_quantum);
           }
           out[s].push_back(r);
           if (keys.journal) keys.changed_keys[s].push_back(key);

@@ -68,12 +68,16 @@ class DpReleaser {
   // Noise stacks of the keys that have been tested (derivable: a cache, never needed for privacy).
   static constexpr std::uint32_t kNoVisit = 0xffffffffu;
   // Noise of a tested key: the selection tree at the last tested step and, ahead of it, at the
-  // simulation's frontier (the next scheduled visit); the value trees at the last release.
+  // simulation's frontier (the next scheduled visit).
   struct NoiseCache {
     std::uint32_t selection_round = 0;
     std::uint32_t next_visit = kNoVisit;  // trigger of the scheduled visit
     std::uint32_t horizon = 0;            // steps the last simulation looked ahead (doubles while no record comes)
-    dptree::PrefixNoise selection, lookahead, count, sum;
+    dptree::PrefixNoise selection, lookahead;
+  };
+  // Noise of a released key's value trees at its last release (most tested keys are never released).
+  struct ValueNoise {
+    dptree::PrefixNoise count, sum;
   };
   bool passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const;
   bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid
@@ -86,6 +90,7 @@ class DpReleaser {
   noise::DiscreteGaussian selection_noise_;
   std::optional<noise::DiscreteGaussian> count_noise_, sum_noise_;  // for the chosen columns
   std::vector<absl::flat_hash_map<std::uint64_t, NoiseCache>> caches_{KeyStateTable::kShards};
+  std::vector<absl::flat_hash_map<std::uint64_t, ValueNoise>> values_{KeyStateTable::kShards};
   // Per shard: trigger -> keys scheduled to be visited then (a key may be listed again by a later
   // schedule; entries whose key's next_visit moved on are skipped). And the number of keys whose
   // round users exceed mu (each is tested at every trigger until released).
