@@ -8,8 +8,8 @@
 Peak RSS per rank = base + state + other * records per rank, where
   state  is the geometry of the engine's hash tables (absl::flat_hash_map: capacity 2^k - 1, grown at
          7/8 load, one control byte per slot), 256 shards per rank, from the expected counts of the
-         workload: active users, (user, key) pairs (at most the kept records), tracked keys, each
-         shard's count spread as hashing spreads it (Poisson);
+         workload: active users, tracked keys, each shard's count spread as hashing spreads it
+         (Poisson), and each user's fingerprint block from its kept records (at most one pair each);
   other  (bytes per input record of the rank's window: record buffers of a trigger, the checkpoint
          journal, allocator slack) and base (bytes per process) are fitted on calibration runs:
          summary.json files of the same workload at smaller scales (the peak RSS minus the modelled
@@ -26,11 +26,14 @@ import sys
 import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
-# Slot bytes (+1 control byte each): kept map pair<uint64, Slot{kept, index}>, touched set uint64 pair codes,
-# key table pair<const uint64, Packed{count, users}>, and with a sum column a table pair<const uint64, 128-bit
+# Slot bytes (+1 control byte each): kept map pair<uint64, Slot{kept, block}>, key table pair<const uint64, Packed{count, users}>, and with a sum column a table pair<const uint64, 128-bit
 # sum> per key (kernels/bounding.hpp, kernels/key_accumulate.hpp). Keys released at least once keep a
 # 56-byte full state in a side table: few in a large uniform key space, not modelled.
-USER_SLOT, PAIR_SLOT, KEY_SLOT, SUM_SLOT = 16, 8, 16, 24
+# A user's key fingerprints: a block of 2^(c+1) words (header + 2^(c+1) - 1 fingerprints of 4 bytes) in its
+# shard's arena, c < 6; keys beyond 63 in an exact set of 16-byte (user, fingerprint) entries. The arena
+# grows by 1/4: on average 1/8 of it is unused capacity.
+USER_SLOT, OVERFLOW_SLOT, KEY_SLOT, SUM_SLOT = 16, 16, 16, 24
+BLOCK_CLASSES, ARENA_SLACK = 6, 1.125
 BASE_BYTES = 50 * 2**20
 
 
@@ -61,6 +64,15 @@ def table_bytes(mean_items, slot, var_items=None):
         lo, cap = top + 1, cap * 2 + 1
 
 
+def block_bytes(pairs):
+    """Arena bytes of a user with `pairs` (user, key) fingerprints (kernels/bounding.cpp), with overflow."""
+    cls = 0
+    while cls + 1 < BLOCK_CLASSES and (2 << cls) - 1 < pairs:
+        cls += 1
+    full = (2 << cls) - 1
+    return 4 * (2 << cls) * ARENA_SLACK + max(0, pairs - full) * (OVERFLOW_SLOT + 1) / 0.65
+
+
 def workload(job, users):
     """Expected users, records, kept records and tracked keys of a synthetic job (core paper, section 5.1)."""
     inp, priv = job["input"], job["privacy"]
@@ -74,6 +86,8 @@ def workload(job, users):
     mean = sum((k + shift) * x for k, x in zip(range(lo, hi + 1), w)) / z
     mean_kept = sum(min(k + shift, c) * x for k, x in zip(range(lo, hi + 1), w)) / z
     kept_sq = sum(min(k + shift, c) ** 2 * x for k, x in zip(range(lo, hi + 1), w)) / z
+    # pairs ~ kept records (a large key space: a user's keys are distinct); one block per user
+    blocks = sum(block_bytes(min(k + shift, c)) * x for k, x in zip(range(lo, hi + 1), w)) / z
     keys = int(inp["keys"])
     kept = users * mean_kept
     if inp.get("key_distribution", "zipf-mandelbrot") == "uniform":
@@ -87,7 +101,7 @@ def workload(job, users):
         tracked = sum(-math.expm1(kept * math.log1p(-x / pz)) for x in p)
     sums = "sum" in job.get("query", {}).get("aggregations", ["count", "sum"])
     return {"users": users, "records": users * mean, "kept": kept, "keys": tracked, "kept_sq_per_user": kept_sq,
-            "sums": sums}
+            "block_bytes_per_user": blocks,             "sums": sums}
 
 
 def state_per_rank(w, ranks, fixed=None):
@@ -95,8 +109,7 @@ def state_per_rank(w, ranks, fixed=None):
         return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks}
     per_shard = ranks * SHARDS
     users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT)
-    # pairs <= kept records; a shard's pairs come in users' bunches: variance users x E[kept^2]
-    pairs = SHARDS * table_bytes(w["kept"] / per_shard, PAIR_SLOT, w["users"] / per_shard * w["kept_sq_per_user"])
+    pairs = w["users"] / ranks * w["block_bytes_per_user"]
     keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
     if w["sums"]:
         keys += SHARDS * table_bytes(w["keys"] / per_shard, SUM_SLOT)

@@ -41,48 +41,65 @@ struct BoundingStats {
 // Per-user state of one window, owned by the rank that owns the user. Sharded by the low bits
 // of the user hash so that OpenMP threads own disjoint shards.
 //
-// First touches: a user adds at most 1 to a key's user count. The set holds, per shard, one 64-bit
-// code per counted (user, key) pair: the user's index in its shard (exact, dense, in order of
-// arrival) and a 32-bit fingerprint of the key. Two keys of the same user with equal fingerprints
-// (probability <= C / 2^32 per new key) count that user once for both: an under-count of that
-// user's own contribution only, never another user's, and never an over-count (a false negative
-// is impossible: a key always has its fingerprint). docs/PRIVACY.md section 4.
+// First touches: a user adds at most 1 to a key's user count. Each user's slot points at a block of
+// its shard's arena holding the 32-bit fingerprints of the keys it was counted for (4 bytes per pair,
+// scanned linearly: the keys of one user share a cache line or two); a user with more than 63 keys
+// keeps the rest in an exact (user, fingerprint) set. Two keys of the same user with equal
+// fingerprints (probability <= C / 2^32 per new key) count that user once for both: an under-count
+// of that user's own contribution only, never another user's, and never an over-count (a false
+// negative is impossible: a key always has its fingerprint). docs/PRIVACY.md section 4.
+//
+// Block layout: one header word (fingerprints held, fingerprints already journaled, size class, a
+// "kept count changed" bit) and 2^(class+1) - 1 fingerprints. Freed blocks go to a free list per class.
 class UserState {
  public:
   static constexpr std::size_t kShards = 256;
+  static constexpr std::uint32_t kClasses = 6;                      // blocks of 2, 4, ..., 64 words
+  static constexpr std::uint32_t kBlockCapacity = (2u << (kClasses - 1)) - 1;  // 63 fingerprints
   struct Slot {
     std::uint32_t kept = 0;   // records kept so far in the window
-    std::uint32_t index = 0;  // the user's number in its shard (< 2^32 users per shard and rank)
+    std::uint32_t block = 0;  // offset of the user's fingerprint block in its shard's arena; 0: none
   };
+  using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
 
   void clear();         // also clears the journal
   void clear_journal();
   std::uint64_t users() const;
   std::uint64_t user_key_pairs() const;
-  std::uint64_t memory_bytes() const;  // estimate from the tables' capacities
+  std::uint64_t memory_bytes() const;  // estimate from the tables' and arenas' capacities
 
   static std::uint32_t key_fingerprint(std::uint64_t key);
-  static std::uint64_t pair_code(std::uint32_t index, std::uint32_t fingerprint) {
-    return std::uint64_t{index} << 32 | fingerprint;
-  }
-  // The user's slot in `shard`, added with kept = 0 and the next index when new (second: added).
+  // The user's slot in `shard`, added with kept = 0 and no block when new (second: added).
   std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user);
-  // Counts (user, key fingerprint) in the user's first-touch set; false if it was there.
-  bool add_pair(std::size_t shard, const Slot& slot, std::uint32_t fingerprint) {
-    return touched[shard].insert(pair_code(slot.index, fingerprint)).second;
-  }
+  // Room for `more` new fingerprints in the user's block (one move at most; optional, add_pair grows too).
+  void reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more);
+  // Counts (user, key fingerprint) among the user's first touches; false if it was there. With the
+  // journal on, the pair stays in the journal until drain_journal().
+  bool add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std::uint32_t fingerprint);
+  // Marks the user's kept count as changed since the last drain (journal on; the user has a block).
+  void mark_changed(std::size_t shard, const Slot& slot);
   // Every counted pair as (user, key fingerprint), per shard in no particular order.
-  std::vector<std::pair<std::uint64_t, std::uint32_t>> pairs(std::size_t shard) const;
+  std::vector<UserFingerprint> pairs(std::size_t shard) const;
+  // The changes of `shard` since the last drain, as (user, kept) of every changed user and its new
+  // (user, fingerprint) pairs; afterwards the shard holds no change. O(users of the shard).
+  void drain_journal(std::size_t shard, std::vector<UserFingerprint>& changed_users,
+                     std::vector<UserFingerprint>& new_pairs);
+  bool journal_empty() const;
 
   std::vector<absl::flat_hash_map<std::uint64_t, Slot>> kept{kShards};
-  std::vector<absl::flat_hash_set<std::uint64_t>> touched{kShards};  // pair codes
+  bool journal = false;  // record changes for the checkpoint (drain_journal)
 
-  // Journal of the changes since the last checkpoint (kept only when `journal` is on), per shard:
-  // (user, new kept count) in the order of the changes (a user may repeat: the last entry holds)
-  // and (user, key fingerprint) pairs added to `touched`.
-  bool journal = false;
-  std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users{kShards};
-  std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> new_pairs{kShards};
+ private:
+  struct Arena {
+    std::vector<std::uint32_t> words{0, 0};  // offset 0 is "no block"
+    std::uint32_t free_head[kClasses] = {};  // a freed block's first word links to the next one
+    std::uint64_t pairs = 0;
+    absl::flat_hash_set<UserFingerprint> overflow;  // beyond a full block of kBlockCapacity
+    std::vector<UserFingerprint> overflow_journal;
+    std::uint32_t allocate(std::uint32_t cls);
+    void release(std::uint32_t block, std::uint32_t cls);
+  };
+  std::vector<Arena> arenas_{kShards};
 };
 
 // Bounds and aggregates one trigger's records of the users this rank owns (any order).

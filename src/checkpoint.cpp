@@ -500,10 +500,11 @@ std::string file_digest(const std::string& path) {
 
 Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
   Journal j;
-  j.changed_users.swap(users.changed_users);
-  j.new_pairs.swap(users.new_pairs);
-  users.changed_users.resize(j.changed_users.size());
-  users.new_pairs.resize(j.new_pairs.size());
+  j.changed_users.resize(kernels::UserState::kShards);
+  j.new_pairs.resize(kernels::UserState::kShards);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (std::size_t s = 0; s < kernels::UserState::kShards; ++s)
+    users.drain_journal(s, j.changed_users[s], j.new_pairs[s]);
   j.keys.resize(keys.changed_keys.size());
 #pragma omp parallel for schedule(dynamic, 8)
   for (std::size_t s = 0; s < keys.changed_keys.size(); ++s) {
@@ -591,7 +592,7 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
     const std::uint64_t h = salted_hash(seg.pair_user[i], kUserSalt);
     if (filter && owner_rank(h, ranks) != rank) continue;
     const std::size_t shard = local_shard(h, kernels::UserState::kShards);
-    users.add_pair(shard, *users.find_or_add(shard, seg.pair_user[i]).first, seg.pair_fingerprint[i]);
+    users.add_pair(shard, seg.pair_user[i], *users.find_or_add(shard, seg.pair_user[i]).first, seg.pair_fingerprint[i]);
   }
   for (std::size_t i = 0; i < seg.key_id.size(); ++i) {
     const std::uint64_t h = salted_hash(seg.key_id[i], kKeySalt);

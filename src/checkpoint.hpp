@@ -83,8 +83,9 @@ struct Segment {
   std::uint64_t key_bytes() const { return key_id.size() * kKeyBytes; }
 };
 
-// The tables' journals, drained at a commit: the users' changes as recorded (moved out, so the
-// trigger loop pays O(shards)) and a snapshot of each changed key's state. Turned into a Segment
+// The tables' journals, drained at a commit: every changed user's kept count and its new pairs (read
+// from the per-user change marks: the trigger loop pays one pass over the users, no log grows
+// between commits) and a snapshot of each changed key's state. Turned into a Segment
 // by the checkpoint's I/O thread.
 struct Journal {
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users;

@@ -220,9 +220,12 @@ def main():
                 assert "requeueing" not in text, f"a cancelled job must not requeue itself:\n{text[-3000:]}"
                 assert state == "CANCELLED", f"state {state}"
                 log = os.path.join(d, "resume.out")
-                job2 = cluster.sbatch("--wait", "-n", "2", f"--output={log}", "slurm/resume.sbatch", long_rare, out,
-                                      timeout=180)
-                rtext = read_text(log)
+                proc = cluster.cmd("sbatch", "--parsable", "--wait", "-n", "2", f"--output={log}", "slurm/resume.sbatch",
+                                   long_rare, out, timeout=180, check=False)
+                rtext = read_text(log) if os.path.exists(log) else "(no log)"
+                assert proc.returncode == 0, (f"resume.sbatch exited {proc.returncode}: {proc.stderr.strip()}\n"
+                                              f"cancelled job's log:\n{text[-2000:]}\nresume log:\n{rtext[-3000:]}")
+                job2 = proc.stdout.strip().split(";")[0]
                 assert cluster.state(job2) == "COMPLETED", rtext[-2000:]
                 # A clean stop committed the trigger it stopped after: the resume starts mid-window.
                 m = re.search(r"resuming job 'slurm-long' from commit 1 \(window 1 of 1, (\d+) of 24", rtext)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <random>
+#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -168,6 +169,53 @@ TEST(Bounding, FirstTouchFingerprintsNeverOverCountAndOnlyUnderCountTheSameUser)
   std::size_t listed = 0;
   for (std::size_t s = 0; s < kernels::UserState::kShards; ++s) listed += users.pairs(s).size();
   EXPECT_EQ(listed, users.user_key_pairs());
+}
+
+// A user's fingerprints live in a block that grows 1 -> 3 -> 7 -> ... -> 63 and then spills into the
+// exact overflow set: every key counts once whatever the size, across triggers and after a journal
+// drain; the journal returns each new pair once and each changed user's last kept count.
+TEST(Bounding, ManyKeysPerUserGrowBlocksAndOverflowExactly) {
+  const kernels::BoundingParams params{100000, 0.0, 1.0};
+  kernels::UserState users;
+  users.journal = true;
+  kernels::BoundingStats stats;
+  std::set<std::pair<std::uint64_t, std::uint32_t>> journaled_pairs;
+  std::map<std::uint64_t, std::uint32_t> journaled_kept;
+  auto drain = [&] {
+    for (std::size_t s = 0; s < kernels::UserState::kShards; ++s) {
+      std::vector<kernels::UserState::UserFingerprint> changed, added;
+      users.drain_journal(s, changed, added);
+      for (const auto& [u, kept] : changed) journaled_kept[u] = kept;
+      for (const auto& p : added) EXPECT_TRUE(journaled_pairs.insert(p).second) << "pair journaled twice";
+    }
+    EXPECT_TRUE(users.journal_empty());
+  };
+  // Users 1..40 get i * 5 distinct keys over 5 triggers (user 40: 200 keys, beyond one block); every
+  // trigger also repeats the previous trigger's keys, which must not count again.
+  std::int64_t counted = 0;
+  std::uint64_t ts = 0;
+  std::vector<Record> previous;
+  for (std::uint64_t t = 0; t < 5; ++t) {
+    std::vector<Record> batch = previous;
+    for (auto& r : batch) r.timestamp = static_cast<std::int64_t>(t), r.position = ++ts;
+    std::vector<Record> fresh;
+    for (std::uint64_t u = 1; u <= 40; ++u)
+      for (std::uint64_t i = 0; i < u; ++i) fresh.push_back({u, u * 1000003 + t * 101 + i, static_cast<std::int64_t>(t), ++ts, 0.5});
+    batch.insert(batch.end(), fresh.begin(), fresh.end());
+    for (const auto& p : kernels::bound_and_aggregate(batch, params, users, stats)) counted += p.new_users;
+    EXPECT_EQ(counted, static_cast<std::int64_t>(20 * 41 * (t + 1))) << "trigger " << t;
+    if (t % 2 == 1) drain();
+    previous = fresh;
+  }
+  drain();
+  EXPECT_EQ(users.user_key_pairs(), 20u * 41u * 5u);
+  std::set<std::pair<std::uint64_t, std::uint32_t>> listed;
+  for (std::size_t s = 0; s < kernels::UserState::kShards; ++s)
+    for (const auto& p : users.pairs(s)) EXPECT_TRUE(listed.insert(p).second);
+  EXPECT_EQ(listed, journaled_pairs);
+  for (std::uint64_t u = 1; u <= 40; ++u) EXPECT_EQ(journaled_kept[u], u * 5 + (u * 4)) << "user " << u;
+  // Fingerprint words dominate: 4 bytes per pair plus slack, not a hash set of 8-byte codes.
+  EXPECT_LT(users.memory_bytes(), 256u * 2048 + 20u * 41u * 5u * 16u);
 }
 
 TEST(Bounding, SumsBeyondInt64NeverAbortAndStayExact) {

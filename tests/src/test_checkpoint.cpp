@@ -204,7 +204,7 @@ TEST(Journal, SegmentsReplayToTheSameState) {
   for (std::size_t i = 0; i + 1 < segments.size(); ++i) checkpoint::apply(segments[i], u3, k3, comm.rank(), comm.size(), false);
   EXPECT_FALSE(flatten(users, keys) == flatten(u3, k3));
   // The journal was drained.
-  for (const auto& v : users.changed_users) EXPECT_TRUE(v.empty());
+  EXPECT_TRUE(users.journal_empty());
   for (const auto& v : keys.changed_keys) EXPECT_TRUE(v.empty());
 }
 
