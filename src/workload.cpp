@@ -27,17 +27,21 @@ std::uint32_t SyntheticSource::draw_count(std::int64_t window, std::uint64_t use
   return static_cast<std::uint32_t>(config_.input.records_per_user_min == 0 ? 1 + x : x);  // at least one record
 }
 
-std::int64_t SyntheticSource::advance(std::int64_t window, std::uint64_t user, UserCursor& c) const {
-  CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, c.emitted + 1);
+double SyntheticSource::next_position(std::int64_t window, std::uint64_t user, std::uint32_t total,
+                                     std::uint32_t emitted, double position) const {
+  CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, emitted + 1);
   const double v = rng.uniform_pos();
-  c.position = 1.0 - (1.0 - c.position) * std::pow(v, 1.0 / static_cast<double>(c.total - c.emitted));
+  return 1.0 - (1.0 - position) * std::pow(v, 1.0 / static_cast<double>(total - emitted));
+}
+
+std::int64_t SyntheticSource::offset_of(double position) const {
   const auto W = config_.stream.window_seconds;
-  auto offset = static_cast<std::int64_t>(c.position * static_cast<double>(W));
+  auto offset = static_cast<std::int64_t>(position * static_cast<double>(W));
   return offset >= W ? W - 1 : offset;
 }
 
 Record SyntheticSource::make_record(std::int64_t window, std::uint64_t user, std::uint32_t k, std::int64_t offset) const {
-  // Same stream as advance() for record k; the first draw went to the time, the rest to the key.
+  // Same stream as next_position() for record k; the first draw went to the time, the rest to the key.
   CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, k + 1);
   rng.next();
   std::uint64_t key;
@@ -51,8 +55,8 @@ Record SyntheticSource::make_record(std::int64_t window, std::uint64_t user, std
 void SyntheticSource::begin_window(std::int64_t window) {
   window_ = window;
   const std::size_t n = last_user_ - first_user_;
-  cursors_.assign(n, UserCursor{0, 0, 0.0});
-  next_offset_.assign(n, 0);
+  position_.assign(n, 0.0);
+  emitted_.assign(n, 0);
   due_.assign(config_.stream.triggers, {});
   const int threads = omp_get_max_threads();
   std::vector<std::vector<std::vector<std::uint32_t>>> local(threads, std::vector<std::vector<std::uint32_t>>(config_.stream.triggers));
@@ -62,15 +66,15 @@ void SyntheticSource::begin_window(std::int64_t window) {
 #pragma omp for schedule(static)
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint64_t user = first_user_ + i;
-      UserCursor& c = cursors_[i];
-      c.total = draw_count(window, user);
-      next_offset_[i] = advance(window, user, c);
-      mine[clock_.trigger_of_offset(next_offset_[i])].push_back(static_cast<std::uint32_t>(i));
+      position_[i] = next_position(window, user, draw_count(window, user), 0, 0.0);
+      mine[clock_.trigger_of_offset(offset_of(position_[i]))].push_back(static_cast<std::uint32_t>(i));
     }
   }
   for (auto& per_thread : local)
-    for (std::uint32_t t = 0; t < config_.stream.triggers; ++t)
+    for (std::uint32_t t = 0; t < config_.stream.triggers; ++t) {
       due_[t].insert(due_[t].end(), per_thread[t].begin(), per_thread[t].end());
+      std::vector<std::uint32_t>().swap(per_thread[t]);
+    }
 }
 
 std::vector<Record> SyntheticSource::take_trigger(std::int64_t window, std::uint32_t trigger) {
@@ -88,13 +92,13 @@ std::vector<Record> SyntheticSource::take_trigger(std::int64_t window, std::uint
     for (std::size_t j = 0; j < due.size(); ++j) {
       const std::uint32_t i = due[j];
       const std::uint64_t user = first_user_ + i;
-      UserCursor& c = cursors_[i];
+      const std::uint32_t total = draw_count(window, user);
       for (;;) {
-        recs.push_back(make_record(window, user, c.emitted, next_offset_[i]));
-        ++c.emitted;
-        if (c.emitted == c.total) break;
-        next_offset_[i] = advance(window, user, c);
-        const std::uint32_t t = clock_.trigger_of_offset(next_offset_[i]);
+        recs.push_back(make_record(window, user, emitted_[i], offset_of(position_[i])));
+        ++emitted_[i];
+        if (emitted_[i] == total) break;
+        position_[i] = next_position(window, user, total, emitted_[i], position_[i]);
+        const std::uint32_t t = clock_.trigger_of_offset(offset_of(position_[i]));
         if (t != trigger) {
           later.emplace_back(t, i);
           break;
@@ -102,11 +106,15 @@ std::vector<Record> SyntheticSource::take_trigger(std::int64_t window, std::uint
       }
     }
   }
+  std::vector<std::uint32_t>().swap(due);
   std::vector<Record> records;
   std::size_t total = 0;
   for (auto& r : out) total += r.size();
   records.reserve(total);
-  for (auto& r : out) records.insert(records.end(), r.begin(), r.end());
+  for (auto& r : out) {
+    records.insert(records.end(), r.begin(), r.end());
+    std::vector<Record>().swap(r);
+  }
   for (auto& l : requeue)
     for (auto [t, i] : l) due_[t].push_back(i);
   stats_.rows += records.size();
@@ -125,12 +133,12 @@ void SyntheticSource::skip_to(std::int64_t first_window, std::int64_t window, st
 }
 
 std::vector<Record> SyntheticSource::user_records(std::int64_t window, std::uint64_t user) const {
-  UserCursor c{draw_count(window, user), 0, 0.0};
+  const std::uint32_t total = draw_count(window, user);
   std::vector<Record> out;
-  while (c.emitted < c.total) {
-    const std::int64_t offset = advance(window, user, c);
-    out.push_back(make_record(window, user, c.emitted, offset));
-    ++c.emitted;
+  double position = 0.0;
+  for (std::uint32_t k = 0; k < total; ++k) {
+    position = next_position(window, user, total, k, position);
+    out.push_back(make_record(window, user, k, offset_of(position)));
   }
   return out;
 }

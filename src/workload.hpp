@@ -4,7 +4,8 @@
 // records_per_user_min = 0); their event times are n_u sorted uniforms over the window, produced
 // one at a time by the order-statistic recurrence U_(k+1) = 1 - (1 - U_(k)) V^(1 / (n_u - k)), V ~ U(0, 1]; record k's key is drawn
 // from the key distribution. Every number comes from CounterRng(seed, w, u, k), so the stream
-// does not depend on the rank count, and per user only (n_u, k, U_(k)) is kept between triggers.
+// does not depend on the rank count, and per user only (k, U_(k)) is kept between triggers (n_u is
+// drawn again from its counter).
 #pragma once
 
 #include <memory>
@@ -36,14 +37,11 @@ class SyntheticSource final : public RecordSource {
   std::vector<Record> user_records(std::int64_t window, std::uint64_t user) const;
 
  private:
-  struct UserCursor {
-    std::uint32_t total;    // n_u
-    std::uint32_t emitted;  // k
-    double position;        // U_(k), in [0, 1)
-  };
   void begin_window(std::int64_t window);
-  // Advances the cursor to the next record time; returns its offset in the window.
-  std::int64_t advance(std::int64_t window, std::uint64_t user, UserCursor& c) const;
+  // U_(k+1) from U_(k) = `position` for a user with `total` records of which `emitted` (= k) are out.
+  double next_position(std::int64_t window, std::uint64_t user, std::uint32_t total, std::uint32_t emitted,
+                       double position) const;
+  std::int64_t offset_of(double position) const;  // the record time's offset in the window
   Record make_record(std::int64_t window, std::uint64_t user, std::uint32_t k, std::int64_t offset) const;
   std::uint32_t draw_count(std::int64_t window, std::uint64_t user) const;
 
@@ -53,9 +51,11 @@ class SyntheticSource final : public RecordSource {
   ZipfMandelbrot key_zipf_;
   std::uint64_t first_user_, last_user_;
   std::int64_t window_ = -1;
-  std::vector<UserCursor> cursors_;
-  std::vector<std::int64_t> next_offset_;           // offset of each user's next record
-  std::vector<std::vector<std::uint32_t>> due_;     // per trigger: local users with a record due
+  // Per local user between triggers, 12 bytes (+ 4 in a due list): U_(k) of its next record and k.
+  // n_u is drawn again when needed (one counter-RNG call) and the offset follows from U_(k).
+  std::vector<double> position_;
+  std::vector<std::uint32_t> emitted_;
+  std::vector<std::vector<std::uint32_t>> due_;  // per trigger: local users with a record due
   InputStats stats_;
 };
 
