@@ -25,6 +25,8 @@ std::uint32_t class_capacity(std::uint32_t cls) { return class_words(cls) - 1; }
 std::uint32_t header(std::uint32_t count, std::uint32_t done, std::uint32_t cls, bool changed) {
   return count | done << 8 | cls << 16 | (changed ? kChanged : 0);
 }
+// The block's fingerprints and kept count are in the journal: nothing of it is pending any more.
+void mark_journaled(std::uint32_t& h) { h = header(held(h), held(h), size_class(h), false); }
 std::uint32_t class_for(std::uint32_t fingerprints) {  // smallest class holding them (capped)
   std::uint32_t cls = 0;
   while (cls + 1 < UserState::kClasses && class_capacity(cls) < fingerprints) ++cls;
@@ -62,10 +64,7 @@ void UserState::clear_journal() {
   for (std::size_t s = 0; s < kShards; ++s) {
     auto& words = arenas_[s].words;
     for (const auto& [user, slot] : kept[s])
-      if (slot.block != 0) {
-        const std::uint32_t h = words[slot.block];
-        words[slot.block] = header(held(h), held(h), size_class(h), false);
-      }
+      if (slot.block != 0) mark_journaled(words[slot.block]);
     std::vector<UserFingerprint>().swap(arenas_[s].overflow_journal);
   }
 }
@@ -158,7 +157,7 @@ void UserState::drain_journal(std::size_t shard, std::vector<UserFingerprint>& c
     const std::uint32_t h = a.words[slot.block];
     if ((h & kChanged) != 0) changed_users.emplace_back(user, slot.kept);
     for (std::uint32_t i = journaled(h); i < held(h); ++i) new_pairs.emplace_back(user, a.words[slot.block + 1 + i]);
-    a.words[slot.block] = header(held(h), held(h), size_class(h), false);
+    mark_journaled(a.words[slot.block]);
   }
   new_pairs.insert(new_pairs.end(), a.overflow_journal.begin(), a.overflow_journal.end());
   std::vector<UserFingerprint>().swap(a.overflow_journal);

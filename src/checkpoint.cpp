@@ -3,6 +3,7 @@
 #include "dpstream_version.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <fmt/format.h>
 #include <omp.h>
 #include <openssl/crypto.h>
@@ -38,6 +39,7 @@ constexpr const char* kSegmentFormat = "dpstream-checkpoint-segment";
 constexpr const char* kJobFormat = "dpstream-checkpoint-job";
 // 2: key sums in 128 bits (keys/sum_low, keys/sum_high); 3: pairs as (user, key fingerprint)
 constexpr std::uint64_t kFormatVersion = 3;
+constexpr std::uint64_t kTrimJournalBytes = std::uint64_t{64} << 20;  // see Store::commit
 constexpr mode_t kFileMode = 0600;
 constexpr const char* kJobFile = "job.h5";
 
@@ -317,9 +319,81 @@ struct SegmentHeader {
   std::uint32_t window_index, first_trigger, next_trigger;
 };
 
-// Writes a segment's tables into an open HDF5 file, freeing each column once written: a segment
-// may hold gigabytes, so it is never copied whole. `fault_half`: a fault point halfway (tests).
-void write_segment_tables(hid_t root, Segment& s, const SegmentHeader& h, const char* fault_half) {
+// Every column of a segment with its dataset name: the one list that reading and building use.
+template <class F>
+void visit_columns(Segment& s, F&& f) {
+  f("users/id", s.user_id);
+  f("users/kept", s.user_kept);
+  f("pairs/user", s.pair_user);
+  f("pairs/key_fingerprint", s.pair_fingerprint);
+  f("keys/id", s.key_id);
+  f("keys/count", s.key_count);
+  f("keys/sum_low", s.key_sum_low);
+  f("keys/sum_high", s.key_sum_high);
+  f("keys/users", s.key_users);
+  f("keys/round_base_users", s.key_round_base_users);
+  f("keys/round", s.key_round);
+  f("keys/round_start", s.key_round_start);
+}
+
+// The columns of a journal's tables, one at a time, in the order the segment lists them: users and
+// pairs in shard order; keys in shard order, a shard's count-only keys before its full ones.
+template <class T, class Field>
+std::vector<T> user_column(const std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>>& shards, Field field) {
+  std::size_t n = 0;
+  for (const auto& shard : shards) n += shard.size();
+  std::vector<T> out;
+  out.reserve(n);
+  for (const auto& shard : shards)
+    for (const auto& entry : shard) out.push_back(field(entry));
+  return out;
+}
+template <class T, class Field>  // field(const KeyState&) -> T, and the key id from `id`
+std::vector<T> key_column(const Journal& j, Field field) {
+  std::size_t n = 0;
+  for (std::size_t s = 0; s < j.count_keys.size(); ++s) n += j.count_keys[s].size() + j.full_keys[s].size();
+  std::vector<T> out;
+  out.reserve(n);
+  for (std::size_t s = 0; s < j.count_keys.size(); ++s) {
+    for (const auto& k : j.count_keys[s]) {
+      kernels::KeyState st;
+      st.count = k.count;
+      st.users = k.users;
+      out.push_back(field(k.id, st));
+    }
+    for (const auto& [id, st] : j.full_keys[s]) out.push_back(field(id, st));
+  }
+  return out;
+}
+
+// Calls put(name, column) for every column of the journal's segment, gathering each just before;
+// `done(table)` after the last column of a table ("users", "pairs", "keys").
+template <class Put, class Done>
+void for_each_column(const Journal& j, Put&& put, Done&& done) {
+  using KS = kernels::KeyState;
+  using Entry = std::pair<std::uint64_t, std::uint32_t>;
+  put("users/id", user_column<std::uint64_t>(j.changed_users, [](const Entry& e) { return e.first; }));
+  put("users/kept", user_column<std::uint32_t>(j.changed_users, [](const Entry& e) { return e.second; }));
+  done("users");
+  put("pairs/user", user_column<std::uint64_t>(j.new_pairs, [](const Entry& e) { return e.first; }));
+  put("pairs/key_fingerprint", user_column<std::uint32_t>(j.new_pairs, [](const Entry& e) { return e.second; }));
+  done("pairs");
+  put("keys/id", key_column<std::uint64_t>(j, [](std::uint64_t id, const KS&) { return id; }));
+  put("keys/count", key_column<std::int64_t>(j, [](std::uint64_t, const KS& st) { return st.count; }));
+  put("keys/sum_low", key_column<std::uint64_t>(j, [](std::uint64_t, const KS& st) { return st.sum.low; }));
+  put("keys/sum_high", key_column<std::int64_t>(j, [](std::uint64_t, const KS& st) { return st.sum.high; }));
+  put("keys/users", key_column<std::int64_t>(j, [](std::uint64_t, const KS& st) { return st.users; }));
+  put("keys/round_base_users", key_column<std::int64_t>(j, [](std::uint64_t, const KS& st) { return st.round_base_users; }));
+  put("keys/round", key_column<std::uint32_t>(j, [](std::uint64_t, const KS& st) { return st.round; }));
+  put("keys/round_start", key_column<std::uint32_t>(j, [](std::uint64_t, const KS& st) { return st.round_start; }));
+  done("keys");
+}
+
+// Writes a journal's segment into an open HDF5 file, a column at a time, freeing each table of the
+// journal once written: a segment may hold gigabytes, so it is never whole in memory. Returns the
+// seconds spent gathering columns. `fault_half`: a fault point halfway (tests).
+double write_segment_tables(hid_t root, Journal& j, const std::string& rows, const SegmentHeader& h,
+                            const char* fault_half) {
   h5::write_attribute(root, "format", kSegmentFormat);
   h5::write_attribute(root, "version", kFormatVersion);
   h5::write_attribute(root, "job_id", h.job_id);
@@ -330,25 +404,29 @@ void write_segment_tables(hid_t root, Segment& s, const SegmentHeader& h, const 
   h5::write_attribute(root, "first_trigger", h.first_trigger);
   h5::write_attribute(root, "next_trigger", h.next_trigger);
   for (const char* g : {"users", "pairs", "keys", "releases"}) h5::create_group(root, g);
-  auto put = [root](const char* name, auto& column) {
-    h5::write_dataset(root, name, column);
-    std::decay_t<decltype(column)>().swap(column);
-  };
-  put("users/id", s.user_id);
-  put("users/kept", s.user_kept);
-  put("pairs/user", s.pair_user);
-  put("pairs/key_fingerprint", s.pair_fingerprint);
-  if (fault_half) fault::point(fault_half);
-  put("keys/id", s.key_id);
-  put("keys/count", s.key_count);
-  put("keys/sum_low", s.key_sum_low);
-  put("keys/sum_high", s.key_sum_high);
-  put("keys/users", s.key_users);
-  put("keys/round_base_users", s.key_round_base_users);
-  put("keys/round", s.key_round);
-  put("keys/round_start", s.key_round_start);
-  h5::write_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, s.releases_csv.data(), s.releases_csv.size());
-  std::string().swap(s.releases_csv);
+  double gather_seconds = 0;
+  auto t = std::chrono::steady_clock::now();
+  for_each_column(
+      j,
+      [&](const char* name, auto column) {
+        const auto t_write = std::chrono::steady_clock::now();
+        gather_seconds += std::chrono::duration<double>(t_write - t).count();
+        h5::write_dataset(root, name, column);
+        t = std::chrono::steady_clock::now();
+      },
+      [&](const std::string& table) {
+        if (table == "users") decltype(j.changed_users)().swap(j.changed_users);
+        if (table == "pairs") {
+          decltype(j.new_pairs)().swap(j.new_pairs);
+          if (fault_half) fault::point(fault_half);
+        }
+        if (table == "keys") {
+          decltype(j.count_keys)().swap(j.count_keys);
+          decltype(j.full_keys)().swap(j.full_keys);
+        }
+      });
+  h5::write_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, rows.data(), rows.size());
+  return gather_seconds;
 }
 
 Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string& job_id) {
@@ -358,18 +436,9 @@ Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string
   if (h5::read_uint_attribute(root, "seq") != ref.seq || h5::read_uint_attribute(root, "rank") != static_cast<std::uint64_t>(ref.rank))
     throw std::runtime_error("its commit number or rank differs from the manifest's");
   Segment s;
-  s.user_id = h5::read_dataset<std::uint64_t>(root, "users/id");
-  s.user_kept = h5::read_dataset<std::uint32_t>(root, "users/kept");
-  s.pair_user = h5::read_dataset<std::uint64_t>(root, "pairs/user");
-  s.pair_fingerprint = h5::read_dataset<std::uint32_t>(root, "pairs/key_fingerprint");
-  s.key_id = h5::read_dataset<std::uint64_t>(root, "keys/id");
-  s.key_count = h5::read_dataset<std::int64_t>(root, "keys/count");
-  s.key_sum_low = h5::read_dataset<std::uint64_t>(root, "keys/sum_low");
-  s.key_sum_high = h5::read_dataset<std::int64_t>(root, "keys/sum_high");
-  s.key_users = h5::read_dataset<std::int64_t>(root, "keys/users");
-  s.key_round_base_users = h5::read_dataset<std::int64_t>(root, "keys/round_base_users");
-  s.key_round = h5::read_dataset<std::uint32_t>(root, "keys/round");
-  s.key_round_start = h5::read_dataset<std::uint32_t>(root, "keys/round_start");
+  visit_columns(s, [root](const char* name, auto& column) {
+    column = h5::read_dataset<typename std::decay_t<decltype(column)>::value_type>(root, name);
+  });
   s.releases_csv.resize(h5::dataset_size(root, "releases/csv"));
   h5::read_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, s.releases_csv.data(), s.releases_csv.size());
   const std::size_t nu = s.user_id.size(), np = s.pair_user.size(), nk = s.key_id.size();
@@ -505,14 +574,23 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
 #pragma omp parallel for schedule(dynamic, 8)
   for (std::size_t s = 0; s < kernels::UserState::kShards; ++s)
     users.drain_journal(s, j.changed_users[s], j.new_pairs[s]);
-  j.keys.resize(keys.changed_keys.size());
+  j.count_keys.resize(keys.changed_keys.size());
+  j.full_keys.resize(keys.changed_keys.size());
+  constexpr std::int64_t kMax32 = std::numeric_limits<std::uint32_t>::max();
 #pragma omp parallel for schedule(dynamic, 8)
   for (std::size_t s = 0; s < keys.changed_keys.size(); ++s) {
     auto& changed = keys.changed_keys[s];
     std::sort(changed.begin(), changed.end());
     changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
-    j.keys[s].reserve(changed.size());
-    for (const auto k : changed) j.keys[s].emplace_back(k, keys.at(k));
+    for (const auto k : changed) {
+      const kernels::KeyState st = keys.at(k);
+      if (int128(st.sum) == 0 && st.round_base_users == 0 && st.round == 0 && st.round_start == 0 && st.count >= 0 &&
+          st.count <= kMax32 && st.users >= 0 && st.users <= kMax32)
+        j.count_keys[s].push_back({k, static_cast<std::uint32_t>(st.count), static_cast<std::uint32_t>(st.users)});
+      else
+        j.full_keys[s].emplace_back(k, st);
+    }
+    std::vector<std::uint64_t>().swap(changed);
   }
   keys.clear_journal();
   return j;
@@ -527,53 +605,31 @@ std::uint64_t Journal::user_bytes() const {
 
 std::uint64_t Journal::key_bytes() const {
   std::uint64_t b = 0;
-  for (const auto& shard : keys) b += shard.size() * Segment::kKeyBytes;
+  for (std::size_t s = 0; s < count_keys.size(); ++s) b += (count_keys[s].size() + full_keys[s].size()) * Segment::kKeyBytes;
   return b;
 }
 
-Segment Journal::to_segment() {
+std::uint64_t Journal::memory_bytes() const {
+  std::uint64_t b = 0;
+  for (const auto& shard : changed_users) b += shard.capacity() * sizeof(shard[0]);
+  for (const auto& shard : new_pairs) b += shard.capacity() * sizeof(shard[0]);
+  for (const auto& shard : count_keys) b += shard.capacity() * sizeof(CountKey);
+  for (const auto& shard : full_keys) b += shard.capacity() * sizeof(shard[0]);
+  return b;
+}
+
+Segment Journal::to_segment() const {
   Segment seg;
-  std::size_t nu = 0, np = 0, nk = 0;
-  for (const auto& shard : changed_users) nu += shard.size();
-  for (const auto& shard : new_pairs) np += shard.size();
-  for (const auto& shard : keys) nk += shard.size();
-  seg.user_id.reserve(nu);
-  seg.user_kept.reserve(nu);
-  seg.pair_user.reserve(np);
-  seg.pair_fingerprint.reserve(np);
-  for (auto* v : {&seg.key_count, &seg.key_sum_high, &seg.key_users, &seg.key_round_base_users}) v->reserve(nk);
-  seg.key_sum_low.reserve(nk);
-  seg.key_id.reserve(nk);
-  seg.key_round.reserve(nk);
-  seg.key_round_start.reserve(nk);
-  // Each shard is freed once copied: the journal and the segment are never both whole.
-  for (auto& shard : changed_users) {
-    for (const auto& [u, kept] : shard) {  // in order: a repeated user's last entry wins
-      seg.user_id.push_back(u);
-      seg.user_kept.push_back(kept);
-    }
-    std::vector<std::pair<std::uint64_t, std::uint32_t>>().swap(shard);
-  }
-  for (auto& shard : new_pairs) {
-    for (const auto& [u, fingerprint] : shard) {
-      seg.pair_user.push_back(u);
-      seg.pair_fingerprint.push_back(fingerprint);
-    }
-    std::vector<std::pair<std::uint64_t, std::uint32_t>>().swap(shard);
-  }
-  for (auto& shard : keys) {
-    for (const auto& [k, st] : shard) {
-      seg.key_id.push_back(k);
-      seg.key_count.push_back(st.count);
-      seg.key_sum_low.push_back(low_word(st.sum));
-      seg.key_sum_high.push_back(high_word(st.sum));
-      seg.key_users.push_back(st.users);
-      seg.key_round_base_users.push_back(st.round_base_users);
-      seg.key_round.push_back(st.round);
-      seg.key_round_start.push_back(st.round_start);
-    }
-    std::vector<std::pair<std::uint64_t, kernels::KeyState>>().swap(shard);
-  }
+  for_each_column(
+      *this,
+      [&seg](const char* name, auto column) {
+        using Column = decltype(column);  // named out here: g++ 12 misjudges it inside the inner lambda
+        visit_columns(seg, [&](const char* n, auto& target) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(target)>, Column>)
+            if (std::strcmp(n, name) == 0) target = std::move(column);
+        });
+      },
+      [](const std::string&) {});
   return seg;
 }
 
@@ -856,7 +912,7 @@ void Store::make_visible(const Manifest& m, const std::string& rows) {
   collect_garbage();
 }
 
-CommitStats Store::commit(std::function<Segment()> make_segment, std::string rows, const Position& pos,
+CommitStats Store::commit(std::shared_ptr<Journal> journal, std::string rows, const Position& pos,
                           const json& counters, std::uint64_t releases_bytes, std::uint64_t release_rows) {
   CommitStats stats;
   const int rank = comm_.rank(), P = comm_.size();
@@ -887,25 +943,27 @@ CommitStats Store::commit(std::function<Segment()> make_segment, std::string row
   std::string launch_error;
   try {
     io_ = std::async(std::launch::async, [this, root, previous_pending, previous = std::move(previous),
-                                          previous_rows = std::move(pending_rows_), make_segment = std::move(make_segment),
-                                          rows, header, path]() {
+                                          previous_rows = std::move(pending_rows_), journal = std::move(journal),
+                                          rows, header, path]() mutable {
       using Clock = std::chrono::steady_clock;
       const auto t = Clock::now();
       if (root && previous_pending) make_visible(previous, previous_rows);
       fault::point("ckpt_begin");
-      const auto t_encode = Clock::now();
-      Segment segment = make_segment();
-      segment.releases_csv = rows;
       Written w;
       const auto t_write = Clock::now();
-      w.encode_seconds = std::chrono::duration<double>(t_write - t_encode).count();
-      // Straight to a temporary file, column by column; then fsync, checksum (from the page cache),
-      // rename: a crash at any point leaves no file or the whole one.
+      // Straight to a temporary file, column by column from the journal; then fsync, checksum (from
+      // the page cache), rename: a crash at any point leaves no file or the whole one.
       make_private_dir(path.parent_path());
       const fs::path tmp = prepare_temporary(path, kFileMode);
       {
         h5::DiskFile f(tmp.string(), h5::DiskFile::Mode::Create);
-        write_segment_tables(f.get(), segment, header, "ckpt_half_written");
+        const std::uint64_t journal_bytes = journal->memory_bytes();
+        w.encode_seconds = write_segment_tables(f.get(), *journal, rows, header, "ckpt_half_written");
+        journal.reset();  // the trigger loop holds no reference: its memory goes now
+        // main() keeps freed memory in the process (fewer page faults per trigger); a large
+        // journal's pages go back to the system, or a job at scale keeps its largest commit's
+        // journal resident until the end.
+        if (journal_bytes >= kTrimJournalBytes) malloc_trim(0);
         f.close();
       }
       const FileDigest d = digest_file(tmp);
@@ -913,7 +971,7 @@ CommitStats Store::commit(std::function<Segment()> make_segment, std::string row
       w.xxh3 = d.xxh3;
       commit_temporary(path, "ckpt_before_rename");
       fault::point("ckpt_after_rename");
-      w.write_seconds = std::chrono::duration<double>(Clock::now() - t_write).count();
+      w.write_seconds = std::chrono::duration<double>(Clock::now() - t_write).count() - w.encode_seconds;
       w.seconds = std::chrono::duration<double>(Clock::now() - t).count();
       return w;
     });

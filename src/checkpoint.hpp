@@ -16,6 +16,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -85,20 +86,25 @@ struct Segment {
 
 // The tables' journals, drained at a commit: every changed user's kept count and its new pairs (read
 // from the per-user change marks: the trigger loop pays one pass over the users, no log grows
-// between commits) and a snapshot of each changed key's state. Turned into a Segment
-// by the checkpoint's I/O thread.
+// between commits) and a snapshot of each changed key's state: 16 bytes for a key with count and
+// users only (almost every key of a large key space), the full state for the others. The
+// checkpoint's I/O thread writes a segment's columns straight from it, one column at a time, so a
+// commit holds the journal and one column, never a second copy of the whole segment.
 struct Journal {
+  struct CountKey {  // a key whose sum and round state are zero and whose values fit 32 bits
+    std::uint64_t id;
+    std::uint32_t count, users;
+  };
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users;
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> new_pairs;
-  std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> keys;
-  Segment to_segment();  // empties the journal as it goes
-  std::uint64_t user_bytes() const;  // what to_segment() will hold, in Segment's payload bytes
+  std::vector<std::vector<CountKey>> count_keys;                          // per shard, ascending
+  std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> full_keys;  // per shard, ascending
+  std::uint64_t user_bytes() const;  // what the segment will hold, in Segment's payload bytes
   std::uint64_t key_bytes() const;
+  std::uint64_t memory_bytes() const;  // what the journal itself holds
+  Segment to_segment() const;          // the segment it writes, whole in memory (tests)
 };
 Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys);
-inline Segment take_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
-  return drain_journal(users, keys).to_segment();
-}
 // Applies a segment to this rank's tables; with `filter`, only the users and keys it owns.
 void apply(const Segment& segment, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks,
            bool filter);
@@ -137,8 +143,8 @@ struct CommitStats {
   double gather_seconds = 0;        // sizes and checksums to rank 0
   double background_seconds = 0;    // the I/O thread's time for the previous commit (off the loop's path):
                                     // HDF5 file, checksum, fsync, rename; rank 0 also the manifest and rows
-  double encode_seconds = 0;        // of which: the segment's columns from the journal
-  double write_seconds = 0;         // of which: the HDF5 file, its checksum, fsync, rename
+  double encode_seconds = 0;        // of which: the segment's columns gathered from the journal
+  double write_seconds = 0;         // of which: the HDF5 file, its checksum, fsync, rename (columns included)
 };
 
 class Store {
@@ -171,12 +177,12 @@ class Store {
   // Rank 0: appends a commit's rows to releases.csv once the commit is durable (I/O thread).
   void set_publisher(std::function<void(const std::string&)> publish) { publish_ = std::move(publish); }
 
-  // Collective, pipelined with the trigger loop: a background I/O thread builds the segment
-  // (`make_segment`), writes it and reports its size and checksum; the commit point (rank 0's
+  // Collective, pipelined with the trigger loop: a background I/O thread writes the segment of
+  // `journal` (freeing it as it goes) and reports its size and checksum; the commit point (rank 0's
   // manifest, then the rows) follows at the next commit() or finish(), once every rank's file is
   // known to be durable. So a commit becomes visible during the next trigger. `rows` (rank 0) are
   // the commit's release rows; `releases_bytes` and `release_rows` (rank 0) count them in.
-  CommitStats commit(std::function<Segment()> make_segment, std::string rows, const Position& position,
+  CommitStats commit(std::shared_ptr<Journal> journal, std::string rows, const Position& position,
                      const nlohmann::json& counters, std::uint64_t releases_bytes, std::uint64_t release_rows);
   // Collective: makes the last commit durable and visible (end of job, clean stop); the job's
   // last commit also keeps `summary`, so that a resume can write summary.json again.

@@ -466,22 +466,17 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     const auto c0 = Clock::now();
     // A window's last commit carries no state: the next window starts empty, and a resume from that
     // commit reads none (Store::load, window_done). Writing it would put the whole window on the
-    // critical path of the window's end.
-    std::shared_ptr<checkpoint::Journal> journal;
-    if (next_trigger == T) {
-      users.clear_journal();
-      keys.clear_journal();
-      journal = std::make_shared<checkpoint::Journal>();
-    } else {
-      journal = std::make_shared<checkpoint::Journal>(checkpoint::drain_journal(users, keys));
-    }
+    // critical path of the window's end. Its journal is dropped with the state (or the job ends).
+    auto journal = std::make_shared<checkpoint::Journal>();
+    if (next_trigger == T) keys.clear_journal();  // frees the change log now; users' marks go with clear()
+    else *journal = checkpoint::drain_journal(users, keys);
     ckpt_time.journal += seconds_since(c0);
     ckpt_user_bytes += journal->user_bytes();
     ckpt_key_bytes += journal->key_bytes();
     std::string rows = root ? writer->take_pending() : std::string();
     ckpt_release_bytes += rows.size();
     const auto counters = carried.global_sums(comm);
-    add_times(store.commit([journal] { return journal->to_segment(); }, std::move(rows),
+    add_times(store.commit(std::move(journal), std::move(rows),
                            {wi, first_trigger, next_trigger, complete}, counters, root ? writer->bytes() : 0,
                            root ? writer->rows() : 0));
     ++ckpt_commits;

@@ -68,14 +68,14 @@ Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
 
 // Runs `triggers` triggers of bounding + accumulation with the journal on; a fake release bumps the
 // round of every 7th key so that the release fields change too, and moves its sum by +-2^100 so that
-// both words of the 128-bit sum travel. Returns one segment per trigger.
-std::vector<checkpoint::Segment> drive(kernels::UserState& users, kernels::KeyStateTable& keys, int triggers, int rank,
+// both words of the 128-bit sum travel. Returns one journal per trigger.
+std::vector<checkpoint::Journal> drive(kernels::UserState& users, kernels::KeyStateTable& keys, int triggers, int rank,
                                        int ranks, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   users.journal = keys.journal = true;
   const kernels::BoundingParams params{5, 0.0, 1.0, 1};
   kernels::BoundingStats stats;
-  std::vector<checkpoint::Segment> out;
+  std::vector<checkpoint::Journal> out;
   for (int t = 0; t < triggers; ++t) {
     const auto recs = owned_records(rng, rank, ranks, 3000, 400, 90);
     auto partials = kernels::bound_and_aggregate(recs, params, users, stats);
@@ -94,7 +94,7 @@ std::vector<checkpoint::Segment> drive(kernels::UserState& users, kernels::KeySt
         keys.put(key, st);
         keys.changed_keys[s].push_back(key);
       });
-    out.push_back(checkpoint::take_journal(users, keys));
+    out.push_back(checkpoint::drain_journal(users, keys));
   }
   return out;
 }
@@ -196,16 +196,57 @@ TEST(Journal, SegmentsReplayToTheSameState) {
   ASSERT_EQ(segments.size(), 6u);
   kernels::UserState u2;
   kernels::KeyStateTable k2;
-  for (const auto& s : segments) checkpoint::apply(s, u2, k2, comm.rank(), comm.size(), /*filter=*/false);
+  for (const auto& s : segments) checkpoint::apply(s.to_segment(), u2, k2, comm.rank(), comm.size(), /*filter=*/false);
   EXPECT_TRUE(flatten(users, keys) == flatten(u2, k2));
   // A journal that missed one trigger does not reproduce the state (the test can fail).
   kernels::UserState u3;
   kernels::KeyStateTable k3;
-  for (std::size_t i = 0; i + 1 < segments.size(); ++i) checkpoint::apply(segments[i], u3, k3, comm.rank(), comm.size(), false);
+  for (std::size_t i = 0; i + 1 < segments.size(); ++i) checkpoint::apply(segments[i].to_segment(), u3, k3, comm.rank(), comm.size(), false);
   EXPECT_FALSE(flatten(users, keys) == flatten(u3, k3));
   // The journal was drained.
   EXPECT_TRUE(users.journal_empty());
   for (const auto& v : keys.changed_keys) EXPECT_TRUE(v.empty());
+}
+
+// A key with count and users only travels in 16 bytes; any other field (a sum, a round, a value of
+// 2^32 or more) keeps the full state. Both kinds replay exactly.
+TEST(Journal, CountOnlyKeysAreCompactAndEveryKeyReplaysExactly) {
+  kernels::UserState users;
+  kernels::KeyStateTable keys;
+  keys.journal = true;
+  const std::uint64_t big = std::uint64_t{1} << 32;
+  std::map<std::uint64_t, kernels::KeyState> expected;
+  auto set = [&](std::uint64_t key, std::int64_t count, std::int64_t users_, std::int64_t sum, std::uint32_t round) {
+    kernels::KeyState st;
+    st.count = count;
+    st.users = users_;
+    st.sum = sum;
+    st.round = round;
+    st.round_start = round;
+    st.round_base_users = round ? users_ : 0;
+    keys.put(key, st);
+    keys.changed_keys[kernels::KeyStateTable::shard_of(key)].push_back(key);
+    expected[key] = st;
+  };
+  for (std::uint64_t k = 1; k <= 300; ++k) set(k, static_cast<std::int64_t>(k * 3), static_cast<std::int64_t>(k), 0, 0);
+  set(1001, static_cast<std::int64_t>(big - 1), 7, 0, 0);      // the largest count-only value
+  set(1002, static_cast<std::int64_t>(big), 7, 0, 0);          // count needs 33 bits
+  set(1003, 5, static_cast<std::int64_t>(big + 4), 0, 0);      // users need 33 bits
+  set(1004, 5, 2, -(std::int64_t{1} << 40), 0);                // a sum
+  set(1005, 5, 2, 0, 3);                                       // a round
+  const auto j = checkpoint::drain_journal(users, keys);
+  std::size_t count_only = 0, full = 0;
+  for (const auto& shard : j.count_keys) count_only += shard.size();
+  for (const auto& shard : j.full_keys) full += shard.size();
+  EXPECT_EQ(count_only, 301u);
+  EXPECT_EQ(full, 4u);
+  EXPECT_EQ(j.key_bytes(), 305 * checkpoint::Segment::kKeyBytes);
+  EXPECT_LE(j.memory_bytes(), 2 * (301 * sizeof(checkpoint::Journal::CountKey) + 4 * 64 + 256 * 64));
+  kernels::UserState u2;
+  kernels::KeyStateTable k2;
+  checkpoint::apply(j.to_segment(), u2, k2, 0, 1, false);
+  EXPECT_EQ(k2.keys(), expected.size());
+  for (const auto& [key, st] : expected) EXPECT_EQ(k2.at(key), st) << "key " << key;
 }
 
 TEST(Journal, RepartitioningSplitsTheStateByOwner) {
@@ -219,7 +260,7 @@ TEST(Journal, RepartitioningSplitsTheStateByOwner) {
   for (int r = 0; r < 3; ++r) {
     kernels::UserState u;
     kernels::KeyStateTable k;
-    for (const auto& s : segments) checkpoint::apply(s, u, k, r, 3, /*filter=*/true);
+    for (const auto& s : segments) checkpoint::apply(s.to_segment(), u, k, r, 3, /*filter=*/true);
     const Flat part = flatten(u, k);
     for (const auto& [user, _] : part.kept)
       EXPECT_EQ(partition::owner_rank(partition::salted_hash(user, partition::kUserSalt), 3), r);
@@ -289,7 +330,7 @@ TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
     store.commit_start(10, nlohmann::json::object());
     for (std::uint32_t t = 0; t < 3; ++t) {
       const std::string rows = comm.rank() == 0 ? "rows of trigger " + std::to_string(t) + "\n" : "";
-      store.commit([seg = segments[t]] { return seg; }, rows, {0, t, t + 1, false}, {{"records", 7 * (t + 1)}},
+      store.commit(std::make_shared<checkpoint::Journal>(segments[t]), rows, {0, t, t + 1, false}, {{"records", 7 * (t + 1)}},
                    10 + 100 * (t + 1), t + 1);
       // Pipelined: commit t + 1 becomes visible only with the next commit (or finish).
       if (comm.rank() == 0) {
