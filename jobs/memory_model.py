@@ -6,12 +6,14 @@
   python3 jobs/memory_model.py --job JOB.toml --calibration CAL/summary.json --check RUN/summary.json
 
 Peak RSS per rank = base + state + other * records per rank, where
-  state  is the geometry of the engine's hash tables (absl::flat_hash_map: capacity 2^k - 1, grown at
+  state  is the generator's 16 bytes per local user and the geometry of the engine's hash tables (absl::flat_hash_map: capacity 2^k - 1, grown at
          7/8 load, one control byte per slot), 256 shards per rank, from the expected counts of the
          workload: active users, tracked keys, each shard's count spread as hashing spreads it
          (Poisson), and each user's fingerprint block from its kept records (at most one pair each);
   other  (bytes per input record of the rank's window: record buffers of a trigger, the checkpoint
-         journal, allocator slack) and base (bytes per process) are fitted on calibration runs:
+         journal, allocator slack) and base (bytes per process) are fitted on calibration runs
+         that commit at the job's cadence in triggers (the journal grows with the triggers between
+         two commits: calibrate with [checkpoint] every = k and run the job with the same k):
          summary.json files of the same workload at smaller scales (the peak RSS minus the modelled
          state). With a single calibration, base is the RSS of an empty process (50 MiB).
 Time per trigger = records per trigger / (ranks x the calibration's records per second per rank):
@@ -34,6 +36,8 @@ SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
 # grows by 1/4: on average 1/8 of it is unused capacity.
 USER_SLOT, OVERFLOW_SLOT, KEY_SLOT, SUM_SLOT = 16, 16, 16, 24
 BLOCK_CLASSES, ARENA_SLACK = 6, 1.125
+# The synthetic generator keeps, per local user, U_(k) and k (12 bytes) and its place in a due list (4).
+GENERATOR_USER = 16
 BASE_BYTES = 50 * 2**20
 
 
@@ -106,14 +110,15 @@ def workload(job, users):
 
 def state_per_rank(w, ranks, fixed=None):
     if fixed:  # what-if: bytes per active user and per tracked key given
-        return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks}
+        return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks,
+                "generator": GENERATOR_USER * w["users"] / ranks}
     per_shard = ranks * SHARDS
     users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT)
     pairs = w["users"] / ranks * w["block_bytes_per_user"]
     keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
     if w["sums"]:
         keys += SHARDS * table_bytes(w["keys"] / per_shard, SUM_SLOT)
-    return {"user": users + pairs, "key": keys}
+    return {"user": users + pairs, "key": keys, "generator": GENERATOR_USER * w["users"] / ranks}
 
 
 def fit(job, calibrations):
@@ -124,7 +129,7 @@ def fit(job, calibrations):
         w = workload(job, c["distinct_users"])
         st = state_per_rank(w, ranks)
         rss = max(c["peak_rss_bytes_per_rank"])
-        points.append((c["records"]["read"] / ranks, rss - st["user"] - st["key"]))
+        points.append((c["records"]["read"] / ranks, rss - st["user"] - st["key"] - st["generator"]))
     if len(points) == 1:
         x, y = points[0]
         return BASE_BYTES, max(0.0, (y - BASE_BYTES) / x)
@@ -164,10 +169,15 @@ def main():
     print(f"workload: {users:.3g} users, {w['records']:.3g} records ({w['kept']:.3g} kept), {w['keys']:.3g} tracked keys, T = {T}")
     print(f"fitted on {len(cals)} run(s): base {base / 2**20:.0f} MiB per rank, {other:.1f} B per input record of the "
           f"rank's window beyond the tables; {rate / 1e6:.2f} M records/s per rank")
+    # The per-record term holds the commit journal, which grows with the triggers between commits.
+    cadence = sorted({round(int(c["triggers"]) / max(1, c["checkpoint"]["commits"]), 1) for c in cals if "checkpoint" in c})
+    if cadence:
+        print(f"calibrated at {', '.join(map(str, cadence))} triggers per commit: run the job at that cadence "
+              f"([checkpoint] every = {max(1, round(cadence[0]))}) for the prediction to hold")
 
     def predict(ranks):
         st = state_per_rank(w, ranks, a.state_bytes)
-        rss = base + st["user"] + st["key"] + other * w["records"] / ranks
+        rss = base + st["user"] + st["key"] + st["generator"] + other * w["records"] / ranks
         return st, rss
 
     if a.check:
