@@ -319,7 +319,8 @@ struct SegmentHeader {
   std::uint32_t window_index, first_trigger, next_trigger;
 };
 
-// Every column of a segment with its dataset name: the one list that reading and building use.
+// Every column of a segment with its dataset name, for reading a file and for Journal::to_segment
+// (the writer names the same columns in for_each_column; the Store test reads written files back).
 template <class F>
 void visit_columns(Segment& s, F&& f) {
   f("users/id", s.user_id);
