@@ -185,6 +185,25 @@ std::uint64_t UserState::memory_bytes() const {
   return b;
 }
 
+std::uint64_t UserState::digest(std::uint64_t seed) const {
+  constexpr std::uint64_t kPairDomain = 0x5061697273ULL;  // pairs hash apart from kept counts
+  std::uint64_t total = 0;
+#pragma omp parallel for schedule(dynamic, 4) reduction(+ : total)
+  for (std::size_t s = 0; s < kShards; ++s) {
+    const Arena& a = arenas_[s];
+    for (const auto& [user, slot] : kept[s]) {
+      const std::uint64_t u = partition::hash_combine(seed, user);
+      total += partition::hash_combine(u, slot.kept);
+      const std::uint32_t n = slot.block ? held(a.words[slot.block]) : 0;
+      for (std::uint32_t i = 0; i < n; ++i)
+        total += partition::hash_combine(u ^ kPairDomain, a.words[slot.block + 1 + i]);
+    }
+    for (const auto& [user, fingerprint] : a.overflow)
+      total += partition::hash_combine(partition::hash_combine(seed, user) ^ kPairDomain, fingerprint);
+  }
+  return total;
+}
+
 namespace {
 
 struct alignas(64) ThreadOut {  // padded: threads update their own counters

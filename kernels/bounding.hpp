@@ -67,6 +67,9 @@ class UserState {
   std::uint64_t users() const;
   std::uint64_t user_key_pairs() const;
   std::uint64_t memory_bytes() const;  // estimate from the tables' and arenas' capacities
+  // Order-free hash of the contents (each user's kept count and key fingerprints) under `seed`: a sum
+  // over users and pairs mod 2^64, so digests of the parts of a partitioned state add up to the whole's.
+  std::uint64_t digest(std::uint64_t seed) const;
 
   static std::uint32_t key_fingerprint(std::uint64_t key);
   // The user's slot in `shard`, added with kept = 0 and no block when new (second: added).

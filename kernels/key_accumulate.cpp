@@ -40,6 +40,23 @@ std::uint64_t KeyStateTable::memory_bytes() const {
   return b;
 }
 
+std::uint64_t KeyStateTable::digest(std::uint64_t seed) const {
+  std::uint64_t total = 0;
+#pragma omp parallel for schedule(dynamic, 4) reduction(+ : total)
+  for (std::size_t s = 0; s < kShards; ++s)
+    for_each_in(s, [&](std::uint64_t key, const KeyState& st) {
+      std::uint64_t h = partition::hash_combine(seed, key);
+      const int128 sum = st.sum;
+      for (const std::uint64_t v : {static_cast<std::uint64_t>(st.count), static_cast<std::uint64_t>(sum),
+                                    static_cast<std::uint64_t>(sum >> 64), static_cast<std::uint64_t>(st.users),
+                                    static_cast<std::uint64_t>(st.round_base_users), std::uint64_t{st.round},
+                                    std::uint64_t{st.round_start}})
+        h = partition::hash_combine(h, v);
+      total += h;
+    });
+  return total;
+}
+
 KeyState KeyStateTable::load(const Shard& sh, std::uint64_t key, const Packed& p) const {
   if (p.count == kWide) return sh.wide.at(key);
   KeyState st;

@@ -47,6 +47,9 @@ class KeyStateTable {
   void clear_journal();
   std::uint64_t keys() const;
   std::uint64_t memory_bytes() const;
+  // Order-free hash of every key's exact state under `seed` (a sum over keys mod 2^64, like
+  // UserState::digest): equal for equal contents whatever the table's layout or the rank count.
+  std::uint64_t digest(std::uint64_t seed) const;
   static std::size_t shard_of(std::uint64_t key);
 
   std::optional<KeyState> find(std::uint64_t key) const;

@@ -373,6 +373,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   kernels::BoundingStats bstats;
   shuffle::TrafficCounter user_traffic, key_traffic;
   std::uint64_t distinct_users = 0, distinct_keys = 0, peak_state_bytes = 0, local_records = 0, global_records = 0;
+  std::uint64_t state_digest = 0;  // sum over windows and ranks of the state's digest at the window's end
   const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * T;
   kernels::DpStats dp_stats;
   std::vector<std::uint64_t> visits_per_trigger;  // keys key selection visited, per trigger of this run
@@ -397,6 +398,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                                  {"key_shuffle_bytes_to_others", &key_traffic.bytes_sent_to_others},
                                  {"distinct_users", &distinct_users},
                                  {"distinct_keys", &distinct_keys},
+                                 {"state_digest", &state_digest},
                                  {"keys_released", &dp_keys_released},
                                  {"records", &local_records}}};
 
@@ -576,6 +578,8 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       if (window_end) {  // before the window's last commit, which carries these counters
         distinct_users += users.users();
         distinct_keys += keys.keys();
+        state_digest += users.digest(partition::hash_combine(static_cast<std::uint64_t>(window), 'U')) +
+                        keys.digest(partition::hash_combine(static_cast<std::uint64_t>(window), 'K'));
         if (dp)  // KeyState::round > 0: released at least once in the window
           keys.for_each([&](std::uint64_t, const kernels::KeyState& st) { dp_keys_released += st.round > 0; });
         if (releaser) {
@@ -709,6 +713,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                   {"bad_rows", comm.sum(in.malformed + in.non_finite + in.out_of_window)}};  // all kinds, see "input"
   j["distinct_users"] = comm.sum(distinct_users);
   j["distinct_keys"] = comm.sum(distinct_keys);
+  j["state_digest"] = fmt::format("{:016x}", comm.sum(state_digest));
   j["triggers"] = total_triggers;
   j["release_rows"] = writer ? writer->rows() + writer->pending_rows() : 0;
   auto stage_max = [&](double v) { return comm.max(v); };

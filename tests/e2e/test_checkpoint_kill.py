@@ -442,7 +442,12 @@ def main():
             summary = os.path.join(out, "summary.json")
             assert os.path.isfile(summary), f"{what}: no summary.json after the resumed run completed"
             with open(summary, encoding="utf-8") as f:
-                json.load(f)
+                digest = json.load(f)["state_digest"]
+            if expect is None:  # the state at each window's end, not only the rows, is the uninterrupted run's
+                with open(os.path.join(job.ref_dir, "summary.json"), encoding="utf-8") as f:
+                    want_digest = json.load(f)["state_digest"]
+                assert digest == want_digest, (f"{what}: summary.json state_digest {digest} differs from the "
+                                               f"uninterrupted run's {want_digest}")
             return r
 
         def bounds_for(point, hit):

@@ -7,9 +7,10 @@ noise seed, for mu = 0 (every key with a user is tested) and the default mu:
 
   * key_scan = "predicted" (default, 2 threads per rank) gives a releases.csv byte-identical to
     key_scan = "full" (1 thread per rank) at the same rank count, visits fewer keys per trigger,
-    and summary.json counts releases at predicted visits;
+    ends each window in the same state (summary.json state_digest) and counts releases at
+    predicted visits;
   * a predicted run killed inside key selection in its second window (checkpoint every trigger)
-    and resumed at another rank count gives the same bytes again.
+    and resumed at another rank count gives the same bytes and state digest again.
 
 Usage: test_key_scan.py --ranks N [--bin build/src/dpstream] [--keep]
 """
@@ -31,6 +32,11 @@ def job_toml(mu):
     if mu is not None:
         text = text.replace('mode = "dp"', f'mode = "dp"\nmu = {mu}')
     return text
+
+
+def summary(out):
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)
 
 
 def main():
@@ -65,10 +71,10 @@ def main():
                     i = harness.first_difference(got, ref)
                     raise AssertionError(f"predicted releases.csv differs from the full scan's at byte {i}:\n"
                                          f"    predicted {got[max(0, i - 80):i + 80]!r}\n    full      {ref[max(0, i - 80):i + 80]!r}")
-                with open(os.path.join(runs["full"], "summary.json"), encoding="utf-8") as f:
-                    full = json.load(f)["dp"]
-                with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
-                    pred = json.load(f)["dp"]
+                full_summary, pred_summary = summary(runs["full"]), summary(out)
+                assert full_summary["state_digest"] == pred_summary["state_digest"], \
+                    f"state_digest: full {full_summary['state_digest']}, predicted {pred_summary['state_digest']}"
+                full, pred = full_summary["dp"], pred_summary["dp"]
                 assert (full["key_scan"], pred["key_scan"]) == ("full", "predicted"), (full["key_scan"], pred["key_scan"])
                 assert full["threshold_tests"] == pred["threshold_tests"], \
                     f"threshold_tests: full {full['threshold_tests']}, predicted {pred['threshold_tests']}"
@@ -92,6 +98,8 @@ def main():
                 ref = harness.read_bytes(os.path.join(runs["full"], "releases.csv"))
                 got = harness.read_bytes(os.path.join(out, "releases.csv"))
                 assert got == ref, f"resumed releases.csv differs at byte {harness.first_difference(got, ref)}"
+                want, have = summary(runs["full"])["state_digest"], summary(out)["state_digest"]
+                assert have == want, f"resumed state_digest {have}, uninterrupted full scan {want}"
 
             results.check(f"{label}: predicted == full scan at {args.ranks} rank(s)", full_vs_predicted)
             results.check(f"{label}: killed in key selection at trigger {KILLED_AT_TRIGGER + 1}, resumed at another "

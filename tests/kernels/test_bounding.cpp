@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <map>
 #include <set>
@@ -251,4 +252,37 @@ TEST(Bounding, SumsBeyondInt64NeverAbortAndStayExact) {
     const auto again = keys.accumulate(kernels::bound_and_aggregate(records, {C, lo, hi}, users, stats));
     EXPECT_TRUE(again.empty());
   }
+}
+
+// The user-state digest depends on the contents only: any thread count, and the digests of a state
+// split by user (as over ranks) add up to the whole's; one more (user, key) pair or kept record changes it.
+TEST(Bounding, StateDigestIsOrderFreeAndAddsOverAPartitionByUser) {
+  std::mt19937_64 rng(77);
+  std::uint64_t position = 0;
+  std::vector<std::vector<Record>> triggers;
+  for (int t = 0; t < 20; ++t) triggers.push_back(random_trigger(rng, t, position));
+  // Users with many keys, so that blocks grow and overflow (kBlockCapacity) take part too.
+  for (std::uint64_t k = 0; k < 200; ++k) triggers.back().push_back(Record{1000 + k % 3, 5000 + k, 1999, position++, 1.0});
+  auto digest_of = [&](int threads, const std::function<bool(std::uint64_t)>& owns) {
+    dpstream::testing::ScopedOmpThreads scoped(threads);
+    kernels::UserState users;
+    kernels::BoundingStats stats;
+    for (const auto& records : triggers) {
+      std::vector<Record> mine;
+      for (const Record& r : records)
+        if (owns(r.user)) mine.push_back(r);
+      kernels::bound_and_aggregate(mine, {200, -1.0, 2.5}, users, stats);
+    }
+    return users.digest(9);
+  };
+  const auto all = [](std::uint64_t) { return true; };
+  const std::uint64_t d = digest_of(1, all);
+  EXPECT_EQ(digest_of(2, all), d);
+  EXPECT_EQ(digest_of(1, [](std::uint64_t u) { return u % 2 == 0; }) + digest_of(2, [](std::uint64_t u) { return u % 2 == 1; }), d);
+  triggers.back().push_back(Record{1000, 999999, 1999, position++, 1.0});  // a new key of a user with many
+  EXPECT_NE(digest_of(1, all), d);
+  triggers.back().pop_back();
+  triggers.back().push_back(Record{1000, 5000, 1999, position++, 1.0});  // a key it has: one more kept record
+  EXPECT_NE(digest_of(1, all), d);
+  EXPECT_EQ(kernels::UserState().digest(9), 0u);
 }

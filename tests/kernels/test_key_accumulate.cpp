@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <random>
+#include <vector>
 
 #include "kernels/key_accumulate.hpp"
 
@@ -138,4 +140,47 @@ TEST(KeyAccumulate, CountOnlyTablesStoreNoSums) {
   EXPECT_LE(count_only.memory_bytes(), 100000 * 17 * 16 / 7 + 256 * 64);
   EXPECT_TRUE(count_only.at(partials[5].key).sum == 0);
   EXPECT_TRUE(with_sums.at(partials[5].key).sum == 1000);
+}
+
+// The state digest depends on the contents only: the same states put in another order (so into
+// other hash-table layouts) agree, a change of any one field of one key does not, nor does another seed.
+TEST(KeyAccumulate, StateDigestIsOrderFreeAndSeesEveryField) {
+  std::mt19937_64 rng(11);
+  std::vector<std::pair<std::uint64_t, kernels::KeyState>> states;
+  for (std::uint64_t k = 0; k < 20000; ++k) {
+    kernels::KeyState st;
+    st.count = static_cast<std::int64_t>(rng() % 50) + (k % 97 == 0 ? (std::int64_t{1} << 33) : 0);  // some wide
+    st.users = st.count / 2 + 1;
+    if (k % 13 == 0) st.round = static_cast<std::uint32_t>(1 + k % 3), st.round_start = static_cast<std::uint32_t>(k % 40), st.round_base_users = 2;
+    st.sum = int128{static_cast<std::int64_t>(rng() % 1000)} - 500;
+    states.emplace_back(rng(), st);
+  }
+  auto digest_of = [](const auto& list, std::uint64_t seed) {
+    kernels::KeyStateTable t;
+    for (const auto& [k, st] : list) t.put(k, st);
+    return t.digest(seed);
+  };
+  const std::uint64_t d = digest_of(states, 4);
+  auto reversed = states;
+  std::reverse(reversed.begin(), reversed.end());
+  EXPECT_EQ(digest_of(reversed, 4), d);
+  EXPECT_NE(digest_of(states, 5), d);
+  EXPECT_EQ(kernels::KeyStateTable().digest(4), 0u);
+  const std::vector<void (*)(kernels::KeyState&)> changes = {
+      [](kernels::KeyState& s) { ++s.count; },
+      [](kernels::KeyState& s) { s.sum = int128(s.sum) + (int128{1} << 64); },
+      [](kernels::KeyState& s) { s.sum = int128(s.sum) + 1; },
+      [](kernels::KeyState& s) { ++s.users; },
+      [](kernels::KeyState& s) { ++s.round_base_users; },
+      [](kernels::KeyState& s) { ++s.round; },
+      [](kernels::KeyState& s) { ++s.round_start; }};
+  for (std::size_t c = 0; c < changes.size(); ++c)
+    for (const std::size_t i : {std::size_t{0}, std::size_t{13 * 5}, std::size_t{97 * 3}}) {
+      auto changed = states;
+      changes[c](changed[i].second);
+      EXPECT_NE(digest_of(changed, 4), d) << "change " << c << " of key " << i;
+    }
+  auto fewer = states;
+  fewer.pop_back();
+  EXPECT_NE(digest_of(fewer, 4), d);
 }
