@@ -12,8 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/bounding.hpp"
-#include "kernels/baseline_release.hpp"
-#include "kernels/dp_release.hpp"
+#include "kernels/releaser.hpp"
 #include "kernels/noise.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "dpstream_version.hpp"
@@ -308,8 +307,6 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   // The job's secret (DP noise, keyed CSV ids), the same on every rank: the job's own on resume, else
   // from the seed or the OS.
   noise::Secret secret{};
-  std::unique_ptr<kernels::DpReleaser> releaser;
-  std::unique_ptr<kernels::BaselineReleaser> baseline;
   const bool has_secret = dp || config.input.kind == InputKind::Csv;
   if (has_secret) {
     if (resuming)
@@ -323,12 +320,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       comm.broadcast(secret.data(), secret.size());
     }
   }
-  if (dp) {
-    if (mode == PrivacyMode::Dp)
-      releaser = std::make_unique<kernels::DpReleaser>(release_params(plan), secret, config.engine.key_scan);
-    else
-      baseline = std::make_unique<kernels::BaselineReleaser>(baseline_params(plan), secret);
-  }
+  const std::unique_ptr<kernels::Releaser> releaser = make_releaser(mode, plan, secret, config.engine.key_scan);
 
   on_every_rank<ConfigError>(comm, [&] {
     if (!options.write_output || !root) return;
@@ -363,10 +355,6 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   const kernels::BoundingParams bounding{config.privacy.max_records_per_user, config.privacy.clamp_min,
                                          config.privacy.clamp_max, dp ? plan.sum_quantum : 1,
                                          /*users_per_trigger=*/mode == PrivacyMode::BaselineBatch};
-  // What the key owner needs from each trigger's accumulation (see the release step below).
-  const auto accumulate_report = mode == PrivacyMode::None            ? kernels::KeyStateTable::Report::RunningTotals
-                      : mode == PrivacyMode::BaselineBatch ? kernels::KeyStateTable::Report::TriggerTotals
-                                                           : kernels::KeyStateTable::Report::Nothing;
   const std::uint32_t T = config.stream.triggers;
   kernels::UserState users;
   kernels::KeyStateTable keys(/*track_sums=*/config.query.sum);
@@ -496,8 +484,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     if (config.stream.windows_from_input && wi + 1 < config.stream.windows &&
         comm.max(std::uint64_t{source->has_window(window)}) == 0)
       continue;
-    if (releaser) releaser->begin_window(window);
-    if (baseline) baseline->begin_window(window);
+    releaser->begin_window(window);
     for (std::uint32_t trigger = wi == start_window ? start_trigger : 0; trigger < T; ++trigger) {
       t0 = Clock::now();
       std::vector<Record> local = source->take_trigger(window, trigger);  // cannot fail: input was parsed at ingest
@@ -534,28 +521,18 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       auto key_partials = comm.alltoallv(by_key.items, by_key.offsets, &key_traffic, "shuffle_key");
       stage.shuffle_key += seconds_since(t0);
       t0 = Clock::now();
-      std::vector<KeyTotals> changed;
-      on_every_rank(comm, [&] { changed = keys.accumulate(key_partials, accumulate_report); });
+      std::vector<KeyTotals> reported;
+      on_every_rank(comm, [&] { reported = keys.accumulate(key_partials, releaser->accumulation()); });
       stage.accumulate += seconds_since(t0);
 
-      // 4. DP: key selection and hierarchical perturbation over every tracked key; a baseline's
-      // one-shot query over every key's running totals (repeated) or the trigger's totals (batch).
+      // 4. the mode's release: exact changed totals, DP-SQLP key selection and perturbation, or a
+      // baseline's one-shot query (kernels/releaser.hpp).
       std::vector<KeyRelease> release;
       t0 = Clock::now();
-      if (releaser) {
-        const std::uint64_t visited_before = dp_stats.visited;
-        on_every_rank(comm, [&] { release = releaser->release(keys, trigger, dp_stats); });
-        visits_per_trigger.push_back(dp_stats.visited - visited_before);
-      } else if (baseline) {
-        on_every_rank(comm, [&] {
-          if (mode == PrivacyMode::BaselineRepeated) changed = kernels::BaselineReleaser::running_totals(keys);
-          release = baseline->release(changed, keys, trigger, dp_stats);
-        });
-      } else {
-        release.reserve(changed.size());
-        for (const auto& t : changed) release.push_back({t.key, int128{t.count} << kValueFracBits, t.sum});
-      }
-      std::vector<KeyTotals>().swap(changed);
+      const std::uint64_t visited_before = dp_stats.visited;
+      on_every_rank(comm, [&] { release = releaser->release(std::move(reported), keys, trigger, dp_stats); });
+      visits_per_trigger.push_back(dp_stats.visited - visited_before);
+      std::vector<KeyTotals>().swap(reported);
       stage.dp_release += seconds_since(t0);
 
       // 5. release rows, staged on rank 0 until their trigger is committed.
@@ -582,12 +559,10 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                         keys.digest(partition::hash_combine(static_cast<std::uint64_t>(window), 'K'));
         if (dp)  // KeyState::round > 0: released at least once in the window
           keys.for_each([&](std::uint64_t, const kernels::KeyState& st) { dp_keys_released += st.round > 0; });
-        if (releaser) {
-          dp_cached_keys += releaser->cached_keys();
-          if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys
-            window_tracked_keys = keys.keys();
-            window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
-          }
+        dp_cached_keys += releaser->cached_keys();
+        if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys
+          window_tracked_keys = keys.keys();
+          window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
         }
         if (users.users() >= window_active_users) {
           window_active_users = users.users();
@@ -595,10 +570,9 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
         }
         if (keys.keys() >= window_keys) {
           window_keys = keys.keys();
-          window_key_bytes = keys.memory_bytes() + (releaser ? releaser->memory_bytes() : 0);
+          window_key_bytes = keys.memory_bytes() + releaser->memory_bytes();
         }
-        peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes() +
-                                                          (releaser ? releaser->memory_bytes() : 0));
+        peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes() + releaser->memory_bytes());
       }
 
       // 6. one agreement per trigger (not after the job's last): a stop signal, and rank 0's commit clock.

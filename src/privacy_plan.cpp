@@ -1,5 +1,7 @@
 #include "src/privacy_plan.hpp"
 
+#include <stdexcept>
+
 #include <fmt/format.h>
 
 #include <bit>
@@ -300,6 +302,17 @@ kernels::DpParams release_params(const PrivacyPlan& p) {
   params.sigma_selection = p.selection.sigma;
   set_column_noise(p, params);
   return params;
+}
+
+std::unique_ptr<kernels::Releaser> make_releaser(PrivacyMode mode, const PrivacyPlan& plan, const noise::Secret& secret,
+                                                 kernels::KeyScan scan) {
+  switch (mode) {
+    case PrivacyMode::None: return kernels::make_exact_releaser();
+    case PrivacyMode::Dp: return kernels::make_dp_sqlp_releaser(release_params(plan), secret, scan);
+    case PrivacyMode::BaselineRepeated: return kernels::make_baseline_releaser(baseline_params(plan), secret, true);
+    case PrivacyMode::BaselineBatch: return kernels::make_baseline_releaser(baseline_params(plan), secret, false);
+  }
+  throw std::logic_error("make_releaser: unknown privacy mode");
 }
 
 namespace {

@@ -10,6 +10,7 @@
 
 #include "kernels/baseline_release.hpp"
 #include "kernels/dp_release.hpp"
+#include "kernels/releaser.hpp"
 #include "src/config.hpp"
 
 namespace dpstream {
@@ -88,6 +89,9 @@ PrivacyPlan make_privacy_plan(const JobConfig& config);
 // What the release kernel needs from the plan (noise scales, thresholds, columns).
 kernels::DpParams release_params(const PrivacyPlan& plan);
 kernels::BaselineParams baseline_params(const PrivacyPlan& plan);
+// The release step of `mode` (exact for mode none, where `plan` is not read), its noise keyed by `secret`.
+std::unique_ptr<kernels::Releaser> make_releaser(PrivacyMode mode, const PrivacyPlan& plan, const noise::Secret& secret,
+                                                 kernels::KeyScan scan);
 
 std::string budget_text(const PrivacyPlan& plan, bool thresholds_table);
 nlohmann::json budget_json(const PrivacyPlan& plan, bool thresholds_table);

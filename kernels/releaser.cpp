@@ -1,0 +1,72 @@
+#include "kernels/releaser.hpp"
+
+#include <utility>
+
+namespace dpstream::kernels {
+
+namespace {
+
+class ExactReleaser final : public Releaser {
+ public:
+  KeyStateTable::Report accumulation() const override { return KeyStateTable::Report::RunningTotals; }
+  void begin_window(std::int64_t) override {}
+  std::vector<KeyRelease> release(std::vector<KeyTotals>&& reported, KeyStateTable&, std::uint32_t,
+                                  DpStats&) override {
+    std::vector<KeyRelease> rows;
+    rows.reserve(reported.size());
+    for (const auto& t : reported) rows.push_back({t.key, int128{t.count} << kValueFracBits, t.sum});
+    return rows;
+  }
+};
+
+class DpSqlpReleaser final : public Releaser {
+ public:
+  DpSqlpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan) : impl_(std::move(params), secret, scan) {}
+  // Key selection visits the trigger's keys through keys.touched and reads every state from the table.
+  KeyStateTable::Report accumulation() const override { return KeyStateTable::Report::Nothing; }
+  void begin_window(std::int64_t window) override { impl_.begin_window(window); }
+  std::vector<KeyRelease> release(std::vector<KeyTotals>&&, KeyStateTable& keys, std::uint32_t trigger,
+                                  DpStats& stats) override {
+    return impl_.release(keys, trigger, stats);
+  }
+  std::uint64_t cached_keys() const override { return impl_.cached_keys(); }
+  std::uint64_t memory_bytes() const override { return impl_.memory_bytes(); }
+
+ private:
+  DpReleaser impl_;
+};
+
+class BaselineQueryReleaser final : public Releaser {
+ public:
+  BaselineQueryReleaser(BaselineParams params, const noise::Secret& secret, bool over_running_totals)
+      : impl_(std::move(params), secret), over_running_totals_(over_running_totals) {}
+  // Baseline 1 reads every key's running totals from the table; baseline 2 needs the batch's totals.
+  KeyStateTable::Report accumulation() const override {
+    return over_running_totals_ ? KeyStateTable::Report::Nothing : KeyStateTable::Report::TriggerTotals;
+  }
+  void begin_window(std::int64_t window) override { impl_.begin_window(window); }
+  std::vector<KeyRelease> release(std::vector<KeyTotals>&& reported, KeyStateTable& keys, std::uint32_t trigger,
+                                  DpStats& stats) override {
+    if (over_running_totals_) reported = BaselineReleaser::running_totals(keys);
+    return impl_.release(reported, keys, trigger, stats);
+  }
+
+ private:
+  BaselineReleaser impl_;
+  bool over_running_totals_;
+};
+
+}  // namespace
+
+std::unique_ptr<Releaser> make_exact_releaser() { return std::make_unique<ExactReleaser>(); }
+
+std::unique_ptr<Releaser> make_dp_sqlp_releaser(DpParams params, const noise::Secret& secret, KeyScan scan) {
+  return std::make_unique<DpSqlpReleaser>(std::move(params), secret, scan);
+}
+
+std::unique_ptr<Releaser> make_baseline_releaser(BaselineParams params, const noise::Secret& secret,
+                                                 bool over_running_totals) {
+  return std::make_unique<BaselineQueryReleaser>(std::move(params), secret, over_running_totals);
+}
+
+}  // namespace dpstream::kernels
