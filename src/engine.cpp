@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/bounding.hpp"
-#include "kernels/releaser.hpp"
-#include "kernels/noise.hpp"
 #include "kernels/key_accumulate.hpp"
+#include "kernels/noise.hpp"
+#include "kernels/releaser.hpp"
 #include "dpstream_version.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
@@ -25,8 +25,10 @@
 #include "src/naive_reference.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/release_writer.hpp"
+#include "src/run_counters.hpp"
 #include "src/stop_request.hpp"
 #include "src/summary.hpp"
+#include "src/trigger_pipeline.hpp"
 #include "src/workload.hpp"
 
 namespace dpstream {
@@ -170,23 +172,6 @@ NaiveTiming time_naive_reference(const JobConfig& config) {
   }
   return t;
 }
-
-// Counters that a resumed run carries over from its checkpoint (global sums), so that its summary
-// counts the whole job. Names are the manifest's "counters" members.
-struct CarriedCounters {
-  std::vector<std::pair<const char*, std::uint64_t*>> items;
-  nlohmann::json global_sums(const shuffle::Comm& comm) const {
-    std::vector<std::uint64_t> local;
-    for (const auto& [name, v] : items) local.push_back(*v);
-    const auto sums = comm.sum(local);
-    nlohmann::json j = nlohmann::json::object();
-    for (std::size_t i = 0; i < items.size(); ++i) j[items[i].first] = sums[i];
-    return j;
-  }
-  void restore(const nlohmann::json& j, bool root) const {  // sums go to rank 0, whose values are summed later
-    for (const auto& [name, v] : items) *v = root && j.contains(name) ? j.at(name).get<std::uint64_t>() : 0;
-  }
-};
 
 // Keys visited by key selection per trigger, summed over ranks: the mean over the job's triggers
 // (carried over a resume) and the most at one trigger this run processed.
@@ -358,37 +343,10 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   const std::uint32_t T = config.stream.triggers;
   kernels::UserState users;
   kernels::KeyStateTable keys(/*track_sums=*/config.query.sum);
-  kernels::BoundingStats bstats;
-  shuffle::TrafficCounter user_traffic, key_traffic;
-  std::uint64_t distinct_users = 0, distinct_keys = 0, peak_state_bytes = 0, local_records = 0, global_records = 0;
-  std::uint64_t state_digest = 0;  // sum over windows and ranks of the state's digest at the window's end
+  RunCounters counters;  // the job's, carried over a resume
+  StatePeaks peaks;      // this run's
+  std::uint64_t global_records = 0;
   const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * T;
-  kernels::DpStats dp_stats;
-  std::vector<std::uint64_t> visits_per_trigger;  // keys key selection visited, per trigger of this run
-  std::uint64_t dp_cached_keys = 0, dp_keys_released = 0, window_tracked_keys = 0, window_key_state_bytes = 0;
-  // State at the end of the window with the most users (keys): a window's state only grows, so this is its peak.
-  std::uint64_t window_active_users = 0, window_user_state_bytes = 0, window_keys = 0, window_key_bytes = 0;
-  const CarriedCounters carried{{{"kept", &bstats.kept},
-                                 {"dropped", &bstats.dropped},
-                                 {"clamped", &bstats.clamped},
-                                 {"new_users", &bstats.new_users},
-                                 {"threshold_tests", &dp_stats.tested},
-                                 {"dp_release_rows", &dp_stats.released},
-                                 {"noise_draws", &dp_stats.noise_draws},
-                                 {"keys_visited", &dp_stats.visited},
-                                 {"simulated_steps", &dp_stats.simulated},
-                                 {"scheduled_visits", &dp_stats.scheduled},
-                                 {"discarded_visits", &dp_stats.discarded},
-                                 {"predicted_releases", &dp_stats.predicted},
-                                 {"user_shuffle_bytes", &user_traffic.bytes_total},
-                                 {"user_shuffle_bytes_to_others", &user_traffic.bytes_sent_to_others},
-                                 {"key_shuffle_bytes", &key_traffic.bytes_total},
-                                 {"key_shuffle_bytes_to_others", &key_traffic.bytes_sent_to_others},
-                                 {"distinct_users", &distinct_users},
-                                 {"distinct_keys", &distinct_keys},
-                                 {"state_digest", &state_digest},
-                                 {"keys_released", &dp_keys_released},
-                                 {"records", &local_records}}};
 
   // Where the stream starts: the beginning, or the first trigger after the last commit.
   std::uint32_t start_window = 0, start_trigger = 0, resumed_from = 0;
@@ -415,7 +373,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       on_every_rank<CheckpointError>(comm, [&] {
         if (root) writer->restore(m.releases_bytes, staged, m.release_rows);
       });
-      carried.restore(m.counters, root);
+      counters.restore(m.counters, root);
       source->skip_to(config.stream.first_window, config.stream.first_window + start_window, start_trigger);
     } else {
       store.begin(config.name, identity, has_secret ? &secret : nullptr);
@@ -465,9 +423,9 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     ckpt_key_bytes += journal->key_bytes();
     std::string rows = root ? writer->take_pending() : std::string();
     ckpt_release_bytes += rows.size();
-    const auto counters = carried.global_sums(comm);
+    const auto sums = counters.global_sums(comm);
     add_times(store.commit(std::move(journal), std::move(rows),
-                           {wi, first_trigger, next_trigger, complete}, counters, root ? writer->bytes() : 0,
+                           {wi, first_trigger, next_trigger, complete}, sums, root ? writer->bytes() : 0,
                            root ? writer->rows() : 0));
     ++ckpt_commits;
     stage.checkpoint += seconds_since(c0);
@@ -477,6 +435,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   bool final_commit_pending = false;
   std::uint32_t uncommitted_from = start_trigger;  // first trigger of the window not yet committed
   StopAgreement stop;
+  TriggerPipeline pipeline(comm, bounding, users, keys, *releaser, counters, stage);
   std::uint32_t stopped_window = 0, stopped_trigger = 0;
   for (std::uint32_t wi = start_window; wi < config.stream.windows && !stop.signal; ++wi) {
     const std::int64_t window = config.stream.first_window + wi;
@@ -492,48 +451,8 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       stage.ingest += seconds_since(t0);
       const std::uint64_t local_count = local.size();
 
-      // 1. partition by salted hash of the user, all-to-all.
-      t0 = Clock::now();
-      auto by_user = partition::partition_by(local, static_cast<std::size_t>(P), [P](const Record& r) {
-        return partition::owner_rank(partition::salted_hash(r.user, partition::kUserSalt), P);
-      });
-      std::vector<Record>().swap(local);
-      stage.partition_user += seconds_since(t0);
-      t0 = Clock::now();
-      auto owned = comm.alltoallv(by_user.items, by_user.offsets, &user_traffic, "shuffle_user");
-      by_user = {};
-      stage.shuffle_user += seconds_since(t0);
-
-      // 2. contribution bounding and per-(user, key) aggregation.
-      t0 = Clock::now();
-      std::vector<KeyPartial> partials;
-      on_every_rank(comm, [&] { partials = kernels::bound_and_aggregate(owned, bounding, users, bstats); });
-      std::vector<Record>().swap(owned);
-      stage.bounding += seconds_since(t0);
-
-      // 3. partition by salted hash of the key, all-to-all, per-key accumulation.
-      t0 = Clock::now();
-      auto by_key = partition::partition_by(partials, static_cast<std::size_t>(P), [P](const KeyPartial& p) {
-        return partition::owner_rank(partition::salted_hash(p.key, partition::kKeySalt), P);
-      });
-      stage.partition_key += seconds_since(t0);
-      t0 = Clock::now();
-      auto key_partials = comm.alltoallv(by_key.items, by_key.offsets, &key_traffic, "shuffle_key");
-      stage.shuffle_key += seconds_since(t0);
-      t0 = Clock::now();
-      std::vector<KeyTotals> reported;
-      on_every_rank(comm, [&] { reported = keys.accumulate(key_partials, releaser->accumulation()); });
-      stage.accumulate += seconds_since(t0);
-
-      // 4. the mode's release: exact changed totals, DP-SQLP key selection and perturbation, or a
-      // baseline's one-shot query (kernels/releaser.hpp).
-      std::vector<KeyRelease> release;
-      t0 = Clock::now();
-      const std::uint64_t visited_before = dp_stats.visited;
-      on_every_rank(comm, [&] { release = releaser->release(std::move(reported), keys, trigger, dp_stats); });
-      visits_per_trigger.push_back(dp_stats.visited - visited_before);
-      std::vector<KeyTotals>().swap(reported);
-      stage.dp_release += seconds_since(t0);
+      // 1-4. route by user, bound, route by key, accumulate, release (src/trigger_pipeline.hpp).
+      const std::vector<KeyRelease> release = pipeline.process(std::move(local), trigger);
 
       // 5. release rows, staged on rank 0 until their trigger is committed.
       t0 = Clock::now();
@@ -550,29 +469,11 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
       stage.output += seconds_since(t0);
 
       ++triggers_done;
-      local_records += local_count;
+      counters.records += local_count;
       const bool window_end = trigger + 1 == T;
       if (window_end) {  // before the window's last commit, which carries these counters
-        distinct_users += users.users();
-        distinct_keys += keys.keys();
-        state_digest += users.digest(partition::hash_combine(static_cast<std::uint64_t>(window), 'U')) +
-                        keys.digest(partition::hash_combine(static_cast<std::uint64_t>(window), 'K'));
-        if (dp)  // KeyState::round > 0: released at least once in the window
-          keys.for_each([&](std::uint64_t, const kernels::KeyState& st) { dp_keys_released += st.round > 0; });
-        dp_cached_keys += releaser->cached_keys();
-        if (keys.keys() >= window_tracked_keys) {  // key state of the window with the most tracked keys
-          window_tracked_keys = keys.keys();
-          window_key_state_bytes = keys.memory_bytes() + releaser->memory_bytes();
-        }
-        if (users.users() >= window_active_users) {
-          window_active_users = users.users();
-          window_user_state_bytes = users.memory_bytes();
-        }
-        if (keys.keys() >= window_keys) {
-          window_keys = keys.keys();
-          window_key_bytes = keys.memory_bytes() + releaser->memory_bytes();
-        }
-        peak_state_bytes = std::max(peak_state_bytes, users.memory_bytes() + keys.memory_bytes() + releaser->memory_bytes());
+        counters.end_window(window, users, keys, /*count_released=*/dp);
+        peaks.observe(users, keys, *releaser);
       }
 
       // 6. one agreement per trigger (not after the job's last): a stop signal, and rank 0's commit clock.
@@ -640,7 +541,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     return report;
   }
   const double wall = seconds_since(run_start);
-  global_records = comm.sum(local_records);
+  global_records = comm.sum(counters.records);
 
   // Run summary: sums over ranks, and per-rank figures gathered to every rank.
   const InputStats& in = source->stats();
@@ -656,20 +557,20 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   if (dp) {
     j["privacy"] = budget_json(plan, false);
     j["threshold_proven"] = plan.threshold == ThresholdTail::Subgaussian;
-    j["dp"] = {{"threshold_tests", comm.sum(dp_stats.tested)},
-               {"release_rows", comm.sum(dp_stats.released)},
-               {"keys_released", comm.sum(dp_keys_released)},
-               {"noise_draws", comm.sum(dp_stats.noise_draws)},
+    j["dp"] = {{"threshold_tests", comm.sum(counters.dp.tested)},
+               {"release_rows", comm.sum(counters.dp.released)},
+               {"keys_released", comm.sum(counters.keys_released)},
+               {"noise_draws", comm.sum(counters.dp.noise_draws)},
                {"key_scan", to_string(config.engine.key_scan)},
-               {"keys_visited_per_trigger", visits_json(comm, dp_stats.visited, visits_per_trigger, total_triggers)},
-               {"simulated_steps", comm.sum(dp_stats.simulated)},
-               {"scheduled_visits", comm.sum(dp_stats.scheduled)},
-               {"discarded_visits", comm.sum(dp_stats.discarded)},
-               {"predicted_releases", comm.sum(dp_stats.predicted)},
-               {"keys_with_noise_cache", comm.sum(dp_cached_keys)},
+               {"keys_visited_per_trigger", visits_json(comm, counters.dp.visited, counters.visits_per_trigger, total_triggers)},
+               {"simulated_steps", comm.sum(counters.dp.simulated)},
+               {"scheduled_visits", comm.sum(counters.dp.scheduled)},
+               {"discarded_visits", comm.sum(counters.dp.discarded)},
+               {"predicted_releases", comm.sum(counters.dp.predicted)},
+               {"keys_with_noise_cache", comm.sum(peaks.cached_keys)},
                {"key_state_bytes_per_tracked_key",
-                static_cast<double>(comm.sum(window_key_state_bytes)) /
-                    std::max<double>(1.0, static_cast<double>(comm.sum(window_tracked_keys)))}};
+                static_cast<double>(comm.sum(peaks.key_bytes)) /
+                    std::max<double>(1.0, static_cast<double>(comm.sum(peaks.keys)))}};
   }
   j["ranks"] = P;
   j["threads_per_rank"] = omp_get_max_threads();
@@ -678,16 +579,16 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                 {"malformed", comm.sum(in.malformed)},
                 {"non_finite", comm.sum(in.non_finite)},
                 {"out_of_window", comm.sum(in.out_of_window)}};
-  const std::uint64_t kept = comm.sum(bstats.kept), dropped = comm.sum(bstats.dropped);
+  const std::uint64_t kept = comm.sum(counters.bounding.kept), dropped = comm.sum(counters.bounding.dropped);
   j["records"] = {{"read", comm.sum(in.rows)},
                   {"accepted", kept + dropped},
                   {"kept", kept},
                   {"dropped_by_bounding", dropped},
-                  {"clamped", comm.sum(bstats.clamped)},
+                  {"clamped", comm.sum(counters.bounding.clamped)},
                   {"bad_rows", comm.sum(in.malformed + in.non_finite + in.out_of_window)}};  // all kinds, see "input"
-  j["distinct_users"] = comm.sum(distinct_users);
-  j["distinct_keys"] = comm.sum(distinct_keys);
-  j["state_digest"] = fmt::format("{:016x}", comm.sum(state_digest));
+  j["distinct_users"] = comm.sum(counters.distinct_users);
+  j["distinct_keys"] = comm.sum(counters.distinct_keys);
+  j["state_digest"] = fmt::format("{:016x}", comm.sum(counters.state_digest));
   j["triggers"] = total_triggers;
   j["release_rows"] = writer ? writer->rows() + writer->pending_rows() : 0;
   auto stage_max = [&](double v) { return comm.max(v); };
@@ -727,19 +628,19 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   j["engine_records_per_second"] = static_cast<double>(global_records) / std::max(engine_seconds, 1e-9);
   const double per_record = 1.0 / std::max<double>(1.0, static_cast<double>(global_records));
   j["shuffle_bytes_per_record"] = {
-      {"user_shuffle_total", static_cast<double>(comm.sum(user_traffic.bytes_total)) * per_record},
-      {"user_shuffle_to_other_ranks", static_cast<double>(comm.sum(user_traffic.bytes_sent_to_others)) * per_record},
-      {"key_shuffle_total", static_cast<double>(comm.sum(key_traffic.bytes_total)) * per_record},
-      {"key_shuffle_to_other_ranks", static_cast<double>(comm.sum(key_traffic.bytes_sent_to_others)) * per_record}};
+      {"user_shuffle_total", static_cast<double>(comm.sum(counters.user_traffic.bytes_total)) * per_record},
+      {"user_shuffle_to_other_ranks", static_cast<double>(comm.sum(counters.user_traffic.bytes_sent_to_others)) * per_record},
+      {"key_shuffle_total", static_cast<double>(comm.sum(counters.key_traffic.bytes_total)) * per_record},
+      {"key_shuffle_to_other_ranks", static_cast<double>(comm.sum(counters.key_traffic.bytes_sent_to_others)) * per_record}};
   j["peak_rss_bytes_per_rank"] = comm.allgather(peak_rss_bytes());
-  j["peak_state_bytes_per_rank"] = comm.allgather(peak_state_bytes);
+  j["peak_state_bytes_per_rank"] = comm.allgather(peaks.state_bytes);
   // Bytes of state per active user (kept counts and first-touch pairs) and per tracked key (totals,
   // round state and, in mode dp, the noise cache), summed over ranks and divided by the global count.
   auto per = [&](std::uint64_t bytes, std::uint64_t count) {
     return static_cast<double>(comm.sum(bytes)) / std::max<double>(1.0, static_cast<double>(comm.sum(count)));
   };
-  j["state_bytes_per_active_user"] = per(window_user_state_bytes, window_active_users);
-  j["key_state_bytes_per_tracked_key"] = per(window_key_bytes, window_keys);
+  j["state_bytes_per_active_user"] = per(peaks.user_bytes, peaks.active_users);
+  j["key_state_bytes_per_tracked_key"] = per(peaks.key_bytes, peaks.keys);
   // Ranks x threads above this node's online CPUs: timings then show volume, not speed.
   j["oversubscribed"] = P * omp_get_max_threads() > static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
 
@@ -757,7 +658,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
         config.name, P, omp_get_max_threads(), global_records, engine_seconds, engine_rate, engine_rate / cores, naive_rate,
         engine_rate / std::max(naive_rate, 1e-9), j["shuffle_bytes_per_record"]["user_shuffle_total"].get<double>(),
         j["shuffle_bytes_per_record"]["key_shuffle_total"].get<double>(),
-        static_cast<double>(comm.max(peak_rss_bytes())) / 1048576.0, static_cast<double>(comm.max(peak_state_bytes)) / 1048576.0,
+        static_cast<double>(comm.max(peak_rss_bytes())) / 1048576.0, static_cast<double>(comm.max(peaks.state_bytes)) / 1048576.0,
         j["oversubscribed"].get<bool>() ? "yes" : "no");
     j["naive_records_per_second"] = naive_rate;
   }

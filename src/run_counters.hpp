@@ -1,0 +1,87 @@
+// What a run counts: the job's counters (summed over ranks for summary.json and carried over a
+// resume through the manifest's "counters"), and the state's size at each window's end.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "kernels/bounding.hpp"
+#include "kernels/dp_release.hpp"
+#include "kernels/key_accumulate.hpp"
+#include "kernels/releaser.hpp"
+#include "partition/hash.hpp"
+#include "shuffle/comm.hpp"
+
+namespace dpstream {
+
+struct RunCounters {
+  kernels::BoundingStats bounding;
+  kernels::DpStats dp;
+  shuffle::TrafficCounter user_traffic, key_traffic;
+  std::uint64_t distinct_users = 0, distinct_keys = 0;  // per window, summed over windows
+  std::uint64_t state_digest = 0;   // sum over windows of the state's digest at the window's end
+  std::uint64_t keys_released = 0;  // keys released at least once in their window (KeyState::round > 0)
+  std::uint64_t records = 0;        // records this rank read
+  std::vector<std::uint64_t> visits_per_trigger;  // keys visited by key selection at each trigger of this run (not carried)
+
+  // f(name, counter) for every carried counter; the names are the manifest's "counters" members.
+  template <class F>
+  void for_each_carried(F&& f) {
+    f("kept", bounding.kept), f("dropped", bounding.dropped), f("clamped", bounding.clamped);
+    f("new_users", bounding.new_users);
+    f("threshold_tests", dp.tested), f("dp_release_rows", dp.released), f("noise_draws", dp.noise_draws);
+    f("keys_visited", dp.visited), f("simulated_steps", dp.simulated), f("scheduled_visits", dp.scheduled);
+    f("discarded_visits", dp.discarded), f("predicted_releases", dp.predicted);
+    f("user_shuffle_bytes", user_traffic.bytes_total), f("user_shuffle_bytes_to_others", user_traffic.bytes_sent_to_others);
+    f("key_shuffle_bytes", key_traffic.bytes_total), f("key_shuffle_bytes_to_others", key_traffic.bytes_sent_to_others);
+    f("distinct_users", distinct_users), f("distinct_keys", distinct_keys), f("state_digest", state_digest);
+    f("keys_released", keys_released), f("records", records);
+  }
+
+  // At a window's end, before its state is dropped: its distinct users and keys, the state's digest,
+  // and (DP modes) the keys released at least once in it (KeyState::round > 0).
+  void end_window(std::int64_t window, const kernels::UserState& users, const kernels::KeyStateTable& keys,
+                  bool count_released) {
+    distinct_users += users.users();
+    distinct_keys += keys.keys();
+    const auto w = static_cast<std::uint64_t>(window);
+    state_digest += users.digest(partition::hash_combine(w, 'U')) + keys.digest(partition::hash_combine(w, 'K'));
+    if (count_released) keys.for_each([&](std::uint64_t, const kernels::KeyState& st) { keys_released += st.round > 0; });
+  }
+
+  // The carried counters summed over ranks (a collective).
+  nlohmann::json global_sums(const shuffle::Comm& comm) {
+    std::vector<std::uint64_t> local;
+    for_each_carried([&](const char*, std::uint64_t v) { local.push_back(v); });
+    const auto sums = comm.sum(local);
+    nlohmann::json j = nlohmann::json::object();
+    std::size_t i = 0;
+    for_each_carried([&](const char* name, std::uint64_t) { j[name] = sums[i++]; });
+    return j;
+  }
+  // A resume: the job's sums go to rank 0 (every rank's values are summed again later), 0 elsewhere.
+  void restore(const nlohmann::json& j, bool root) {
+    for_each_carried([&](const char* name, std::uint64_t& v) { v = root && j.contains(name) ? j.at(name).get<std::uint64_t>() : 0; });
+  }
+};
+
+// The state at the end of the window with the most users (keys): a window's state only grows, so
+// that is its peak. Figures of this rank.
+struct StatePeaks {
+  std::uint64_t active_users = 0, user_bytes = 0;
+  std::uint64_t keys = 0, key_bytes = 0;  // key table plus the releaser's caches
+  std::uint64_t state_bytes = 0;          // users, keys and caches together
+  std::uint64_t cached_keys = 0;          // keys with a releaser cache, summed over windows
+
+  void observe(const kernels::UserState& users, const kernels::KeyStateTable& table, const kernels::Releaser& releaser) {
+    cached_keys += releaser.cached_keys();
+    if (users.users() >= active_users) active_users = users.users(), user_bytes = users.memory_bytes();
+    const std::uint64_t kb = table.memory_bytes() + releaser.memory_bytes();
+    if (table.keys() >= keys) keys = table.keys(), key_bytes = kb;
+    state_bytes = std::max(state_bytes, users.memory_bytes() + kb);
+  }
+};
+
+}  // namespace dpstream
