@@ -350,11 +350,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
 
   // Where the stream starts: the beginning, or the first trigger after the last commit.
   std::uint32_t start_window = 0, start_trigger = 0, resumed_from = 0;
-  double load_seconds = 0;
-  std::uint64_t ckpt_commits = 0, ckpt_bytes = 0, ckpt_user_bytes = 0, ckpt_key_bytes = 0, ckpt_release_bytes = 0;
-  struct {
-    double journal = 0, wait = 0, gather = 0, background = 0, encode = 0, write = 0;
-  } ckpt_time;  // parts of stage.checkpoint, and the I/O thread's time (off the loop's path)
+  CommitFigures commits;
   if (checkpointing) {
     t0 = Clock::now();
     if (resuming) {
@@ -386,7 +382,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     }
     users.journal = keys.journal = true;
     if (root) store.set_publisher([&writer](const std::string& rows) { writer->append(rows); });
-    load_seconds = seconds_since(t0);
+    commits.load = seconds_since(t0);
   } else if (options.write_output) {
     on_every_rank<CheckpointError>(comm, [&] {
       if (!root) return;
@@ -401,14 +397,6 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
 
   // One commit: every rank's state changes since the last one, rank 0's rows, the counters. The
   // files are written in the background; the commit becomes visible during the next trigger.
-  auto add_times = [&](const checkpoint::CommitStats& cs) {
-    ckpt_time.wait += cs.wait_seconds;
-    ckpt_time.gather += cs.gather_seconds;
-    ckpt_time.background += cs.background_seconds;
-    ckpt_time.encode += cs.encode_seconds;
-    ckpt_time.write += cs.write_seconds;
-    ckpt_bytes += cs.segment_bytes;
-  };
   auto last_commit = Clock::now();  // the time-based cadence counts from here (rank 0's clock decides)
   auto commit = [&](std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete) {
     const auto c0 = Clock::now();
@@ -418,16 +406,16 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     auto journal = std::make_shared<checkpoint::Journal>();
     if (next_trigger == T) keys.clear_journal();  // frees the change log now; users' marks go with clear()
     else *journal = checkpoint::drain_journal(users, keys);
-    ckpt_time.journal += seconds_since(c0);
-    ckpt_user_bytes += journal->user_bytes();
-    ckpt_key_bytes += journal->key_bytes();
+    commits.journal += seconds_since(c0);
+    commits.user_bytes += journal->user_bytes();
+    commits.key_bytes += journal->key_bytes();
     std::string rows = root ? writer->take_pending() : std::string();
-    ckpt_release_bytes += rows.size();
+    commits.release_bytes += rows.size();
     const auto sums = counters.global_sums(comm);
-    add_times(store.commit(std::move(journal), std::move(rows),
+    commits.add(store.commit(std::move(journal), std::move(rows),
                            {wi, first_trigger, next_trigger, complete}, sums, root ? writer->bytes() : 0,
                            root ? writer->rows() : 0));
-    ++ckpt_commits;
+    ++commits.commits;
     stage.checkpoint += seconds_since(c0);
     last_commit = Clock::now();
   };
@@ -524,7 +512,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     }
   }
   if (stop.signal) {  // the last commit made durable and visible; no summary.json (the job is unfinished)
-    if (checkpointing) add_times(store.finish());
+    if (checkpointing) commits.add(store.finish());
     report.stop_signal = stop.signal;
     const std::string where =
         fmt::format("after trigger {} of {} in window {} of {}", stopped_trigger + 1, T, stopped_window + 1, config.stream.windows);
@@ -603,23 +591,10 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
                                        {"output", stage_max(stage.output)},
                                        {"checkpoint", stage_max(stage.checkpoint)}};
   if (checkpointing) {
-    // Figures of this process: a resumed run counts its own commits only.
-    j["checkpoint"] = {{"every", config.checkpoint.every ? nlohmann::json(*config.checkpoint.every) : nlohmann::json(nullptr)},
-                       {"seconds", config.checkpoint.seconds},
-                       {"commits", ckpt_commits + (final_commit_pending ? 1 : 0)},
-                       {"resumed_from_commit", resuming ? nlohmann::json(resumed_from) : nlohmann::json(nullptr)},
-                       {"load_seconds_max_over_ranks", stage_max(load_seconds)},
-                       {"seconds_max_over_ranks",
-                        {{"journal", stage_max(ckpt_time.journal)},
-                         {"wait_for_io", stage_max(ckpt_time.wait)},
-                         {"gather", stage_max(ckpt_time.gather)},
-                         {"io_thread", stage_max(ckpt_time.background)},
-                         {"io_thread_encode", stage_max(ckpt_time.encode)},
-                         {"io_thread_write", stage_max(ckpt_time.write)}}},
-                       {"segment_bytes_written", comm.sum(ckpt_bytes)},  // files of this process's commits
-                       {"user_state_bytes_written", comm.sum(ckpt_user_bytes)},
-                       {"key_state_bytes_written", comm.sum(ckpt_key_bytes)},
-                       {"release_bytes_staged", comm.sum(ckpt_release_bytes)}};
+    j["checkpoint"] = commits.json(comm, commits.commits + (final_commit_pending ? 1 : 0));
+    j["checkpoint"]["every"] = config.checkpoint.every ? nlohmann::json(*config.checkpoint.every) : nlohmann::json(nullptr);
+    j["checkpoint"]["seconds"] = config.checkpoint.seconds;
+    j["checkpoint"]["resumed_from_commit"] = resuming ? nlohmann::json(resumed_from) : nlohmann::json(nullptr);
   }
   const double engine_seconds = stage_max(stage.engine_path());
   j["engine_path_seconds"] = engine_seconds;
@@ -673,7 +648,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     users.clear();
     keys.clear();
   }
-  if (checkpointing) add_times(store.finish(j));
+  if (checkpointing) commits.add(store.finish(j));
   on_every_rank<std::runtime_error>(comm, [&] {
     if (!root || !writer) return;
     if (!checkpointing) writer->append("", /*sync=*/true), writer->finish();

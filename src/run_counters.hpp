@@ -13,6 +13,7 @@
 #include "kernels/releaser.hpp"
 #include "partition/hash.hpp"
 #include "shuffle/comm.hpp"
+#include "src/checkpoint.hpp"
 
 namespace dpstream {
 
@@ -81,6 +82,35 @@ struct StatePeaks {
     const std::uint64_t kb = table.memory_bytes() + releaser.memory_bytes();
     if (table.keys() >= keys) keys = table.keys(), key_bytes = kb;
     state_bytes = std::max(state_bytes, users.memory_bytes() + kb);
+  }
+};
+
+// What this process's commits cost and wrote (summary.json "checkpoint": a resumed run counts its
+// own commits only). Seconds on the trigger loop's path (journal, wait, gather) and on the I/O thread.
+struct CommitFigures {
+  std::uint64_t commits = 0, segment_bytes = 0, user_bytes = 0, key_bytes = 0, release_bytes = 0;
+  double load = 0, journal = 0, wait = 0, gather = 0, io_thread = 0, encode = 0, write = 0;
+
+  void add(const checkpoint::CommitStats& cs) {
+    wait += cs.wait_seconds, gather += cs.gather_seconds, io_thread += cs.background_seconds;
+    encode += cs.encode_seconds, write += cs.write_seconds, segment_bytes += cs.segment_bytes;
+  }
+  // Sums and maxima over ranks (collectives); `commits` counts the job's last one if still to come.
+  nlohmann::json json(const shuffle::Comm& comm, std::uint64_t all_commits) const {
+    auto most = [&](double v) { return comm.max(v); };
+    return {{"commits", all_commits},
+            {"load_seconds_max_over_ranks", most(load)},
+            {"seconds_max_over_ranks",
+             {{"journal", most(journal)},
+              {"wait_for_io", most(wait)},
+              {"gather", most(gather)},
+              {"io_thread", most(io_thread)},
+              {"io_thread_encode", most(encode)},
+              {"io_thread_write", most(write)}}},
+            {"segment_bytes_written", comm.sum(segment_bytes)},
+            {"user_state_bytes_written", comm.sum(user_bytes)},
+            {"key_state_bytes_written", comm.sum(key_bytes)},
+            {"release_bytes_staged", comm.sum(release_bytes)}};
   }
 };
 
