@@ -428,9 +428,12 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   for (std::uint32_t wi = start_window; wi < config.stream.windows && !stop.signal; ++wi) {
     const std::int64_t window = config.stream.first_window + wi;
     // Windows from the input: a window without a record on any rank releases nothing and is skipped.
+    // Its triggers count as done, so that the job's last trigger is known as such (no stop agreement there).
     if (config.stream.windows_from_input && wi + 1 < config.stream.windows &&
-        comm.max(std::uint64_t{source->has_window(window)}) == 0)
+        comm.max(std::uint64_t{source->has_window(window)}) == 0) {
+      triggers_done += T;
       continue;
+    }
     releaser->begin_window(window);
     for (std::uint32_t trigger = wi == start_window ? start_trigger : 0; trigger < T; ++trigger) {
       t0 = Clock::now();

@@ -6,7 +6,9 @@ Checks, at the given rank count:
     that day alone (explicit first_window / windows), so nothing is merged or lost;
   * an explicit range still wins, and the rows it skips are counted on stderr by kind;
   * a malformed row under bad_rows = "skip" is counted on stderr;
-  * a kill in the middle (second day) and --resume give byte-identical output, also in DP mode.
+  * a kill in the middle (second day) and --resume give byte-identical output, also in DP mode;
+  * a stop signal during the job's last trigger (day 2, which has no record, is skipped) just
+    finishes the job: exit 0, the reference rows, summary.json.
 """
 import os
 import random
@@ -97,11 +99,26 @@ def main():
                 assert a == b, "resumed output differs: " + str(harness.first_difference(a, b))
             return check
 
+        def signal_in_last_trigger():
+            d = setup("last-trigger", "dp")
+            ref = dp.run("run", "job.toml", "--out", "ref", "--progress", "never", cwd=d)
+            assert ref.returncode == 0, ref.describe()
+            # Days 0, 1 and 3 are processed (6 triggers each): hit 18 of "ingest" is the job's last trigger.
+            r = dp.run_with("run", "job.toml", "--out", "o", "--progress", "never",
+                            env={"DPSTREAM_FAULT": "ingest@18:0:TERM"}, cwd=d)
+            assert r.returncode == 0, "a stop signal during the job's last trigger must just finish it\n  " + r.describe()
+            a = harness.read_bytes(os.path.join(d, "ref", "releases.csv"))
+            b = harness.read_bytes(os.path.join(d, "o", "releases.csv"))
+            assert a == b, "output differs from the uninterrupted run: " + str(harness.first_difference(a, b))
+            assert os.path.exists(os.path.join(d, "o", "summary.json")), "no summary.json"
+
         results.check("a CSV of days 0, 1, 3 releases every day by default, each as a run of that day alone",
                       every_window_by_default)
         results.check("an explicit window range wins and skipped rows are counted on stderr", explicit_range_wins)
         results.check("kill in the second window and --resume: byte-identical (mode none)", kill_and_resume("none"))
         results.check("kill in the second window and --resume: byte-identical (mode dp)", kill_and_resume("dp"))
+        results.check("a stop signal in the job's last trigger (after a skipped window) finishes the job",
+                      signal_in_last_trigger)
     return results.finish()
 
 
