@@ -164,7 +164,7 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
   for (const auto& [user, count] : local) pairs.push_back({user, count});
   absl::flat_hash_map<std::uint64_t, std::uint64_t>().swap(local);
   auto by_user = partition::partition_by(pairs, static_cast<std::size_t>(P), [P](const UserCount& u) {
-    return partition::owner_rank(partition::salted_hash(u.user, partition::kUserSalt), P);
+    return partition::user_owner(u.user, P);
   });
   std::vector<UserCount>().swap(pairs);
   const auto owned = comm.alltoallv(by_user.items, by_user.offsets, nullptr, "shuffle_user");

@@ -52,7 +52,7 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
   const int P = comm.size();
   std::vector<shuffle::ByteWriter> out(static_cast<std::size_t>(P));
   for (const auto& [id, name] : source.key_names()) {
-    auto& w = out[static_cast<std::size_t>(partition::owner_rank(partition::salted_hash(id, partition::kKeySalt), P))];
+    auto& w = out[static_cast<std::size_t>(partition::key_owner(id, P))];
     w.put(id);
     w.put_string(name);
   }

@@ -35,7 +35,7 @@ std::vector<Record> TriggerPipeline::route_by_user(std::vector<Record> local) {
   {
     StageTimer timer(stage_.partition_user);
     by_user = partition::partition_by(local, static_cast<std::size_t>(P), [P](const Record& r) {
-      return partition::owner_rank(partition::salted_hash(r.user, partition::kUserSalt), P);
+      return partition::user_owner(r.user, P);
     });
     std::vector<Record>().swap(local);
   }
@@ -57,7 +57,7 @@ std::vector<KeyPartial> TriggerPipeline::route_by_key(std::vector<KeyPartial> pa
   {
     StageTimer timer(stage_.partition_key);
     by_key = partition::partition_by(partials, static_cast<std::size_t>(P), [P](const KeyPartial& p) {
-      return partition::owner_rank(partition::salted_hash(p.key, partition::kKeySalt), P);
+      return partition::key_owner(p.key, P);
     });
     std::vector<KeyPartial>().swap(partials);
   }

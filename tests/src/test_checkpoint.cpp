@@ -41,7 +41,7 @@ std::vector<Record> owned_records(std::mt19937_64& rng, int rank, int ranks, int
                          static_cast<double>(rng() % 1000) / 999.0});
   std::vector<Record> mine;
   for (const auto& r : all)
-    if (partition::owner_rank(partition::salted_hash(r.user, partition::kUserSalt), ranks) == rank) mine.push_back(r);
+    if (partition::user_owner(r.user, ranks) == rank) mine.push_back(r);
   return mine;
 }
 
@@ -81,7 +81,7 @@ std::vector<checkpoint::Journal> drive(kernels::UserState& users, kernels::KeySt
     auto partials = kernels::bound_and_aggregate(recs, params, users, stats);
     // Single-process key shuffle: keep only this rank's keys (the test feeds every rank the same stream).
     std::erase_if(partials, [&](const KeyPartial& p) {
-      return partition::owner_rank(partition::salted_hash(p.key, partition::kKeySalt), ranks) != rank;
+      return partition::key_owner(p.key, ranks) != rank;
     });
     keys.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
     for (std::size_t s = 0; s < kernels::KeyStateTable::kShards; ++s)
@@ -263,9 +263,9 @@ TEST(Journal, RepartitioningSplitsTheStateByOwner) {
     for (const auto& s : segments) checkpoint::apply(s.to_segment(), u, k, r, 3, /*filter=*/true);
     const Flat part = flatten(u, k);
     for (const auto& [user, _] : part.kept)
-      EXPECT_EQ(partition::owner_rank(partition::salted_hash(user, partition::kUserSalt), 3), r);
+      EXPECT_EQ(partition::user_owner(user, 3), r);
     for (const auto& [key, _] : part.keys)
-      EXPECT_EQ(partition::owner_rank(partition::salted_hash(key, partition::kKeySalt), 3), r);
+      EXPECT_EQ(partition::key_owner(key, 3), r);
     parts_users += part.kept.size();
     parts_keys += part.keys.size();
     merged.kept.insert(part.kept.begin(), part.kept.end());
