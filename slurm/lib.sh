@@ -3,7 +3,7 @@
 #   threads = SLURM_CPUS_PER_TASK (sbatch -c), exported as OMP_NUM_THREADS
 # Settings (environment, all optional):
 #   DPSTREAM_HOME      the dpstream checkout (default: the submit directory, else this file's parent)
-#   DPSTREAM_BIN       the binary (default: $DPSTREAM_HOME/build/src/dpstream)
+#   DPSTREAM_BIN       the binary (default: $DPSTREAM_HOME/build/src/dpstream, else dpstream on PATH)
 #   DPSTREAM_LAUNCHER  mpirun (default) or srun; DPSTREAM_SRUN_MPI sets srun --mpi (default pmix)
 #   DPSTREAM_STOP_GRACE seconds mpirun waits for ranks to stop cleanly after a SIGTERM before it
 #                      kills them (default 5; longer than one trigger plus one commit, below the
@@ -26,9 +26,12 @@ dpstream_setup() {
       DPSTREAM_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
     fi
   fi
-  DPSTREAM_BIN=${DPSTREAM_BIN:-$DPSTREAM_HOME/build/src/dpstream}
+  if [[ -z ${DPSTREAM_BIN:-} ]]; then  # a build in the checkout, else an installed dpstream on PATH
+    DPSTREAM_BIN=$DPSTREAM_HOME/build/src/dpstream
+    [[ -x $DPSTREAM_BIN ]] || DPSTREAM_BIN=$(command -v dpstream || echo "$DPSTREAM_BIN")
+  fi
   if [[ ! -x $DPSTREAM_BIN ]]; then
-    dpstream_log "dpstream binary not found at $DPSTREAM_BIN: build it (bash cmake/build.sh) or set DPSTREAM_BIN / DPSTREAM_HOME"
+    dpstream_log "dpstream binary not found at $DPSTREAM_BIN nor on PATH: build it (bash cmake/build.sh), install it (cmake --install build --prefix PREFIX) or set DPSTREAM_BIN / DPSTREAM_HOME"
     exit 2
   fi
   DPSTREAM_RANKS=${SLURM_NTASKS:-1}
