@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <string_view>
 
 #include "dpstream_version.hpp"
 #include "shuffle/comm.hpp"
@@ -83,6 +84,10 @@ int main(int argc, char** argv) {
   // faults of fresh mappings cost ~0.6 ms per MB (docs/PERFORMANCE.md).
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // A stop signal (a job cancelled while it starts) is a clean stop from the first instruction on,
+  // not only once MPI is up and the command line parsed (MPI_Init can take seconds on a busy node).
+  if (argc > 1 && (std::string_view(argv[1]) == "run" || std::string_view(argv[1]) == "bench"))
+    dpstream::stop_request::install();
   dpstream::shuffle::MpiSession mpi(argc, argv);
   const dpstream::shuffle::Comm comm;
   const bool root = comm.rank() == 0;
