@@ -11,11 +11,13 @@ bin=${1:-$here/../build/src/dpstream}
 np=${2:-2}
 kill_at=${3:-50}
 shift $(( $# >= 3 ? 3 : $# )) || true
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_odls_base_sigkill_timeout=0
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Open MPI: more ranks than cores, no binding (other MPIs ignore OMPI_* and neither bind nor refuse by default).
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none OMPI_MCA_odls_base_sigkill_timeout=0
 threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np > 0 ? $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np : 1 ))
 out=${BENCH_OUT:-$(mktemp -d)}
 [ -n "${BENCH_OUT:-}" ] || trap 'rm -rf "$out"' EXIT
-run() { OMP_NUM_THREADS=$threads mpirun --oversubscribe -np "$np" --bind-to none "$bin" run "$here/paper-workload-dp.toml" --set privacy.seed=1 \
+run() { OMP_NUM_THREADS=$threads mpirun -np "$np" "$bin" run "$here/paper-workload-dp.toml" --set privacy.seed=1 \
           --set checkpoint.every=1 --progress never "$@"; }
 run --out "$out/none" --set checkpoint.every=0 "$@" >/dev/null   # the same run without checkpoints
 run --out "$out/full" "$@" >/dev/null

@@ -8,11 +8,13 @@ bin=${1:-$here/../build/src/dpstream}
 np=${2:-2}
 shift $(( $# >= 2 ? 2 : $# )) || true
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Open MPI: more ranks than cores, no binding (other MPIs ignore OMPI_* and neither bind nor refuse by default).
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
 threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np > 0 ? $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np : 1 ))
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for mode in none dp; do
-  OMP_NUM_THREADS=$threads mpirun --oversubscribe -np "$np" --bind-to none "$bin" run "$here/paper-workload-dp.toml" \
+  OMP_NUM_THREADS=$threads mpirun -np "$np" "$bin" run "$here/paper-workload-dp.toml" \
     --set privacy.mode=$mode --progress never --out "$out/$mode" "$@" >/dev/null
 done
 python3 - "$out" <<'PY'

@@ -7,7 +7,7 @@ import time
 
 def dpstream_run(a, spec, out_dir, sets):
     """Runs `dpstream run` on a.ranks ranks without checkpoints; returns the wall time (s); exits on failure."""
-    cmd = ["mpirun", "--oversubscribe", "-np", str(a.ranks), a.bin] if a.ranks > 1 else [a.bin]
+    cmd = ["mpirun", "-np", str(a.ranks), a.bin] if a.ranks > 1 else [a.bin]
     cmd += ["run", spec, "--fresh", "--out", out_dir, "--set", "checkpoint.every=0", "--set", "output.progress=never"]
     if a.users:
         cmd += ["--set", f"input.users={a.users}"]
@@ -17,7 +17,9 @@ def dpstream_run(a, spec, out_dir, sets):
     log = os.path.join(out_dir, "run.log")
     with open(log, "w") as f:
         t0 = time.monotonic()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        env = dict(os.environ)
+        env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")  # Open MPI: ranks > cores; others ignore it
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if rc != 0:
         sys.exit(f"{os.path.basename(sys.argv[0])}: command failed (exit {rc}), see {log}: {' '.join(cmd)}")
     return time.monotonic() - t0

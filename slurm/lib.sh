@@ -36,8 +36,13 @@ dpstream_setup() {
   fi
   DPSTREAM_RANKS=${SLURM_NTASKS:-1}
   export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
-  # Open MPI as root (containers, test clusters) and more ranks than cores (oversubscribed tests).
+  # Open MPI as root (containers, test clusters), more ranks than cores (oversubscribed tests), no
+  # binding (ranks run OpenMP threads) and OMP_NUM_THREADS passed to every rank. Set as OMPI_MCA_*
+  # variables, not flags: other MPIs ignore them (MPICH's mpirun passes the environment and does not bind).
   export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+  export OMPI_MCA_rmaps_base_oversubscribe=${OMPI_MCA_rmaps_base_oversubscribe:-1}
+  export OMPI_MCA_hwloc_base_binding_policy=${OMPI_MCA_hwloc_base_binding_policy:-none}
+  export OMPI_MCA_mca_base_env_list=${OMPI_MCA_mca_base_env_list:-OMP_NUM_THREADS}
   # mpirun answers a SIGTERM by killing its ranks after this many seconds: long enough for the
   # ranks (which get the SIGTERM too) to finish their trigger and commit.
   export OMPI_MCA_odls_base_sigkill_timeout=${DPSTREAM_STOP_GRACE:-5}
@@ -53,7 +58,7 @@ dpstream_launch() {
   local launcher=${DPSTREAM_LAUNCHER:-mpirun}
   case $launcher in
     mpirun)
-      mpirun -np "$DPSTREAM_RANKS" --oversubscribe --bind-to none -x OMP_NUM_THREADS "$DPSTREAM_BIN" "$@" &
+      mpirun -np "$DPSTREAM_RANKS" "$DPSTREAM_BIN" "$@" &
       ;;
     srun)
       srun --mpi="${DPSTREAM_SRUN_MPI:-pmix}" --kill-on-bad-exit=0 -n "$DPSTREAM_RANKS" -c "$OMP_NUM_THREADS" \

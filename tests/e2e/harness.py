@@ -18,7 +18,7 @@ DEFAULT_BIN = os.path.normpath(os.path.join(HERE, "..", "..", "build", "src", "d
 def parse_args(description, extra=None):
     """The common options; `extra(parser)` may add script-specific ones."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--ranks", type=int, default=1, help="MPI ranks (mpirun -np N --oversubscribe)")
+    ap.add_argument("--ranks", type=int, default=1, help="MPI ranks (mpirun -np N; oversubscribed under Open MPI)")
     ap.add_argument("--bin", default=os.environ.get("DPSTREAM_BIN", DEFAULT_BIN), help="path to the dpstream binary")
     ap.add_argument("--mpirun", default=os.environ.get("MPIRUN", "mpirun"), help="mpirun executable")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
@@ -52,13 +52,14 @@ class Dpstream:
         self.env = dict(os.environ)
         self.env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         self.env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        # More ranks than cores under Open MPI; other MPIs ignore OMPI_* (a flag would break them).
         self.env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
         # When a rank exits non-zero, mpirun otherwise waits ~2 s before reaping the job; every
         # rank of dpstream exits on its own after an error, so there is nothing to wait for.
         self.env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
 
     def run(self, *args, cwd=None):
-        argv = [self.mpirun, "-np", str(self.ranks), "--oversubscribe", self.bin, *map(str, args)]
+        argv = [self.mpirun, "-np", str(self.ranks), self.bin, *map(str, args)]
         t0 = time.monotonic()
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, env=self.env, cwd=cwd, timeout=self.timeout)
@@ -70,7 +71,7 @@ class Dpstream:
         """Like run(), with another rank count, extra environment variables (DPSTREAM_FAULT is
         never inherited unless given here) and another time limit. On a time-out the whole process
         group of mpirun is killed (a hang is a failure, never left running)."""
-        argv = [self.mpirun, "-np", str(ranks or self.ranks), "--oversubscribe", self.bin, *map(str, args)]
+        argv = [self.mpirun, "-np", str(ranks or self.ranks), self.bin, *map(str, args)]
         full_env = dict(self.env)
         full_env.pop("DPSTREAM_FAULT", None)
         full_env.update(env or {})

@@ -149,7 +149,7 @@ def main():
         results.check("[checkpoint] every = 0: stops, keeps nothing", without_checkpoints)
 
         def start_big(out, extra_env=None):
-            argv = [dps.mpirun, "-np", str(R), "--oversubscribe", dps.bin, "run", specs["big"], "--out", out]
+            argv = [dps.mpirun, "-np", str(R), dps.bin, "run", specs["big"], "--out", out]
             env = dict(dps.env)
             env.pop("DPSTREAM_FAULT", None)
             env.update(extra_env or {})
