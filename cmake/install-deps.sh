@@ -6,7 +6,7 @@ packages=(
   build-essential cmake pkg-config git
   libopenmpi-dev openmpi-bin            # MPI
   libhdf5-dev hdf5-tools                # HDF5 (checkpoints) and h5dump
-  libboost-serialization-dev            # job metadata serialization
+  libboost-serialization-dev            # tests/bench/serialization_bench.cpp (docs/DESIGN-NOTES.md: why the engine does not use it)
   libgtest-dev                          # unit tests
   libcli11-dev libtomlplusplus-dev      # CLI and job specs
   libfmt-dev nlohmann-json3-dev         # formatting and summary.json
