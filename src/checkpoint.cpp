@@ -513,7 +513,7 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   f["input.kind"] = to_string(c.input.kind);
   if (c.input.kind == InputKind::Csv) {
     f["input.content"] = input_digest;  // the file's content, wherever it lives
-    f["input.bad_rows"] = c.input.bad_rows == BadRowPolicy::Fail ? "fail" : "skip";
+    f["input.bad_rows"] = to_string(c.input.bad_rows);
   } else {
     f["input.users"] = fmt::format("{}", c.input.users);
     f["input.keys"] = fmt::format("{}", c.input.keys);
@@ -545,7 +545,7 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
     f["privacy.seed"] = p.seed ? fmt::format("{}", *p.seed) : "secret from the OS";
     f["privacy.selection_epsilon_share"] = fmt::format("{}", p.selection_epsilon_share);
     f["privacy.selection_delta_share"] = fmt::format("{}", p.selection_delta_share);
-    f["privacy.threshold"] = p.threshold == ThresholdTail::Subgaussian ? "subgaussian" : "gaussian-quantile";
+    f["privacy.threshold"] = to_string(p.threshold);
   }
   f["query.aggregations"] = std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") +
                             (c.query.sum ? "sum" : "");

@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <set>
 #include <sstream>
 #include <toml++/toml.h>
@@ -75,17 +75,25 @@ class SectionReader {
     return out;
   }
 
-  template <class E>
-  E choice(const std::string& key, E def, const std::map<std::string, E>& options) {
+  // One of the spellings of E's table (src/config.hpp).
+  template <NamedEnum E>
+  E choice(const std::string& key, E def) {
+    return choice_of<E>(key, def, enum_names<E>(), [](const std::string& v) { return *parse_enum<E>(v); });
+  }
+
+  // One of `allowed`, mapped by `to_value`; the error lists them alphabetically, as it always did.
+  template <class T, class F>
+  T choice_of(const std::string& key, T def, std::vector<std::string> allowed, F to_value) {
+    std::sort(allowed.begin(), allowed.end());
     std::string names;
-    for (const auto& [name, _] : options) names += (names.empty() ? "" : " | ") + ("\"" + name + "\"");
+    for (const auto& name : allowed) names += (names.empty() ? "" : " | ") + ("\"" + name + "\"");
     const toml::node* n = take(key);
     if (!n) return def;
     const auto v = n->value_exact<std::string>();
     if (!v) fail(key, fmt::format("must be one of {}, got {}", names, describe(*n)));
-    const auto it = options.find(*v);
-    if (it == options.end()) fail(key, fmt::format("must be one of {}, got \"{}\"", names, *v));
-    return it->second;
+    if (!std::binary_search(allowed.begin(), allowed.end(), *v))
+      fail(key, fmt::format("must be one of {}, got \"{}\"", names, *v));
+    return to_value(*v);
   }
 
   bool has(const std::string& key) const { return table_ && table_->contains(key); }
@@ -147,21 +155,6 @@ void apply_override(toml::table& root, const std::string& assignment) {
 
 }  // namespace
 
-std::string to_string(InputKind k) { return k == InputKind::Csv ? "csv" : "synthetic"; }
-std::string to_string(KeyDistribution d) { return d == KeyDistribution::Uniform ? "uniform" : "zipf-mandelbrot"; }
-std::string to_string(PrivacyMode m) {
-  switch (m) {
-    case PrivacyMode::Dp: return "dp";
-    case PrivacyMode::BaselineRepeated: return "baseline-repeated";
-    case PrivacyMode::BaselineBatch: return "baseline-batch";
-    default: return "none";
-  }
-}
-std::string to_string(KeyScan k) { return k == KeyScan::Full ? "full" : "predicted"; }
-std::string to_string(Composition c) {
-  return c == Composition::Basic ? "basic" : c == Composition::Optimal ? "optimal" : "zcdp";
-}
-
 JobConfig parse_job(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides) {
   toml::table root;
   try {
@@ -189,14 +182,12 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   job.finish({"name"});
 
   SectionReader in(root, "input", source);
-  c.input.kind = in.choice<InputKind>("kind", InputKind::Synthetic, {{"synthetic", InputKind::Synthetic}, {"csv", InputKind::Csv}});
+  c.input.kind = in.choice("kind", InputKind::Synthetic);
   c.input.path = in.string("path", "");
-  c.input.bad_rows = in.choice<BadRowPolicy>("bad_rows", BadRowPolicy::Skip, {{"skip", BadRowPolicy::Skip}, {"fail", BadRowPolicy::Fail}});
+  c.input.bad_rows = in.choice("bad_rows", BadRowPolicy::Skip);
   c.input.users = static_cast<std::uint64_t>(in.integer("users", static_cast<std::int64_t>(c.input.users), 1, std::int64_t{1} << 43));
   c.input.keys = static_cast<std::uint64_t>(in.integer("keys", static_cast<std::int64_t>(c.input.keys), 1, std::int64_t{1} << 62));
-  c.input.key_distribution = in.choice<KeyDistribution>(
-      "key_distribution", KeyDistribution::ZipfMandelbrot,
-      {{"zipf-mandelbrot", KeyDistribution::ZipfMandelbrot}, {"uniform", KeyDistribution::Uniform}});
+  c.input.key_distribution = in.choice("key_distribution", KeyDistribution::ZipfMandelbrot);
   c.input.seed = static_cast<std::uint64_t>(in.integer("seed", 1, 0, kMaxI64));
   c.input.records_per_user_q = in.real("records_per_user_q", c.input.records_per_user_q);
   c.input.records_per_user_s = in.real("records_per_user_s", c.input.records_per_user_s);
@@ -228,18 +219,12 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   st.finish({"window_seconds", "triggers", "first_window", "windows"});
 
   SectionReader pr(root, "privacy", source);
-  c.privacy.mode = pr.choice<PrivacyMode>("mode", PrivacyMode::None,
-                                          {{"none", PrivacyMode::None},
-                                           {"dp", PrivacyMode::Dp},
-                                           {"baseline-repeated", PrivacyMode::BaselineRepeated},
-                                           {"baseline-batch", PrivacyMode::BaselineBatch}});
+  c.privacy.mode = pr.choice("mode", PrivacyMode::None);
   if (c.privacy.mode == PrivacyMode::None && !pr.has("max_records_per_user"))
     c.privacy.max_records_per_user = PrivacyConfig::kUnbounded;  // the true totals: nothing dropped
   else
     c.privacy.max_records_per_user = static_cast<std::uint32_t>(pr.required_integer("max_records_per_user", 1, 1'000'000));
-  c.privacy.composition = pr.choice<Composition>(
-      "composition", Composition::Zcdp,
-      {{"zcdp", Composition::Zcdp}, {"basic", Composition::Basic}, {"optimal", Composition::Optimal}});
+  c.privacy.composition = pr.choice("composition", Composition::Zcdp);
   if (c.privacy.composition == Composition::Basic && c.privacy.mode != PrivacyMode::Dp)
     pr.fail("composition", "= \"basic\" is for mode = \"dp\" (key selection and aggregation converted separately); "
                            "use \"zcdp\" or, for a baseline, \"optimal\"");
@@ -264,9 +249,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (pr.has("seed")) c.privacy.seed = static_cast<std::uint64_t>(pr.integer("seed", 0, 0, kMaxI64));
   c.privacy.selection_epsilon_share = pr.real("selection_epsilon_share", c.privacy.selection_epsilon_share);
   c.privacy.selection_delta_share = pr.real("selection_delta_share", c.privacy.selection_delta_share);
-  c.privacy.threshold = pr.choice<ThresholdTail>(
-      "threshold", ThresholdTail::Subgaussian,
-      {{"subgaussian", ThresholdTail::Subgaussian}, {"gaussian-quantile", ThresholdTail::GaussianQuantile}});
+  c.privacy.threshold = pr.choice("threshold", ThresholdTail::Subgaussian);
   if (pr.has("epsilon") && !(c.privacy.epsilon > 0)) pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
   if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
     pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
@@ -302,9 +285,9 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   SectionReader out(root, "output", source);
   c.output.dir = out.string("dir", c.output.dir);
   if (c.output.dir.empty()) out.fail("dir", "must not be empty");
-  c.output.format = out.choice<std::string>("format", "csv", {{"csv", "csv"}});
-  c.output.progress = out.choice<ProgressMode>(
-      "progress", ProgressMode::Always, {{"always", ProgressMode::Always}, {"auto", ProgressMode::Auto}, {"never", ProgressMode::Never}});
+  c.output.format = out.choice_of<std::string>("format", "csv", {std::begin(OutputConfig::kFormats), std::end(OutputConfig::kFormats)},
+                                            [](const std::string& v) { return v; });
+  c.output.progress = out.choice("progress", ProgressMode::Always);
   out.finish({"dir", "format", "progress"});
 
   SectionReader ck(root, "checkpoint", source);
@@ -315,7 +298,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   ck.finish({"every", "seconds"});
 
   SectionReader en(root, "engine", source);
-  c.engine.key_scan = en.choice<KeyScan>("key_scan", KeyScan::Predicted, {{"predicted", KeyScan::Predicted}, {"full", KeyScan::Full}});
+  c.engine.key_scan = en.choice("key_scan", KeyScan::Predicted);
   en.finish({"key_scan"});
   return c;
 }

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "src/config.hpp"
 #include "src/errors.hpp"
 #include "src/record.hpp"
 
@@ -131,7 +132,7 @@ RunInfo read_run(const std::string& dir, const char* role) {
       if (run.release_rows != "running" && run.release_rows != "increments")
         throw InputError(fmt::format("{}: \"{}\" is \"{}\"; expected \"running\" or \"increments\"",
                                      run.summary.string(), field, run.release_rows));
-    } else if (!rr->is_number_integer() || (run.mode != "none" && run.mode != "dp")) {
+    } else if (!rr->is_number_integer() || (run.mode != to_string(PrivacyMode::None) && run.mode != to_string(PrivacyMode::Dp))) {
       // A row count (summaries before "release_values"): only the modes of that time (none, dp)
       // are known to have running rows.
       throw InputError(fmt::format("{}: \"{}\" is {}, and no \"release_values\" says whether mode \"{}\" rows are "
@@ -681,7 +682,7 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
   RunInfo truth = read_run(opt.truth_dir, "--truth");
   RunInfo rel = read_run(opt.released_dir, "--released");
 
-  if (truth.mode != "none")
+  if (truth.mode != to_string(PrivacyMode::None))
     throw InputError(fmt::format("{}: the --truth run has mode \"{}\"; the truth must be a run of the same job with "
                                  "[privacy] mode = \"none\" and no contribution bounding",
                                  truth.summary.string(), truth.mode));

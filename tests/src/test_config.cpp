@@ -140,3 +140,28 @@ TEST(Config, DpParametersAreValidated) {
   EXPECT_DOUBLE_EQ(c.privacy.beta.value(), 1e-12);
   EXPECT_DOUBLE_EQ(c.privacy.selection_delta_share, 2.0 / 3.0);
 }
+
+namespace {
+// Each spelling parses back to its value, and no two values share one.
+template <class E>
+void expect_round_trip(std::size_t enumerators) {
+  const auto table = names_of(E{});
+  EXPECT_EQ(table.size(), enumerators);
+  for (const auto& [value, name] : table) {
+    EXPECT_EQ(to_string(value), name);
+    EXPECT_EQ(parse_enum<E>(name), value) << name;
+  }
+  EXPECT_FALSE(parse_enum<E>("no-such-value").has_value());
+}
+}  // namespace
+
+TEST(Config, EveryEnumHasOneSpellingPerValue) {
+  expect_round_trip<InputKind>(2);
+  expect_round_trip<KeyDistribution>(2);
+  expect_round_trip<BadRowPolicy>(2);
+  expect_round_trip<PrivacyMode>(4);
+  expect_round_trip<Composition>(3);
+  expect_round_trip<ThresholdTail>(2);
+  expect_round_trip<ProgressMode>(3);
+  expect_round_trip<KeyScan>(2);
+}
