@@ -188,4 +188,27 @@ std::vector<std::string> enum_names() {
   return out;
 }
 
+
+// ---- the job spec's fields: the parser's known keys and the checkpoint identity, in one list ----
+
+// MustMatch: the field defines the output, so a checkpoint records it and a resume must not change it.
+enum class OnResume { MustMatch, MayChange };
+// The jobs for which a MustMatch field is recorded (it has no effect on the others).
+enum class AppliesTo { All, Synthetic, Csv, Private };
+
+struct SpecField {
+  std::string_view name;  // "section.key", as in the TOML and in --set
+  OnResume on_resume;
+  AppliesTo applies = AppliesTo::All;
+  std::string (*identity)(const JobConfig&) = nullptr;  // the recorded value; MustMatch fields only
+};
+
+// Every key the parser accepts, grouped by section in the order of its "known keys" message.
+std::span<const SpecField> job_spec_fields();
+// The sections in table order, and the keys (without "section.") of one of them.
+std::vector<std::string> spec_sections();
+std::vector<std::string> spec_keys(std::string_view section);
+// Whether checkpoint identity records `field` for job `c`.
+bool in_identity(const SpecField& field, const JobConfig& c);
+
 }  // namespace dpstream
