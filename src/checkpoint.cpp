@@ -512,7 +512,7 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   for (const auto& field : job_spec_fields())  // the spec's output-defining keys (src/config.cpp)
     if (in_identity(field, c)) f[std::string(field.name)] = field.identity(c);
   // Not spec keys, but they define the output too.
-  if (c.input.kind == InputKind::Csv) f["input.content"] = input_digest;  // the file's content, wherever it lives
+  if (c.input.kind == InputKind::Csv) f["input.content"] = input_digest;        // the file's content, wherever it lives
   f["stream.windows_from_input"] = c.stream.windows_from_input ? "yes" : "no";  // then the content fixes them
   return f;
 }

@@ -141,21 +141,22 @@ struct EnumName {
 // The table of each enum's spellings, found by overload on the enum type.
 inline constexpr EnumName<InputKind> kInputKindNames[] = {{InputKind::Synthetic, "synthetic"}, {InputKind::Csv, "csv"}};
 constexpr std::span<const EnumName<InputKind>> names_of(InputKind) { return kInputKindNames; }
-inline constexpr EnumName<KeyDistribution> kKeyDistributionNames[] = {{KeyDistribution::ZipfMandelbrot, "zipf-mandelbrot"},
-    {KeyDistribution::Uniform, "uniform"}};
+inline constexpr EnumName<KeyDistribution> kKeyDistributionNames[] = {
+    {KeyDistribution::ZipfMandelbrot, "zipf-mandelbrot"}, {KeyDistribution::Uniform, "uniform"}};
 constexpr std::span<const EnumName<KeyDistribution>> names_of(KeyDistribution) { return kKeyDistributionNames; }
-inline constexpr EnumName<BadRowPolicy> kBadRowPolicyNames[] = {{BadRowPolicy::Skip, "skip"}, {BadRowPolicy::Fail, "fail"}};
+inline constexpr EnumName<BadRowPolicy> kBadRowPolicyNames[] = {{BadRowPolicy::Skip, "skip"},
+                                                                {BadRowPolicy::Fail, "fail"}};
 constexpr std::span<const EnumName<BadRowPolicy>> names_of(BadRowPolicy) { return kBadRowPolicyNames; }
 inline constexpr EnumName<PrivacyMode> kPrivacyModeNames[] = {{PrivacyMode::None, "none"},
-    {PrivacyMode::Dp, "dp"},
-    {PrivacyMode::BaselineRepeated, "baseline-repeated"},
-    {PrivacyMode::BaselineBatch, "baseline-batch"}};
+                                                              {PrivacyMode::Dp, "dp"},
+                                                              {PrivacyMode::BaselineRepeated, "baseline-repeated"},
+                                                              {PrivacyMode::BaselineBatch, "baseline-batch"}};
 constexpr std::span<const EnumName<PrivacyMode>> names_of(PrivacyMode) { return kPrivacyModeNames; }
 inline constexpr EnumName<Composition> kCompositionNames[] = {
     {Composition::Zcdp, "zcdp"}, {Composition::Basic, "basic"}, {Composition::Optimal, "optimal"}};
 constexpr std::span<const EnumName<Composition>> names_of(Composition) { return kCompositionNames; }
-inline constexpr EnumName<ThresholdTail> kThresholdTailNames[] = {{ThresholdTail::Subgaussian, "subgaussian"},
-    {ThresholdTail::GaussianQuantile, "gaussian-quantile"}};
+inline constexpr EnumName<ThresholdTail> kThresholdTailNames[] = {
+    {ThresholdTail::Subgaussian, "subgaussian"}, {ThresholdTail::GaussianQuantile, "gaussian-quantile"}};
 constexpr std::span<const EnumName<ThresholdTail>> names_of(ThresholdTail) { return kThresholdTailNames; }
 inline constexpr EnumName<ProgressMode> kProgressModeNames[] = {
     {ProgressMode::Always, "always"}, {ProgressMode::Auto, "auto"}, {ProgressMode::Never, "never"}};
@@ -164,7 +165,9 @@ inline constexpr EnumName<KeyScan> kKeyScanNames[] = {{KeyScan::Predicted, "pred
 constexpr std::span<const EnumName<KeyScan>> names_of(KeyScan) { return kKeyScanNames; }
 
 template <class E>
-concept NamedEnum = requires(E e) { names_of(e); };
+concept NamedEnum = requires(E e) {
+  names_of(e);
+};
 
 template <NamedEnum E>
 std::string to_string(E value) {
@@ -187,7 +190,6 @@ std::vector<std::string> enum_names() {
   for (const auto& entry : names_of(E{})) out.emplace_back(entry.name);
   return out;
 }
-
 
 // ---- the job spec's fields: the parser's known keys and the checkpoint identity, in one list ----
 

@@ -133,7 +133,8 @@ RunInfo read_run(const std::string& dir, const char* role) {
       if (run.release_rows != "running" && run.release_rows != "increments")
         throw InputError(fmt::format("{}: \"{}\" is \"{}\"; expected \"running\" or \"increments\"",
                                      run.summary.string(), field, run.release_rows));
-    } else if (!rr->is_number_integer() || (run.mode != to_string(PrivacyMode::None) && run.mode != to_string(PrivacyMode::Dp))) {
+    } else if (!rr->is_number_integer() ||
+               (run.mode != to_string(PrivacyMode::None) && run.mode != to_string(PrivacyMode::Dp))) {
       // A row count (summaries before "release_values"): only the modes of that time (none, dp)
       // are known to have running rows.
       throw InputError(fmt::format("{}: \"{}\" is {}, and no \"release_values\" says whether mode \"{}\" rows are "
