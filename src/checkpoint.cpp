@@ -509,47 +509,11 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   // The engine's own output-defining choices (noise generator and sampler, fixed-point grid,
   // checkpoint format): a binary that changes them must not resume an older job's checkpoint.
   f["engine.mechanism"] = "noise AES-256-CTR/HMAC-SHA256 + discrete Gaussian by 192-bit inverse CDF (sigma <= 4096) or CKS20, values 2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
-  f["job.name"] = c.name;
-  f["input.kind"] = to_string(c.input.kind);
-  if (c.input.kind == InputKind::Csv) {
-    f["input.content"] = input_digest;  // the file's content, wherever it lives
-    f["input.bad_rows"] = c.input.bad_rows == BadRowPolicy::Fail ? "fail" : "skip";
-  } else {
-    f["input.users"] = fmt::format("{}", c.input.users);
-    f["input.keys"] = fmt::format("{}", c.input.keys);
-    f["input.key_distribution"] = to_string(c.input.key_distribution);
-    f["input.seed"] = fmt::format("{}", c.input.seed);
-    f["input.records_per_user_q"] = fmt::format("{}", c.input.records_per_user_q);
-    f["input.records_per_user_s"] = fmt::format("{}", c.input.records_per_user_s);
-    f["input.records_per_user_min"] = fmt::format("{}", c.input.records_per_user_min);
-    f["input.records_per_user_max"] = fmt::format("{}", c.input.records_per_user_max);
-    f["input.key_q"] = fmt::format("{}", c.input.key_q);
-    f["input.key_s"] = fmt::format("{}", c.input.key_s);
-  }
-  f["stream.window_seconds"] = fmt::format("{}", c.stream.window_seconds);
-  f["stream.triggers"] = fmt::format("{}", c.stream.triggers);
-  f["stream.first_window"] = fmt::format("{}", c.stream.first_window);
-  f["stream.windows"] = fmt::format("{}", c.stream.windows);
+  for (const auto& field : job_spec_fields())  // the spec's output-defining keys (src/config.cpp)
+    if (in_identity(field, c)) f[std::string(field.name)] = field.identity(c);
+  // Not spec keys, but they define the output too.
+  if (c.input.kind == InputKind::Csv) f["input.content"] = input_digest;        // the file's content, wherever it lives
   f["stream.windows_from_input"] = c.stream.windows_from_input ? "yes" : "no";  // then the content fixes them
-  const auto& p = c.privacy;
-  f["privacy.mode"] = to_string(p.mode);
-  f["privacy.max_records_per_user"] = fmt::format("{}", p.max_records_per_user);
-  f["privacy.clamp_min"] = fmt::format("{}", p.clamp_min);
-  f["privacy.clamp_max"] = fmt::format("{}", p.clamp_max);
-  if (is_private(p.mode)) {
-    f["privacy.composition"] = to_string(p.composition);
-    f["privacy.epsilon"] = fmt::format("{}", p.epsilon);
-    f["privacy.delta"] = fmt::format("{}", p.delta);
-    f["privacy.mu"] = p.mu ? fmt::format("{}", *p.mu) : "default";
-    f["privacy.beta"] = p.beta ? fmt::format("{}", *p.beta) : "default";
-    f["privacy.seed"] = p.seed ? fmt::format("{}", *p.seed) : "secret from the OS";
-    f["privacy.selection_epsilon_share"] = fmt::format("{}", p.selection_epsilon_share);
-    f["privacy.selection_delta_share"] = fmt::format("{}", p.selection_delta_share);
-    f["privacy.threshold"] = p.threshold == ThresholdTail::Subgaussian ? "subgaussian" : "gaussian-quantile";
-  }
-  f["query.aggregations"] = std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") +
-                            (c.query.sum ? "sum" : "");
-  f["output.format"] = c.output.format;
   return f;
 }
 

@@ -1,13 +1,15 @@
 #include "src/config.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <toml++/toml.h>
 
 #include "src/errors.hpp"
@@ -75,22 +77,38 @@ class SectionReader {
     return out;
   }
 
-  template <class E>
-  E choice(const std::string& key, E def, const std::map<std::string, E>& options) {
+  // One of the spellings of E's table (src/config.hpp).
+  template <NamedEnum E>
+  E choice(const std::string& key, E def) {
+    return choice_of<E>(key, def, enum_names<E>(), [](const std::string& v) { return *parse_enum<E>(v); });
+  }
+
+  // One of `allowed`, mapped by `to_value`; the error lists them alphabetically, as it always did.
+  template <class T, class F>
+  T choice_of(const std::string& key, T def, std::vector<std::string> allowed, F to_value) {
+    std::sort(allowed.begin(), allowed.end());
     std::string names;
-    for (const auto& [name, _] : options) names += (names.empty() ? "" : " | ") + ("\"" + name + "\"");
+    for (const auto& name : allowed) names += (names.empty() ? "" : " | ") + ("\"" + name + "\"");
     const toml::node* n = take(key);
     if (!n) return def;
     const auto v = n->value_exact<std::string>();
     if (!v) fail(key, fmt::format("must be one of {}, got {}", names, describe(*n)));
-    const auto it = options.find(*v);
-    if (it == options.end()) fail(key, fmt::format("must be one of {}, got \"{}\"", names, *v));
-    return it->second;
+    if (!std::binary_search(allowed.begin(), allowed.end(), *v))
+      fail(key, fmt::format("must be one of {}, got \"{}\"", names, *v));
+    return to_value(*v);
   }
 
-  bool has(const std::string& key) const { return table_ && table_->contains(key); }
+  bool has(const std::string& key) {
+    asked_.insert(key);
+    return table_ && table_->contains(key);
+  }
 
-  void finish(const std::vector<std::string>& known) const {
+  // Every key this section reads must be in job_spec_fields, and every key given must have been read.
+  void finish() const {
+    const auto known = spec_keys(section_);
+    for (const auto& k : asked_)
+      if (std::find(known.begin(), known.end(), k) == known.end())
+        throw std::logic_error(fmt::format("the parser reads [{}] {}, which job_spec_fields (src/config.cpp) lacks", section_, k));
     if (!table_) return;
     for (const auto& [k, _] : *table_) {
       if (!consumed_.count(std::string(k.str()))) {
@@ -109,6 +127,7 @@ class SectionReader {
  private:
   const toml::node* take(const std::string& key) {
     consumed_.insert(key);
+    asked_.insert(key);
     return table_ ? table_->get(key) : nullptr;
   }
   static std::string describe(const toml::node& n) {
@@ -120,7 +139,8 @@ class SectionReader {
 
   const toml::table* table_ = nullptr;
   std::string section_, source_;
-  std::set<std::string> consumed_;
+  std::set<std::string> consumed_;  // read from the TOML
+  std::set<std::string> asked_;     // read or tested with has()
 };
 
 // "section.key=value": the value is parsed as TOML (so 10, 1.5, true, "x" keep their types);
@@ -147,19 +167,94 @@ void apply_override(toml::table& root, const std::string& assignment) {
 
 }  // namespace
 
-std::string to_string(InputKind k) { return k == InputKind::Csv ? "csv" : "synthetic"; }
-std::string to_string(KeyDistribution d) { return d == KeyDistribution::Uniform ? "uniform" : "zipf-mandelbrot"; }
-std::string to_string(PrivacyMode m) {
-  switch (m) {
-    case PrivacyMode::Dp: return "dp";
-    case PrivacyMode::BaselineRepeated: return "baseline-repeated";
-    case PrivacyMode::BaselineBatch: return "baseline-batch";
-    default: return "none";
-  }
+// ---- the job spec's fields ----------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+std::string str(const T& v) {
+  return fmt::format("{}", v);
 }
-std::string to_string(KeyScan k) { return k == KeyScan::Full ? "full" : "predicted"; }
-std::string to_string(Composition c) {
-  return c == Composition::Basic ? "basic" : c == Composition::Optimal ? "optimal" : "zcdp";
+std::string optional_str(const std::optional<double>& v) { return v ? str(*v) : "default"; }
+
+constexpr auto MustMatch = OnResume::MustMatch;
+constexpr auto MayChange = OnResume::MayChange;
+using enum AppliesTo;
+
+// The identity strings are those of the checkpoints written so far: changing one refuses their resume.
+constexpr SpecField kSpecFields[] = {
+    {"job.name", MustMatch, All, [](const JobConfig& c) { return c.name; }},
+    {"input.kind", MustMatch, All, [](const JobConfig& c) { return to_string(c.input.kind); }},
+    {"input.path", MayChange},  // the file may move: its content is recorded instead (input.content)
+    {"input.bad_rows", MustMatch, Csv, [](const JobConfig& c) { return to_string(c.input.bad_rows); }},
+    {"input.users", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.users); }},
+    {"input.keys", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.keys); }},
+    {"input.key_distribution", MustMatch, Synthetic, [](const JobConfig& c) { return to_string(c.input.key_distribution); }},
+    {"input.seed", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.seed); }},
+    {"input.records_per_user_q", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.records_per_user_q); }},
+    {"input.records_per_user_s", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.records_per_user_s); }},
+    {"input.records_per_user_min", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.records_per_user_min); }},
+    {"input.records_per_user_max", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.records_per_user_max); }},
+    {"input.key_q", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.key_q); }},
+    {"input.key_s", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.key_s); }},
+    {"stream.window_seconds", MustMatch, All, [](const JobConfig& c) { return str(c.stream.window_seconds); }},
+    {"stream.triggers", MustMatch, All, [](const JobConfig& c) { return str(c.stream.triggers); }},
+    {"stream.first_window", MustMatch, All, [](const JobConfig& c) { return str(c.stream.first_window); }},
+    {"stream.windows", MustMatch, All, [](const JobConfig& c) { return str(c.stream.windows); }},
+    {"privacy.mode", MustMatch, All, [](const JobConfig& c) { return to_string(c.privacy.mode); }},
+    {"privacy.max_records_per_user", MustMatch, All, [](const JobConfig& c) { return str(c.privacy.max_records_per_user); }},
+    {"privacy.composition", MustMatch, Private, [](const JobConfig& c) { return to_string(c.privacy.composition); }},
+    {"privacy.clamp_min", MustMatch, All, [](const JobConfig& c) { return str(c.privacy.clamp_min); }},
+    {"privacy.clamp_max", MustMatch, All, [](const JobConfig& c) { return str(c.privacy.clamp_max); }},
+    {"privacy.epsilon", MustMatch, Private, [](const JobConfig& c) { return str(c.privacy.epsilon); }},
+    {"privacy.delta", MustMatch, Private, [](const JobConfig& c) { return str(c.privacy.delta); }},
+    {"privacy.mu", MustMatch, Private, [](const JobConfig& c) { return optional_str(c.privacy.mu); }},
+    {"privacy.beta", MustMatch, Private, [](const JobConfig& c) { return optional_str(c.privacy.beta); }},
+    {"privacy.seed", MustMatch, Private,
+     [](const JobConfig& c) { return c.privacy.seed ? str(*c.privacy.seed) : "secret from the OS"; }},
+    {"privacy.selection_epsilon_share", MustMatch, Private, [](const JobConfig& c) { return str(c.privacy.selection_epsilon_share); }},
+    {"privacy.selection_delta_share", MustMatch, Private, [](const JobConfig& c) { return str(c.privacy.selection_delta_share); }},
+    {"privacy.threshold", MustMatch, Private, [](const JobConfig& c) { return to_string(c.privacy.threshold); }},
+    {"query.aggregations", MustMatch, All,
+     [](const JobConfig& c) {
+       return std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") + (c.query.sum ? "sum" : "");
+     }},
+    {"output.dir", MayChange},
+    {"output.format", MustMatch, All, [](const JobConfig& c) { return c.output.format; }},
+    {"output.progress", MayChange},
+    {"checkpoint.every", MayChange},  // commits do not change the output (docs/CHECKPOINTS.md)
+    {"checkpoint.seconds", MayChange},
+    {"engine.key_scan", MayChange},  // both scans release the same rows (kernels/key_scan.hpp)
+};
+
+std::string_view section_of(const SpecField& f) { return f.name.substr(0, f.name.find('.')); }
+
+}  // namespace
+
+std::span<const SpecField> job_spec_fields() { return kSpecFields; }
+
+std::vector<std::string> spec_sections() {
+  std::vector<std::string> out;
+  for (const auto& f : kSpecFields)
+    if (out.empty() || out.back() != section_of(f)) out.emplace_back(section_of(f));
+  return out;
+}
+
+std::vector<std::string> spec_keys(std::string_view section) {
+  std::vector<std::string> out;
+  for (const auto& f : kSpecFields)
+    if (section_of(f) == section) out.emplace_back(f.name.substr(section.size() + 1));
+  return out;
+}
+
+bool in_identity(const SpecField& field, const JobConfig& c) {
+  if (field.on_resume != OnResume::MustMatch) return false;
+  switch (field.applies) {
+    case AppliesTo::Synthetic: return c.input.kind == InputKind::Synthetic;
+    case AppliesTo::Csv: return c.input.kind == InputKind::Csv;
+    case AppliesTo::Private: return is_private(c.privacy.mode);
+    default: return true;
+  }
 }
 
 JobConfig parse_job(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides) {
@@ -174,11 +269,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   }
   for (const auto& o : overrides) apply_override(root, o);
 
-  const std::set<std::string> sections = {"job", "input", "stream", "privacy", "query", "output", "checkpoint", "engine"};
+  const auto sections = spec_sections();
   for (const auto& [k, _] : root)
-    if (!sections.count(std::string(k.str())))
-      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [job], [input], [stream], [privacy], [query], [output], [checkpoint], [engine])",
-                                    source, k.str()));
+    if (std::find(sections.begin(), sections.end(), k.str()) == sections.end())
+      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [{}])", source, k.str(), fmt::join(sections, "], [")));
 
   constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
   JobConfig c;
@@ -186,17 +280,15 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
 
   SectionReader job(root, "job", source);
   c.name = job.string("name", c.name);
-  job.finish({"name"});
+  job.finish();
 
   SectionReader in(root, "input", source);
-  c.input.kind = in.choice<InputKind>("kind", InputKind::Synthetic, {{"synthetic", InputKind::Synthetic}, {"csv", InputKind::Csv}});
+  c.input.kind = in.choice("kind", InputKind::Synthetic);
   c.input.path = in.string("path", "");
-  c.input.bad_rows = in.choice<BadRowPolicy>("bad_rows", BadRowPolicy::Skip, {{"skip", BadRowPolicy::Skip}, {"fail", BadRowPolicy::Fail}});
+  c.input.bad_rows = in.choice("bad_rows", BadRowPolicy::Skip);
   c.input.users = static_cast<std::uint64_t>(in.integer("users", static_cast<std::int64_t>(c.input.users), 1, std::int64_t{1} << 43));
   c.input.keys = static_cast<std::uint64_t>(in.integer("keys", static_cast<std::int64_t>(c.input.keys), 1, std::int64_t{1} << 62));
-  c.input.key_distribution = in.choice<KeyDistribution>(
-      "key_distribution", KeyDistribution::ZipfMandelbrot,
-      {{"zipf-mandelbrot", KeyDistribution::ZipfMandelbrot}, {"uniform", KeyDistribution::Uniform}});
+  c.input.key_distribution = in.choice("key_distribution", KeyDistribution::ZipfMandelbrot);
   c.input.seed = static_cast<std::uint64_t>(in.integer("seed", 1, 0, kMaxI64));
   c.input.records_per_user_q = in.real("records_per_user_q", c.input.records_per_user_q);
   c.input.records_per_user_s = in.real("records_per_user_s", c.input.records_per_user_s);
@@ -213,8 +305,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (c.input.records_per_user_s <= 0) in.fail("records_per_user_s", "must be > 0");
   if (c.input.key_q < 0) in.fail("key_q", "must be >= 0");
   if (c.input.key_s <= 0) in.fail("key_s", "must be > 0");
-  in.finish({"kind", "path", "bad_rows", "users", "keys", "key_distribution", "seed", "records_per_user_q",
-             "records_per_user_s", "records_per_user_min", "records_per_user_max", "key_q", "key_s"});
+  in.finish();
 
   SectionReader st(root, "stream", source);
   c.stream.window_seconds = st.integer("window_seconds", c.stream.window_seconds, 1, std::int64_t{1} << 40);
@@ -225,21 +316,15 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   c.stream.first_window = st.integer("first_window", 0, 0, StreamConfig::kMaxWindow);
   c.stream.windows_from_input = c.input.kind == InputKind::Csv && !st.has("first_window") && !st.has("windows");
   c.stream.windows = static_cast<std::uint32_t>(st.integer("windows", 1, 1, 100'000));
-  st.finish({"window_seconds", "triggers", "first_window", "windows"});
+  st.finish();
 
   SectionReader pr(root, "privacy", source);
-  c.privacy.mode = pr.choice<PrivacyMode>("mode", PrivacyMode::None,
-                                          {{"none", PrivacyMode::None},
-                                           {"dp", PrivacyMode::Dp},
-                                           {"baseline-repeated", PrivacyMode::BaselineRepeated},
-                                           {"baseline-batch", PrivacyMode::BaselineBatch}});
+  c.privacy.mode = pr.choice("mode", PrivacyMode::None);
   if (c.privacy.mode == PrivacyMode::None && !pr.has("max_records_per_user"))
     c.privacy.max_records_per_user = PrivacyConfig::kUnbounded;  // the true totals: nothing dropped
   else
     c.privacy.max_records_per_user = static_cast<std::uint32_t>(pr.required_integer("max_records_per_user", 1, 1'000'000));
-  c.privacy.composition = pr.choice<Composition>(
-      "composition", Composition::Zcdp,
-      {{"zcdp", Composition::Zcdp}, {"basic", Composition::Basic}, {"optimal", Composition::Optimal}});
+  c.privacy.composition = pr.choice("composition", Composition::Zcdp);
   if (c.privacy.composition == Composition::Basic && c.privacy.mode != PrivacyMode::Dp)
     pr.fail("composition", "= \"basic\" is for mode = \"dp\" (key selection and aggregation converted separately); "
                            "use \"zcdp\" or, for a baseline, \"optimal\"");
@@ -264,9 +349,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (pr.has("seed")) c.privacy.seed = static_cast<std::uint64_t>(pr.integer("seed", 0, 0, kMaxI64));
   c.privacy.selection_epsilon_share = pr.real("selection_epsilon_share", c.privacy.selection_epsilon_share);
   c.privacy.selection_delta_share = pr.real("selection_delta_share", c.privacy.selection_delta_share);
-  c.privacy.threshold = pr.choice<ThresholdTail>(
-      "threshold", ThresholdTail::Subgaussian,
-      {{"subgaussian", ThresholdTail::Subgaussian}, {"gaussian-quantile", ThresholdTail::GaussianQuantile}});
+  c.privacy.threshold = pr.choice("threshold", ThresholdTail::Subgaussian);
   if (pr.has("epsilon") && !(c.privacy.epsilon > 0)) pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
   if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
     pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
@@ -284,8 +367,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
     in.fail("bad_rows", fmt::format("= \"fail\" would stop a private job (mode = \"{}\") because of one row: the stop "
                                     "is an output that depends on the data. Use \"skip\" (skipped rows are counted on "
                                     "stderr and in summary.json), or check the input first with mode = \"none\"", mode_name));
-  pr.finish({"mode", "max_records_per_user", "composition", "clamp_min", "clamp_max", "epsilon", "delta", "mu", "beta", "seed",
-             "selection_epsilon_share", "selection_delta_share", "threshold"});
+  pr.finish();
 
   SectionReader q(root, "query", source);
   const auto aggregations = q.strings("aggregations", {"count", "sum"});
@@ -297,26 +379,26 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
     column = true;
   }
   if (aggregations.empty()) q.fail("aggregations", "must name at least one column: [\"count\"], [\"sum\"] or both");
-  q.finish({"aggregations"});
+  q.finish();
 
   SectionReader out(root, "output", source);
   c.output.dir = out.string("dir", c.output.dir);
   if (c.output.dir.empty()) out.fail("dir", "must not be empty");
-  c.output.format = out.choice<std::string>("format", "csv", {{"csv", "csv"}});
-  c.output.progress = out.choice<ProgressMode>(
-      "progress", ProgressMode::Always, {{"always", ProgressMode::Always}, {"auto", ProgressMode::Auto}, {"never", ProgressMode::Never}});
-  out.finish({"dir", "format", "progress"});
+  c.output.format = out.choice_of<std::string>("format", "csv", {std::begin(OutputConfig::kFormats), std::end(OutputConfig::kFormats)},
+                                            [](const std::string& v) { return v; });
+  c.output.progress = out.choice("progress", ProgressMode::Always);
+  out.finish();
 
   SectionReader ck(root, "checkpoint", source);
   if (ck.has("every")) c.checkpoint.every = static_cast<std::uint32_t>(ck.integer("every", 1, 0, 1'000'000));
   c.checkpoint.seconds = ck.real("seconds", c.checkpoint.seconds);
   if (!(c.checkpoint.seconds >= 0.001 && c.checkpoint.seconds <= 1e7))
     ck.fail("seconds", fmt::format("must be in [0.001, 1e7] (seconds between commits), got {}", c.checkpoint.seconds));
-  ck.finish({"every", "seconds"});
+  ck.finish();
 
   SectionReader en(root, "engine", source);
-  c.engine.key_scan = en.choice<KeyScan>("key_scan", KeyScan::Predicted, {{"predicted", KeyScan::Predicted}, {"full", KeyScan::Full}});
-  en.finish({"key_scan"});
+  c.engine.key_scan = en.choice("key_scan", KeyScan::Predicted);
+  en.finish();
   return c;
 }
 

@@ -3,7 +3,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/key_scan.hpp"
@@ -89,6 +91,7 @@ struct QueryConfig {
 
 struct OutputConfig {
   std::string dir = "dpstream-out";
+  static constexpr std::string_view kFormats[] = {"csv"};  // the accepted [output] format values
   std::string format = "csv";
   ProgressMode progress = ProgressMode::Always;
 };
@@ -127,10 +130,87 @@ JobConfig load_job(const std::string& path, const std::vector<std::string>& over
 // The built-in demo: a small synthetic stream that runs in seconds.
 std::string demo_job_toml();
 
-std::string to_string(InputKind k);
-std::string to_string(KeyDistribution d);
-std::string to_string(PrivacyMode m);
-std::string to_string(Composition c);
-std::string to_string(KeyScan k);
+// ---- enum <-> string: one table per enum, used by the parser and every printer ----------------
+
+template <class E>
+struct EnumName {
+  E value;
+  std::string_view name;
+};
+
+// The table of each enum's spellings, found by overload on the enum type.
+inline constexpr EnumName<InputKind> kInputKindNames[] = {{InputKind::Synthetic, "synthetic"}, {InputKind::Csv, "csv"}};
+constexpr std::span<const EnumName<InputKind>> names_of(InputKind) { return kInputKindNames; }
+inline constexpr EnumName<KeyDistribution> kKeyDistributionNames[] = {
+    {KeyDistribution::ZipfMandelbrot, "zipf-mandelbrot"}, {KeyDistribution::Uniform, "uniform"}};
+constexpr std::span<const EnumName<KeyDistribution>> names_of(KeyDistribution) { return kKeyDistributionNames; }
+inline constexpr EnumName<BadRowPolicy> kBadRowPolicyNames[] = {{BadRowPolicy::Skip, "skip"},
+                                                                {BadRowPolicy::Fail, "fail"}};
+constexpr std::span<const EnumName<BadRowPolicy>> names_of(BadRowPolicy) { return kBadRowPolicyNames; }
+inline constexpr EnumName<PrivacyMode> kPrivacyModeNames[] = {{PrivacyMode::None, "none"},
+                                                              {PrivacyMode::Dp, "dp"},
+                                                              {PrivacyMode::BaselineRepeated, "baseline-repeated"},
+                                                              {PrivacyMode::BaselineBatch, "baseline-batch"}};
+constexpr std::span<const EnumName<PrivacyMode>> names_of(PrivacyMode) { return kPrivacyModeNames; }
+inline constexpr EnumName<Composition> kCompositionNames[] = {
+    {Composition::Zcdp, "zcdp"}, {Composition::Basic, "basic"}, {Composition::Optimal, "optimal"}};
+constexpr std::span<const EnumName<Composition>> names_of(Composition) { return kCompositionNames; }
+inline constexpr EnumName<ThresholdTail> kThresholdTailNames[] = {
+    {ThresholdTail::Subgaussian, "subgaussian"}, {ThresholdTail::GaussianQuantile, "gaussian-quantile"}};
+constexpr std::span<const EnumName<ThresholdTail>> names_of(ThresholdTail) { return kThresholdTailNames; }
+inline constexpr EnumName<ProgressMode> kProgressModeNames[] = {
+    {ProgressMode::Always, "always"}, {ProgressMode::Auto, "auto"}, {ProgressMode::Never, "never"}};
+constexpr std::span<const EnumName<ProgressMode>> names_of(ProgressMode) { return kProgressModeNames; }
+inline constexpr EnumName<KeyScan> kKeyScanNames[] = {{KeyScan::Predicted, "predicted"}, {KeyScan::Full, "full"}};
+constexpr std::span<const EnumName<KeyScan>> names_of(KeyScan) { return kKeyScanNames; }
+
+template <class E>
+concept NamedEnum = requires(E e) {
+  names_of(e);
+};
+
+template <NamedEnum E>
+std::string to_string(E value) {
+  for (const auto& [v, name] : names_of(value))
+    if (v == value) return std::string(name);
+  return "?";  // unreachable: every enumerator is in its table (tests/src/test_config.cpp)
+}
+
+template <NamedEnum E>
+std::optional<E> parse_enum(std::string_view text) {
+  for (const auto& [v, name] : names_of(E{}))
+    if (name == text) return v;
+  return std::nullopt;
+}
+
+// The spellings of E in table order, e.g. for a command-line option's allowed values.
+template <NamedEnum E>
+std::vector<std::string> enum_names() {
+  std::vector<std::string> out;
+  for (const auto& entry : names_of(E{})) out.emplace_back(entry.name);
+  return out;
+}
+
+// ---- the job spec's fields: the parser's known keys and the checkpoint identity, in one list ----
+
+// MustMatch: the field defines the output, so a checkpoint records it and a resume must not change it.
+enum class OnResume { MustMatch, MayChange };
+// The jobs for which a MustMatch field is recorded (it has no effect on the others).
+enum class AppliesTo { All, Synthetic, Csv, Private };
+
+struct SpecField {
+  std::string_view name;  // "section.key", as in the TOML and in --set
+  OnResume on_resume;
+  AppliesTo applies = AppliesTo::All;
+  std::string (*identity)(const JobConfig&) = nullptr;  // the recorded value; MustMatch fields only
+};
+
+// Every key the parser accepts, grouped by section in the order of its "known keys" message.
+std::span<const SpecField> job_spec_fields();
+// The sections in table order, and the keys (without "section.") of one of them.
+std::vector<std::string> spec_sections();
+std::vector<std::string> spec_keys(std::string_view section);
+// Whether checkpoint identity records `field` for job `c`.
+bool in_identity(const SpecField& field, const JobConfig& c);
 
 }  // namespace dpstream

@@ -107,38 +107,65 @@ MappedFile::~MappedFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+bool CsvFieldReader::next(CsvField& f) {
+  if (done_) return false;
+  ++count_;
+  const std::size_t n = line_.size(), i = pos_;
+  f.escaped = false;
+  f.quoted = i < n && line_[i] == '"';
+  if (!f.quoted) {
+    std::size_t k = i;
+    while (k < n && line_[k] != ',') ++k;  // fields are short: cheaper than memchr
+    f.text = line_.substr(i, k - i);
+    return end_field(k);
+  }
+  for (std::size_t j = i + 1;;) {
+    const void* q = j < n ? std::memchr(line_.data() + j, '"', n - j) : nullptr;
+    if (!q) return fail(Error::UnterminatedQuote);
+    const std::size_t k = static_cast<std::size_t>(static_cast<const char*>(q) - line_.data());
+    if (k + 1 < n && line_[k + 1] == '"') {  // "" inside the quotes
+      f.escaped = true;
+      j = k + 2;
+      continue;
+    }
+    f.text = line_.substr(i + 1, k - i - 1);
+    if (k + 1 < n && line_[k + 1] != ',') return fail(Error::TextAfterQuote);
+    return end_field(k + 1);
+  }
+}
+
+// The field ends at `end`, the end of the line or a comma (which starts one more field).
+bool CsvFieldReader::end_field(std::size_t end) {
+  done_ = end >= line_.size();
+  pos_ = end + 1;
+  return true;
+}
+
+bool CsvFieldReader::fail(Error e) {
+  error_ = e;
+  done_ = true;
+  return false;
+}
+
+std::string unescape(const CsvField& f) {
+  if (!f.escaped) return std::string(f.text);
+  std::string out;
+  for (std::size_t i = 0; i < f.text.size(); ++i) {
+    out += f.text[i];
+    if (f.text[i] == '"') ++i;  // "" -> "
+  }
+  return out;
+}
+
 bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
   fields.clear();
-  std::size_t i = 0;
-  for (;;) {
-    std::string field;
-    if (i < line.size() && line[i] == '"') {
-      ++i;
-      for (;;) {
-        if (i >= line.size()) return false;  // unterminated quote
-        if (line[i] == '"') {
-          if (i + 1 < line.size() && line[i + 1] == '"') {
-            field.push_back('"');
-            i += 2;
-          } else {
-            ++i;
-            break;
-          }
-        } else {
-          field.push_back(line[i++]);
-        }
-      }
-      if (i < line.size() && line[i] != ',') return false;  // text after the closing quote
-    } else {
-      const std::size_t end = std::min(line.find(',', i), line.size());
-      field.assign(line.substr(i, end - i));
-      if (field.find('"') != std::string::npos) return false;  // stray quote in an unquoted field
-      i = end;
-    }
-    fields.push_back(std::move(field));
-    if (i >= line.size()) return true;
-    ++i;  // skip ','
+  CsvFieldReader reader(line);
+  CsvField f;
+  while (reader.next(f)) {
+    if (!f.quoted && f.text.find('"') != std::string_view::npos) return false;  // stray quote in an unquoted field
+    fields.push_back(unescape(f));
   }
+  return reader.error() == CsvFieldReader::Error::None;
 }
 
 

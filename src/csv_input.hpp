@@ -31,7 +31,42 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
-// Splits one CSV line (without its line break) into fields; false if quoting is malformed.
+// One field of a CSV line: the text between the quotes when quoted, "" still doubled when `escaped`.
+struct CsvField {
+  std::string_view text;
+  bool quoted = false;
+  bool escaped = false;  // holds "" (a quoted quote)
+};
+
+// The RFC 4180 fields of one line (without its line break), one at a time: the grammar shared by
+// the input reader and `dpstream evaluate`, which apply their own checks and messages to each field.
+// A line has at least one field; a comma always starts one more ("a," has two).
+class CsvFieldReader {
+ public:
+  enum class Error { None, UnterminatedQuote, TextAfterQuote };
+  explicit CsvFieldReader(std::string_view line) : line_(line) {}
+  bool more() const { return !done_; }  // another field follows
+  // Reads the next field; false at the end of the line or on malformed quoting (then error() says which).
+  bool next(CsvField& f);
+  Error error() const { return error_; }
+  int count() const { return count_; }  // fields started so far, a malformed one included
+
+ private:
+  bool end_field(std::size_t end);
+  bool fail(Error e);
+
+  std::string_view line_;
+  std::size_t pos_ = 0;
+  bool done_ = false;
+  int count_ = 0;
+  Error error_ = Error::None;
+};
+
+// A field's value: a doubled quote "" becomes one.
+std::string unescape(const CsvField& f);
+
+// Splits one CSV line (without its line break) into unescaped fields; false if quoting is malformed or a quote
+// stands in an unquoted field.
 bool split_csv_line(std::string_view line, std::vector<std::string>& fields);
 
 // Checks that the file exists, is readable and has the required header columns; throws

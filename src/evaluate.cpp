@@ -19,6 +19,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "src/config.hpp"
+#include "src/csv_input.hpp"
 #include "src/errors.hpp"
 #include "src/record.hpp"
 
@@ -131,7 +133,8 @@ RunInfo read_run(const std::string& dir, const char* role) {
       if (run.release_rows != "running" && run.release_rows != "increments")
         throw InputError(fmt::format("{}: \"{}\" is \"{}\"; expected \"running\" or \"increments\"",
                                      run.summary.string(), field, run.release_rows));
-    } else if (!rr->is_number_integer() || (run.mode != "none" && run.mode != "dp")) {
+    } else if (!rr->is_number_integer() ||
+               (run.mode != to_string(PrivacyMode::None) && run.mode != to_string(PrivacyMode::Dp))) {
       // A row count (summaries before "release_values"): only the modes of that time (none, dp)
       // are known to have running rows.
       throw InputError(fmt::format("{}: \"{}\" is {}, and no \"release_values\" says whether mode \"{}\" rows are "
@@ -175,10 +178,7 @@ void same(const RunInfo& truth, const RunInfo& rel, const std::optional<T>& a, c
 
 // ---- releases.csv, streamed ----
 
-struct Field {
-  std::string_view text;  // without the enclosing quotes
-  bool escaped = false;   // holds "" (a quoted quote)
-};
+using Field = CsvField;  // the shared RFC 4180 splitter's field (src/csv_input.hpp)
 
 class RowReader {
  public:
@@ -291,45 +291,21 @@ class RowReader {
     }
   }
 
-  // RFC 4180 fields without line breaks; exactly 5.
+  // RFC 4180 fields without line breaks (CsvFieldReader); exactly 5.
   void split(std::string_view line) {
-    const std::size_t n = line.size();
-    std::size_t i = 0;
+    CsvFieldReader reader(line);
     int nf = 0;
-    for (;;) {
+    while (reader.more()) {
       if (nf == 5)
         fail("more than 5 fields (window,trigger,key,count,sum); a key holding a comma must be quoted (RFC 4180)");
       Field& f = fields_[nf++];
-      f.escaped = false;
-      if (i < n && line[i] == '"') {
-        std::size_t j = i + 1;
-        for (;;) {
-          const void* q = j < n ? std::memchr(line.data() + j, '"', n - j) : nullptr;
-          if (!q) fail(fmt::format("field {} has an unterminated quote", nf));
-          const std::size_t k = static_cast<std::size_t>(static_cast<const char*>(q) - line.data());
-          if (k + 1 < n && line[k + 1] == '"') {
-            f.escaped = true;
-            j = k + 2;
-            continue;
-          }
-          f.text = line.substr(i + 1, k - i - 1);
-          i = k + 1;
-          break;
-        }
-        if (i == n) break;
-        if (line[i] != ',') fail(fmt::format("text after the closing quote of field {}", nf));
-        ++i;
-        continue;
-      }
-      std::size_t k = i;
-      while (k < n && line[k] != ',') ++k;  // fields are short: cheaper than memchr
-      const bool c = k < n;
-      f.text = line.substr(i, k - i);
-      if (nf == 3 && f.text.find('"') != std::string_view::npos)
+      if (!reader.next(f))
+        fail(reader.error() == CsvFieldReader::Error::UnterminatedQuote
+                 ? fmt::format("field {} has an unterminated quote", nf)
+                 : fmt::format("text after the closing quote of field {}", nf));
+      if (nf == 3 && !f.quoted && f.text.find('"') != std::string_view::npos)
         fail(fmt::format("the key {} holds a quote but is not quoted (RFC 4180: quote the field, double the quote)",
                          shown(f.text)));
-      if (!c) break;
-      i = k + 1;  // at the end of the line after a comma: one more, empty field
     }
     if (nf != 5)
       fail(fmt::format("{} field(s), expected 5 (window,trigger,key,count,sum)", nf));
@@ -681,7 +657,7 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
   RunInfo truth = read_run(opt.truth_dir, "--truth");
   RunInfo rel = read_run(opt.released_dir, "--released");
 
-  if (truth.mode != "none")
+  if (truth.mode != to_string(PrivacyMode::None))
     throw InputError(fmt::format("{}: the --truth run has mode \"{}\"; the truth must be a run of the same job with "
                                  "[privacy] mode = \"none\" and no contribution bounding",
                                  truth.summary.string(), truth.mode));

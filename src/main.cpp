@@ -45,7 +45,7 @@ void add_job_args(CLI::App* cmd, JobArgs& a) {
       ->allow_extra_args(false);
   cmd->add_option("--out", a.out, "Output directory (overrides [output] dir)");
   cmd->add_option("--progress", a.progress, "Progress lines on rank 0: always | auto (only on a terminal) | never")
-      ->check(CLI::IsMember({"always", "auto", "never"}));
+      ->check(CLI::IsMember(dpstream::enum_names<dpstream::ProgressMode>()));
 }
 
 dpstream::JobConfig load(const JobArgs& a) {
@@ -55,9 +55,7 @@ dpstream::JobConfig load(const JobArgs& a) {
                        : dpstream::load_job(a.spec, a.overrides);
   // Paths and choices from options are taken verbatim (never re-parsed as TOML).
   if (!a.out.empty()) config.output.dir = a.out;
-  if (a.progress == "always") config.output.progress = dpstream::ProgressMode::Always;
-  if (a.progress == "auto") config.output.progress = dpstream::ProgressMode::Auto;
-  if (a.progress == "never") config.output.progress = dpstream::ProgressMode::Never;
+  if (!a.progress.empty()) config.output.progress = *dpstream::parse_enum<dpstream::ProgressMode>(a.progress);
   return config;
 }
 

@@ -339,7 +339,7 @@ nlohmann::json baseline_json(const PrivacyPlan& p) {
                     {"keys_per_user", b.keys_per_user},
                     {"delta", b.delta_threshold},
                     {"tail_z", p.tail_z},
-                    {"threshold_tail", p.threshold == ThresholdTail::Subgaussian ? "subgaussian" : "gaussian-quantile"}};
+                    {"threshold_tail", to_string(p.threshold)}};
   j["aggregation"] = {{"columns", fams}, {"sum_grid", static_cast<double>(p.sum_quantum) / kValueScale},
                       {"clamp_bound", p.clamp_bound}};
   j["total"] = {{"epsilon", p.eps_total}, {"delta", p.delta_total}, {"within_budget", true}, {"rho", p.rho_total},
@@ -403,7 +403,7 @@ nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
                         {"tree", family(p.selection)},
                         {"eps_tight", p.eps_selection_tight},
                         {"eps_simple", p.eps_selection_simple},
-                        {"threshold_tail", p.threshold == ThresholdTail::Subgaussian ? "subgaussian" : "gaussian-quantile"},
+                        {"threshold_tail", to_string(p.threshold)},
                         {"tail_z", p.tail_z},
                         {"tau_first", p.tau[1]},
                         {"tau_max", *std::max_element(p.tau.begin() + 1, p.tau.end())},

@@ -315,6 +315,54 @@ TEST(Identity, EveryOutputDefiningFieldChangesTheFingerprint) {
             checkpoint::fingerprint(checkpoint::identity_fields(csv("elsewhere/x.csv"), "a")));
 }
 
+// Checkpoints written by earlier binaries are compared field by field: the keys and value spellings
+// must not drift (pinned here from the identity_fields of commit c20ec49).
+TEST(Identity, FieldsKeepTheirKeysAndSpellings) {
+  const std::string mechanism = "noise AES-256-CTR/HMAC-SHA256 + discrete Gaussian by 192-bit inverse CDF (sigma <= 4096) or CKS20, values 2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
+  const checkpoint::Fields stream = {{"stream.window_seconds", "86400"}, {"stream.triggers", "10"}, {"stream.first_window", "0"},
+                                     {"stream.windows", "1"}, {"query.aggregations", "count,sum"}, {"output.format", "csv"},
+                                     {"engine.mechanism", mechanism}, {"job.name", "demo"}};
+  auto with = [&](checkpoint::Fields f) {
+    f.insert(stream.begin(), stream.end());
+    return f;
+  };
+  const checkpoint::Fields synthetic = {
+      {"input.kind", "synthetic"}, {"input.users", "20000"}, {"input.keys", "2000"}, {"input.key_distribution", "zipf-mandelbrot"},
+      {"input.seed", "7"}, {"input.records_per_user_q", "26"}, {"input.records_per_user_s", "6.738"},
+      {"input.records_per_user_min", "1"}, {"input.records_per_user_max", "100000"}, {"input.key_q", "1000"},
+      {"input.key_s", "1.4"}, {"stream.windows_from_input", "no"}};
+  auto none = with(synthetic);
+  none.insert({{"privacy.mode", "none"}, {"privacy.max_records_per_user", "16"}, {"privacy.clamp_min", "0"}, {"privacy.clamp_max", "1"}});
+  EXPECT_EQ(checkpoint::identity_fields(small_job(), "ignored"), none);
+
+  auto dp = with(synthetic);
+  dp.insert({{"privacy.mode", "dp"}, {"privacy.max_records_per_user", "16"}, {"privacy.clamp_min", "0"}, {"privacy.clamp_max", "1"},
+             {"privacy.composition", "zcdp"}, {"privacy.epsilon", "6"}, {"privacy.delta", "1e-09"}, {"privacy.mu", "3"},
+             {"privacy.beta", "default"}, {"privacy.seed", "4"}, {"privacy.selection_epsilon_share", "0.5"},
+             {"privacy.selection_delta_share", "0.6666666666666666"}, {"privacy.threshold", "gaussian-quantile"}});
+  EXPECT_EQ(checkpoint::identity_fields(parse_job(demo_job_toml(), "demo", {"privacy.mode=\"dp\"", "privacy.epsilon=6", "privacy.delta=1e-9",
+                                                                             "privacy.mu=3", "privacy.seed=4",
+                                                                             "privacy.threshold=\"gaussian-quantile\""}),
+                                        "ignored"),
+            dp);
+
+  auto csv = with({{"input.kind", "csv"}, {"input.content", "12 bytes, xxh3 0123"}, {"input.bad_rows", "skip"},
+                   {"stream.windows_from_input", "yes"}});
+  csv.insert({{"privacy.mode", "baseline-batch"}, {"privacy.max_records_per_user", "16"}, {"privacy.clamp_min", "-1"},
+              {"privacy.clamp_max", "2.5"}, {"privacy.composition", "optimal"}, {"privacy.epsilon", "1"}, {"privacy.delta", "1e-06"},
+              {"privacy.mu", "default"}, {"privacy.beta", "default"}, {"privacy.seed", "secret from the OS"},
+              {"privacy.selection_epsilon_share", "0.5"}, {"privacy.selection_delta_share", "0.6666666666666666"},
+              {"privacy.threshold", "subgaussian"}});
+  csv["query.aggregations"] = "sum";
+  EXPECT_EQ(checkpoint::identity_fields(
+                parse_job(demo_job_toml(), "demo",
+                          {"input.kind=\"csv\"", "input.path=\"x.csv\"", "privacy.mode=\"baseline-batch\"", "privacy.composition=\"optimal\"",
+                           "privacy.epsilon=1", "privacy.delta=1e-6", "privacy.clamp_min=-1", "privacy.clamp_max=2.5",
+                           "query.aggregations=[\"sum\"]"}),
+                "12 bytes, xxh3 0123"),
+            csv);
+}
+
 TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
   shuffle::Comm comm;
   const auto dir = shared_dir(comm, "store");

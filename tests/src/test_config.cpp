@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+
 #include "src/config.hpp"
 #include "src/errors.hpp"
 
@@ -139,4 +142,76 @@ TEST(Config, DpParametersAreValidated) {
   EXPECT_EQ(c.privacy.seed.value(), 5u);
   EXPECT_DOUBLE_EQ(c.privacy.beta.value(), 1e-12);
   EXPECT_DOUBLE_EQ(c.privacy.selection_delta_share, 2.0 / 3.0);
+}
+
+namespace {
+// Each spelling parses back to its value, and no two values share one.
+template <class E>
+void expect_round_trip(std::size_t enumerators) {
+  const auto table = names_of(E{});
+  EXPECT_EQ(table.size(), enumerators);
+  for (const auto& [value, name] : table) {
+    EXPECT_EQ(to_string(value), name);
+    EXPECT_EQ(parse_enum<E>(name), value) << name;
+  }
+  EXPECT_FALSE(parse_enum<E>("no-such-value").has_value());
+}
+}  // namespace
+
+TEST(Config, EveryEnumHasOneSpellingPerValue) {
+  expect_round_trip<InputKind>(2);
+  expect_round_trip<KeyDistribution>(2);
+  expect_round_trip<BadRowPolicy>(2);
+  expect_round_trip<PrivacyMode>(4);
+  expect_round_trip<Composition>(3);
+  expect_round_trip<ThresholdTail>(2);
+  expect_round_trip<ProgressMode>(3);
+  expect_round_trip<KeyScan>(2);
+}
+
+namespace {
+// A value for every key of the job spec (a DP job on a CSV file, so that every key is allowed).
+const std::map<std::string, std::string> kEveryKey = {
+    {"job.name", "\"x\""},
+    {"input.kind", "\"csv\""}, {"input.path", "\"in.csv\""}, {"input.bad_rows", "\"skip\""}, {"input.users", "10"},
+    {"input.keys", "10"}, {"input.key_distribution", "\"uniform\""}, {"input.seed", "2"}, {"input.records_per_user_q", "1"},
+    {"input.records_per_user_s", "2"}, {"input.records_per_user_min", "0"}, {"input.records_per_user_max", "5"},
+    {"input.key_q", "1"}, {"input.key_s", "2"},
+    {"stream.window_seconds", "100"}, {"stream.triggers", "4"}, {"stream.first_window", "0"}, {"stream.windows", "1"},
+    {"privacy.mode", "\"dp\""}, {"privacy.max_records_per_user", "3"}, {"privacy.composition", "\"zcdp\""},
+    {"privacy.clamp_min", "0"}, {"privacy.clamp_max", "1"}, {"privacy.epsilon", "1"}, {"privacy.delta", "1e-9"},
+    {"privacy.mu", "1"}, {"privacy.beta", "1e-10"}, {"privacy.seed", "3"}, {"privacy.selection_epsilon_share", "0.5"},
+    {"privacy.selection_delta_share", "0.5"}, {"privacy.threshold", "\"subgaussian\""},
+    {"query.aggregations", "[\"count\"]"},
+    {"output.dir", "\"o\""}, {"output.format", "\"csv\""}, {"output.progress", "\"never\""},
+    {"checkpoint.every", "2"}, {"checkpoint.seconds", "5"},
+    {"engine.key_scan", "\"full\""}};
+}  // namespace
+
+// job_spec_fields is the one list of keys: the parser accepts exactly its keys (reading one that is
+// not listed is a logic_error in every parse), and each says whether a resume may change it.
+TEST(SpecFields, AreExactlyTheKeysTheParserAccepts) {
+  std::set<std::string> names;
+  for (const auto& f : job_spec_fields()) {
+    EXPECT_TRUE(names.insert(std::string(f.name)).second) << "listed twice: " << f.name;
+    EXPECT_EQ(f.on_resume == OnResume::MustMatch, f.identity != nullptr) << f.name << ": a MustMatch field needs its identity";
+    EXPECT_TRUE(f.on_resume == OnResume::MustMatch || f.applies == AppliesTo::All) << f.name;
+  }
+  std::set<std::string> every_key;
+  std::vector<std::string> overrides;
+  for (const auto& [k, v] : kEveryKey) {
+    every_key.insert(k);
+    overrides.push_back(k + "=" + v);
+  }
+  EXPECT_EQ(names, every_key) << "give every key of job_spec_fields a value in kEveryKey";
+  EXPECT_NO_THROW(parse_job("", "t", overrides));  // each listed key is read by the parser
+  EXPECT_NO_THROW(parse_job(kMinimal, "t", {}));    // keys only tested with has() are listed too
+}
+
+TEST(SpecFields, UnknownKeyMessagesListTheTable) {
+  EXPECT_EQ(spec_sections(), (std::vector<std::string>{"job", "input", "stream", "privacy", "query", "output", "checkpoint", "engine"}));
+  const auto e = error_of(std::string(kMinimal) + "[output]\ncolour = 1\n");
+  EXPECT_NE(e.find("unknown key [output] colour (known keys of [output]: dir, format, progress)"), std::string::npos) << e;
+  EXPECT_NE(error_of(std::string(kMinimal) + "[x]\n").find("(known: [job], [input], [stream], [privacy], [query], [output], [checkpoint], [engine])"),
+            std::string::npos);
 }

@@ -47,6 +47,26 @@ TEST(CsvSplit, QuotingRules) {
   EXPECT_FALSE(split_csv_line("a\"b,c", f));
 }
 
+// The reader behind split_csv_line and `dpstream evaluate`: which field failed, and how.
+TEST(CsvSplit, FieldReaderSaysWhereQuotingFails) {
+  auto fields = [](std::string_view line, CsvFieldReader::Error& error) {
+    CsvFieldReader r(line);
+    CsvField f;
+    std::vector<std::string> out;
+    while (r.next(f)) out.push_back(unescape(f) + (f.quoted ? "|q" : ""));
+    error = r.error();
+    return std::pair{out, r.count()};
+  };
+  CsvFieldReader::Error e;
+  EXPECT_EQ(fields("a,\"b\"\"c\",", e), (std::pair{std::vector<std::string>{"a", "b\"c|q", ""}, 3}));
+  EXPECT_EQ(e, CsvFieldReader::Error::None);
+  EXPECT_EQ(fields("a,b,\"c", e).second, 3);
+  EXPECT_EQ(e, CsvFieldReader::Error::UnterminatedQuote);
+  EXPECT_EQ(fields("a,\"b\"x,c", e).second, 2);
+  EXPECT_EQ(e, CsvFieldReader::Error::TextAfterQuote);
+  EXPECT_EQ(fields("a\"b", e).first, std::vector<std::string>{"a\"b"});  // stray quotes are the caller's to judge
+}
+
 TEST(CsvSource, ParsesBucketsAndCountsBadRows) {
   const auto path = write_temp("mixed.csv",
                                "timestamp,key,extra,user_id,value\n"
