@@ -54,6 +54,11 @@ class Dpstream:
         self.env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         # More ranks than cores under Open MPI; other MPIs ignore OMPI_* (a flag would break them).
         self.env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        # Open MPI's session directory per test process: concurrent mpiruns of parallel tests
+        # otherwise race to create and remove the shared /tmp/ompi.<host>.<uid> ("mkdir ... File
+        # exists", orte_init failed), seen in CI under load.
+        self._ompi_tmp = tempfile.TemporaryDirectory(prefix="dpstream-ompi-")
+        self.env.setdefault("OMPI_MCA_orte_tmpdir_base", self._ompi_tmp.name)
         # When a rank exits non-zero, mpirun otherwise waits ~2 s before reaping the job; every
         # rank of dpstream exits on its own after an error, so there is nothing to wait for.
         self.env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
