@@ -8,6 +8,7 @@
 #include "shuffle/comm.hpp"
 #include "src/checkpoint.hpp"
 #include "src/config.hpp"
+#include "src/run_counters.hpp"  // StageTimes
 
 namespace dpstream {
 
@@ -17,15 +18,6 @@ struct RunOptions {
   bool progress_to_terminal_only = false;
   // New job, --resume or --fresh (with write_output: checkpoints in DIR/checkpoint).
   checkpoint::StartMode start_mode = checkpoint::StartMode::Start;
-};
-
-// Wall time per stage, summed over triggers (seconds).
-struct StageTimes {
-  double ingest = 0, partition_user = 0, shuffle_user = 0, bounding = 0, partition_key = 0, shuffle_key = 0,
-         accumulate = 0, dp_release = 0, output = 0, checkpoint = 0;
-  double engine_path() const {
-    return partition_user + shuffle_user + bounding + partition_key + shuffle_key + accumulate + dp_release;
-  }
 };
 
 struct RunReport {
