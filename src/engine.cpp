@@ -1,7 +1,6 @@
 #include "src/engine.hpp"
 
 #include <fmt/format.h>
-#include <omp.h>
 #include <openssl/crypto.h>
 #include <unistd.h>
 
@@ -15,16 +14,16 @@
 #include "kernels/key_accumulate.hpp"
 #include "kernels/noise.hpp"
 #include "kernels/releaser.hpp"
-#include "dpstream_version.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
 #include "src/csv_input.hpp"
+#include "src/bench_result.hpp"
 #include "src/durable_io.hpp"
 #include "src/fault_injection.hpp"
 #include "src/errors.hpp"
-#include "src/naive_reference.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/release_writer.hpp"
+#include "src/run_summary.hpp"
 #include "src/run_counters.hpp"
 #include "src/stop_request.hpp"
 #include "src/summary.hpp"
@@ -148,52 +147,6 @@ std::string human_rate(double per_second) {
   if (per_second >= 1e6) return fmt::format("{:.2f} M", per_second / 1e6);
   if (per_second >= 1e3) return fmt::format("{:.1f} k", per_second / 1e3);
   return fmt::format("{:.0f} ", per_second);
-}
-
-// Times the naive single-threaded reference over the whole synthetic stream (rank 0 only).
-struct NaiveTiming {
-  double seconds = 0;
-  std::uint64_t records = 0;
-};
-NaiveTiming time_naive_reference(const JobConfig& config) {
-  SyntheticSource all(config, 0, 1);
-  NaiveReference naive(config.privacy.max_records_per_user, config.privacy.clamp_min, config.privacy.clamp_max);
-  NaiveTiming t;
-  for (std::uint32_t w = 0; w < config.stream.windows; ++w) {
-    const std::int64_t window = config.stream.first_window + w;
-    naive.begin_window();
-    for (std::uint32_t i = 0; i < config.stream.triggers; ++i) {
-      auto records = all.take_trigger(window, i);
-      t.records += records.size();
-      const auto t0 = Clock::now();
-      naive.process(std::move(records));
-      t.seconds += seconds_since(t0);
-    }
-  }
-  return t;
-}
-
-// Keys visited by key selection per trigger, summed over ranks: the mean over the job's triggers
-// (carried over a resume) and the most at one trigger this run processed.
-nlohmann::json visits_json(const shuffle::Comm& comm, std::uint64_t visited, const std::vector<std::uint64_t>& per_trigger,
-                           std::uint64_t triggers) {
-  const auto global = comm.sum(per_trigger);
-  const std::uint64_t most = global.empty() ? 0 : *std::max_element(global.begin(), global.end());
-  return {{"mean", static_cast<double>(comm.sum(visited)) / static_cast<double>(std::max<std::uint64_t>(1, triggers))},
-          {"max", most}};
-}
-
-// One line on stderr when input rows were skipped (bad_rows = "skip"), counted by kind.
-std::string skipped_rows_message(const nlohmann::json& input, const JobConfig& config) {
-  const auto n = [&](const char* kind) { return input.at(kind).get<std::uint64_t>(); };
-  const std::uint64_t malformed = n("malformed"), non_finite = n("non_finite"), outside = n("out_of_window");
-  if (malformed + non_finite + outside == 0) return {};
-  return fmt::format(
-      "dpstream: skipped {} of {} input rows: {} malformed, {} non-finite value, {} outside the job's windows {}..{}{} "
-      "(summary.json \"input\")",
-      malformed + non_finite + outside, n("rows_read"), malformed, non_finite, outside, config.stream.first_window,
-      config.stream.first_window + config.stream.windows - 1,
-      outside && !config.stream.windows_from_input ? "; leave out [stream] first_window and windows to process every window of the input" : "");
 }
 
 // A stop signal seen by any rank, agreed by all (one small allgather per trigger).
@@ -534,112 +487,27 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   const double wall = seconds_since(run_start);
   global_records = comm.sum(counters.records);
 
-  // Run summary: sums over ranks, and per-rank figures gathered to every rank.
-  const InputStats& in = source->stats();
-  nlohmann::json j;
-  j["job"] = config.name;
-  j["dpstream_version"] = {{"version", kVersion}, {"commit", kGitCommit}};
-  j["spec"] = config.source;
-  j["mode"] = to_string(mode);
-  // How a run's rows make its histogram at a trigger (dpstream evaluate): each row replaces the key's
-  // value, or (per-batch baseline) adds to it.
-  j["release_values"] = mode == PrivacyMode::BaselineBatch ? "increments" : "running";
-  j["private"] = dp && plan.private_run;
-  if (dp) {
-    j["privacy"] = budget_json(plan, false);
-    j["threshold_proven"] = plan.threshold == ThresholdTail::Subgaussian;
-    j["dp"] = {{"threshold_tests", comm.sum(counters.dp.tested)},
-               {"release_rows", comm.sum(counters.dp.released)},
-               {"keys_released", comm.sum(counters.keys_released)},
-               {"noise_draws", comm.sum(counters.dp.noise_draws)},
-               {"key_scan", to_string(config.engine.key_scan)},
-               {"keys_visited_per_trigger", visits_json(comm, counters.dp.visited, counters.visits_per_trigger, total_triggers)},
-               {"simulated_steps", comm.sum(counters.dp.simulated)},
-               {"scheduled_visits", comm.sum(counters.dp.scheduled)},
-               {"discarded_visits", comm.sum(counters.dp.discarded)},
-               {"predicted_releases", comm.sum(counters.dp.predicted)},
-               {"keys_with_noise_cache", comm.sum(peaks.cached_keys)},
-               {"key_state_bytes_per_tracked_key",
-                static_cast<double>(comm.sum(peaks.key_bytes)) /
-                    std::max<double>(1.0, static_cast<double>(comm.sum(peaks.keys)))}};
-  }
-  j["ranks"] = P;
-  j["threads_per_rank"] = omp_get_max_threads();
-  j["input"] = {{"kind", to_string(config.input.kind)},
-                {"rows_read", comm.sum(in.rows)},
-                {"malformed", comm.sum(in.malformed)},
-                {"non_finite", comm.sum(in.non_finite)},
-                {"out_of_window", comm.sum(in.out_of_window)}};
-  const std::uint64_t kept = comm.sum(counters.bounding.kept), dropped = comm.sum(counters.bounding.dropped);
-  j["records"] = {{"read", comm.sum(in.rows)},
-                  {"accepted", kept + dropped},
-                  {"kept", kept},
-                  {"dropped_by_bounding", dropped},
-                  {"clamped", comm.sum(counters.bounding.clamped)},
-                  {"bad_rows", comm.sum(in.malformed + in.non_finite + in.out_of_window)}};  // all kinds, see "input"
-  j["distinct_users"] = comm.sum(counters.distinct_users);
-  j["distinct_keys"] = comm.sum(counters.distinct_keys);
-  j["state_digest"] = fmt::format("{:016x}", comm.sum(counters.state_digest));
-  j["triggers"] = total_triggers;
-  j["release_rows"] = writer ? writer->rows() + writer->pending_rows() : 0;
-  auto stage_max = [&](double v) { return comm.max(v); };
-  j["stage_seconds_max_over_ranks"] = {{"ingest", stage_max(stage.ingest)},
-                                       {"partition_user", stage_max(stage.partition_user)},
-                                       {"shuffle_user", stage_max(stage.shuffle_user)},
-                                       {"bounding", stage_max(stage.bounding)},
-                                       {"partition_key", stage_max(stage.partition_key)},
-                                       {"shuffle_key", stage_max(stage.shuffle_key)},
-                                       {"accumulate", stage_max(stage.accumulate)},
-                                       {"dp_release", stage_max(stage.dp_release)},
-                                       {"output", stage_max(stage.output)},
-                                       {"checkpoint", stage_max(stage.checkpoint)}};
+  // Run summary (src/run_summary.hpp): sums over ranks, and per-rank figures gathered to every rank.
+  nlohmann::json checkpoint_json;
   if (checkpointing) {
-    j["checkpoint"] = commits.json(comm, commits.commits + (final_commit_pending ? 1 : 0));
-    j["checkpoint"]["every"] = config.checkpoint.every ? nlohmann::json(*config.checkpoint.every) : nlohmann::json(nullptr);
-    j["checkpoint"]["seconds"] = config.checkpoint.seconds;
-    j["checkpoint"]["resumed_from_commit"] = resuming ? nlohmann::json(resumed_from) : nlohmann::json(nullptr);
+    checkpoint_json = commits.json(comm, commits.commits + (final_commit_pending ? 1 : 0));
+    checkpoint_json["every"] = config.checkpoint.every ? nlohmann::json(*config.checkpoint.every) : nlohmann::json(nullptr);
+    checkpoint_json["seconds"] = config.checkpoint.seconds;
+    checkpoint_json["resumed_from_commit"] = resuming ? nlohmann::json(resumed_from) : nlohmann::json(nullptr);
   }
-  const double engine_seconds = stage_max(stage.engine_path());
-  j["engine_path_seconds"] = engine_seconds;
-  j["wall_seconds"] = stage_max(wall);
-  j["records_per_second"] = static_cast<double>(global_records) / std::max(stage_max(wall), 1e-9);
-  j["engine_records_per_second"] = static_cast<double>(global_records) / std::max(engine_seconds, 1e-9);
-  const double per_record = 1.0 / std::max<double>(1.0, static_cast<double>(global_records));
-  j["shuffle_bytes_per_record"] = {
-      {"user_shuffle_total", static_cast<double>(comm.sum(counters.user_traffic.bytes_total)) * per_record},
-      {"user_shuffle_to_other_ranks", static_cast<double>(comm.sum(counters.user_traffic.bytes_sent_to_others)) * per_record},
-      {"key_shuffle_total", static_cast<double>(comm.sum(counters.key_traffic.bytes_total)) * per_record},
-      {"key_shuffle_to_other_ranks", static_cast<double>(comm.sum(counters.key_traffic.bytes_sent_to_others)) * per_record}};
-  j["peak_rss_bytes_per_rank"] = comm.allgather(peak_rss_bytes());
-  j["peak_state_bytes_per_rank"] = comm.allgather(peaks.state_bytes);
-  // Bytes of state per active user (kept counts and first-touch pairs) and per tracked key (totals,
-  // round state and, in mode dp, the noise cache), summed over ranks and divided by the global count.
-  auto per = [&](std::uint64_t bytes, std::uint64_t count) {
-    return static_cast<double>(comm.sum(bytes)) / std::max<double>(1.0, static_cast<double>(comm.sum(count)));
-  };
-  j["state_bytes_per_active_user"] = per(peaks.user_bytes, peaks.active_users);
-  j["key_state_bytes_per_tracked_key"] = per(peaks.key_bytes, peaks.keys);
-  // Ranks x threads above this node's online CPUs: timings then show volume, not speed.
-  j["oversubscribed"] = P * omp_get_max_threads() > static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-
-  if (options.naive_reference) {
-    NaiveTiming naive;
-    if (root) naive = time_naive_reference(config);
-    const double naive_rate = static_cast<double>(naive.records) / std::max(naive.seconds, 1e-9);
-    const double engine_rate = j["engine_records_per_second"].get<double>();
-    const int cores = P * omp_get_max_threads();
-    report.result_line = fmt::format(
-        "RESULT job={} ranks={} threads={} records={} engine_seconds={:.3f} engine_records_per_s={:.0f} "
-        "engine_records_per_s_per_core={:.0f} naive_records_per_s={:.0f} speedup_vs_naive={:.2f} "
-        "user_shuffle_bytes_per_record={:.2f} key_shuffle_bytes_per_record={:.2f} peak_rss_mb_max={:.1f} "
-        "state_mb_max={:.1f} oversubscribed={}",
-        config.name, P, omp_get_max_threads(), global_records, engine_seconds, engine_rate, engine_rate / cores, naive_rate,
-        engine_rate / std::max(naive_rate, 1e-9), j["shuffle_bytes_per_record"]["user_shuffle_total"].get<double>(),
-        j["shuffle_bytes_per_record"]["key_shuffle_total"].get<double>(),
-        static_cast<double>(comm.max(peak_rss_bytes())) / 1048576.0, static_cast<double>(comm.max(peaks.state_bytes)) / 1048576.0,
-        j["oversubscribed"].get<bool>() ? "yes" : "no");
-    j["naive_records_per_second"] = naive_rate;
-  }
+  const RunFigures run{.config = config,
+                       .plan = plan,
+                       .counters = counters,
+                       .peaks = peaks,
+                       .stage = stage,
+                       .input = source->stats(),
+                       .release_rows = writer ? writer->rows() + writer->pending_rows() : 0,
+                       .total_triggers = total_triggers,
+                       .wall_seconds = wall,
+                       .global_records = global_records,
+                       .checkpoint = checkpoint_json};
+  nlohmann::json j = build_run_summary(run, comm);
+  if (options.naive_reference) report.result_line = bench_result_line(run, j, comm);
   report.skipped_rows_message = skipped_rows_message(j["input"], config);
   report.summary_json = j.dump(2);
   report.run_result_line = run_result_line(j);
