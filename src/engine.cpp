@@ -8,20 +8,21 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "kernels/noise.hpp"
 #include "kernels/releaser.hpp"
-#include "partition/hash.hpp"
-#include "partition/partitioner.hpp"
 #include "src/csv_input.hpp"
 #include "src/bench_result.hpp"
 #include "src/durable_io.hpp"
 #include "src/fault_injection.hpp"
 #include "src/errors.hpp"
 #include "src/privacy_plan.hpp"
+#include "src/progress.hpp"
+#include "src/release_stager.hpp"
 #include "src/release_writer.hpp"
 #include "src/run_summary.hpp"
 #include "src/run_counters.hpp"
@@ -37,116 +38,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-using KeyNames = absl::flat_hash_map<std::uint64_t, std::string>;
-
 // Runs `fn` on every rank; if it throws on any rank, all ranks throw E with the first message.
 template <class E = InputError, class Fn>
 void on_every_rank(const shuffle::Comm& comm, Fn&& fn) {
   shuffle::on_all_ranks<E>(comm, std::forward<Fn>(fn));
-}
-
-// String keys: every rank sends (id, name) of the keys it read to the key's owner, which keeps the
-// names for output. Ids of distinct names were kept apart at ingest (CsvSource::separate_ids).
-KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& comm) {
-  const int P = comm.size();
-  std::vector<shuffle::ByteWriter> out(static_cast<std::size_t>(P));
-  for (const auto& [id, name] : source.key_names()) {
-    auto& w = out[static_cast<std::size_t>(partition::key_owner(id, P))];
-    w.put(id);
-    w.put_string(name);
-  }
-  std::vector<std::byte> send;
-  std::vector<std::uint64_t> offsets{0};
-  for (auto& w : out) {
-    send.insert(send.end(), w.bytes().begin(), w.bytes().end());
-    offsets.push_back(send.size());
-  }
-  std::vector<std::uint64_t> recv_offsets;
-  const auto recv = comm.alltoallv_bytes(send.data(), offsets, recv_offsets);
-  KeyNames names;
-  for (shuffle::ByteReader in(recv.data(), recv.size()); !in.done();) {
-    const auto id = in.get<std::uint64_t>();
-    names.try_emplace(id, in.get_string());
-  }
-  return names;
-}
-
-// One trigger's rows of releases.csv, on rank 0. Each key owner names, sorts and formats its own rows;
-// rank 0 only merges the ranks' sorted runs (by key name, or by key id for integer keys) and copies
-// their text. Wire format per rank: row count, per row (sort key, end offset of its line), the text.
-struct ReleaseText {
-  std::string text;
-  std::uint64_t rows = 0;
-};
-ReleaseText gather_release_text(const std::vector<KeyRelease>& released, const KeyNames* names, std::int64_t window,
-                                std::uint32_t trigger, ReleaseColumns columns, const shuffle::Comm& comm) {
-  std::vector<ReleaseRow> rows;
-  rows.reserve(released.size());
-  for (const auto& t : released)
-    rows.push_back({t.key, names ? names->at(t.key) : std::to_string(t.key), t.count, t.sum});
-  if (names)
-    std::sort(rows.begin(), rows.end(), [](const ReleaseRow& a, const ReleaseRow& b) { return a.name < b.name; });
-  else
-    std::sort(rows.begin(), rows.end(), [](const ReleaseRow& a, const ReleaseRow& b) { return a.key < b.key; });
-  std::string text;
-  std::vector<std::uint64_t> ends;
-  ends.reserve(rows.size());
-  format_rows(window, trigger, rows, columns, text, ends);
-  shuffle::ByteWriter w;
-  w.put(static_cast<std::uint64_t>(rows.size()));
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    if (names) w.put_string(rows[i].name);
-    else w.put(rows[i].key);
-    w.put(ends[i]);
-  }
-  w.put_string(text);
-  const auto all = comm.gather_bytes_to_root(w.bytes());
-  ReleaseText out;
-  if (all.empty()) return out;
-
-  struct Run {  // one rank's sorted rows
-    std::vector<std::uint64_t> ids, ends;
-    std::vector<std::string> names;
-    std::string text;
-    std::size_t next = 0;
-  };
-  std::vector<Run> runs;
-  for (shuffle::ByteReader in(all.data(), all.size()); !in.done();) {
-    Run r;
-    const auto n = in.get<std::uint64_t>();
-    for (std::uint64_t i = 0; i < n; ++i) {
-      if (names) r.names.push_back(in.get_string());
-      else r.ids.push_back(in.get<std::uint64_t>());
-      r.ends.push_back(in.get<std::uint64_t>());
-    }
-    r.text = in.get_string();
-    out.rows += n;
-    if (n > 0) runs.push_back(std::move(r));
-  }
-  out.text.reserve([&] {
-    std::size_t b = 0;
-    for (const auto& r : runs) b += r.text.size();
-    return b;
-  }());
-  auto less = [&](const Run& a, const Run& b) {
-    return names ? a.names[a.next] < b.names[b.next] : a.ids[a.next] < b.ids[b.next];
-  };
-  while (!runs.empty()) {  // P-way merge; P is small, a linear scan picks the smallest head
-    std::size_t best = 0;
-    for (std::size_t i = 1; i < runs.size(); ++i)
-      if (less(runs[i], runs[best])) best = i;
-    Run& r = runs[best];
-    const std::uint64_t begin = r.next == 0 ? 0 : r.ends[r.next - 1];
-    out.text.append(r.text, begin, r.ends[r.next] - begin);
-    if (++r.next == r.ends.size()) runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(best));
-  }
-  return out;
-}
-
-std::string human_rate(double per_second) {
-  if (per_second >= 1e6) return fmt::format("{:.2f} M", per_second / 1e6);
-  if (per_second >= 1e3) return fmt::format("{:.1f} k", per_second / 1e3);
-  return fmt::format("{:.0f} ", per_second);
 }
 
 // A stop signal seen by any rank, agreed by all (one small allgather per trigger).
@@ -182,10 +77,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   const int P = comm.size();
   const bool root = comm.rank() == 0;
   on_every_rank<ConfigError>(comm, [&] { fault::arm_from_environment(comm.rank()); });
-  // Decided on rank 0 (whose terminal it is) and shared, because the progress count is a collective.
-  const bool progress =
-      comm.max(std::uint64_t{root && (config.output.progress == ProgressMode::Always ||
-                                      (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)))}) != 0;
+  ProgressReporter progress(config, comm, run_start);
 
   // DP: the plan (refused before any data is read).
   const PrivacyMode mode = config.privacy.mode;
@@ -285,9 +177,11 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     csv->separate_ids(comm);
     resolve_windows_from_input(config, *csv, comm);
   }
-  KeyNames key_names;
+  std::optional<KeyNames> key_names;
   if (source->has_string_keys()) key_names = distribute_key_names(*source, comm);
-  const KeyNames* names = source->has_string_keys() ? &key_names : nullptr;
+  std::unique_ptr<ReleaseStager> stager;  // release rows to rank 0 (src/release_stager.hpp)
+  if (options.write_output)
+    stager = std::make_unique<ReleaseStager>(comm, release_columns, writer.get(), checkpointing, std::move(key_names));
   stage.ingest += seconds_since(t0);
 
   const kernels::BoundingParams bounding{config.privacy.max_records_per_user, config.privacy.clamp_min,
@@ -298,7 +192,6 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   kernels::KeyStateTable keys(/*track_sums=*/config.query.sum);
   RunCounters counters;  // the job's, carried over a resume
   StatePeaks peaks;      // this run's
-  std::uint64_t global_records = 0;
   const std::uint64_t total_triggers = std::uint64_t{config.stream.windows} * T;
 
   // Where the stream starts: the beginning, or the first trigger after the last commit.
@@ -346,7 +239,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
   }
   OPENSSL_cleanse(secret.data(), secret.size());
   std::uint64_t triggers_done = std::uint64_t{start_window} * T + start_trigger;
-  const std::uint64_t triggers_at_start = triggers_done;
+  progress.start_at(triggers_done);
 
   // One commit: every rank's state changes since the last one, rank 0's rows, the counters. The
   // files are written in the background; the commit becomes visible during the next trigger.
@@ -400,16 +293,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
 
       // 5. release rows, staged on rank 0 until their trigger is committed.
       t0 = Clock::now();
-      std::uint64_t released = 0;
-      if (options.write_output) {
-        const auto rows = gather_release_text(release, names, window, trigger, release_columns, comm);
-        if (root) {
-          writer->stage_text(rows.text, rows.rows);
-          if (!checkpointing) writer->append(writer->take_pending(), /*sync=*/false);
-        }
-        released = rows.rows;
-        fault::point("output");
-      }
+      const std::uint64_t released = stager ? stager->stage(release, window, trigger) : 0;
       stage.output += seconds_since(t0);
 
       ++triggers_done;
@@ -441,17 +325,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
         }
       }
 
-      if (progress) {
-        global_records += comm.sum(local_count);
-        const double elapsed = seconds_since(run_start);
-        const double done_here = static_cast<double>(triggers_done - triggers_at_start);
-        const double remaining = elapsed / std::max(done_here, 1.0) * static_cast<double>(total_triggers - triggers_done);
-        if (root)
-          std::fprintf(stderr, "[window %lld trigger %u/%u] %srecords/s, %llu %s, elapsed %.1f s, ETA %.1f s\n",
-                     static_cast<long long>(window), trigger + 1, T,
-                     human_rate(static_cast<double>(global_records) / std::max(elapsed, 1e-9)).c_str(),
-                     static_cast<unsigned long long>(released), dp ? "keys released" : "keys changed", elapsed, remaining);
-      }
+      progress.trigger_done(window, trigger, T, local_count, released, triggers_done, total_triggers, dp);
 
       // 8. a stop signal on any rank: every rank stops after this trigger, which is committed even
       // between two scheduled commits (the job's last trigger simply finishes the job).
@@ -485,7 +359,7 @@ RunReport run_job(const JobConfig& job, const shuffle::Comm& comm, const RunOpti
     return report;
   }
   const double wall = seconds_since(run_start);
-  global_records = comm.sum(counters.records);
+  const std::uint64_t global_records = comm.sum(counters.records);
 
   // Run summary (src/run_summary.hpp): sums over ranks, and per-rank figures gathered to every rank.
   nlohmann::json checkpoint_json;
