@@ -1,5 +1,5 @@
-// What a run counts: the job's counters (summed over ranks for summary.json and carried over a
-// resume through the manifest's "counters"), and the state's size at each window's end.
+// What a run counts: the time per stage, the job's counters (summed over ranks for summary.json and
+// carried over a resume through the manifest's "counters"), and the state's size at each window's end.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +16,15 @@
 #include "src/checkpoint.hpp"
 
 namespace dpstream {
+
+// Wall time per stage, summed over triggers (seconds).
+struct StageTimes {
+  double ingest = 0, partition_user = 0, shuffle_user = 0, bounding = 0, partition_key = 0, shuffle_key = 0,
+         accumulate = 0, dp_release = 0, output = 0, checkpoint = 0;
+  double engine_path() const {
+    return partition_user + shuffle_user + bounding + partition_key + shuffle_key + accumulate + dp_release;
+  }
+};
 
 struct RunCounters {
   kernels::BoundingStats bounding;

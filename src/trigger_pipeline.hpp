@@ -10,7 +10,6 @@
 #include "kernels/key_accumulate.hpp"
 #include "kernels/releaser.hpp"
 #include "shuffle/comm.hpp"
-#include "src/engine.hpp"
 #include "src/record.hpp"
 #include "src/run_counters.hpp"
 

@@ -1,0 +1,120 @@
+#include "src/commit_scheduler.hpp"
+
+#include <memory>
+#include <string>
+
+#include "src/stop_request.hpp"
+
+namespace dpstream {
+
+namespace {
+double seconds_since(CommitScheduler::Clock::time_point t0) {
+  return std::chrono::duration<double>(CommitScheduler::Clock::now() - t0).count();
+}
+
+// One agreement at the end of every trigger (one small allgather): a stop signal seen by any rank,
+// and whether rank 0's commit clock has run out (the ranks' clocks differ; rank 0's decides for all).
+struct TriggerEnd {
+  StopAgreement stop;
+  bool commit_due = false;
+};
+TriggerEnd agree_on_trigger_end(const shuffle::Comm& comm, bool commit_due_on_root) {
+  constexpr std::uint64_t kCommitDue = std::uint64_t{1} << 32;  // above any signal number
+  const auto seen = comm.allgather(static_cast<std::uint64_t>(stop_request::signal_received()) |
+                                   (commit_due_on_root ? kCommitDue : 0));
+  TriggerEnd end;
+  end.commit_due = (seen.at(0) & kCommitDue) != 0;
+  for (std::size_t r = 0; r < seen.size(); ++r)
+    if (const auto signal = seen[r] & (kCommitDue - 1); signal != 0) {
+      end.stop = {static_cast<int>(signal), static_cast<int>(r)};
+      break;
+    }
+  return end;
+}
+}  // namespace
+
+CommitScheduler::CommitScheduler(const JobConfig& config, const shuffle::Comm& comm, bool checkpointing,
+                                 checkpoint::Store& store, ReleaseWriter* writer, kernels::UserState& users,
+                                 kernels::KeyStateTable& keys, RunCounters& counters, StageTimes& stage)
+    : config_(config), comm_(comm), checkpointing_(checkpointing), store_(store), writer_(writer), users_(users),
+      keys_(keys), counters_(counters), stage_(stage) {}
+
+void CommitScheduler::start_at(std::uint32_t first_trigger) {
+  uncommitted_from_ = first_trigger;
+  last_commit_ = Clock::now();
+}
+
+StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job) {
+  const bool root = comm_.rank() == 0;
+  const TriggerEnd end =
+      last_of_job ? TriggerEnd{}
+                  : agree_on_trigger_end(comm_, root && checkpointing_ &&
+                                                    seconds_since(last_commit_) >= config_.checkpoint.seconds);
+  // Every `seconds` or `every` triggers, and at the end of each window; the job's very last commit
+  // waits for summary.json.
+  committed_now_ = false;
+  const bool window_end = trigger + 1 == config_.stream.triggers;
+  const bool count_due = config_.checkpoint.every && trigger + 1 - uncommitted_from_ >= *config_.checkpoint.every;
+  if (checkpointing_ && (count_due || end.commit_due || window_end)) {
+    if (wi + 1 == config_.stream.windows && window_end) {
+      final_commit_pending_ = true;
+    } else {
+      commit(wi, uncommitted_from_, trigger + 1, false);
+      uncommitted_from_ = window_end ? 0 : trigger + 1;
+      committed_now_ = true;
+    }
+  }
+  return end.stop;
+}
+
+void CommitScheduler::commit_for_stop(std::uint32_t wi, std::uint32_t trigger) {
+  if (checkpointing_ && !committed_now_) commit(wi, uncommitted_from_, trigger + 1, false);
+}
+
+void CommitScheduler::finish_stopped() {
+  if (checkpointing_) figures_.add(store_.finish());
+}
+
+void CommitScheduler::finish_job(const nlohmann::json& summary) {
+  if (final_commit_pending_) {
+    commit(config_.stream.windows - 1, uncommitted_from_, config_.stream.triggers, true);
+    users_.clear();
+    keys_.clear();
+  }
+  if (checkpointing_) figures_.add(store_.finish(summary));
+}
+
+nlohmann::json CommitScheduler::json(std::optional<std::uint32_t> resumed_from) const {
+  if (!checkpointing_) return nullptr;
+  nlohmann::json j = figures_.json(comm_, figures_.commits + (final_commit_pending_ ? 1 : 0));
+  j["every"] = config_.checkpoint.every ? nlohmann::json(*config_.checkpoint.every) : nlohmann::json(nullptr);
+  j["seconds"] = config_.checkpoint.seconds;
+  j["resumed_from_commit"] = resumed_from ? nlohmann::json(*resumed_from) : nlohmann::json(nullptr);
+  return j;
+}
+
+// One commit: every rank's state changes since the last one, rank 0's rows, the counters. The
+// files are written in the background; the commit becomes visible during the next trigger.
+void CommitScheduler::commit(std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete) {
+  const bool root = comm_.rank() == 0;
+  const auto c0 = Clock::now();
+  // A window's last commit carries no state: the next window starts empty, and a resume from that
+  // commit reads none (Store::load, window_done). Writing it would put the whole window on the
+  // critical path of the window's end. Its journal is dropped with the state (or the job ends).
+  auto journal = std::make_shared<checkpoint::Journal>();
+  if (next_trigger == config_.stream.triggers) keys_.clear_journal();  // frees the change log now; users' marks go with clear()
+  else *journal = checkpoint::drain_journal(users_, keys_);
+  figures_.journal += seconds_since(c0);
+  figures_.user_bytes += journal->user_bytes();
+  figures_.key_bytes += journal->key_bytes();
+  std::string rows = root ? writer_->take_pending() : std::string();
+  figures_.release_bytes += rows.size();
+  const auto sums = counters_.global_sums(comm_);
+  figures_.add(store_.commit(std::move(journal), std::move(rows), {wi, first_trigger, next_trigger, complete}, sums,
+                             root ? writer_->bytes() : 0, root ? writer_->rows() : 0));
+  ++figures_.commits;
+  stage_.checkpoint += seconds_since(c0);
+  last_commit_ = Clock::now();
+}
+
+}  // namespace dpstream

@@ -1,0 +1,74 @@
+// When the trigger loop commits (docs/CHECKPOINTS.md) and the one agreement of all ranks after each
+// trigger: a commit once `seconds` have passed (rank 0's clock decides for all) or every `every`
+// triggers, at the end of every window, and after a stop signal seen by any rank; the job's very
+// last commit waits for summary.json. Also what the commits cost (summary.json "checkpoint").
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "kernels/bounding.hpp"
+#include "kernels/key_accumulate.hpp"
+#include "shuffle/comm.hpp"
+#include "src/checkpoint.hpp"
+#include "src/config.hpp"
+#include "src/release_writer.hpp"
+#include "src/run_counters.hpp"
+
+namespace dpstream {
+
+// A stop signal seen by any rank, agreed by all.
+struct StopAgreement {
+  int signal = 0;  // the first rank's signal
+  int rank = -1;   // the first rank that received one
+};
+
+class CommitScheduler {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // `checkpointing` false: never commits, but still agrees on stop signals. `writer`: rank 0's.
+  CommitScheduler(const JobConfig& config, const shuffle::Comm& comm, bool checkpointing, checkpoint::Store& store,
+                  ReleaseWriter* writer, kernels::UserState& users, kernels::KeyStateTable& keys, RunCounters& counters,
+                  StageTimes& stage);
+
+  // The run starts at `first_trigger` of its first window; the commit clock starts now.
+  void start_at(std::uint32_t first_trigger);
+  // After trigger `trigger` of window index `wi` (collective): agrees on a stop signal and rank 0's
+  // commit clock (not after the job's last trigger), then commits when due. The job's last commit is
+  // left pending for finish_job.
+  StopAgreement end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job);
+  // A stop after that trigger: commits it unless end_trigger just did.
+  void commit_for_stop(std::uint32_t wi, std::uint32_t trigger);
+  // Stopped: the last commit made durable and visible.
+  void finish_stopped();
+  // The job's last commit, which keeps `summary`, made durable and visible.
+  void finish_job(const nlohmann::json& summary);
+
+  bool final_commit_pending() const { return final_commit_pending_; }
+  CommitFigures& figures() { return figures_; }
+  // summary.json "checkpoint" (collective); null without checkpoints. `resumed_from`: the commit a
+  // resume started from, if any.
+  nlohmann::json json(std::optional<std::uint32_t> resumed_from) const;
+
+ private:
+  void commit(std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete);
+
+  const JobConfig& config_;
+  const shuffle::Comm& comm_;
+  const bool checkpointing_;
+  checkpoint::Store& store_;
+  ReleaseWriter* writer_;
+  kernels::UserState& users_;
+  kernels::KeyStateTable& keys_;
+  RunCounters& counters_;
+  StageTimes& stage_;
+  CommitFigures figures_;
+  Clock::time_point last_commit_ = Clock::now();  // the time-based cadence counts from here
+  std::uint32_t uncommitted_from_ = 0;            // first trigger of the window not yet committed
+  bool committed_now_ = false;                    // end_trigger committed the trigger
+  bool final_commit_pending_ = false;
+};
+
+}  // namespace dpstream

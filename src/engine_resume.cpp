@@ -1,0 +1,110 @@
+// Engine and the checkpoint: opening it (a new job, a resume, or a finished job), a new job's first
+// commit, and a resume's state, counters, rows and input position (docs/CHECKPOINTS.md).
+#include <cstdio>
+#include <filesystem>
+
+#include "src/durable_io.hpp"
+#include "src/engine.hpp"
+#include "src/errors.hpp"
+
+namespace dpstream {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Runs `fn` on every rank; if it throws on any rank, all ranks throw E with the first message.
+template <class E = InputError, class Fn>
+void on_every_rank(const shuffle::Comm& comm, Fn&& fn) {
+  shuffle::on_all_ranks<E>(comm, std::forward<Fn>(fn));
+}
+}  // namespace
+
+// Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md); also without
+// checkpoints, so that an unfinished job is never overwritten silently. False for a finished job,
+// whose last rows and summary.json are written again (the last commit may have been cut short
+// after its manifest; both are idempotent).
+bool Engine::open_checkpoint() {
+  if (!options_.write_output) return true;
+  std::string input_digest;
+  on_every_rank(comm_, [&] {
+    if (root_ && config_.input.kind == InputKind::Csv) input_digest = checkpoint::file_digest(config_.input.path);
+  });
+  shuffle::broadcast_string(comm_, input_digest);
+  identity_ = checkpoint::identity_fields(config_, input_digest);
+  const checkpoint::Opened opened = store_.open(config_.name, identity_, options_.start_mode);
+  if (root_)
+    for (const auto& note : opened.notes) std::fprintf(stderr, "dpstream: %s\n", note.c_str());
+  resuming_ = opened.kind == checkpoint::Opened::Kind::Resume;
+  if (opened.kind != checkpoint::Opened::Kind::Complete) return true;
+
+  const std::filesystem::path out_dir = config_.output.dir;
+  kernels::UserState no_users;
+  kernels::KeyStateTable no_keys;
+  const std::string staged = store_.load(no_users, no_keys, /*window_done=*/true);
+  on_every_rank<CheckpointError>(comm_, [&] {
+    if (!root_) return;
+    const auto& m = store_.manifest();
+    ReleaseWriter(out_dir, release_columns_).restore(m.releases_bytes, staged, m.release_rows);
+    if (!m.summary.is_null()) write_file_atomically(out_dir / "summary.json", m.summary.dump(2) + "\n");
+  });
+  report_.already_complete = true;
+  report_.releases_path = (out_dir / "releases.csv").string();
+  return false;
+}
+
+// A new job's empty start (commit 0) or a resume from the last commit; without checkpoints, a stale
+// checkpoint removed (it must not outlive its output).
+void Engine::start_checkpoint(const noise::Secret& secret) {
+  if (!checkpointing_) {
+    if (!options_.write_output) return;
+    on_every_rank<CheckpointError>(comm_, [&] {
+      if (!root_) return;
+      std::error_code ec;
+      std::filesystem::remove_all(store_.dir(), ec);
+      writer_->start();
+    });
+    return;
+  }
+  const auto t0 = Clock::now();
+  if (resuming_) {
+    resume();
+  } else {
+    const bool has_secret = dp_ || config_.input.kind == InputKind::Csv;
+    store_.begin(config_.name, identity_, has_secret ? &secret : nullptr);
+    on_every_rank<CheckpointError>(comm_, [&] {
+      if (root_) writer_->start();
+    });
+    nlohmann::json ledger = nlohmann::json::object();
+    if (dp_) ledger = {{"epsilon_per_window", config_.privacy.epsilon}, {"delta_per_window", config_.privacy.delta}};
+    store_.commit_start(root_ ? writer_->bytes() : 0, ledger);
+  }
+  users_.journal = keys_.journal = true;
+  if (root_) store_.set_publisher([this](const std::string& rows) { writer_->append(rows); });
+  commits_->figures().load = seconds_since(t0);
+}
+
+// Resume: the first trigger after the last commit, this rank's share of the state (re-partitioned
+// for another rank count), releases.csv cut back to the commit, the counters, the input skipped to there.
+void Engine::resume() {
+  const auto& m = store_.manifest();
+  const std::uint32_t T = config_.stream.triggers;
+  resumed_from_ = static_cast<std::uint32_t>(m.seq);
+  start_window_ = m.window_index;
+  start_trigger_ = m.next_trigger;
+  if (start_trigger_ == T) ++start_window_, start_trigger_ = 0;
+  if (root_)
+    std::fprintf(stderr,
+                 "dpstream: resuming job '%s' from commit %llu (window %u of %u, %u of %u trigger(s) committed), "
+                 "written by %d rank(s), on %d rank(s)%s\n",
+                 config_.name.c_str(), static_cast<unsigned long long>(m.seq), start_window_ + 1, config_.stream.windows,
+                 start_trigger_, T, m.ranks, comm_.size(), m.ranks != comm_.size() ? ": re-partitioning the state" : "");
+  const std::string staged = store_.load(users_, keys_, /*window_done=*/start_trigger_ == 0);
+  on_every_rank<CheckpointError>(comm_, [&] {
+    if (root_) writer_->restore(m.releases_bytes, staged, m.release_rows);
+  });
+  counters_.restore(m.counters, root_);
+  source_->skip_to(config_.stream.first_window, config_.stream.first_window + start_window_, start_trigger_);
+}
+
+}  // namespace dpstream

@@ -1,0 +1,118 @@
+// Engine set-up: everything before the first trigger, in the order the ranks refuse a job (the
+// fault plan, the privacy plan, the CSV file, the checkpoint: src/engine_resume.cpp), then the job's
+// secret, the output, the input, the state, and a new job's first commit or a resume's state.
+#include <fmt/format.h>
+#include <openssl/crypto.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "src/csv_input.hpp"
+#include "src/engine.hpp"
+#include "src/errors.hpp"
+#include "src/fault_injection.hpp"
+#include "src/workload.hpp"
+
+namespace dpstream {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Runs `fn` on every rank; if it throws on any rank, all ranks throw E with the first message.
+template <class E = InputError, class Fn>
+void on_every_rank(const shuffle::Comm& comm, Fn&& fn) {
+  shuffle::on_all_ranks<E>(comm, std::forward<Fn>(fn));
+}
+}  // namespace
+
+bool Engine::set_up() {
+  on_every_rank<ConfigError>(comm_, [&] { fault::arm_from_environment(comm_.rank()); });
+  progress_ = std::make_unique<ProgressReporter>(config_, comm_, run_start_);
+  on_every_rank<ConfigError>(comm_, [&] {  // DP: the plan, refused before any data is read
+    if (dp_) plan_ = make_privacy_plan(config_);
+  });
+  on_every_rank(comm_, [&] {  // checks that every rank makes on its own before any data moves
+    if (config_.input.kind == InputKind::Csv) check_csv_file(config_.input.path);
+  });
+  if (options_.write_output && !checkpointing_ && options_.start_mode == checkpoint::StartMode::Resume)
+    throw ConfigError("--resume needs checkpoints: remove [checkpoint] every = 0 (or --set checkpoint.every=1)");
+  if (!open_checkpoint()) return false;
+
+  noise::Secret secret = job_secret();
+  releaser_ = make_releaser(config_.privacy.mode, plan_, secret, config_.engine.key_scan);
+  open_output();
+  open_input(secret);
+  create_state();
+  start_checkpoint(secret);
+  OPENSSL_cleanse(secret.data(), secret.size());
+  triggers_done_ = std::uint64_t{start_window_} * config_.stream.triggers + start_trigger_;
+  progress_->start_at(triggers_done_);
+  commits_->start_at(start_trigger_);  // the time-based commit cadence counts from here
+  return true;
+}
+
+// The job's secret (DP noise, keyed CSV ids), the same on every rank: the job's own on resume, else
+// from the seed or the OS. Zero for a job that needs none.
+noise::Secret Engine::job_secret() const {
+  noise::Secret secret{};
+  if (!dp_ && config_.input.kind != InputKind::Csv) return secret;
+  if (resuming_) return store_.secret();
+  if (config_.privacy.seed) return noise::secret_from_seed(*config_.privacy.seed);
+  on_every_rank<std::runtime_error>(comm_, [&] {
+    if (root_) secret = noise::secret_from_os();
+  });
+  comm_.broadcast(secret.data(), secret.size());
+  return secret;
+}
+
+// Rank 0's output directory, created and checked before any data is read, and its releases.csv writer.
+void Engine::open_output() {
+  const std::filesystem::path out_dir = config_.output.dir;
+  on_every_rank<ConfigError>(comm_, [&] {
+    if (!options_.write_output || !root_) return;
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec) throw ConfigError(fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
+    if (::access(out_dir.c_str(), W_OK) != 0)
+      throw ConfigError(fmt::format("output dir {} is not writable; choose a writable [output] dir or --out", out_dir.string()));
+    writer_ = std::make_unique<ReleaseWriter>(out_dir, release_columns_, !checkpointing_);
+  });
+}
+
+// The input (CSV ids keyed by the secret; a CSV job's windows resolved from it), and the names of
+// string keys at their owners for the release rows. Counts as ingest time.
+void Engine::open_input(const noise::Secret& secret) {
+  const auto t0 = Clock::now();
+  on_every_rank(comm_, [&] {
+    if (config_.input.kind == InputKind::Csv) {
+      IdPrf ids(secret);
+      source_ = std::make_unique<CsvSource>(config_, comm_.rank(), comm_.size(), ids);
+    } else {
+      source_ = std::make_unique<SyntheticSource>(config_, comm_.rank(), comm_.size());
+    }
+  });
+  if (auto* csv = dynamic_cast<CsvSource*>(source_.get())) {
+    csv->separate_ids(comm_);
+    resolve_windows_from_input(config_, *csv, comm_);
+  }
+  std::optional<KeyNames> names;
+  if (source_->has_string_keys()) names = distribute_key_names(*source_, comm_);
+  if (options_.write_output)
+    stager_ = std::make_unique<ReleaseStager>(comm_, release_columns_, writer_.get(), checkpointing_, std::move(names));
+  stage_.ingest += seconds_since(t0);
+}
+
+// The pipeline through the run's state, and the commit scheduler over it.
+void Engine::create_state() {
+  const kernels::BoundingParams bounding{config_.privacy.max_records_per_user, config_.privacy.clamp_min,
+                                         config_.privacy.clamp_max, dp_ ? plan_.sum_quantum : 1,
+                                         /*users_per_trigger=*/config_.privacy.mode == PrivacyMode::BaselineBatch};
+  total_triggers_ = std::uint64_t{config_.stream.windows} * config_.stream.triggers;
+  pipeline_ = std::make_unique<TriggerPipeline>(comm_, bounding, users_, keys_, *releaser_, counters_, stage_);
+  commits_ = std::make_unique<CommitScheduler>(config_, comm_, checkpointing_, store_, writer_.get(), users_, keys_,
+                                               counters_, stage_);
+}
+
+}  // namespace dpstream

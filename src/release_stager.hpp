@@ -1,0 +1,44 @@
+// A trigger's release rows, from the keys' owners to releases.csv on rank 0: each owner names, sorts
+// and formats its own rows; rank 0 merges the ranks' sorted runs and stages them until their
+// trigger is committed (or, without checkpoints, appends them at once).
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shuffle/comm.hpp"
+#include "src/record_source.hpp"  // KeyRelease
+#include "src/release_writer.hpp"
+
+namespace dpstream {
+
+using KeyNames = absl::flat_hash_map<std::uint64_t, std::string>;
+
+// String keys: every rank sends (id, name) of the keys it read to the key's owner, which keeps the
+// names for output (collective). Ids of distinct names were kept apart at ingest (CsvSource::separate_ids).
+KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& comm);
+
+class ReleaseStager {
+ public:
+  // `names`: the names of this rank's keys (string keys), or none (integer keys, printed as numbers).
+  // `writer`: rank 0's, null elsewhere.
+  ReleaseStager(const shuffle::Comm& comm, ReleaseColumns columns, ReleaseWriter* writer, bool checkpointing,
+                std::optional<KeyNames> names)
+      : comm_(comm), columns_(columns), writer_(writer), checkpointing_(checkpointing), names_(std::move(names)) {}
+
+  // Collective: one trigger's rows (this rank's keys) to rank 0; returns the trigger's row count (rank 0).
+  std::uint64_t stage(const std::vector<KeyRelease>& released, std::int64_t window, std::uint32_t trigger);
+
+ private:
+  const shuffle::Comm& comm_;
+  ReleaseColumns columns_;
+  ReleaseWriter* writer_;
+  bool checkpointing_;
+  std::optional<KeyNames> names_;
+};
+
+}  // namespace dpstream
