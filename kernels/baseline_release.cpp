@@ -18,7 +18,7 @@ constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or
 }
 
 BaselineReleaser::BaselineReleaser(BaselineParams params, const noise::Secret& secret)
-    : params_(std::move(params)), secret_(secret), selection_noise_(params_.sigma_selection) {
+    : params_(params), secret_(secret), selection_noise_(params_.sigma_selection) {
   if (params_.release_count) count_noise_.emplace(params_.sigma_count);
   if (params_.release_sum) sum_noise_.emplace(params_.sigma_sum);
 }

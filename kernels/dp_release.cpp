@@ -30,7 +30,7 @@ constexpr std::uint32_t kMaxHorizon = 16;
 // multiplies every noise sigma by f (the thresholds stay the plan's): with f < 1, a deliberately
 // broken, non-private mechanism that the privacy audit (tests/e2e/test_privacy_audit.py) must detect.
 void apply_test_hooks(DpParams& p) {
-  const char* text = std::getenv("DPSTREAM_TEST_NOISE_SCALE");
+  const char* text = std::getenv("DPSTREAM_TEST_NOISE_SCALE");  // NOLINT(concurrency-mt-unsafe): at plan time, one thread
   if (text == nullptr || *text == '\0') return;
   char* end = nullptr;
   const double f = std::strtod(text, &end);

@@ -16,6 +16,8 @@
 
 namespace dpstream::noise {
 
+constexpr std::size_t kAesBlock = 16;  // bytes per AES block (one PRF output)
+
 static_assert(std::endian::native == std::endian::little, "PRF words are read as little-endian");
 
 namespace {
@@ -42,7 +44,7 @@ Secret secret_from_os() {
 
 Secret secret_from_seed(std::uint64_t seed) {
   std::uint8_t msg[18 + 8];
-  std::memcpy(msg, "dpstream test seed", 18);
+  std::copy_n("dpstream test seed", 18, msg);  // a byte string, no terminator
   for (int i = 0; i < 8; ++i) msg[18 + i] = static_cast<std::uint8_t>(seed >> (8 * i));
   Secret s{};
   unsigned len = 0;
@@ -66,7 +68,7 @@ void WindowPrf::CtxFree::operator()(evp_cipher_ctx_st* ctx) const { EVP_CIPHER_C
 WindowPrf::WindowPrf(const Secret& secret, std::int64_t window) : ctx_(EVP_CIPHER_CTX_new()) {
   if (!ctx_) throw std::runtime_error("EVP_CIPHER_CTX_new failed");
   std::uint8_t msg[15 + 8];
-  std::memcpy(msg, "dpstream window", 15);
+  std::copy_n("dpstream window", 15, msg);  // a byte string, no terminator
   for (int i = 0; i < 8; ++i) msg[15 + i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(window) >> (8 * i));
   std::uint8_t key[32];
   unsigned len = 0;
@@ -95,13 +97,13 @@ void WindowPrf::blocks_packed(u128 packed, std::uint32_t first, std::uint32_t co
   while (count > 0) {
     const std::uint32_t c = std::min(count, kChunk);
     for (std::uint32_t i = 0; i < c; ++i) {  // plaintext = big-endian (pack(n) | counter)
-      put_be64(in + 16 * i, hi);
-      put_be64(in + 16 * i + 8, lo | (first + i));
+      put_be64(in + kAesBlock * i, hi);
+      put_be64(in + kAesBlock * i + 8, lo | (first + i));
     }
     int outl = 0;
-    if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(16 * c)) != 1 || outl != static_cast<int>(16 * c))
+    if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kAesBlock * c)) != 1 || outl != static_cast<int>(kAesBlock * c))
       throw std::runtime_error("EVP_EncryptUpdate failed");
-    out += 16 * c;
+    out += kAesBlock * c;
     first += c;
     count -= c;
   }
@@ -115,11 +117,11 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
   std::size_t b = 0;
   for (std::size_t i = 0; i < n; ++i)
     for (std::uint32_t c = 0; c < per_node; ++c, ++b) {  // plaintext = big-endian (pack(n) | counter)
-      put_be64(in + 16 * b, static_cast<std::uint64_t>(packed[i] >> 64));
-      put_be64(in + 16 * b + 8, static_cast<std::uint64_t>(packed[i]) | c);
+      put_be64(in + kAesBlock * b, static_cast<std::uint64_t>(packed[i] >> 64));
+      put_be64(in + kAesBlock * b + 8, static_cast<std::uint64_t>(packed[i]) | c);
     }
   int outl = 0;
-  if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(16 * b)) != 1 || outl != static_cast<int>(16 * b))
+  if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kAesBlock * b)) != 1 || outl != static_cast<int>(kAesBlock * b))
     throw std::runtime_error("EVP_EncryptUpdate failed");
 }
 
@@ -127,7 +129,7 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
 NodeStream::NodeStream(WindowPrf& prf, u128 packed, std::uint32_t first_blocks, const std::uint8_t* fetched)
     : prf_(prf), packed_(packed), first_blocks_(first_blocks) {
   if (first_blocks == 0 || first_blocks > kMoreBlocks) throw std::invalid_argument("NodeStream: 1..8 fetched blocks");
-  std::memcpy(buf_.data(), fetched, 16 * first_blocks);
+  std::memcpy(buf_.data(), fetched, kAesBlock * first_blocks);
   next_block_ = first_blocks;
   end_ = 2 * first_blocks;
 }
@@ -444,7 +446,7 @@ void node_noises(WindowPrf& prf, const NodeId* ids, std::size_t n, const Discret
     for (std::size_t i = 0; i < c; ++i) packed[i] = pack(ids[at + i]);
     prf.first_blocks(packed.data(), c, per_node, fetched.data());
     for (std::size_t i = 0; i < c; ++i) {
-      NodeStream rng(prf, packed[i], per_node, fetched.data() + 16 * per_node * i);
+      NodeStream rng(prf, packed[i], per_node, fetched.data() + kAesBlock * per_node * i);
       out[at + i] = dg.sample(rng);
     }
   }

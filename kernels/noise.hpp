@@ -95,7 +95,7 @@ class NodeStream {
   std::uint32_t pos_ = 0, end_ = 0;  // word cursor in buf_
   std::uint64_t pool_ = 0;
   unsigned pool_bits_ = 0;
-  std::array<std::uint64_t, 2 * kMoreBlocks> buf_;  // filled before read
+  std::array<std::uint64_t, std::size_t{2} * kMoreBlocks> buf_;  // filled before read
 };
 
 // N_Z(0, sigma^2) with sigma^2 = n / 2^k exactly, n in [2^51, 2^52), rounded up from the double

@@ -21,7 +21,7 @@ class ExactReleaser final : public Releaser {
 
 class DpSqlpReleaser final : public Releaser {
  public:
-  DpSqlpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan) : impl_(std::move(params), secret, scan) {}
+  DpSqlpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan) : impl_(params, secret, scan) {}
   // Key selection visits the trigger's keys through keys.touched and reads every state from the table.
   KeyStateTable::Report accumulation() const override { return KeyStateTable::Report::Nothing; }
   void begin_window(std::int64_t window) override { impl_.begin_window(window); }
@@ -39,7 +39,7 @@ class DpSqlpReleaser final : public Releaser {
 class BaselineQueryReleaser final : public Releaser {
  public:
   BaselineQueryReleaser(BaselineParams params, const noise::Secret& secret, bool over_running_totals)
-      : impl_(std::move(params), secret), over_running_totals_(over_running_totals) {}
+      : impl_(params, secret), over_running_totals_(over_running_totals) {}
   // Baseline 1 reads every key's running totals from the table; baseline 2 needs the batch's totals.
   KeyStateTable::Report accumulation() const override {
     return over_running_totals_ ? KeyStateTable::Report::Nothing : KeyStateTable::Report::TriggerTotals;
@@ -61,12 +61,12 @@ class BaselineQueryReleaser final : public Releaser {
 std::unique_ptr<Releaser> make_exact_releaser() { return std::make_unique<ExactReleaser>(); }
 
 std::unique_ptr<Releaser> make_dp_sqlp_releaser(DpParams params, const noise::Secret& secret, KeyScan scan) {
-  return std::make_unique<DpSqlpReleaser>(std::move(params), secret, scan);
+  return std::make_unique<DpSqlpReleaser>(params, secret, scan);
 }
 
 std::unique_ptr<Releaser> make_baseline_releaser(BaselineParams params, const noise::Secret& secret,
                                                  bool over_running_totals) {
-  return std::make_unique<BaselineQueryReleaser>(std::move(params), secret, over_running_totals);
+  return std::make_unique<BaselineQueryReleaser>(params, secret, over_running_totals);
 }
 
 }  // namespace dpstream::kernels

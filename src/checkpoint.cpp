@@ -53,7 +53,7 @@ struct FileDigest {
 };
 FileDigest digest_file(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", path.string(), errno_text(errno)));
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), XXH3_freeState);
   if (!state || XXH3_64bits_reset(state.get()) != XXH_OK) {
     ::close(fd);
@@ -67,7 +67,7 @@ FileDigest digest_file(const fs::path& path) {
     if (n < 0) {
       const int err = errno;
       ::close(fd);
-      throw std::runtime_error(fmt::format("cannot read {}: {}", path.string(), std::strerror(err)));
+      throw std::runtime_error(fmt::format("cannot read {}: {}", path.string(), errno_text(err)));
     }
     if (n == 0) break;
     XXH3_64bits_update(state.get(), buffer.data(), static_cast<std::size_t>(n));
@@ -93,7 +93,7 @@ void make_private_dir(const fs::path& dir) {
   const bool created = fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
   if (::chmod(dir.c_str(), 0700) != 0)
-    throw std::runtime_error(fmt::format("cannot make {} private (chmod 0700): {}", dir.string(), std::strerror(errno)));
+    throw std::runtime_error(fmt::format("cannot make {} private (chmod 0700): {}", dir.string(), errno_text(errno)));
   if (created) fsync_dir(dir.parent_path());
 }
 
@@ -519,7 +519,7 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
 
 std::string fingerprint(const Fields& fields) {
   std::string text;
-  for (const auto& [k, v] : fields) text += k + "=" + v + "\n";
+  for (const auto& [k, v] : fields) text.append(k).append("=").append(v).append("\n");
   const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
@@ -983,7 +983,7 @@ void Store::collect_garbage() {
       std::smatch m;
       const std::string f = e.path().filename().string();
       // Only finished files of visible commits: a later commit's files may be in flight.
-      if (std::regex_match(f, m, segment_name) && std::stoull(m[1].str()) <= visible_.seq && !keep.count(wname + "/" + f))
+      if (std::regex_match(f, m, segment_name) && std::stoull(m[1].str()) <= visible_.seq && !keep.count(fmt::format("{}/{}", wname, f)))
         fs::remove(e.path(), ec);
       else
         empty = false;

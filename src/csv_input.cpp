@@ -84,7 +84,7 @@ std::size_t line_number_of(std::string_view file, std::size_t offset) {
 
 MappedFile::MappedFile(const std::string& path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw InputError(fmt::format("cannot open input file {}: {}", path, std::strerror(errno)));
+  if (fd_ < 0) throw InputError(fmt::format("cannot open input file {}: {}", path, errno_text(errno)));
   struct stat st {};
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd_);
@@ -95,7 +95,7 @@ MappedFile::MappedFile(const std::string& path) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
     if (p == MAP_FAILED) {
       ::close(fd_);
-      throw InputError(fmt::format("cannot map input file {}: {}", path, std::strerror(errno)));
+      throw InputError(fmt::format("cannot map input file {}: {}", path, errno_text(errno)));
     }
     data_ = static_cast<const char*>(p);
     ::madvise(p, size_, MADV_SEQUENTIAL);
@@ -172,7 +172,7 @@ bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
 void check_csv_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw InputError(fmt::format("cannot open input file {}: {}; set [input] path to an existing CSV file", path,
-                                       std::strerror(errno)));
+                                       errno_text(errno)));
   std::string header;
   if (!std::getline(f, header))
     throw InputError(fmt::format("{}: the file is empty; it needs a header user_id,key,value,timestamp", path));

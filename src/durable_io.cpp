@@ -10,12 +10,13 @@
 #include <stdexcept>
 
 #include "src/fault_injection.hpp"
+#include "src/errors.hpp"
 
 namespace dpstream {
 
 namespace {
 [[noreturn]] void fail(const char* what, const std::filesystem::path& path, int err) {
-  throw std::runtime_error(fmt::format("cannot {} {}: {}", what, path.string(), std::strerror(err)));
+  throw std::runtime_error(fmt::format("cannot {} {}: {}", what, path.string(), errno_text(err)));
 }
 }  // namespace
 

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <stdexcept>
+#include <string>
+#include <system_error>
 
 namespace dpstream {
 
@@ -22,5 +24,9 @@ class CheckpointError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The system's text for an errno value; thread-safe, unlike std::strerror (the checkpoint I/O
+// thread reports errors beside the trigger loop).
+inline std::string errno_text(int err) { return std::generic_category().message(err); }
 
 }  // namespace dpstream

@@ -186,7 +186,7 @@ class RowReader {
             std::optional<std::uint64_t> windows)
       : path_(run.releases.string()), role_(run.role), triggers_(triggers), first_window_(first_window), windows_(windows) {
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw InputError(fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
+    if (fd_ < 0) throw InputError(fmt::format("{}: cannot open: {}", path_, errno_text(errno)));
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
     buf_.resize(kChunk);
     std::string_view header;
@@ -285,7 +285,7 @@ class RowReader {
       ssize_t n;
       do n = ::read(fd_, buf_.data() + end_, buf_.size() - end_);
       while (n < 0 && errno == EINTR);
-      if (n < 0) throw InputError(fmt::format("{}: read error: {}", path_, std::strerror(errno)));
+      if (n < 0) throw InputError(fmt::format("{}: read error: {}", path_, errno_text(errno)));
       if (n == 0) eof_ = true;
       end_ += static_cast<std::size_t>(n);
     }

@@ -55,7 +55,8 @@ inline std::atomic<std::uint64_t> hits{0};
 // Reads DPSTREAM_FAULT on this rank (once, at start-up, before any fault point is reached).
 inline void arm_from_environment(int rank) {
   Plan p;
-  if (!parse_plan(std::getenv("DPSTREAM_FAULT"), p) || p.rank != rank) return;
+  const char* text = std::getenv("DPSTREAM_FAULT");  // NOLINT(concurrency-mt-unsafe): read once at start-up, before any other thread exists
+  if (!parse_plan(text, p) || p.rank != rank) return;
   detail::plan = p;
   detail::armed.store(true, std::memory_order_release);
 }

@@ -80,8 +80,10 @@ int main(int argc, char** argv) {
   // Keep freed memory in the process instead of unmapping it: the trigger loop allocates and frees
   // the same large buffers (shuffles, checkpoint images) every trigger, and on these VMs the page
   // faults of fresh mappings cost ~0.6 ms per MB (docs/PERFORMANCE.md).
+  // NOLINTBEGIN(concurrency-mt-unsafe): the first statements of main, before any thread exists
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // NOLINTEND(concurrency-mt-unsafe)
   // A stop signal (a job cancelled while it starts) is a clean stop from the first instruction on,
   // not only once MPI is up and the command line parsed (MPI_Init can take seconds on a busy node).
   if (argc > 1 && (std::string_view(argv[1]) == "run" || std::string_view(argv[1]) == "bench"))

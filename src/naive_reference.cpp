@@ -25,6 +25,7 @@ std::vector<KeyTotals> NaiveReference::process(std::vector<Record> records) {
     changed.insert(r.key);
   }
   std::vector<KeyTotals> out;
+  out.reserve(changed.size());
   for (auto k : changed) out.push_back(totals_[k]);
   std::sort(out.begin(), out.end(), [](const KeyTotals& a, const KeyTotals& b) { return a.key < b.key; });
   return out;

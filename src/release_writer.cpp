@@ -133,7 +133,7 @@ void ReleaseWriter::restore(std::uint64_t committed_bytes, const std::string& st
         "removed, truncated or replaced after the run; restore it, or start over with --fresh",
         final_.string(), ec ? 0 : size, before));
   if (::truncate(final_.c_str(), static_cast<off_t>(before)) != 0)
-    throw std::runtime_error(fmt::format("cannot truncate {}: {}", final_.string(), std::strerror(errno)));
+    throw std::runtime_error(fmt::format("cannot truncate {}: {}", final_.string(), errno_text(errno)));
   append(staged);
   bytes_ = committed_bytes;
   rows_ = committed_rows;

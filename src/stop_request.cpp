@@ -54,7 +54,8 @@ void on_signal(int signo) {
 }  // namespace
 
 void install() {
-  if (const char* w = std::getenv("DPSTREAM_STOP_REPEAT_SECONDS"))  // tests: a shorter window
+  // Tests: a shorter window. NOLINTNEXTLINE(concurrency-mt-unsafe): read at start-up, before other threads
+  if (const char* w = std::getenv("DPSTREAM_STOP_REPEAT_SECONDS"))
     repeat_window_ns = static_cast<long long>(std::strtod(w, nullptr) * 1e9);
   struct sigaction sa {};
   sa.sa_handler = on_signal;

@@ -18,6 +18,8 @@ class ZipfMandelbrot {
     for (;;) {
       const double u = h_integral_hi_ + uniform() * (h_integral_lo_ - h_integral_hi_);
       const double x = h_integral_inverse(u);
+      // floor(x + 0.5) for x > 0 (Hoermann and Derflinger); lround would differ at x+0.5 rounding up and
+      // change the stream. NOLINTNEXTLINE(bugprone-incorrect-roundings)
       double k = static_cast<double>(static_cast<std::int64_t>(x + 0.5));
       if (k < lo_) k = lo_;
       if (k > hi_) k = hi_;

@@ -27,7 +27,7 @@ std::vector<Record> random_trigger(std::mt19937_64& rng, int trigger, std::uint6
     const std::uint64_t user = (rng() % 4 == 0) ? 7 : rng() % 60;  // user 7 is heavy
     const std::uint64_t key = rng() % 25;
     const double value = std::uniform_real_distribution<double>(-3.0, 5.0)(rng);
-    out.push_back(Record{user, key, trigger * 100 + static_cast<std::int64_t>(rng() % 5), position++, value});
+    out.push_back(Record{user, key, std::int64_t{trigger} * 100 + static_cast<std::int64_t>(rng() % 5), position++, value});
   }
   std::shuffle(out.begin(), out.end(), rng);
   return out;
@@ -204,7 +204,7 @@ TEST(Bounding, ManyKeysPerUserGrowBlocksAndOverflowExactly) {
       for (std::uint64_t i = 0; i < u; ++i) fresh.push_back({u, u * 1000003 + t * 101 + i, static_cast<std::int64_t>(t), ++ts, 0.5});
     batch.insert(batch.end(), fresh.begin(), fresh.end());
     for (const auto& p : kernels::bound_and_aggregate(batch, params, users, stats)) counted += p.new_users;
-    EXPECT_EQ(counted, static_cast<std::int64_t>(20 * 41 * (t + 1))) << "trigger " << t;
+    EXPECT_EQ(counted, std::int64_t{20} * 41 * (t + 1)) << "trigger " << t;
     if (t % 2 == 1) drain();
     previous = fresh;
   }
@@ -260,6 +260,7 @@ TEST(Bounding, StateDigestIsOrderFreeAndAddsOverAPartitionByUser) {
   std::mt19937_64 rng(77);
   std::uint64_t position = 0;
   std::vector<std::vector<Record>> triggers;
+  triggers.reserve(20);
   for (int t = 0; t < 20; ++t) triggers.push_back(random_trigger(rng, t, position));
   // Users with many keys, so that blocks grow and overflow (kBlockCapacity) take part too.
   for (std::uint64_t k = 0; k < 200; ++k) triggers.back().push_back(Record{1000 + k % 3, 5000 + k, 1999, position++, 1.0});

@@ -76,7 +76,7 @@ TEST(DpTree, DrawsEachNodeOnceAndJumpsEqualSteps) {
   std::map<std::pair<std::uint32_t, std::uint32_t>, int> seen;
   auto draw = [&](std::uint32_t level, std::uint32_t index) {
     ++seen[{level, index}];
-    return static_cast<std::int64_t>(level * 1000 + index * 7 + 3);
+    return std::int64_t{level} * 1000 + std::int64_t{index} * 7 + 3;
   };
   PrefixNoise stepped, jumped;
   for (std::uint32_t i = 1; i <= 100; ++i) stepped.advance(i, draw);
@@ -123,7 +123,7 @@ TEST(DpTree, TruePlusNoiseEqualsRoundedEstimateOfNoisyNodes) {
           start += 1u << j;
         }
       for (std::uint32_t l = 1; l <= i; ++l) truth += leaves[l];
-      EXPECT_EQ(truth * q + tree.prefix_noise(q), direct) << "i = " << i;
+      EXPECT_EQ(static_cast<dpstream::int128>(truth) * q + tree.prefix_noise(q), direct) << "i = " << i;
     }
   }
 }

@@ -142,6 +142,7 @@ TEST(KeyScan, SilentKeysAreReleasedAtTheirPredictedTrigger) {
     releaser.begin_window(3);
     KeyStateTable keys;
     std::vector<KeyPartial> first;
+    first.reserve(kKeys);
     for (int k = 0; k < kKeys; ++k) first.push_back({static_cast<std::uint64_t>(k) + 1, 1, 0, 1});
     DpStats stats;
     std::vector<std::vector<KeyRelease>> got;

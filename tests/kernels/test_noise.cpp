@@ -44,7 +44,7 @@ std::uint64_t first_word(WindowPrf& prf, const NodeId& id) {
 // Regularized upper incomplete gamma Q(a, x) (series / Lentz continued fraction): chi-square p-value.
 double gamma_q(double a, double x) {
   if (x <= 0) return 1;
-  const double lpre = -x + a * std::log(x) - std::lgamma(a);
+  const double lpre = -x + a * std::log(x) - std::lgamma(a);  // NOLINT(concurrency-mt-unsafe): one thread
   if (x < a + 1) {
     double ap = a, del = 1 / a, sum = del;
     for (int i = 0; i < 100000 && std::fabs(del) > std::fabs(sum) * 1e-16; ++i) sum += del *= x / ++ap;
@@ -124,11 +124,11 @@ TEST(Noise, PrfKnownAnswer) {
   std::uint8_t one[16];  // block 1 alone equals the second block of the batch
   prf.blocks(NodeId{0x0123456789abcdefULL, Family::Sum, 5, 3, 77}, 1, 1, one);
   EXPECT_EQ(std::memcmp(one, out + 16, 16), 0);
-  std::vector<std::uint8_t> big(200 * 16), small(16);  // batches past the 64-block chunk agree block by block
+  std::vector<std::uint8_t> big(std::size_t{200} * 16), small(16);  // batches past the 64-block chunk agree block by block
   prf.blocks(node(9), 0, 200, big.data());
   for (std::uint32_t i : {0u, 63u, 64u, 199u}) {
     prf.blocks(node(9), i, 1, small.data());
-    EXPECT_EQ(std::memcmp(small.data(), big.data() + 16 * i, 16), 0) << i;
+    EXPECT_EQ(std::memcmp(small.data(), big.data() + std::size_t{16} * i, 16), 0) << i;
   }
 }
 
@@ -350,7 +350,7 @@ TEST(Noise, UniformAndBernoulli) {
     const double p = double(num) / double(den);
     int hits = 0;
     for (int i = 0; i < kN / 10; ++i) hits += rng().bernoulli(num, den);
-    EXPECT_LT(std::fabs(hits - p * kN / 10), 5 * std::sqrt(kN / 10 * p * (1 - p))) << p;
+    EXPECT_LT(std::fabs(hits - p * kN / 10), 5 * std::sqrt(static_cast<double>(kN / 10) * p * (1 - p))) << p;
   }
   EXPECT_FALSE(rng().bernoulli(0, 7));
   EXPECT_TRUE(rng().bernoulli(7, 7));

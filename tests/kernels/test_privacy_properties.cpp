@@ -238,7 +238,7 @@ Increments naive_user(const Stream& stream, std::uint64_t user, const kernels::B
     const auto q = static_cast<long double>(bp.value_quantum);
     Increment& inc = out[t][r.key];
     inc.count += 1;
-    inc.sum += static_cast<std::int64_t>(std::llroundl(fixed / q)) * bp.value_quantum;
+    inc.sum += static_cast<i128>(std::llroundl(fixed / q)) * bp.value_quantum;
     inc.users += touched.insert(r.key).second ? 1 : 0;
   }
   for (auto& per_key : out) std::erase_if(per_key, [](const auto& kv) { return kv.second == Increment{}; });
@@ -679,7 +679,7 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
         if (static_cast<double>(m.total_users - m.base_users) <= mu) continue;
         const std::uint32_t step = t - m.round_start + 1;
         TreeNoise sel(prf, key, noise::Family::KeySelection, m.round, dg_sel);
-        const NoisyNode y_sel = [&](std::uint32_t j, std::uint32_t k) {
+        const NoisyNode y_sel = [&, &m = m](std::uint32_t j, std::uint32_t k) {  // C++20 binding capture, spelled for clang 14
           i128 truth = 0;
           for (std::uint32_t s = k * (1u << j) + 1; s <= (k + 1) * (1u << j); ++s) truth += m.users[m.round_start + s - 1];
           return (truth + sel(j, k)) * kOne;

@@ -75,6 +75,7 @@ constexpr double kLevel = kAlpha / kChecks;
 
 double log_binom_pmf(std::uint64_t n, std::uint64_t k, double p) {
   const auto nd = static_cast<double>(n), kd = static_cast<double>(k);
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): lgamma sets signgam; the test calls it from one thread
   return std::lgamma(nd + 1) - std::lgamma(kd + 1) - std::lgamma(nd - kd + 1) + kd * std::log(p) + (nd - kd) * std::log1p(-p);
 }
 // Sum of pmf(i) from i = from, moving away from the mode in direction step (+1 or -1).

@@ -50,8 +50,8 @@ TEST(Alltoallv, EmptyEverywhere) {
 TEST(Alltoallv, CountsTraffic) {
   Comm comm;
   dpstream::shuffle::TrafficCounter t;
-  std::vector<std::uint64_t> send(comm.size() * 3, 1), offsets;
-  for (int d = 0; d <= comm.size(); ++d) offsets.push_back(3 * d);
+  std::vector<std::uint64_t> send(static_cast<std::size_t>(comm.size()) * 3, 1), offsets;
+  for (int d = 0; d <= comm.size(); ++d) offsets.push_back(std::uint64_t{3} * d);
   comm.alltoallv(send, offsets, &t);
   EXPECT_EQ(t.bytes_total, send.size() * 8);
   EXPECT_EQ(t.bytes_sent_to_others, (send.size() - 3) * 8);

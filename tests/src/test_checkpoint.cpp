@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path shared_dir(const shuffle::Comm& comm, const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("dpstream_ckpt_" + name + "_np" + std::to_string(comm.size()));
+  auto dir = fs::temp_directory_path() / ("dpstream_ckpt_" + name + "_np" + std::to_string(comm.size()));
   comm.barrier();
   if (comm.rank() == 0) fs::remove_all(dir);
   comm.barrier();
@@ -36,6 +36,7 @@ fs::path shared_dir(const shuffle::Comm& comm, const std::string& name) {
 // keeps the users it owns, as after the user shuffle).
 std::vector<Record> owned_records(std::mt19937_64& rng, int rank, int ranks, int n, std::uint64_t U, std::uint64_t K) {
   std::vector<Record> all;
+  all.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i)
     all.push_back(Record{rng() % U, rng() % K, static_cast<std::int64_t>(i), static_cast<std::uint64_t>(i),
                          static_cast<double>(rng() % 1000) / 999.0});
@@ -241,7 +242,7 @@ TEST(Journal, CountOnlyKeysAreCompactAndEveryKeyReplaysExactly) {
   EXPECT_EQ(count_only, 301u);
   EXPECT_EQ(full, 4u);
   EXPECT_EQ(j.key_bytes(), 305 * checkpoint::Segment::kKeyBytes);
-  EXPECT_LE(j.memory_bytes(), 2 * (301 * sizeof(checkpoint::Journal::CountKey) + 4 * 64 + 256 * 64));
+  EXPECT_LE(j.memory_bytes(), 2 * (301 * sizeof(checkpoint::Journal::CountKey) + std::size_t{4} * 64 + std::size_t{256} * 64));
   kernels::UserState u2;
   kernels::KeyStateTable k2;
   checkpoint::apply(j.to_segment(), u2, k2, 0, 1, false);

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 // A fresh directory per test (an earlier, interrupted run must not leave a checkpoint to refuse).
 fs::path out_dir(const shuffle::Comm& comm, const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("dpstream_engine_" + name + "_np" + std::to_string(comm.size()));
+  auto dir = fs::temp_directory_path() / ("dpstream_engine_" + name + "_np" + std::to_string(comm.size()));
   comm.barrier();
   if (comm.rank() == 0) fs::remove_all(dir);
   comm.barrier();

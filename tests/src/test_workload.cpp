@@ -26,6 +26,7 @@ bool record_less(const Record& a, const Record& b) { return a.position < b.posit
 std::vector<std::vector<Record>> all_triggers(const JobConfig& c, int ranks) {
   std::vector<std::vector<Record>> out;
   std::vector<std::unique_ptr<SyntheticSource>> sources;
+  sources.reserve(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) sources.push_back(std::make_unique<SyntheticSource>(c, r, ranks));
   for (std::uint32_t w = 0; w < c.stream.windows; ++w)
     for (std::uint32_t t = 0; t < c.stream.triggers; ++t) {

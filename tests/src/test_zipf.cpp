@@ -24,7 +24,7 @@ TEST(Zipf, ExactMomentsMatchReference) {
   ZipfMandelbrot z(1, 100'000, 26.0, 6.738);
   EXPECT_NEAR(z.mean(), ref["mean"].get<double>(), 1e-9);
   EXPECT_NEAR(z.pmf(1), ref["P_X_eq_min"].get<double>(), 1e-12);
-  const auto first12 = ref["pmf_first_12"];
+  const auto& first12 = ref["pmf_first_12"];
   for (std::size_t i = 0; i < first12.size(); ++i) EXPECT_NEAR(z.pmf(i + 1), first12[i].get<double>(), 1e-12);
 }
 
