@@ -10,8 +10,8 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "common/record.hpp"
 #include "src/errors.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/fault_injection.hpp"
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "kernels/noise.hpp"
@@ -20,7 +21,6 @@
 #include "partition/partitioner.hpp"
 #include "src/csv_input.hpp"
 #include "src/durable_io.hpp"
-#include "src/fault_injection.hpp"
 #include "src/errors.hpp"
 #include "src/naive_reference.hpp"
 #include "src/privacy_plan.hpp"

@@ -19,8 +19,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "common/record.hpp"
 #include "src/errors.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 

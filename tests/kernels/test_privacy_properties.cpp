@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/record.hpp"
 #include "kernels/baseline_release.hpp"
 #include "kernels/bounding.hpp"
 #include "kernels/dp_release.hpp"
@@ -32,7 +33,6 @@
 #include "kernels/noise.hpp"
 #include "src/config.hpp"
 #include "src/privacy_plan.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 namespace {

@@ -43,13 +43,13 @@
 #include <string>
 #include <vector>
 
+#include "common/record.hpp"
 #include "kernels/dp_release.hpp"
 #include "kernels/dp_tree.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "kernels/noise.hpp"
 #include "src/config.hpp"
 #include "src/privacy_plan.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 namespace {
