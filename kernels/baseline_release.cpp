@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
-#include "src/fault_injection.hpp"
 
 namespace dpstream::kernels {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "src/record.hpp"
+#include "common/record.hpp"
 
 namespace dpstream::kernels {
 

@@ -14,7 +14,7 @@
 #include <cstdlib>
 #endif
 
-#include "src/fault_injection.hpp"
+#include "common/fault_injection.hpp"
 
 namespace dpstream::kernels {
 

@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <stdexcept>
 
-#include "src/record.hpp"
+#include "common/record.hpp"
 
 namespace dpstream::kernels::dptree {
 

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
-#include "src/fault_injection.hpp"
 
 namespace dpstream::kernels {
 

@@ -8,7 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "src/record.hpp"
+#include "common/record.hpp"
 
 namespace dpstream::kernels {
 

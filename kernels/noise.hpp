@@ -9,11 +9,13 @@
 #include <memory>
 #include <vector>
 
+#include "common/int128.hpp"
+
 struct evp_cipher_ctx_st;  // OpenSSL's EVP_CIPHER_CTX
 
 namespace dpstream::noise {
 
-__extension__ typedef unsigned __int128 u128;  // GCC/Clang extension; __extension__ silences -Wpedantic
+using u128 = dpstream::uint128;  // common/int128.hpp
 
 using Secret = std::array<std::uint8_t, 32>;
 Secret secret_from_os();                      // OpenSSL RAND_priv_bytes; throws std::runtime_error

@@ -3,11 +3,7 @@
 
 #include <cstdint>
 
-namespace dpstream {
-// 128-bit integers (GCC/Clang extension) for exact multiply-shift and range arithmetic.
-__extension__ typedef unsigned __int128 uint128;
-__extension__ typedef __int128 int128;
-}  // namespace dpstream
+#include "common/int128.hpp"  // uint128 for exact multiply-shift range reduction
 
 namespace dpstream::partition {
 

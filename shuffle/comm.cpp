@@ -4,7 +4,7 @@
 #include <climits>
 #include <string>
 
-#include "src/fault_injection.hpp"
+#include "common/fault_injection.hpp"
 
 namespace dpstream::shuffle {
 

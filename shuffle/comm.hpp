@@ -50,7 +50,7 @@ class Comm {
 
   // All-to-all of byte segments: `send[offsets[d] .. offsets[d+1])` goes to rank d. Returns the
   // received bytes grouped by source rank; `recv_offsets` (size P+1) tells where each begins.
-  // `fault_point` names the exchange for fault injection (src/fault_injection.hpp): it is reached
+  // `fault_point` names the exchange for fault injection (common/fault_injection.hpp): it is reached
   // between the count exchange and the payload, i.e. inside the collective.
   std::vector<std::byte> alltoallv_bytes(const std::byte* send, const std::vector<std::uint64_t>& offsets,
                                          std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic = nullptr,

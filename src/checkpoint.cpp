@@ -21,11 +21,11 @@
 #include <set>
 #include <utility>
 
+#include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
 #include "src/csv_input.hpp"
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
-#include "src/fault_injection.hpp"
 #include "src/h5.hpp"
 
 namespace dpstream::checkpoint {

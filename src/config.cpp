@@ -12,8 +12,8 @@
 #include <stdexcept>
 #include <toml++/toml.h>
 
+#include "common/record.hpp"
 #include "src/errors.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 

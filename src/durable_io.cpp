@@ -9,7 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "src/fault_injection.hpp"
+#include "common/fault_injection.hpp"
 #include "src/errors.hpp"
 
 namespace dpstream {

@@ -7,7 +7,7 @@
 
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
-#include "src/fault_injection.hpp"
+#include "common/fault_injection.hpp"
 #include "src/bench_result.hpp"
 #include "src/run_summary.hpp"
 #include "src/stop_request.hpp"

@@ -11,7 +11,7 @@
 #include "src/csv_input.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
-#include "src/fault_injection.hpp"
+#include "common/fault_injection.hpp"
 #include "src/workload.hpp"
 
 namespace dpstream {

@@ -19,17 +19,18 @@
 #include <numeric>
 #include <sstream>
 
+#include "common/int128.hpp"
+#include "common/record.hpp"
 #include "src/config.hpp"
 #include "src/csv_input.hpp"
 #include "src/errors.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 
 namespace {
 
 namespace fs = std::filesystem;
-__extension__ typedef unsigned __int128 u128;
+using u128 = uint128;  // common/int128.hpp
 
 constexpr std::string_view kHeader = "window,trigger,key,count,sum";
 constexpr std::size_t kChunk = std::size_t{4} << 20;     // read() size

@@ -8,7 +8,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "src/record.hpp"
+#include "common/record.hpp"
 
 namespace dpstream {
 

@@ -7,12 +7,12 @@
 #include <bit>
 #include <cmath>
 
+#include "common/record.hpp"
 #include "kernels/bounding.hpp"
 #include "kernels/dp_tree.hpp"
 #include "kernels/noise.hpp"
 #include "src/accounting.hpp"
 #include "src/errors.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 
@@ -35,7 +35,7 @@ double exact_sigma(const JobConfig& c, double sigma, const std::string& family) 
 // A tree's noise numerators N_j = 2^j n + N_left + N_right are held in int64 (kernels/dp_tree.hpp):
 // |N_j| <= (j + 1) 2^j max|n| with j < 21 (T <= 2^20) and max|n| <= 2^11 (sigma + 1) (the sampler's cut),
 // so every sigma the sampler accepts keeps them below 2^60. Totals and released values are 128-bit
-// (src/record.hpp): no job needs a data-dependent overflow check.
+// (common/record.hpp): no job needs a data-dependent overflow check.
 static_assert(21.0 * 0x1p20 * 0x1p11 * (kMaxSamplerSigma + 1.0) < 0x1p60);
 
 // The released columns' noise: per tree level (one level for a baseline's one-shot release), one

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "src/record.hpp"
+#include "common/record.hpp"
 
 namespace dpstream {
 

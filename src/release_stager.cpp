@@ -5,7 +5,7 @@
 
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
-#include "src/fault_injection.hpp"
+#include "common/fault_injection.hpp"
 
 namespace dpstream {
 

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/record.hpp"
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 

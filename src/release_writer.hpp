@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "src/record.hpp"
+#include "common/record.hpp"
 
 namespace dpstream {
 

@@ -6,11 +6,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/record.hpp"
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "kernels/releaser.hpp"
 #include "shuffle/comm.hpp"
-#include "src/record.hpp"
+#include "common/record.hpp"
 #include "src/run_counters.hpp"
 
 namespace dpstream {

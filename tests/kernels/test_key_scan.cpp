@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "common/record.hpp"
 #include "kernels/dp_release.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "kernels/noise.hpp"
-#include "src/record.hpp"
 #include "tests/scoped_omp_threads.hpp"
 
 namespace dpstream {

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "common/int128.hpp"
+#include "common/record.hpp"
 #include "kernels/baseline_release.hpp"
 #include "kernels/bounding.hpp"
 #include "kernels/dp_release.hpp"
@@ -32,7 +34,6 @@
 #include "kernels/noise.hpp"
 #include "src/config.hpp"
 #include "src/privacy_plan.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 namespace {
@@ -42,7 +43,7 @@ using kernels::DpReleaser;
 using kernels::DpStats;
 using kernels::KeyStateTable;
 namespace dptree = kernels::dptree;
-__extension__ typedef __int128 i128;
+using i128 = int128;  // common/int128.hpp
 
 constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or record in fixed point
 

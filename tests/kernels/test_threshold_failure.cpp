@@ -43,13 +43,14 @@
 #include <string>
 #include <vector>
 
+#include "common/int128.hpp"
+#include "common/record.hpp"
 #include "kernels/dp_release.hpp"
 #include "kernels/dp_tree.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "kernels/noise.hpp"
 #include "src/config.hpp"
 #include "src/privacy_plan.hpp"
-#include "src/record.hpp"
 
 namespace dpstream {
 namespace {
@@ -58,7 +59,7 @@ using kernels::DpParams;
 using kernels::DpReleaser;
 using kernels::DpStats;
 using kernels::KeyStateTable;
-__extension__ typedef __int128 i128;
+using i128 = int128;  // common/int128.hpp
 
 constexpr std::uint32_t kT = 16;      // triggers per window
 constexpr std::uint32_t kC = 4;       // keys per user

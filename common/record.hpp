@@ -6,6 +6,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/int128.hpp"
+
 namespace dpstream {
 
 // One input record as it enters the pipeline. `user` and `key` are 64-bit ids: integers
@@ -40,25 +42,8 @@ inline double from_fixed(std::int64_t f) { return static_cast<double>(f) / kValu
 // Sums and released values are held in 128 bits. A key sees fewer than 2^64 records of |value| < 2^51
 // (fixed point), so |sum| < 2^115 and |count| * 2^20 < 2^84: no input can make an addition overflow,
 // and the job never aborts on what the data add up to (an abort would be an output that depends on
-// one user). Noise numerators are bounded by the sampler's range (privacy_plan.cpp).
-__extension__ typedef __int128 int128;  // GCC/Clang extension; __extension__ silences -Wpedantic
-__extension__ typedef unsigned __int128 uint128;
-inline std::uint64_t low_word(int128 v) { return static_cast<std::uint64_t>(v); }
-inline std::int64_t high_word(int128 v) { return static_cast<std::int64_t>(v >> 64); }
-inline int128 from_words(std::uint64_t low, std::int64_t high) {
-  return static_cast<int128>((static_cast<uint128>(static_cast<std::uint64_t>(high)) << 64) | low);
-}
-
-// An int128 kept as two 64-bit words, so that table entries holding one stay 8-byte aligned (no
-// padding to 16). Converts to and from int128; nothing can bind an int128 reference to it.
-struct Int128Words {
-  std::uint64_t low = 0;
-  std::int64_t high = 0;
-  Int128Words() = default;
-  Int128Words(int128 v) : low(low_word(v)), high(high_word(v)) {}  // NOLINT: implicit by design
-  operator int128() const { return from_words(low, high); }        // NOLINT: implicit by design
-  Int128Words& operator+=(int128 v) { return *this = int128(*this) + v; }
-};
+// one user). Noise numerators are bounded by the sampler's range (privacy_plan.cpp). The types and the
+// two-word form Int128Words are in common/int128.hpp.
 
 // Per-key partial aggregate of one trigger, produced by the user owners after bounding and
 // sent to the key owners. The sum travels in 64 bits: a rank's larger sum for one key is sent as
