@@ -8,7 +8,6 @@
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
 #include "common/fault_injection.hpp"
-#include "src/bench_result.hpp"
 #include "src/run_summary.hpp"
 #include "src/stop_request.hpp"
 #include "src/summary.hpp"
@@ -145,7 +144,7 @@ RunReport Engine::finish() {
                        .global_records = comm_.sum(counters_.records),
                        .checkpoint = commits_->json(resumed_from_)};
   nlohmann::json j = build_run_summary(run, comm_);
-  if (options_.naive_reference) report_.result_line = bench_result_line(run, j, comm_);
+  if (options_.bench_line) report_.result_line = options_.bench_line(run, j, comm_);
   report_.skipped_rows_message = skipped_rows_message(j["input"], config_);
   report_.summary_json = j.dump(2);
   report_.run_result_line = run_result_line(j);

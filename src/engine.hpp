@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,13 +25,16 @@
 #include "src/release_stager.hpp"
 #include "src/release_writer.hpp"
 #include "src/run_counters.hpp"
+#include "src/run_summary.hpp"
 #include "src/trigger_pipeline.hpp"
 
 namespace dpstream {
 
 struct RunOptions {
   bool write_output = true;      // false for the benchmark: no releases.csv / summary.json
-  bool naive_reference = false;  // benchmark: also time the naive single-threaded loop on rank 0
+  // Benchmark (`dpstream bench`): builds the RESULT line from the run and its summary (collective; the
+  // CLI passes tools::bench_result_line, so the engine never links the offline tools).
+  std::function<std::string(const RunFigures&, nlohmann::json&, const shuffle::Comm&)> bench_line;
   bool progress_to_terminal_only = false;
   // New job, --resume or --fresh (with write_output: checkpoints in DIR/checkpoint).
   checkpoint::StartMode start_mode = checkpoint::StartMode::Start;

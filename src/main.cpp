@@ -13,14 +13,15 @@
 
 #include "dpstream_version.hpp"
 #include "shuffle/comm.hpp"
-#include "src/choose_c.hpp"
 #include "src/config.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
-#include "src/evaluate.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/stop_request.hpp"
 #include "src/workload.hpp"
+#include "tools/bench_result.hpp"
+#include "tools/choose_c.hpp"
+#include "tools/evaluate.hpp"
 
 namespace {
 
@@ -194,7 +195,7 @@ int main(int argc, char** argv) {
       auto config = load(bench_args);
       if (config.input.kind != dpstream::InputKind::Synthetic)
         throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
-      const auto report = dpstream::run_job(config, comm, {.write_output = false, .naive_reference = true});
+      const auto report = dpstream::run_job(config, comm, {.write_output = false, .bench_line = dpstream::bench_result_line});
       if (stopped(report)) return kExitStopped;
       if (root) std::printf("%s\n", report.result_line.c_str());
     } else if (*budget) {

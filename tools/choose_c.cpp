@@ -1,4 +1,4 @@
-#include "src/choose_c.hpp"
+#include "tools/choose_c.hpp"
 
 #include <absl/container/flat_hash_map.h>
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-#include "src/evaluate.hpp"
+#include "tools/evaluate.hpp"
 
 #include <absl/container/flat_hash_map.h>
 #include <fcntl.h>

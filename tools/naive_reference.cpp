@@ -1,4 +1,4 @@
-#include "src/naive_reference.hpp"
+#include "tools/naive_reference.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "src/bench_result.hpp"
+#include "tools/bench_result.hpp"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "src/naive_reference.hpp"
+#include "tools/naive_reference.hpp"
 #include "src/summary.hpp"
 #include "src/workload.hpp"
 
