@@ -31,8 +31,10 @@ inline bool parse_plan(const char* text, Plan& plan) {
   plan.point = s.substr(0, std::min(at, colon));
   bool ok = true;
   try {
-    if (at != std::string::npos) plan.hit = std::stoull(s.substr(at + 1, colon == std::string::npos ? colon : colon - at - 1));
-    if (colon != std::string::npos) plan.rank = std::stoi(s.substr(colon + 1, colon2 == std::string::npos ? colon2 : colon2 - colon - 1));
+    if (at != std::string::npos)
+      plan.hit = std::stoull(s.substr(at + 1, colon == std::string::npos ? colon : colon - at - 1));
+    if (colon != std::string::npos)
+      plan.rank = std::stoi(s.substr(colon + 1, colon2 == std::string::npos ? colon2 : colon2 - colon - 1));
   } catch (const std::exception&) {
     ok = false;
   }
@@ -55,7 +57,8 @@ inline std::atomic<std::uint64_t> hits{0};
 // Reads DPSTREAM_FAULT on this rank (once, at start-up, before any fault point is reached).
 inline void arm_from_environment(int rank) {
   Plan p;
-  const char* text = std::getenv("DPSTREAM_FAULT");  // NOLINT(concurrency-mt-unsafe): read once at start-up, before any other thread exists
+  const char* text = std::getenv(
+      "DPSTREAM_FAULT");  // NOLINT(concurrency-mt-unsafe): read once at start-up, before any other thread exists
   if (!parse_plan(text, p) || p.rank != rank) return;
   detail::plan = p;
   detail::armed.store(true, std::memory_order_release);

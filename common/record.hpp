@@ -15,8 +15,8 @@ namespace dpstream {
 struct Record {
   std::uint64_t user;
   std::uint64_t key;
-  std::int64_t timestamp;   // integer seconds
-  std::uint64_t position;   // position in the input: the last tie-break of stream order
+  std::int64_t timestamp;  // integer seconds
+  std::uint64_t position;  // position in the input: the last tie-break of stream order
   double value;
 };
 static_assert(std::is_trivially_copyable_v<Record> && sizeof(Record) == 40);

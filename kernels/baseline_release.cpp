@@ -54,11 +54,13 @@ std::vector<KeyRelease> BaselineReleaser::release(const std::vector<KeyTotals>& 
       const KeyTotals& t = candidates[i];
       if (t.users < 1) continue;  // the key has no data in this query: it does not exist for it
       ++tested;
-      const double noisy_users = static_cast<double>(t.users) + static_cast<double>(draw(t.key, noise::Family::BaselineSelection, selection_noise_));
+      const double noisy_users = static_cast<double>(t.users) +
+                                 static_cast<double>(draw(t.key, noise::Family::BaselineSelection, selection_noise_));
       if (!(noisy_users > params_.tau)) continue;
       KeyRelease r{t.key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
       if (count_noise_) r.count = (int128{t.count} + draw(t.key, noise::Family::BaselineCount, *count_noise_)) * kOne;
-      if (sum_noise_) r.sum = t.sum + int128{draw(t.key, noise::Family::BaselineSum, *sum_noise_)} * params_.sum_quantum;
+      if (sum_noise_)
+        r.sum = t.sum + int128{draw(t.key, noise::Family::BaselineSum, *sum_noise_)} * params_.sum_quantum;
       mine.push_back(r);
     }
   } catch (const std::exception& e) {
@@ -70,7 +72,8 @@ std::vector<KeyRelease> BaselineReleaser::release(const std::vector<KeyTotals>& 
   std::vector<KeyRelease> all;
   for (auto& o : out) all.insert(all.end(), o.begin(), o.end());
   std::sort(all.begin(), all.end(), [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });
-  for (const auto& r : all) {  // KeyState::round counts the key's releases (checkpointed: keys released survives a resume)
+  for (const auto& r :
+       all) {  // KeyState::round counts the key's releases (checkpointed: keys released survives a resume)
     KeyState st = keys.at(r.key);
     ++st.round;
     keys.put(r.key, st);

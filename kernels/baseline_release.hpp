@@ -21,12 +21,12 @@
 namespace dpstream::kernels {
 
 struct BaselineParams {
-  double tau = 0;                  // release when users + noise > tau (in users)
-  double sigma_selection = 0;      // in users
+  double tau = 0;              // release when users + noise > tau (in users)
+  double sigma_selection = 0;  // in users
   bool release_count = true;
   bool release_sum = true;
-  double sigma_count = 0;          // in records
-  double sigma_sum = 0;            // in sum quanta
+  double sigma_count = 0;  // in records
+  double sigma_sum = 0;    // in sum quanta
   std::int64_t sum_quantum = 1;
 };
 

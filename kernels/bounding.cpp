@@ -225,16 +225,15 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
   using partition::salted_hash;
   constexpr std::size_t S = UserState::kShards;
   // Group by shard (stable), then each thread takes whole shards: no locks on the state.
-  auto sharded = partition::partition_by(records, S, [](const Record& r) {
-    return partition::local_shard(salted_hash(r.user, kUserSalt), S);
-  });
+  auto sharded = partition::partition_by(
+      records, S, [](const Record& r) { return partition::local_shard(salted_hash(r.user, kUserSalt), S); });
 
   const int threads = omp_get_max_threads();
   std::vector<ThreadOut> out(static_cast<std::size_t>(threads));
 #pragma omp parallel num_threads(threads)
   {
     ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
-    absl::flat_hash_map<std::uint64_t, KeySum> local;  // per-thread pre-reduction by key
+    absl::flat_hash_map<std::uint64_t, KeySum> local;                 // per-thread pre-reduction by key
     std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values;  // (key, fixed value) of one user
 #pragma omp for schedule(dynamic, 4)
     for (std::size_t s = 0; s < S; ++s) {
@@ -271,7 +270,8 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
         std::sort(kept_values.begin(), kept_values.end());
         if (slot->block == 0 && take > 0) {  // a new user's block sized for its distinct keys
           std::uint32_t distinct = 1;
-          for (std::size_t i = 1; i < kept_values.size(); ++i) distinct += kept_values[i].first != kept_values[i - 1].first;
+          for (std::size_t i = 1; i < kept_values.size(); ++i)
+            distinct += kept_values[i].first != kept_values[i - 1].first;
           state.reserve_pairs(s, *slot, distinct);
         }
         for (std::size_t i = 0; i < kept_values.size();) {

@@ -33,8 +33,8 @@ inline std::int64_t quantize(std::int64_t fixed, std::int64_t q) {
 
 struct BoundingStats {
   std::uint64_t kept = 0;
-  std::uint64_t dropped = 0;  // over the per-user limit C
-  std::uint64_t clamped = 0;  // kept records whose value was clamped
+  std::uint64_t dropped = 0;    // over the per-user limit C
+  std::uint64_t clamped = 0;    // kept records whose value was clamped
   std::uint64_t new_users = 0;  // users seen for the first time in the window
 };
 
@@ -54,7 +54,7 @@ struct BoundingStats {
 class UserState {
  public:
   static constexpr std::size_t kShards = 256;
-  static constexpr std::uint32_t kClasses = 6;                      // blocks of 2, 4, ..., 64 words
+  static constexpr std::uint32_t kClasses = 6;                                 // blocks of 2, 4, ..., 64 words
   static constexpr std::uint32_t kBlockCapacity = (2u << (kClasses - 1)) - 1;  // 63 fingerprints
   struct Slot {
     std::uint32_t kept = 0;   // records kept so far in the window
@@ -62,7 +62,7 @@ class UserState {
   };
   using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
 
-  void clear();         // also clears the journal
+  void clear();  // also clears the journal
   void clear_journal();
   std::uint64_t users() const;
   std::uint64_t user_key_pairs() const;

@@ -30,7 +30,8 @@ constexpr std::uint32_t kMaxHorizon = 16;
 // multiplies every noise sigma by f (the thresholds stay the plan's): with f < 1, a deliberately
 // broken, non-private mechanism that the privacy audit (tests/e2e/test_privacy_audit.py) must detect.
 void apply_test_hooks(DpParams& p) {
-  const char* text = std::getenv("DPSTREAM_TEST_NOISE_SCALE");  // NOLINT(concurrency-mt-unsafe): at plan time, one thread
+  const char* text =
+      std::getenv("DPSTREAM_TEST_NOISE_SCALE");  // NOLINT(concurrency-mt-unsafe): at plan time, one thread
   if (text == nullptr || *text == '\0') return;
   char* end = nullptr;
   const double f = std::strtod(text, &end);
@@ -39,7 +40,8 @@ void apply_test_hooks(DpParams& p) {
   p.sigma_selection *= f;
   p.sigma_count *= f;
   p.sigma_sum *= f;
-  std::fprintf(stderr, "dpstream test-hooks build: DPSTREAM_TEST_NOISE_SCALE = %g scales every noise sigma: NOT private\n", f);
+  std::fprintf(stderr,
+               "dpstream test-hooks build: DPSTREAM_TEST_NOISE_SCALE = %g scales every noise sigma: NOT private\n", f);
 }
 #endif
 // The nodes of one tree that a PrefixNoise needs to go from step `from` to step `to`, drawn together
@@ -149,7 +151,8 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
   const bool predict = scan_ == KeyScan::Predicted;
   const bool scan_all = !predict || scan_all_next_;
   std::vector<std::vector<KeyRelease>> out(KeyStateTable::kShards);
-  std::uint64_t tested = 0, released = 0, draws = 0, visited = 0, simulated = 0, scheduled = 0, discarded = 0, predicted = 0;
+  std::uint64_t tested = 0, released = 0, draws = 0, visited = 0, simulated = 0, scheduled = 0, discarded = 0,
+                predicted = 0;
   std::string error;  // an exception must not leave the OpenMP region: keep the first, rethrow after
 #pragma omp parallel reduction(+ : tested, released, draws, visited, simulated, scheduled, discarded, predicted)
   try {
@@ -186,7 +189,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         }
         if (scan_all || c.selection.at() == 0) ++above;  // first test of its round (users only grow in a round)
         if (c.next_visit != kNoVisit && c.next_visit != trigger) ++discarded;  // new records came first (case 1)
-        const bool due = !touched && c.next_visit == trigger;  // visited for its prediction alone
+        const bool due = !touched && c.next_visit == trigger;                  // visited for its prediction alone
         c.next_visit = kNoVisit;
         if (c.lookahead.at() == step) std::swap(c.selection, c.lookahead);  // simulated up to here: no redraw
         draws += advance_batched(c.selection, batch, key, st.round, step, selection_noise_);
@@ -234,7 +237,8 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
           ++simulated;
           c.lookahead.advance(q, next_node);
           noise_total.stepped(c.lookahead, q);
-          if (passes(noise_total.total(), round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
+          if (passes(noise_total.total(), round_users, q))
+            break;  // its predicted release (nodes drawn past it: unused)
         }
         c.next_visit = st.round_start + q - 1;
         calendar[c.next_visit].push_back(key);

@@ -26,26 +26,26 @@
 namespace dpstream::kernels {
 
 struct DpParams {
-  std::uint32_t triggers = 0;      // T: leaves of a value tree
-  double mu = 0;                   // keys with <= mu users in a round are never released
-  std::vector<double> tau;         // tau[s]: threshold margin at round step s = 1..T (tau[0] unused)
-  double sigma_selection = 0;      // per node, in users
+  std::uint32_t triggers = 0;  // T: leaves of a value tree
+  double mu = 0;               // keys with <= mu users in a round are never released
+  std::vector<double> tau;     // tau[s]: threshold margin at round step s = 1..T (tau[0] unused)
+  double sigma_selection = 0;  // per node, in users
   bool release_count = true;
   bool release_sum = true;
-  double sigma_count = 0;          // per node, in records
-  double sigma_sum = 0;            // per node, in sum quanta
-  std::int64_t sum_quantum = 1;    // fixed-point units per sum quantum (a power of two)
+  double sigma_count = 0;        // per node, in records
+  double sigma_sum = 0;          // per node, in sum quanta
+  std::int64_t sum_quantum = 1;  // fixed-point units per sum quantum (a power of two)
 };
 
 struct DpStats {
-  std::uint64_t tested = 0;        // (key, trigger) threshold tests: keys with > mu round users, per trigger
-  std::uint64_t released = 0;      // (key, trigger) releases
-  std::uint64_t noise_draws = 0;   // discrete Gaussian samples (simulations included)
-  std::uint64_t visited = 0;       // (key, trigger) visits: keys of the micro-batch and keys due (all, for Full)
-  std::uint64_t simulated = 0;     // steps simulated ahead by failed keys (Algorithm 4)
-  std::uint64_t scheduled = 0;     // visits scheduled by a simulation (a predicted release or the horizon's end)
-  std::uint64_t discarded = 0;     // scheduled visits overtaken by new records before they were due
-  std::uint64_t predicted = 0;     // releases at a scheduled visit: by noise alone, no new record
+  std::uint64_t tested = 0;       // (key, trigger) threshold tests: keys with > mu round users, per trigger
+  std::uint64_t released = 0;     // (key, trigger) releases
+  std::uint64_t noise_draws = 0;  // discrete Gaussian samples (simulations included)
+  std::uint64_t visited = 0;      // (key, trigger) visits: keys of the micro-batch and keys due (all, for Full)
+  std::uint64_t simulated = 0;    // steps simulated ahead by failed keys (Algorithm 4)
+  std::uint64_t scheduled = 0;    // visits scheduled by a simulation (a predicted release or the horizon's end)
+  std::uint64_t discarded = 0;    // scheduled visits overtaken by new records before they were due
+  std::uint64_t predicted = 0;    // releases at a scheduled visit: by noise alone, no new record
 };
 
 class DpReleaser {

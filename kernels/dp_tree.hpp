@@ -60,7 +60,8 @@ inline std::uint64_t div_honaker_den(std::uint64_t x, std::uint32_t j) {
   if (j == 0) return x;  // d = 1
   static constexpr auto kMagic = [] {
     std::array<std::uint64_t, 32> m{};
-    for (std::uint32_t i = 1; i < 32; ++i) m[i] = ~std::uint64_t{0} / ((std::uint64_t{2} << i) - 1);  // = floor(2^64 / d): d is not a power of two
+    for (std::uint32_t i = 1; i < 32; ++i)
+      m[i] = ~std::uint64_t{0} / ((std::uint64_t{2} << i) - 1);  // = floor(2^64 / d): d is not a power of two
     return m;
   }();
   const std::uint64_t d = (std::uint64_t{2} << j) - 1;

@@ -47,10 +47,10 @@ std::uint64_t KeyStateTable::digest(std::uint64_t seed) const {
     for_each_in(s, [&](std::uint64_t key, const KeyState& st) {
       std::uint64_t h = partition::hash_combine(seed, key);
       const int128 sum = st.sum;
-      for (const std::uint64_t v : {static_cast<std::uint64_t>(st.count), static_cast<std::uint64_t>(sum),
-                                    static_cast<std::uint64_t>(sum >> 64), static_cast<std::uint64_t>(st.users),
-                                    static_cast<std::uint64_t>(st.round_base_users), std::uint64_t{st.round},
-                                    std::uint64_t{st.round_start}})
+      for (const std::uint64_t v :
+           {static_cast<std::uint64_t>(st.count), static_cast<std::uint64_t>(sum),
+            static_cast<std::uint64_t>(sum >> 64), static_cast<std::uint64_t>(st.users),
+            static_cast<std::uint64_t>(st.round_base_users), std::uint64_t{st.round}, std::uint64_t{st.round_start}})
         h = partition::hash_combine(h, v);
       total += h;
     });
@@ -76,8 +76,10 @@ void KeyStateTable::store(Shard& sh, std::uint64_t key, Packed& p, const KeyStat
     p.count = static_cast<std::uint32_t>(st.count);
     p.users = static_cast<std::uint32_t>(st.users);
     if (track_sums_) {
-      if (int128(st.sum) != 0) sh.sums[key] = st.sum;
-      else sh.sums.erase(key);
+      if (int128(st.sum) != 0)
+        sh.sums[key] = st.sum;
+      else
+        sh.sums.erase(key);
     }
     return;
   }

@@ -53,7 +53,7 @@ class KeyStateTable {
   static std::size_t shard_of(std::uint64_t key);
 
   std::optional<KeyState> find(std::uint64_t key) const;
-  KeyState at(std::uint64_t key) const;              // std::out_of_range if the key is not tracked
+  KeyState at(std::uint64_t key) const;             // std::out_of_range if the key is not tracked
   void put(std::uint64_t key, const KeyState& st);  // inserts or overwrites
   // f(key, const KeyState&) for every key of shard s (put on a visited key is allowed; no insert).
   template <class F>
@@ -90,9 +90,9 @@ class KeyStateTable {
   static_assert(sizeof(Packed) == 8);
   static constexpr std::uint32_t kWide = 0xffffffffu;
   struct Shard {
-    absl::flat_hash_map<std::uint64_t, Packed> packed;       // every tracked key
-    absl::flat_hash_map<std::uint64_t, KeyState> wide;       // keys whose Packed::count is kWide
-    absl::flat_hash_map<std::uint64_t, Int128Words> sums;    // non-zero sums of packed keys, when tracked
+    absl::flat_hash_map<std::uint64_t, Packed> packed;     // every tracked key
+    absl::flat_hash_map<std::uint64_t, KeyState> wide;     // keys whose Packed::count is kWide
+    absl::flat_hash_map<std::uint64_t, Int128Words> sums;  // non-zero sums of packed keys, when tracked
   };
   KeyState load(const Shard& sh, std::uint64_t key, const Packed& p) const;
   void store(Shard& sh, std::uint64_t key, Packed& p, const KeyState& st);

@@ -57,8 +57,8 @@ u128 pack(const NodeId& id) {
   const auto fam = static_cast<std::uint32_t>(id.family);
   if (fam >= 16 || id.round >= (1u << 20) || id.level >= 32 || id.index >= (1u << 20))
     throw std::invalid_argument("NodeId field out of range");
-  const std::uint64_t lo = std::uint64_t{fam} << 60 | std::uint64_t{id.round} << 40 |
-                           std::uint64_t{id.level} << 35 | std::uint64_t{id.index} << 15;
+  const std::uint64_t lo = std::uint64_t{fam} << 60 | std::uint64_t{id.round} << 40 | std::uint64_t{id.level} << 35 |
+                           std::uint64_t{id.index} << 15;
   return u128{id.key} << 64 | lo;
 }
 
@@ -73,8 +73,7 @@ WindowPrf::WindowPrf(const Secret& secret, std::int64_t window) : ctx_(EVP_CIPHE
   std::uint8_t key[32];
   unsigned len = 0;
   const bool ok = HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), msg, sizeof msg, key, &len) &&
-                  len == sizeof key &&
-                  EVP_EncryptInit_ex(ctx_.get(), EVP_aes_256_ecb(), nullptr, key, nullptr) == 1 &&
+                  len == sizeof key && EVP_EncryptInit_ex(ctx_.get(), EVP_aes_256_ecb(), nullptr, key, nullptr) == 1 &&
                   EVP_CIPHER_CTX_set_padding(ctx_.get(), 0) == 1;
   OPENSSL_cleanse(key, sizeof key);  // K_w lives on only inside the cipher context
   if (!ok) throw std::runtime_error("window key derivation failed");
@@ -101,7 +100,8 @@ void WindowPrf::blocks_packed(u128 packed, std::uint32_t first, std::uint32_t co
       put_be64(in + kAesBlock * i + 8, lo | (first + i));
     }
     int outl = 0;
-    if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kAesBlock * c)) != 1 || outl != static_cast<int>(kAesBlock * c))
+    if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kAesBlock * c)) != 1 ||
+        outl != static_cast<int>(kAesBlock * c))
       throw std::runtime_error("EVP_EncryptUpdate failed");
     out += kAesBlock * c;
     first += c;
@@ -121,7 +121,8 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
       put_be64(in + kAesBlock * b + 8, static_cast<std::uint64_t>(packed[i]) | c);
     }
   int outl = 0;
-  if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kAesBlock * b)) != 1 || outl != static_cast<int>(kAesBlock * b))
+  if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kAesBlock * b)) != 1 ||
+      outl != static_cast<int>(kAesBlock * b))
     throw std::runtime_error("EVP_EncryptUpdate failed");
 }
 
@@ -227,7 +228,8 @@ bool NodeStream::bernoulli(u128 num, u128 den) {
   if (den == 0 || num > den) throw std::invalid_argument("bernoulli needs 0 <= num <= den, den > 0");
   if (num == 0) return false;
   if (num == den) return true;
-  if (den <= (u128{1} << 63)) return below<std::uint64_t>(*this, static_cast<std::uint64_t>(num), static_cast<std::uint64_t>(den));
+  if (den <= (u128{1} << 63))
+    return below<std::uint64_t>(*this, static_cast<std::uint64_t>(num), static_cast<std::uint64_t>(den));
   if (den <= kTwo127) return below<u128>(*this, num, den);
   return uniform_below_u128(den) < num;
 }
@@ -243,8 +245,8 @@ bool NodeStream::bernoulli(u128 num, u128 den) {
 // Each P_table(m) = (C_m - C_(m-1)) 2^-192 is within 2^-192 of P[|Y| = m] (rounding, plus the
 // arithmetic's 2^-280), so over < 2^17 entries the total variation to N_Z is < 2^-174 + 2^-200.
 struct DiscreteGaussian::Table {
-  std::vector<std::uint64_t> hi;                    // top word of C_m (the one the search reads)
-  std::vector<std::array<std::uint64_t, 2>> lo;     // its two lower words
+  std::vector<std::uint64_t> hi;                        // top word of C_m (the one the search reads)
+  std::vector<std::array<std::uint64_t, 2>> lo;         // its two lower words
   std::array<std::uint32_t, (1u << kGuideBits)> guide;  // guide[h] = first m with hi[m] >= h 2^52
 };
 
@@ -330,9 +332,9 @@ DiscreteGaussian::DiscreteGaussian(double sigma) {
   cut_ = kCutV * t_;
   // Bounds: sigma >= 1 gives t <= 2 sigma, so 2^k t^2 <= 4n < 2^54; sigma < 1 gives t = 1, 2^k <= 2^71.
   cd_ = (u128{t_} * t_) << (k_ + 1);  // 2^(k+1) t^2 < 2^73
-  d_ = cd_ * n_;                       // D = n 2^(k+1) t^2 < 2^55 2^52 or 2^72 2^52 = 2^124
-  e_ = (u128{n_} * t_) << (k_ + 1);    // D / t
-  n2_ = u128{n_} * n_;                 // n^2 <= D since sigma^2 <= 2 t^2
+  d_ = cd_ * n_;                      // D = n 2^(k+1) t^2 < 2^55 2^52 or 2^72 2^52 = 2^124
+  e_ = (u128{n_} * t_) << (k_ + 1);   // D / t
+  n2_ = u128{n_} * n_;                // n^2 <= D since sigma^2 <= 2 t^2
   if (sigma_ <= kTableMaxSigma) table_ = build_table(n_, k_, sigma_);
 }
 
@@ -341,8 +343,8 @@ DiscreteGaussian::DiscreteGaussian(double sigma) {
 //   (y^2 2^(k-1) mod n) 2^(k+1) t^2 + n^2 - u n 2^(k+1) t, each term < D (so the sum fits in 2^126).
 DiscreteGaussian::Gamma DiscreteGaussian::gamma(std::uint64_t y, std::uint64_t v, std::uint64_t u) const {
   const u128 a = (u128{y} * y) << (k_ - 1);  // y <= 2^11 t: a <= 2^21 2^k t^2 < max(2^75, 2^92)
-  std::uint64_t q1, r1;                       // q1 < 2^41
-  if ((a >> 64) == 0) {                       // the usual case: one 64-bit division
+  std::uint64_t q1, r1;                      // q1 < 2^41
+  if ((a >> 64) == 0) {                      // the usual case: one 64-bit division
     q1 = static_cast<std::uint64_t>(a) / n_, r1 = static_cast<std::uint64_t>(a) % n_;
   } else {
     q1 = static_cast<std::uint64_t>(a / n_), r1 = static_cast<std::uint64_t>(a % n_);
@@ -375,7 +377,7 @@ std::int64_t DiscreteGaussian::sample_exact(NodeStream& rng) const {
   for (;;) {
     const std::uint64_t u = rng.uniform_below(t_);
     if (!bernoulli_exp_unit<std::uint64_t>(rng, u, t_)) continue;  // Bernoulli(exp(-u/t))
-    std::uint64_t v = 0;                             // geometric: P[V >= j] = exp(-j)
+    std::uint64_t v = 0;                                           // geometric: P[V >= j] = exp(-j)
     while (v <= kCutV && bernoulli_exp1(rng)) ++v;
     const std::uint64_t y = u + t_ * v;
     if (y > cut_) continue;  // the documented cut
@@ -403,9 +405,7 @@ double DiscreteGaussian::variance() const {
   return static_cast<double>(m / z);
 }
 
-std::int64_t DiscreteGaussian::sample(NodeStream& rng) const {
-  return table_ ? sample_table(rng) : sample_exact(rng);
-}
+std::int64_t DiscreteGaussian::sample(NodeStream& rng) const { return table_ ? sample_table(rng) : sample_exact(rng); }
 
 // Inverse CDF: U uniform on [0, 2^192) (three stream words, the lower two read only on a tie of the
 // top word), |Y| = the first m with U < C_m (the guide table skips the entries below U's top 12

@@ -22,7 +22,14 @@ Secret secret_from_os();                      // OpenSSL RAND_priv_bytes; throws
 Secret secret_from_seed(std::uint64_t seed);  // test mode: SHA-256("dpstream test seed" || seed LE8)
 
 // DP-SQLP's trees, and the baselines' one-shot releases (round = trigger, level = index = 0).
-enum class Family : std::uint32_t { KeySelection = 0, Count = 1, Sum = 2, BaselineSelection = 3, BaselineCount = 4, BaselineSum = 5 };
+enum class Family : std::uint32_t {
+  KeySelection = 0,
+  Count = 1,
+  Sum = 2,
+  BaselineSelection = 3,
+  BaselineCount = 4,
+  BaselineSum = 5
+};
 
 struct NodeId {
   std::uint64_t key;
@@ -116,11 +123,11 @@ class DiscreteGaussian {
   explicit DiscreteGaussian(double sigma);  // sigma in [2^-10, 2^24]; else std::invalid_argument
   // sigma^2 rounded up to n / 2^k, as the constructor does, without building anything.
   static double rounded_sigma(double sigma);
-  double sigma() const { return sigma_; }   // sqrt(n / 2^k) >= requested
+  double sigma() const { return sigma_; }            // sqrt(n / 2^k) >= requested
   std::int64_t sample(NodeStream& rng) const;        // the table when there is one, else sample_exact
   std::int64_t sample_exact(NodeStream& rng) const;  // CKS20 Algorithm 3
-  double variance() const;  // sum of y^2 pmf(y) over the integers
-  std::uint64_t sigma2_num() const { return n_; }  // sigma^2 = sigma2_num() * 2^-sigma2_exp()
+  double variance() const;                           // sum of y^2 pmf(y) over the integers
+  std::uint64_t sigma2_num() const { return n_; }    // sigma^2 = sigma2_num() * 2^-sigma2_exp()
   int sigma2_exp() const { return k_; }
   std::uint64_t t() const { return t_; }  // DLap proposal scale floor(sigma) + 1
 

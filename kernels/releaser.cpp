@@ -10,8 +10,7 @@ class ExactReleaser final : public Releaser {
  public:
   KeyStateTable::Report accumulation() const override { return KeyStateTable::Report::RunningTotals; }
   void begin_window(std::int64_t) override {}
-  std::vector<KeyRelease> release(std::vector<KeyTotals>&& reported, KeyStateTable&, std::uint32_t,
-                                  DpStats&) override {
+  std::vector<KeyRelease> release(std::vector<KeyTotals>&& reported, KeyStateTable&, std::uint32_t, DpStats&) override {
     std::vector<KeyRelease> rows;
     rows.reserve(reported.size());
     for (const auto& t : reported) rows.push_back({t.key, int128{t.count} << kValueFracBits, t.sum});

@@ -29,7 +29,9 @@ constexpr std::uint64_t salted_hash(std::uint64_t id, std::uint64_t salt) { retu
 
 // One more value folded into a running hash (state digests: equal inputs, equal hashes; a change
 // of any value changes the hash except with probability ~2^-64).
-constexpr std::uint64_t hash_combine(std::uint64_t h, std::uint64_t v) { return mix64(h ^ mix64(v + 0x9E3779B97F4A7C15ULL)); }
+constexpr std::uint64_t hash_combine(std::uint64_t h, std::uint64_t v) {
+  return mix64(h ^ mix64(v + 0x9E3779B97F4A7C15ULL));
+}
 
 // Owner rank from the high bits (multiply-shift range reduction: floor(h * P / 2^64)); the low
 // bits stay free for local buckets, so owner and bucket are independent.

@@ -11,8 +11,8 @@ namespace dpstream::partition {
 
 template <class T>
 struct Partitioned {
-  std::vector<T> items;             // grouped by destination, original order kept inside a group
-  std::vector<std::uint64_t> counts;  // items per destination
+  std::vector<T> items;                // grouped by destination, original order kept inside a group
+  std::vector<std::uint64_t> counts;   // items per destination
   std::vector<std::uint64_t> offsets;  // start of each destination's group; offsets[n] = size
 };
 

@@ -41,7 +41,8 @@ std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::v
   // 1. counts first (64-bit, so sizes past 2^31 are exact).
   std::vector<std::uint64_t> send_counts(P), recv_counts(P);
   for (std::size_t d = 0; d < P; ++d) send_counts[d] = offsets[d + 1] - offsets[d];
-  check_mpi(MPI_Alltoall(send_counts.data(), 1, MPI_UINT64_T, recv_counts.data(), 1, MPI_UINT64_T, comm_), "MPI_Alltoall");
+  check_mpi(MPI_Alltoall(send_counts.data(), 1, MPI_UINT64_T, recv_counts.data(), 1, MPI_UINT64_T, comm_),
+            "MPI_Alltoall");
   recv_offsets.assign(P + 1, 0);
   for (std::size_t s = 0; s < P; ++s) recv_offsets[s + 1] = recv_offsets[s] + recv_counts[s];
   std::vector<std::byte> recv(recv_offsets[P]);
@@ -92,7 +93,8 @@ std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::v
                             MPI_BYTE, comm_),
               "MPI_Alltoallv");
     for (std::size_t s = 0; s < P; ++s)
-      if (rc[s]) std::memcpy(recv.data() + recv_offsets[s] + begin, stage_recv.data() + rd[s], static_cast<std::size_t>(rc[s]));
+      if (rc[s])
+        std::memcpy(recv.data() + recv_offsets[s] + begin, stage_recv.data() + rd[s], static_cast<std::size_t>(rc[s]));
   }
   return recv;
 }
@@ -113,7 +115,8 @@ std::uint64_t Comm::sum(std::uint64_t v) const {
 
 std::vector<std::uint64_t> Comm::sum(const std::vector<std::uint64_t>& v) const {
   std::vector<std::uint64_t> out(v.size());
-  check_mpi(MPI_Allreduce(v.data(), out.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM, comm_), "MPI_Allreduce");
+  check_mpi(MPI_Allreduce(v.data(), out.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM, comm_),
+            "MPI_Allreduce");
   return out;
 }
 

@@ -64,7 +64,8 @@ class Comm {
     std::vector<std::uint64_t> byte_offsets(offsets.size());
     for (std::size_t i = 0; i < offsets.size(); ++i) byte_offsets[i] = offsets[i] * sizeof(T);
     std::vector<std::uint64_t> recv_offsets;
-    auto bytes = alltoallv_bytes(reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets, traffic, fault_point);
+    auto bytes = alltoallv_bytes(reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets, traffic,
+                                 fault_point);
     std::vector<T> out(bytes.size() / sizeof(T));
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
     return out;

@@ -15,9 +15,15 @@ namespace {
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("dpstream::accounting: " + what);
 }
-void check_rho(double rho) { require(std::isfinite(rho) && rho >= 0, "rho must be finite and >= 0, got " + std::to_string(rho)); }
-void check_eps(double eps) { require(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0, got " + std::to_string(eps)); }
-void check_delta(double delta) { require(delta > 0 && delta < 1, "delta must lie in (0, 1), got " + std::to_string(delta)); }
+void check_rho(double rho) {
+  require(std::isfinite(rho) && rho >= 0, "rho must be finite and >= 0, got " + std::to_string(rho));
+}
+void check_eps(double eps) {
+  require(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0, got " + std::to_string(eps));
+}
+void check_delta(double delta) {
+  require(delta > 0 && delta < 1, "delta must lie in (0, 1), got " + std::to_string(delta));
+}
 
 std::string num(double x) {  // %g keeps tiny deltas readable (std::to_string prints 1e-12 as 0.000000)
   char buf[32];
@@ -27,8 +33,12 @@ std::string num(double x) {  // %g keeps tiny deltas readable (std::to_string pr
 void check_positive(double x, const char* name) {
   require(std::isfinite(x) && x > 0, std::string(name) + " must be finite and > 0, got " + num(x));
 }
-void check_eps0(double eps0) { require(std::isfinite(eps0) && eps0 >= 0, "eps0 must be finite and >= 0, got " + num(eps0)); }
-void check_delta0(double delta0) { require(delta0 >= 0 && delta0 < 1, "delta0 must lie in [0, 1), got " + num(delta0)); }
+void check_eps0(double eps0) {
+  require(std::isfinite(eps0) && eps0 >= 0, "eps0 must be finite and >= 0, got " + num(eps0));
+}
+void check_delta0(double delta0) {
+  require(delta0 >= 0 && delta0 < 1, "delta0 must lie in [0, 1), got " + num(delta0));
+}
 void check_k(std::uint32_t k) { require(k >= 1, "k (number of composed mechanisms) must be >= 1"); }
 
 // Bisection on [lo, hi] with `at_or_above(x)` false at lo and true at hi, run until the midpoint
@@ -53,12 +63,12 @@ double log_delta_at(double a, double rho, double eps) {
 
 // Acklam's rational approximation of the upper quantile (relative error < 1.2e-9), start for Newton.
 double acklam_upper_quantile(double p) {
-  static constexpr double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
-                                 1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00};
+  static constexpr double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
+                                 1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
   static constexpr double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
                                  6.680131188771972e+01, -1.328068155288572e+01};
   static constexpr double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
-                                 -2.549671010429946e+00, 4.374664141464968e+00, 2.938163982698783e+00};
+                                 -2.549671010429946e+00, 4.374664141464968e+00,  2.938163982698783e+00};
   static constexpr double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
                                  3.754408661907416e+00};
   constexpr double p_low = 0.02425;
@@ -120,13 +130,23 @@ double density_times(double x, double m) {
 
 // stirlerr(n) = ln n! - ((n + 1/2) ln n - n + ln sqrt(2 pi)), for integers n >= 1.
 double stirlerr(double n) {
-  static constexpr double kTable[16] = {  // n = 0 (unused) .. 15, 25-digit mpmath
-      0.0,
-      0.08106146679532725821967026,  0.04134069595540929409382208,  0.02767792568499833914878929,
-      0.02079067210376509311152277,  0.01664469118982119216319487,  0.01387612882307074799874573,
-      0.01189670994589177009505572,  0.01041126526197209649747857,  0.009255462182712732917728637,
-      0.008330563433362871256469319, 0.007573675487951840794972024, 0.006942840107209529865664153,
-      0.006408994188004207068439631, 0.005951370112758847735624416, 0.00555473355196280137103869};
+  static constexpr double kTable[16] = {// n = 0 (unused) .. 15, 25-digit mpmath
+                                        0.0,
+                                        0.08106146679532725821967026,
+                                        0.04134069595540929409382208,
+                                        0.02767792568499833914878929,
+                                        0.02079067210376509311152277,
+                                        0.01664469118982119216319487,
+                                        0.01387612882307074799874573,
+                                        0.01189670994589177009505572,
+                                        0.01041126526197209649747857,
+                                        0.009255462182712732917728637,
+                                        0.008330563433362871256469319,
+                                        0.007573675487951840794972024,
+                                        0.006942840107209529865664153,
+                                        0.006408994188004207068439631,
+                                        0.005951370112758847735624416,
+                                        0.00555473355196280137103869};
   if (n <= 15) return kTable[static_cast<int>(n)];
   constexpr double s0 = 1.0 / 12, s1 = 1.0 / 360, s2 = 1.0 / 1260, s3 = 1.0 / 1680, s4 = 1.0 / 1188;
   const double nn = n * n;  // Stirling series, truncated where the next term is below 1e-16

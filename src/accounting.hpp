@@ -41,7 +41,8 @@ double gaussian_eps(double sigma, double delta, double sensitivity);
 
 // Optimal homogeneous composition (Kairouz, Oh & Viswanath 2015, Thm 3.3; any eps: Murtagh & Vadhan 2016,
 // Thm 1.5): the k-fold composition of (eps0, delta0)-DP mechanisms is (eps, delta)-DP iff
-// delta >= 1 - (1 - delta0)^k (1 - D), D = sum_{l=0}^{k} C(k,l) max(0, e^{(k-l) eps0} - e^{eps + l eps0}) / (1 + e^{eps0})^k.
+// delta >= 1 - (1 - delta0)^k (1 - D), D = sum_{l=0}^{k} C(k,l) max(0, e^{(k-l) eps0} - e^{eps + l eps0}) / (1 +
+// e^{eps0})^k.
 
 // delta(eps) = 1 - (1 - delta0)^k (1 - D); D summed in log space over l < (k eps0 - eps) / (2 eps0), the
 // positive terms. Relative accuracy ~1e-13 for k up to 1e5; one call takes ~15-50 us at k = 1000, ~0.1-0.5 ms at 1e5.

@@ -3,8 +3,8 @@
 #include "dpstream_version.hpp"
 
 #include <fcntl.h>
-#include <malloc.h>
 #include <fmt/format.h>
+#include <malloc.h>
 #include <omp.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -139,9 +139,9 @@ T integer_at(const json& j, const char* key) {
   } else if (v.is_number_integer()) {
     if (const auto i = v.get<std::int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
   }
-  throw std::runtime_error(fmt::format("\"{}\" must be an integer in [{}, {}], not {}", key, std::numeric_limits<T>::min(),
-                                       std::numeric_limits<T>::max(),
-                                       printable(v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 40))));
+  throw std::runtime_error(fmt::format(
+      "\"{}\" must be an integer in [{}, {}], not {}", key, std::numeric_limits<T>::min(),
+      std::numeric_limits<T>::max(), printable(v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 40))));
 }
 
 Manifest from_json(const json& j) {
@@ -164,7 +164,8 @@ Manifest from_json(const json& j) {
   for (const auto& s : j.at("segments")) {
     m.segments.push_back({integer_at<std::uint64_t>(s, "seq"), integer_at<int>(s, "rank"),
                           s.contains("ranks") ? integer_at<int>(s, "ranks") : m.ranks, s.at("file").get<std::string>(),
-                          integer_at<std::uint64_t>(s, "bytes"), std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
+                          integer_at<std::uint64_t>(s, "bytes"),
+                          std::stoull(s.at("xxh3").get<std::string>(), nullptr, 16)});
     if (!std::regex_match(m.segments.back().file, segment_file))
       throw std::runtime_error(fmt::format("segment file \"{}\" is not of the form w<window>/s<commit>-r<rank>.h5",
                                            printable(m.segments.back().file.substr(0, 80))));
@@ -174,7 +175,8 @@ Manifest from_json(const json& j) {
   if (!m.counters.is_object()) throw std::runtime_error("\"counters\" must be an object");
   for (const auto& [name, value] : m.counters.items())
     if (!value.is_number_unsigned())
-      throw std::runtime_error(fmt::format("counter \"{}\" must be a non-negative integer", printable(name.substr(0, 40))));
+      throw std::runtime_error(
+          fmt::format("counter \"{}\" must be a non-negative integer", printable(name.substr(0, 40))));
   m.privacy = j.at("privacy");
   if (!m.privacy.is_object()) throw std::runtime_error("\"privacy\" must be an object");
   m.summary = j.contains("summary") ? j.at("summary") : json(nullptr);
@@ -194,7 +196,8 @@ std::string manifest_text(const Manifest& m) {
 bool read_manifest(const fs::path& path, Manifest& out, std::string& why) {
   try {
     const auto bytes = read_file_bytes(path);
-    json j = json::parse(reinterpret_cast<const char*>(bytes.data()), reinterpret_cast<const char*>(bytes.data()) + bytes.size());
+    json j = json::parse(reinterpret_cast<const char*>(bytes.data()),
+                         reinterpret_cast<const char*>(bytes.data()) + bytes.size());
     const std::string stated = j.at("checksum").get<std::string>();
     j.erase("checksum");
     const std::string text = j.dump();
@@ -203,7 +206,8 @@ bool read_manifest(const fs::path& path, Manifest& out, std::string& why) {
       return false;
     }
     if (j.at("format") != "dpstream-checkpoint-manifest" || integer_at<std::uint64_t>(j, "version") != kFormatVersion) {
-      why = fmt::format("{} is not a dpstream checkpoint manifest of format version {}", path.filename().string(), kFormatVersion);
+      why = fmt::format("{} is not a dpstream checkpoint manifest of format version {}", path.filename().string(),
+                        kFormatVersion);
       return false;
     }
     out = from_json(j);
@@ -254,7 +258,8 @@ std::vector<std::byte> encode_job(const JobRecord& job) {
 JobRecord read_job(const fs::path& path, const Manifest* expected) {
   std::error_code ec;
   if (!fs::exists(path, ec))
-    throw CheckpointError(fmt::format("{} is missing: the checkpoint cannot be used; start over with --fresh", path.string()));
+    throw CheckpointError(
+        fmt::format("{} is missing: the checkpoint cannot be used; start over with --fresh", path.string()));
   JobRecord job;
   try {
     auto bytes = read_file_bytes(path);
@@ -262,14 +267,16 @@ JobRecord read_job(const fs::path& path, const Manifest* expected) {
     job.xxh3 = xxh3(bytes);
     if (expected && (job.bytes != expected->job_file_bytes || job.xxh3 != expected->job_file_xxh3)) {
       OPENSSL_cleanse(bytes.data(), bytes.size());
-      throw CheckpointError(fmt::format("{} does not match its size and checksum in commit {}'s manifest ({} of {} bytes): "
-                                        "it is damaged; start over with --fresh",
-                                        path.string(), expected->seq, job.bytes, expected->job_file_bytes));
+      throw CheckpointError(
+          fmt::format("{} does not match its size and checksum in commit {}'s manifest ({} of {} bytes): "
+                      "it is damaged; start over with --fresh",
+                      path.string(), expected->seq, job.bytes, expected->job_file_bytes));
     }
     h5::MemoryFile f(bytes);
     OPENSSL_cleanse(bytes.data(), bytes.size());  // holds the secret
     if (h5::read_string_attribute(f.get(), "format") != kJobFormat) throw std::runtime_error("not a dpstream job file");
-    if (h5::read_uint_attribute(f.get(), "version") != kFormatVersion) throw std::runtime_error("unknown format version");
+    if (h5::read_uint_attribute(f.get(), "version") != kFormatVersion)
+      throw std::runtime_error("unknown format version");
     job.job_id = h5::read_string_attribute(f.get(), "job_id");
     job.job_name = h5::read_string_attribute(f.get(), "job_name");
     job.started_at = h5::read_string_attribute(f.get(), "started_at");
@@ -284,9 +291,10 @@ JobRecord read_job(const fs::path& path, const Manifest* expected) {
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& e) {
-    throw CheckpointError(fmt::format("{} is damaged or not a dpstream job file ({}): the checkpoint cannot be used; "
-                                      "start over with --fresh",
-                                      path.string(), e.what()));
+    throw CheckpointError(
+        fmt::format("{} is damaged or not a dpstream job file ({}): the checkpoint cannot be used; "
+                    "start over with --fresh",
+                    path.string(), e.what()));
   }
   return job;
 }
@@ -340,7 +348,8 @@ void visit_columns(Segment& s, F&& f) {
 // The columns of a journal's tables, one at a time, in the order the segment lists them: users and
 // pairs in shard order; keys in shard order, a shard's count-only keys before its full ones.
 template <class T, class Field>
-std::vector<T> user_column(const std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>>& shards, Field field) {
+std::vector<T> user_column(const std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>>& shards,
+                           Field field) {
   std::size_t n = 0;
   for (const auto& shard : shards) n += shard.size();
   std::vector<T> out;
@@ -384,7 +393,8 @@ void for_each_column(const Journal& j, Put&& put, Done&& done) {
   put("keys/sum_low", key_column<std::uint64_t>(j, [](std::uint64_t, const KS& st) { return st.sum.low; }));
   put("keys/sum_high", key_column<std::int64_t>(j, [](std::uint64_t, const KS& st) { return st.sum.high; }));
   put("keys/users", key_column<std::int64_t>(j, [](std::uint64_t, const KS& st) { return st.users; }));
-  put("keys/round_base_users", key_column<std::int64_t>(j, [](std::uint64_t, const KS& st) { return st.round_base_users; }));
+  put("keys/round_base_users",
+      key_column<std::int64_t>(j, [](std::uint64_t, const KS& st) { return st.round_base_users; }));
   put("keys/round", key_column<std::uint32_t>(j, [](std::uint64_t, const KS& st) { return st.round; }));
   put("keys/round_start", key_column<std::uint32_t>(j, [](std::uint64_t, const KS& st) { return st.round_start; }));
   done("keys");
@@ -431,10 +441,12 @@ double write_segment_tables(hid_t root, Journal& j, const std::string& rows, con
 }
 
 Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string& job_id) {
-  if (h5::read_string_attribute(root, "format") != kSegmentFormat || h5::read_uint_attribute(root, "version") != kFormatVersion)
+  if (h5::read_string_attribute(root, "format") != kSegmentFormat ||
+      h5::read_uint_attribute(root, "version") != kFormatVersion)
     throw std::runtime_error("not a dpstream checkpoint segment of this format version");
   if (h5::read_string_attribute(root, "job_id") != job_id) throw std::runtime_error("it belongs to another job");
-  if (h5::read_uint_attribute(root, "seq") != ref.seq || h5::read_uint_attribute(root, "rank") != static_cast<std::uint64_t>(ref.rank))
+  if (h5::read_uint_attribute(root, "seq") != ref.seq ||
+      h5::read_uint_attribute(root, "rank") != static_cast<std::uint64_t>(ref.rank))
     throw std::runtime_error("its commit number or rank differs from the manifest's");
   Segment s;
   visit_columns(s, [root](const char* name, auto& column) {
@@ -443,9 +455,9 @@ Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string
   s.releases_csv.resize(h5::dataset_size(root, "releases/csv"));
   h5::read_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, s.releases_csv.data(), s.releases_csv.size());
   const std::size_t nu = s.user_id.size(), np = s.pair_user.size(), nk = s.key_id.size();
-  if (s.user_kept.size() != nu || s.pair_fingerprint.size() != np || s.key_count.size() != nk || s.key_sum_low.size() != nk || s.key_sum_high.size() != nk ||
-      s.key_users.size() != nk || s.key_round_base_users.size() != nk || s.key_round.size() != nk ||
-      s.key_round_start.size() != nk)
+  if (s.user_kept.size() != nu || s.pair_fingerprint.size() != np || s.key_count.size() != nk ||
+      s.key_sum_low.size() != nk || s.key_sum_high.size() != nk || s.key_users.size() != nk ||
+      s.key_round_base_users.size() != nk || s.key_round.size() != nk || s.key_round_start.size() != nk)
     throw std::runtime_error("its columns have different lengths");
   return s;
 }
@@ -456,25 +468,29 @@ Segment read_segment(const fs::path& dir, const SegmentRef& ref, const std::stri
   const fs::path path = dir / ref.file;
   std::error_code ec;
   if (!fs::exists(path, ec))
-    throw CheckpointError(fmt::format("checkpoint file {} is missing; it is part of the committed state, so the "
-                                      "checkpoint cannot be used: restore the file or start over with --fresh",
-                                      path.string()));
+    throw CheckpointError(
+        fmt::format("checkpoint file {} is missing; it is part of the committed state, so the "
+                    "checkpoint cannot be used: restore the file or start over with --fresh",
+                    path.string()));
   FileDigest d;
   try {
     d = digest_file(path);
   } catch (const std::exception& e) {
-    throw CheckpointError(fmt::format("checkpoint file {} cannot be read ({}); start over with --fresh", path.string(), e.what()));
+    throw CheckpointError(
+        fmt::format("checkpoint file {} cannot be read ({}); start over with --fresh", path.string(), e.what()));
   }
   if (d.bytes != ref.bytes || d.xxh3 != ref.xxh3)
-    throw CheckpointError(fmt::format("checkpoint file {} is truncated or corrupted (size {} of {} bytes, checksum {} "
-                                      "where the manifest says {}); it is part of the committed state, so the checkpoint "
-                                      "cannot be used: restore the file or start over with --fresh",
-                                      path.string(), d.bytes, ref.bytes, hex64(d.xxh3), hex64(ref.xxh3)));
+    throw CheckpointError(
+        fmt::format("checkpoint file {} is truncated or corrupted (size {} of {} bytes, checksum {} "
+                    "where the manifest says {}); it is part of the committed state, so the checkpoint "
+                    "cannot be used: restore the file or start over with --fresh",
+                    path.string(), d.bytes, ref.bytes, hex64(d.xxh3), hex64(ref.xxh3)));
   try {  // checked before HDF5 parses a byte of it
     h5::DiskFile f(path.string(), h5::DiskFile::Mode::Read);
     return read_segment_tables(f.get(), ref, job_id);
   } catch (const std::exception& e) {
-    throw CheckpointError(fmt::format("checkpoint file {} cannot be used: {}; start over with --fresh", path.string(), e.what()));
+    throw CheckpointError(
+        fmt::format("checkpoint file {} cannot be used: {}; start over with --fresh", path.string(), e.what()));
   }
 }
 
@@ -488,10 +504,12 @@ std::string check_commit(const fs::path& dir, const Manifest& m) {
     const auto size = fs::file_size(path, ec);
     if (ec) return fmt::format("checkpoint file {} is missing", ref.file);
     if (size != ref.bytes)
-      return fmt::format("checkpoint file {} is truncated or damaged ({} of {} bytes; checksum cannot match)", ref.file, size, ref.bytes);
+      return fmt::format("checkpoint file {} is truncated or damaged ({} of {} bytes; checksum cannot match)", ref.file,
+                         size, ref.bytes);
     if (ref.seq == m.seq) {
       try {
-        if (digest_file(path).xxh3 != ref.xxh3) return fmt::format("checkpoint file {} is corrupted (checksum mismatch)", ref.file);
+        if (digest_file(path).xxh3 != ref.xxh3)
+          return fmt::format("checkpoint file {} is corrupted (checksum mismatch)", ref.file);
       } catch (const std::exception& e) {
         return e.what();
       }
@@ -508,7 +526,9 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   Fields f;
   // The engine's own output-defining choices (noise generator and sampler, fixed-point grid,
   // checkpoint format): a binary that changes them must not resume an older job's checkpoint.
-  f["engine.mechanism"] = "noise AES-256-CTR/HMAC-SHA256 + discrete Gaussian by 192-bit inverse CDF (sigma <= 4096) or CKS20, values 2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
+  f["engine.mechanism"] =
+      "noise AES-256-CTR/HMAC-SHA256 + discrete Gaussian by 192-bit inverse CDF (sigma <= 4096) or CKS20, values "
+      "2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
   for (const auto& field : job_spec_fields())  // the spec's output-defining keys (src/config.cpp)
     if (in_identity(field, c)) f[std::string(field.name)] = field.identity(c);
   // Not spec keys, but they define the output too.
@@ -570,7 +590,8 @@ std::uint64_t Journal::user_bytes() const {
 
 std::uint64_t Journal::key_bytes() const {
   std::uint64_t b = 0;
-  for (std::size_t s = 0; s < count_keys.size(); ++s) b += (count_keys[s].size() + full_keys[s].size()) * Segment::kKeyBytes;
+  for (std::size_t s = 0; s < count_keys.size(); ++s)
+    b += (count_keys[s].size() + full_keys[s].size()) * Segment::kKeyBytes;
   return b;
 }
 
@@ -598,7 +619,8 @@ Segment Journal::to_segment() const {
   return seg;
 }
 
-void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks, bool filter) {
+void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks,
+           bool filter) {
   using partition::kKeySalt;
   using partition::kUserSalt;
   using partition::local_shard;
@@ -664,22 +686,25 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
   if (mode == StartMode::Fresh) return o;
   if (manifests.empty()) {
     if (mode == StartMode::Resume)
-      throw CheckpointError(fmt::format("no checkpoint to resume in {} (no MANIFEST-*.json): run without --resume to "
-                                        "start the job",
-                                        dir_.string()));
+      throw CheckpointError(
+          fmt::format("no checkpoint to resume in {} (no MANIFEST-*.json): run without --resume to "
+                      "start the job",
+                      dir_.string()));
     return o;
   }
   if (mode == StartMode::Start) {
     Manifest newest;
     std::string why;
     if (!read_manifest(manifests.front().second, newest, why))
-      throw CheckpointError(fmt::format("{} holds a checkpoint whose newest manifest is unusable ({}): pass --resume to "
-                                        "continue from the last good commit, or --fresh to discard it and start over",
-                                        dir_.string(), why));
+      throw CheckpointError(
+          fmt::format("{} holds a checkpoint whose newest manifest is unusable ({}): pass --resume to "
+                      "continue from the last good commit, or --fresh to discard it and start over",
+                      dir_.string(), why));
     if (newest.complete) return o;  // a finished job's output is simply replaced
-    throw CheckpointError(fmt::format("{} holds an unfinished checkpoint of job '{}' (commit {}: window {}, {} trigger(s) "
-                                      "committed): pass --resume to continue it, or --fresh to discard it and start over",
-                                      dir_.string(), newest.job_name, newest.seq, newest.window_index + 1, newest.next_trigger));
+    throw CheckpointError(
+        fmt::format("{} holds an unfinished checkpoint of job '{}' (commit {}: window {}, {} trigger(s) "
+                    "committed): pass --resume to continue it, or --fresh to discard it and start over",
+                    dir_.string(), newest.job_name, newest.seq, newest.window_index + 1, newest.next_trigger));
   }
 
   // Resume: the job record first (identity), then the newest usable commit. The job file is parsed
@@ -696,26 +721,31 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
     reasons.push_back(why);
   }
   if (!vouching)
-    throw CheckpointError(fmt::format("the checkpoint in {} cannot be used: {}; restore the file or start over with --fresh",
-                                      dir_.string(), fmt::join(reasons, "; ")));
+    throw CheckpointError(
+        fmt::format("the checkpoint in {} cannot be used: {}; restore the file or start over with --fresh",
+                    dir_.string(), fmt::join(reasons, "; ")));
   reasons.clear();
   const JobRecord job = read_job(dir_ / kJobFile, vouching);
   if (job.job_name != job_name)
-    throw CheckpointError(fmt::format("the checkpoint in {} belongs to another job ('{}', started {}), not '{}': choose "
-                                      "another --out, or pass --fresh to discard it",
-                                      dir_.string(), job.job_name, job.started_at, job_name));
+    throw CheckpointError(
+        fmt::format("the checkpoint in {} belongs to another job ('{}', started {}), not '{}': choose "
+                    "another --out, or pass --fresh to discard it",
+                    dir_.string(), job.job_name, job.started_at, job_name));
   std::vector<std::string> changed;
   for (const auto& [k, v] : fields) {
     const auto it = job.fields.find(k);
-    if (it == job.fields.end()) changed.push_back(fmt::format("{} (now {})", k, v));
-    else if (it->second != v) changed.push_back(fmt::format("{} ({} -> {})", k, it->second, v));
+    if (it == job.fields.end())
+      changed.push_back(fmt::format("{} (now {})", k, v));
+    else if (it->second != v)
+      changed.push_back(fmt::format("{} ({} -> {})", k, it->second, v));
   }
   for (const auto& [k, v] : job.fields)
     if (!fields.count(k)) changed.push_back(fmt::format("{} (was {})", k, v));
   if (!changed.empty())
-    throw CheckpointError(fmt::format("the job spec changed since the checkpoint in {} was written: {}; resume with the "
-                                      "original spec, or pass --fresh to start over",
-                                      dir_.string(), fmt::join(changed, ", ")));
+    throw CheckpointError(
+        fmt::format("the job spec changed since the checkpoint in {} was written: {}; resume with the "
+                    "original spec, or pass --fresh to start over",
+                    dir_.string(), fmt::join(changed, ", ")));
 
   for (const auto& [seq, path] : manifests) {
     Manifest m;
@@ -725,27 +755,31 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
       continue;
     }
     if (m.job_id != job.job_id || m.fingerprint != fingerprint(job.fields))
-      throw CheckpointError(fmt::format("{} belongs to another job than {}/{} (job id {} vs {}): the directory mixes "
-                                        "files of two jobs; start over with --fresh",
-                                        path.string(), dir_.string(), kJobFile, m.job_id, job.job_id));
+      throw CheckpointError(
+          fmt::format("{} belongs to another job than {}/{} (job id {} vs {}): the directory mixes "
+                      "files of two jobs; start over with --fresh",
+                      path.string(), dir_.string(), kJobFile, m.job_id, job.job_id));
     if (m.job_file_bytes != job.bytes || m.job_file_xxh3 != job.xxh3)
-      throw CheckpointError(fmt::format("{}/{} does not match its checksum in {}: it is damaged; start over with --fresh",
-                                        dir_.string(), kJobFile, path.filename().string()));
+      throw CheckpointError(
+          fmt::format("{}/{} does not match its checksum in {}: it is damaged; start over with --fresh", dir_.string(),
+                      kJobFile, path.filename().string()));
     why = check_commit(dir_, m);
     if (!why.empty()) {
       reasons.push_back(fmt::format("commit {}: {}", m.seq, why));
       continue;
     }
     if (!reasons.empty())
-      o.notes.push_back(fmt::format("warning: the latest checkpoint is damaged ({}); falling back to the previous "
-                                    "committed checkpoint (commit {}: window {}, {} trigger(s) committed)",
-                                    fmt::join(reasons, "; "), m.seq, m.window_index + 1, m.next_trigger));
+      o.notes.push_back(
+          fmt::format("warning: the latest checkpoint is damaged ({}); falling back to the previous "
+                      "committed checkpoint (commit {}: window {}, {} trigger(s) committed)",
+                      fmt::join(reasons, "; "), m.seq, m.window_index + 1, m.next_trigger));
     latest_ = std::move(m);
     o.kind = latest_.complete ? Opened::Kind::Complete : Opened::Kind::Resume;
     return o;
   }
-  throw CheckpointError(fmt::format("the checkpoint in {} cannot be used: {}; restore the file or start over with --fresh",
-                                    dir_.string(), fmt::join(reasons, "; ")));
+  throw CheckpointError(
+      fmt::format("the checkpoint in {} cannot be used: {}; restore the file or start over with --fresh", dir_.string(),
+                  fmt::join(reasons, "; ")));
 }
 
 noise::Secret Store::secret() const {
@@ -777,8 +811,9 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
       if (holds_staged) staged = std::move(seg.releases_csv);
     }
     if (root && staged.size() != latest_.staged_bytes)
-      throw CheckpointError(fmt::format("commit {} should stage {} bytes of release rows but holds {}; start over with --fresh",
-                                        latest_.seq, latest_.staged_bytes, staged.size()));
+      throw CheckpointError(
+          fmt::format("commit {} should stage {} bytes of release rows but holds {}; start over with --fresh",
+                      latest_.seq, latest_.staged_bytes, staged.size()));
   });
   // The commit is usable and no rank writes yet: temporary files of an interrupted commit can go. Not
   // earlier: a resume refused while loading leaves the directory as it found it.
@@ -860,7 +895,8 @@ void Store::await_io(CommitStats& stats) {
       const auto bytes = in.get<std::uint64_t>();
       const auto hash = in.get<std::uint64_t>();
       latest_.segments.push_back({latest_.seq, r, comm_.size(),
-                                  fmt::format("w{}/s{:06}-r{:04}.h5", latest_.window_index, latest_.seq, r), bytes, hash});
+                                  fmt::format("w{}/s{:06}-r{:04}.h5", latest_.window_index, latest_.seq, r), bytes,
+                                  hash});
     }
   }
   stats.gather_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -877,8 +913,8 @@ void Store::make_visible(const Manifest& m, const std::string& rows) {
   collect_garbage();
 }
 
-CommitStats Store::commit(std::shared_ptr<Journal> journal, std::string rows, const Position& pos,
-                          const json& counters, std::uint64_t releases_bytes, std::uint64_t release_rows) {
+CommitStats Store::commit(std::shared_ptr<Journal> journal, std::string rows, const Position& pos, const json& counters,
+                          std::uint64_t releases_bytes, std::uint64_t release_rows) {
   CommitStats stats;
   const int rank = comm_.rank(), P = comm_.size();
   const bool root = rank == 0;
@@ -908,8 +944,8 @@ CommitStats Store::commit(std::shared_ptr<Journal> journal, std::string rows, co
   std::string launch_error;
   try {
     io_ = std::async(std::launch::async, [this, root, previous_pending, previous = std::move(previous),
-                                          previous_rows = std::move(pending_rows_), journal = std::move(journal),
-                                          rows, header, path]() mutable {
+                                          previous_rows = std::move(pending_rows_), journal = std::move(journal), rows,
+                                          header, path]() mutable {
       using Clock = std::chrono::steady_clock;
       const auto t = Clock::now();
       if (root && previous_pending) make_visible(previous, previous_rows);
@@ -983,7 +1019,8 @@ void Store::collect_garbage() {
       std::smatch m;
       const std::string f = e.path().filename().string();
       // Only finished files of visible commits: a later commit's files may be in flight.
-      if (std::regex_match(f, m, segment_name) && std::stoull(m[1].str()) <= visible_.seq && !keep.count(fmt::format("{}/{}", wname, f)))
+      if (std::regex_match(f, m, segment_name) && std::stoull(m[1].str()) <= visible_.seq &&
+          !keep.count(fmt::format("{}/{}", wname, f)))
         fs::remove(e.path(), ec);
       else
         empty = false;

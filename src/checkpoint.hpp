@@ -1,6 +1,7 @@
 // Exactly-once checkpoints (docs/CHECKPOINTS.md). DIR/checkpoint holds
 //   job.h5                     the job's identity (output-defining fields) and the noise secret;
-//   w<window>/s<seq>-r<rank>.h5 one HDF5 file per rank per commit (written straight to disk): the state that rank changed
+//   w<window>/s<seq>-r<rank>.h5 one HDF5 file per rank per commit (written straight to disk): the state that rank
+//   changed
 //                              since its previous commit (a log of deltas, reset every window),
 //                              plus, in rank 0's file, the commit's release rows;
 //   MANIFEST-<seq>.json         the commit record, written last (temporary file, fsync, rename):
@@ -48,7 +49,7 @@ struct SegmentRef {
 };
 
 struct Manifest {
-  std::uint64_t seq = 0;           // commit number: 0 is the empty start
+  std::uint64_t seq = 0;  // commit number: 0 is the empty start
   std::string job_id, job_name, fingerprint;
   int ranks = 0;                   // rank count of the last commit (a log may mix counts after a resume)
   std::uint32_t window_index = 0;  // window of the job (0-based) that the log belongs to
@@ -58,10 +59,10 @@ struct Manifest {
   std::uint64_t release_rows = 0;    // committed rows
   std::uint64_t staged_bytes = 0;    // this commit's rows, kept in rank 0's segment
   std::uint64_t job_file_bytes = 0, job_file_xxh3 = 0;
-  std::vector<SegmentRef> segments;  // the window's log in commit order (rank order within a commit)
+  std::vector<SegmentRef> segments;                    // the window's log in commit order (rank order within a commit)
   nlohmann::json counters = nlohmann::json::object();  // global sums carried over a resume
   nlohmann::json privacy = nlohmann::json::object();   // the budget ledger
-  nlohmann::json summary = nullptr;                      // the job's last commit: summary.json
+  nlohmann::json summary = nullptr;                    // the job's last commit: summary.json
 };
 
 // One rank's state changes since its previous commit.
@@ -71,7 +72,7 @@ struct Segment {
   std::vector<std::uint32_t> user_kept;
   std::vector<std::uint64_t> pair_user;  // (user, key fingerprint) pairs counted for the first time
   std::vector<std::uint32_t> pair_fingerprint;
-  std::vector<std::uint64_t> key_id;               // keys whose state changed, with the new state
+  std::vector<std::uint64_t> key_id;  // keys whose state changed, with the new state
   std::vector<std::int64_t> key_count, key_users, key_round_base_users;
   std::vector<std::uint64_t> key_sum_low;  // the 128-bit sum as two words (record.hpp)
   std::vector<std::int64_t> key_sum_high;
@@ -97,7 +98,7 @@ struct Journal {
   };
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users;
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> new_pairs;
-  std::vector<std::vector<CountKey>> count_keys;                          // per shard, ascending
+  std::vector<std::vector<CountKey>> count_keys;                                    // per shard, ascending
   std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> full_keys;  // per shard, ascending
   std::uint64_t user_bytes() const;  // what the segment will hold, in Segment's payload bytes
   std::uint64_t key_bytes() const;
@@ -211,7 +212,7 @@ class Store {
     std::uint64_t bytes = 0, xxh3 = 0;
     double seconds = 0, encode_seconds = 0, write_seconds = 0;
   };
-  std::future<Written> io_;          // the I/O thread's current task
+  std::future<Written> io_;  // the I/O thread's current task
   std::function<void(const std::string&)> publish_;
 };
 

@@ -36,8 +36,15 @@ TriggerEnd agree_on_trigger_end(const shuffle::Comm& comm, bool commit_due_on_ro
 CommitScheduler::CommitScheduler(const JobConfig& config, const shuffle::Comm& comm, bool checkpointing,
                                  checkpoint::Store& store, ReleaseWriter* writer, kernels::UserState& users,
                                  kernels::KeyStateTable& keys, RunCounters& counters, StageTimes& stage)
-    : config_(config), comm_(comm), checkpointing_(checkpointing), store_(store), writer_(writer), users_(users),
-      keys_(keys), counters_(counters), stage_(stage) {}
+    : config_(config),
+      comm_(comm),
+      checkpointing_(checkpointing),
+      store_(store),
+      writer_(writer),
+      users_(users),
+      keys_(keys),
+      counters_(counters),
+      stage_(stage) {}
 
 void CommitScheduler::start_at(std::uint32_t first_trigger) {
   uncommitted_from_ = first_trigger;
@@ -48,8 +55,8 @@ StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigg
   const bool root = comm_.rank() == 0;
   const TriggerEnd end =
       last_of_job ? TriggerEnd{}
-                  : agree_on_trigger_end(comm_, root && checkpointing_ &&
-                                                    seconds_since(last_commit_) >= config_.checkpoint.seconds);
+                  : agree_on_trigger_end(
+                        comm_, root && checkpointing_ && seconds_since(last_commit_) >= config_.checkpoint.seconds);
   // Every `seconds` or `every` triggers, and at the end of each window; the job's very last commit
   // waits for summary.json.
   committed_now_ = false;
@@ -102,8 +109,10 @@ void CommitScheduler::commit(std::uint32_t wi, std::uint32_t first_trigger, std:
   // commit reads none (Store::load, window_done). Writing it would put the whole window on the
   // critical path of the window's end. Its journal is dropped with the state (or the job ends).
   auto journal = std::make_shared<checkpoint::Journal>();
-  if (next_trigger == config_.stream.triggers) keys_.clear_journal();  // frees the change log now; users' marks go with clear()
-  else *journal = checkpoint::drain_journal(users_, keys_);
+  if (next_trigger == config_.stream.triggers)
+    keys_.clear_journal();  // frees the change log now; users' marks go with clear()
+  else
+    *journal = checkpoint::drain_journal(users_, keys_);
   figures_.journal += seconds_since(c0);
   figures_.user_bytes += journal->user_bytes();
   figures_.key_bytes += journal->key_bytes();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <toml++/toml.h>
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -10,7 +11,6 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
-#include <toml++/toml.h>
 
 #include "common/record.hpp"
 #include "src/errors.hpp"
@@ -108,7 +108,8 @@ class SectionReader {
     const auto known = spec_keys(section_);
     for (const auto& k : asked_)
       if (std::find(known.begin(), known.end(), k) == known.end())
-        throw std::logic_error(fmt::format("the parser reads [{}] {}, which job_spec_fields (src/config.cpp) lacks", section_, k));
+        throw std::logic_error(
+            fmt::format("the parser reads [{}] {}, which job_spec_fields (src/config.cpp) lacks", section_, k));
     if (!table_) return;
     for (const auto& [k, _] : *table_) {
       if (!consumed_.count(std::string(k.str()))) {
@@ -182,6 +183,7 @@ constexpr auto MayChange = OnResume::MayChange;
 using enum AppliesTo;
 
 // The identity strings are those of the checkpoints written so far: changing one refuses their resume.
+// clang-format off: one line per field reads as a table
 constexpr SpecField kSpecFields[] = {
     {"job.name", MustMatch, All, [](const JobConfig& c) { return c.name; }},
     {"input.kind", MustMatch, All, [](const JobConfig& c) { return to_string(c.input.kind); }},
@@ -189,12 +191,17 @@ constexpr SpecField kSpecFields[] = {
     {"input.bad_rows", MustMatch, Csv, [](const JobConfig& c) { return to_string(c.input.bad_rows); }},
     {"input.users", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.users); }},
     {"input.keys", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.keys); }},
-    {"input.key_distribution", MustMatch, Synthetic, [](const JobConfig& c) { return to_string(c.input.key_distribution); }},
+    {"input.key_distribution", MustMatch, Synthetic,
+     [](const JobConfig& c) { return to_string(c.input.key_distribution); }},
     {"input.seed", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.seed); }},
-    {"input.records_per_user_q", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.records_per_user_q); }},
-    {"input.records_per_user_s", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.records_per_user_s); }},
-    {"input.records_per_user_min", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.records_per_user_min); }},
-    {"input.records_per_user_max", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.records_per_user_max); }},
+    {"input.records_per_user_q", MustMatch, Synthetic,
+     [](const JobConfig& c) { return str(c.input.records_per_user_q); }},
+    {"input.records_per_user_s", MustMatch, Synthetic,
+     [](const JobConfig& c) { return str(c.input.records_per_user_s); }},
+    {"input.records_per_user_min", MustMatch, Synthetic,
+     [](const JobConfig& c) { return str(c.input.records_per_user_min); }},
+    {"input.records_per_user_max", MustMatch, Synthetic,
+     [](const JobConfig& c) { return str(c.input.records_per_user_max); }},
     {"input.key_q", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.key_q); }},
     {"input.key_s", MustMatch, Synthetic, [](const JobConfig& c) { return str(c.input.key_s); }},
     {"stream.window_seconds", MustMatch, All, [](const JobConfig& c) { return str(c.stream.window_seconds); }},
@@ -202,7 +209,8 @@ constexpr SpecField kSpecFields[] = {
     {"stream.first_window", MustMatch, All, [](const JobConfig& c) { return str(c.stream.first_window); }},
     {"stream.windows", MustMatch, All, [](const JobConfig& c) { return str(c.stream.windows); }},
     {"privacy.mode", MustMatch, All, [](const JobConfig& c) { return to_string(c.privacy.mode); }},
-    {"privacy.max_records_per_user", MustMatch, All, [](const JobConfig& c) { return str(c.privacy.max_records_per_user); }},
+    {"privacy.max_records_per_user", MustMatch, All,
+     [](const JobConfig& c) { return str(c.privacy.max_records_per_user); }},
     {"privacy.composition", MustMatch, Private, [](const JobConfig& c) { return to_string(c.privacy.composition); }},
     {"privacy.clamp_min", MustMatch, All, [](const JobConfig& c) { return str(c.privacy.clamp_min); }},
     {"privacy.clamp_max", MustMatch, All, [](const JobConfig& c) { return str(c.privacy.clamp_max); }},
@@ -212,12 +220,15 @@ constexpr SpecField kSpecFields[] = {
     {"privacy.beta", MustMatch, Private, [](const JobConfig& c) { return optional_str(c.privacy.beta); }},
     {"privacy.seed", MustMatch, Private,
      [](const JobConfig& c) { return c.privacy.seed ? str(*c.privacy.seed) : "secret from the OS"; }},
-    {"privacy.selection_epsilon_share", MustMatch, Private, [](const JobConfig& c) { return str(c.privacy.selection_epsilon_share); }},
-    {"privacy.selection_delta_share", MustMatch, Private, [](const JobConfig& c) { return str(c.privacy.selection_delta_share); }},
+    {"privacy.selection_epsilon_share", MustMatch, Private,
+     [](const JobConfig& c) { return str(c.privacy.selection_epsilon_share); }},
+    {"privacy.selection_delta_share", MustMatch, Private,
+     [](const JobConfig& c) { return str(c.privacy.selection_delta_share); }},
     {"privacy.threshold", MustMatch, Private, [](const JobConfig& c) { return to_string(c.privacy.threshold); }},
     {"query.aggregations", MustMatch, All,
      [](const JobConfig& c) {
-       return std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") + (c.query.sum ? "sum" : "");
+       return std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") +
+              (c.query.sum ? "sum" : "");
      }},
     {"output.dir", MayChange},
     {"output.format", MustMatch, All, [](const JobConfig& c) { return c.output.format; }},
@@ -226,6 +237,7 @@ constexpr SpecField kSpecFields[] = {
     {"checkpoint.seconds", MayChange},
     {"engine.key_scan", MayChange},  // both scans release the same rows (kernels/key_scan.hpp)
 };
+// clang-format on
 
 std::string_view section_of(const SpecField& f) { return f.name.substr(0, f.name.find('.')); }
 
@@ -250,14 +262,19 @@ std::vector<std::string> spec_keys(std::string_view section) {
 bool in_identity(const SpecField& field, const JobConfig& c) {
   if (field.on_resume != OnResume::MustMatch) return false;
   switch (field.applies) {
-    case AppliesTo::Synthetic: return c.input.kind == InputKind::Synthetic;
-    case AppliesTo::Csv: return c.input.kind == InputKind::Csv;
-    case AppliesTo::Private: return is_private(c.privacy.mode);
-    default: return true;
+    case AppliesTo::Synthetic:
+      return c.input.kind == InputKind::Synthetic;
+    case AppliesTo::Csv:
+      return c.input.kind == InputKind::Csv;
+    case AppliesTo::Private:
+      return is_private(c.privacy.mode);
+    default:
+      return true;
   }
 }
 
-JobConfig parse_job(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides) {
+JobConfig parse_job(const std::string& toml_text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
   toml::table root;
   try {
     root = toml::parse(toml_text, source);
@@ -272,7 +289,8 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   const auto sections = spec_sections();
   for (const auto& [k, _] : root)
     if (std::find(sections.begin(), sections.end(), k.str()) == sections.end())
-      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [{}])", source, k.str(), fmt::join(sections, "], [")));
+      throw ConfigError(
+          fmt::format("{}: unknown section [{}] (known: [{}])", source, k.str(), fmt::join(sections, "], [")));
 
   constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
   JobConfig c;
@@ -286,15 +304,17 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   c.input.kind = in.choice("kind", InputKind::Synthetic);
   c.input.path = in.string("path", "");
   c.input.bad_rows = in.choice("bad_rows", BadRowPolicy::Skip);
-  c.input.users = static_cast<std::uint64_t>(in.integer("users", static_cast<std::int64_t>(c.input.users), 1, std::int64_t{1} << 43));
-  c.input.keys = static_cast<std::uint64_t>(in.integer("keys", static_cast<std::int64_t>(c.input.keys), 1, std::int64_t{1} << 62));
+  c.input.users = static_cast<std::uint64_t>(
+      in.integer("users", static_cast<std::int64_t>(c.input.users), 1, std::int64_t{1} << 43));
+  c.input.keys =
+      static_cast<std::uint64_t>(in.integer("keys", static_cast<std::int64_t>(c.input.keys), 1, std::int64_t{1} << 62));
   c.input.key_distribution = in.choice("key_distribution", KeyDistribution::ZipfMandelbrot);
   c.input.seed = static_cast<std::uint64_t>(in.integer("seed", 1, 0, kMaxI64));
   c.input.records_per_user_q = in.real("records_per_user_q", c.input.records_per_user_q);
   c.input.records_per_user_s = in.real("records_per_user_s", c.input.records_per_user_s);
   c.input.records_per_user_min = static_cast<std::uint64_t>(in.integer("records_per_user_min", 1, 0, 1));
-  c.input.records_per_user_max =
-      static_cast<std::uint64_t>(in.integer("records_per_user_max", static_cast<std::int64_t>(c.input.records_per_user_max), 1, 1 << 20));
+  c.input.records_per_user_max = static_cast<std::uint64_t>(
+      in.integer("records_per_user_max", static_cast<std::int64_t>(c.input.records_per_user_max), 1, 1 << 20));
   c.input.key_q = in.real("key_q", c.input.key_q);
   c.input.key_s = in.real("key_s", c.input.key_s);
   if (c.input.kind == InputKind::Csv && c.input.path.empty())
@@ -323,14 +343,17 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (c.privacy.mode == PrivacyMode::None && !pr.has("max_records_per_user"))
     c.privacy.max_records_per_user = PrivacyConfig::kUnbounded;  // the true totals: nothing dropped
   else
-    c.privacy.max_records_per_user = static_cast<std::uint32_t>(pr.required_integer("max_records_per_user", 1, 1'000'000));
+    c.privacy.max_records_per_user =
+        static_cast<std::uint32_t>(pr.required_integer("max_records_per_user", 1, 1'000'000));
   c.privacy.composition = pr.choice("composition", Composition::Zcdp);
   if (c.privacy.composition == Composition::Basic && c.privacy.mode != PrivacyMode::Dp)
-    pr.fail("composition", "= \"basic\" is for mode = \"dp\" (key selection and aggregation converted separately); "
-                           "use \"zcdp\" or, for a baseline, \"optimal\"");
+    pr.fail("composition",
+            "= \"basic\" is for mode = \"dp\" (key selection and aggregation converted separately); "
+            "use \"zcdp\" or, for a baseline, \"optimal\"");
   if (c.privacy.composition == Composition::Optimal && !is_baseline(c.privacy.mode))
-    pr.fail("composition", "= \"optimal\" is for the baseline modes (per-release budgets composed over the triggers); "
-                           "use \"zcdp\" or, for mode = \"dp\", \"basic\"");
+    pr.fail("composition",
+            "= \"optimal\" is for the baseline modes (per-release budgets composed over the triggers); "
+            "use \"zcdp\" or, for mode = \"dp\", \"basic\"");
   c.privacy.clamp_min = pr.real("clamp_min", c.privacy.clamp_min);
   c.privacy.clamp_max = pr.real("clamp_max", c.privacy.clamp_max);
   if (!(c.privacy.clamp_min <= c.privacy.clamp_max))
@@ -340,8 +363,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
                                      c.privacy.clamp_max));
   const bool dp = is_private(c.privacy.mode);
   const std::string mode_name = to_string(c.privacy.mode);
-  if (dp && !pr.has("epsilon")) pr.fail("epsilon", fmt::format("is required with mode = \"{}\" (the per-window budget, e.g. 6)", mode_name));
-  if (dp && !pr.has("delta")) pr.fail("delta", fmt::format("is required with mode = \"{}\" (e.g. 1e-9; well below 1 / users)", mode_name));
+  if (dp && !pr.has("epsilon"))
+    pr.fail("epsilon", fmt::format("is required with mode = \"{}\" (the per-window budget, e.g. 6)", mode_name));
+  if (dp && !pr.has("delta"))
+    pr.fail("delta", fmt::format("is required with mode = \"{}\" (e.g. 1e-9; well below 1 / users)", mode_name));
   c.privacy.epsilon = pr.real("epsilon", 0);
   c.privacy.delta = pr.real("delta", 0);
   if (pr.has("mu")) c.privacy.mu = pr.real("mu", 0);
@@ -350,13 +375,15 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   c.privacy.selection_epsilon_share = pr.real("selection_epsilon_share", c.privacy.selection_epsilon_share);
   c.privacy.selection_delta_share = pr.real("selection_delta_share", c.privacy.selection_delta_share);
   c.privacy.threshold = pr.choice("threshold", ThresholdTail::Subgaussian);
-  if (pr.has("epsilon") && !(c.privacy.epsilon > 0)) pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
+  if (pr.has("epsilon") && !(c.privacy.epsilon > 0))
+    pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
   if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
     pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
   for (const char* key : {"mu", "beta"})
     if (is_baseline(c.privacy.mode) && pr.has(key))
       pr.fail(key, fmt::format("is a DP-SQLP parameter; mode = \"{}\" thresholds each one-shot release by its own rule "
-                               "(docs/PRIVACY.md section 8): remove it", mode_name));
+                               "(docs/PRIVACY.md section 8): remove it",
+                               mode_name));
   if (c.privacy.mu && *c.privacy.mu < 0) pr.fail("mu", fmt::format("must be >= 0, got {}", *c.privacy.mu));
   if (c.privacy.beta && !(*c.privacy.beta > 0 && *c.privacy.beta < 1))
     pr.fail("beta", fmt::format("must be in (0, 1), got {}", *c.privacy.beta));
@@ -366,15 +393,19 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   if (dp && c.input.kind == InputKind::Csv && c.input.bad_rows == BadRowPolicy::Fail)
     in.fail("bad_rows", fmt::format("= \"fail\" would stop a private job (mode = \"{}\") because of one row: the stop "
                                     "is an output that depends on the data. Use \"skip\" (skipped rows are counted on "
-                                    "stderr and in summary.json), or check the input first with mode = \"none\"", mode_name));
+                                    "stderr and in summary.json), or check the input first with mode = \"none\"",
+                                    mode_name));
   pr.finish();
 
   SectionReader q(root, "query", source);
   const auto aggregations = q.strings("aggregations", {"count", "sum"});
   c.query.count = c.query.sum = false;
   for (const auto& a : aggregations) {
-    bool& column = a == "count" ? c.query.count : a == "sum" ? c.query.sum
-        : (q.fail("aggregations", fmt::format("has unknown column \"{}\" (known: \"count\", \"sum\")", a)), c.query.count);
+    bool& column =
+        a == "count" ? c.query.count
+        : a == "sum" ? c.query.sum
+                     : (q.fail("aggregations", fmt::format("has unknown column \"{}\" (known: \"count\", \"sum\")", a)),
+                        c.query.count);
     if (column) q.fail("aggregations", fmt::format("lists \"{}\" twice", a));
     column = true;
   }
@@ -384,8 +415,9 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source, con
   SectionReader out(root, "output", source);
   c.output.dir = out.string("dir", c.output.dir);
   if (c.output.dir.empty()) out.fail("dir", "must not be empty");
-  c.output.format = out.choice_of<std::string>("format", "csv", {std::begin(OutputConfig::kFormats), std::end(OutputConfig::kFormats)},
-                                            [](const std::string& v) { return v; });
+  c.output.format = out.choice_of<std::string>("format", "csv",
+                                               {std::begin(OutputConfig::kFormats), std::end(OutputConfig::kFormats)},
+                                               [](const std::string& v) { return v; });
   c.output.progress = out.choice("progress", ProgressMode::Always);
   out.finish();
 

@@ -74,12 +74,12 @@ struct PrivacyConfig {
   // mode = "dp" (docs/PRIVACY.md): user-level (epsilon, delta)-DP per window.
   double epsilon = 0;
   double delta = 0;
-  std::optional<double> mu;            // keys with <= mu distinct users (in a round) are never released;
-                                       // default: a quarter of the smallest threshold margin (PrivacyPlan)
-  std::optional<double> beta;          // failure probability per threshold test; default from delta
-  std::optional<std::uint64_t> seed;   // fixed noise secret: test mode, the output is not private
-  double selection_epsilon_share = 0.5;        // key selection's share of epsilon (the rest: aggregation)
-  double selection_delta_share = 2.0 / 3.0;    // key selection's share of delta
+  std::optional<double> mu;                  // keys with <= mu distinct users (in a round) are never released;
+                                             // default: a quarter of the smallest threshold margin (PrivacyPlan)
+  std::optional<double> beta;                // failure probability per threshold test; default from delta
+  std::optional<std::uint64_t> seed;         // fixed noise secret: test mode, the output is not private
+  double selection_epsilon_share = 0.5;      // key selection's share of epsilon (the rest: aggregation)
+  double selection_delta_share = 2.0 / 3.0;  // key selection's share of delta
   ThresholdTail threshold = ThresholdTail::Subgaussian;
 };
 

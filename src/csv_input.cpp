@@ -36,9 +36,10 @@ Columns parse_header(const std::string& path, std::string_view header) {
   for (std::size_t c = 0; c < 4; ++c) {
     const auto it = std::find(fields.begin(), fields.end(), kRequiredColumns[c]);
     if (it == fields.end())
-      throw InputError(fmt::format("{}: missing column '{}' in the header (found: {}); the header must name "
-                                   "user_id,key,value,timestamp",
-                                   path, kRequiredColumns[c], fmt::join(fields, ",")));
+      throw InputError(
+          fmt::format("{}: missing column '{}' in the header (found: {}); the header must name "
+                      "user_id,key,value,timestamp",
+                      path, kRequiredColumns[c], fmt::join(fields, ",")));
     idx[c] = static_cast<std::size_t>(it - fields.begin());
   }
   return Columns{idx[0], idx[1], idx[2], idx[3], fields.size()};
@@ -77,7 +78,8 @@ bool parse_timestamp(std::string_view text, std::int64_t& ts) {
 }
 
 std::size_t line_number_of(std::string_view file, std::size_t offset) {
-  return 1 + static_cast<std::size_t>(std::count(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
+  return 1 +
+         static_cast<std::size_t>(std::count(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
 }
 
 }  // namespace
@@ -168,11 +170,11 @@ bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
   return reader.error() == CsvFieldReader::Error::None;
 }
 
-
 void check_csv_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw InputError(fmt::format("cannot open input file {}: {}; set [input] path to an existing CSV file", path,
-                                       errno_text(errno)));
+  if (!f)
+    throw InputError(fmt::format("cannot open input file {}: {}; set [input] path to an existing CSV file", path,
+                                 errno_text(errno)));
   std::string header;
   if (!std::getline(f, header))
     throw InputError(fmt::format("{}: the file is empty; it needs a header user_id,key,value,timestamp", path));
@@ -192,14 +194,16 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
   // Windows from the input: any window a job may have (the span is resolved once every rank has parsed).
   const bool any_window = config.stream.windows_from_input;
   const std::int64_t first_window = any_window ? 0 : config.stream.first_window;
-  const std::int64_t last_window = any_window ? StreamConfig::kMaxWindow + 1 : first_window + config.stream.windows;  // exclusive
+  const std::int64_t last_window =
+      any_window ? StreamConfig::kMaxWindow + 1 : first_window + config.stream.windows;  // exclusive
   absl::flat_hash_map<std::string, Id128> key_ids;  // the ids of the key names seen so far
   std::vector<std::string> fields;
   auto bad = [&](std::uint64_t& counter, std::size_t offset, std::string_view line, const std::string& why) {
     ++counter;
     if (config_.input.bad_rows == BadRowPolicy::Fail)
-      throw InputError(fmt::format("{}:{}: {} in row '{}' (set [input] bad_rows = \"skip\" to count and skip such rows)",
-                                   path, line_number_of(all, offset), why, line.substr(0, 200)));
+      throw InputError(
+          fmt::format("{}:{}: {} in row '{}' (set [input] bad_rows = \"skip\" to count and skip such rows)", path,
+                      line_number_of(all, offset), why, line.substr(0, 200)));
   };
 
   for_each_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
@@ -245,7 +249,8 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
     const std::int64_t w = clock_.window_of(ts);
     if (w < first_window || w >= last_window) {
       bad(stats_.out_of_window, offset, line,
-          fmt::format("timestamp {} lies in window {}, outside the job's windows [{}, {})", ts, w, first_window, last_window));
+          fmt::format("timestamp {} lies in window {}, outside the job's windows [{}, {})", ts, w, first_window,
+                      last_window));
       return;
     }
     // Keys repeat: each distinct name is mapped once (two names share a 128-bit id with probability ~2^-128).
@@ -284,7 +289,8 @@ void CsvSource::separate_ids(const shuffle::Comm& comm) {
   parsed_names_ = {};
   std::vector<std::uint64_t>().swap(user_checks_);
   std::vector<std::uint64_t>().swap(key_checks_);
-  std::sort(records_.begin(), records_.end(), [](const Record& a, const Record& b) { return a.timestamp < b.timestamp; });
+  std::sort(records_.begin(), records_.end(),
+            [](const Record& a, const Record& b) { return a.timestamp < b.timestamp; });
   separated_ = true;
 }
 

@@ -94,7 +94,7 @@ class CsvSource final : public RecordSource {
  private:
   JobConfig config_;
   StreamClock clock_;
-  std::vector<Record> records_;  // accepted records, sorted by timestamp once ids are separated
+  std::vector<Record> records_;                          // accepted records, sorted by timestamp once ids are separated
   std::vector<std::uint64_t> user_checks_, key_checks_;  // the checks of records_' ids until then
   bool separated_ = false;
   std::size_t next_ = 0;

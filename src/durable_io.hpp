@@ -19,8 +19,8 @@ bool write_all(int fd, const void* data, std::size_t size);
 void fsync_dir(const std::filesystem::path& dir);
 
 struct AtomicWriteOptions {
-  mode_t mode = 0644;                     // permissions of a new file (0600 for checkpoint files)
-  const char* fault_half = nullptr;       // fault point after half of the bytes (tests)
+  mode_t mode = 0644;                // permissions of a new file (0600 for checkpoint files)
+  const char* fault_half = nullptr;  // fault point after half of the bytes (tests)
   const char* fault_before_rename = nullptr;
 };
 

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/fault_injection.hpp"
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
-#include "common/fault_injection.hpp"
 #include "src/run_summary.hpp"
 #include "src/stop_request.hpp"
 #include "src/summary.hpp"
@@ -80,7 +80,8 @@ std::vector<Record> Engine::ingest(std::int64_t window, std::uint32_t trigger) {
 }
 
 // The trigger's rows, staged on rank 0 until their trigger is committed; returns their count (rank 0).
-std::uint64_t Engine::stage_release(const std::vector<KeyRelease>& release, std::int64_t window, std::uint32_t trigger) {
+std::uint64_t Engine::stage_release(const std::vector<KeyRelease>& release, std::int64_t window,
+                                    std::uint32_t trigger) {
   const auto t0 = Clock::now();
   const std::uint64_t released = stager_ ? stager_->stage(release, window, trigger) : 0;
   stage_.output += seconds_since(t0);

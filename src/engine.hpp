@@ -31,7 +31,7 @@
 namespace dpstream {
 
 struct RunOptions {
-  bool write_output = true;      // false for the benchmark: no releases.csv / summary.json
+  bool write_output = true;  // false for the benchmark: no releases.csv / summary.json
   // Benchmark (`dpstream bench`): builds the RESULT line from the run and its summary (collective; the
   // CLI passes tools::bench_result_line, so the engine never links the offline tools).
   std::function<std::string(const RunFigures&, nlohmann::json&, const shuffle::Comm&)> bench_line;
@@ -41,13 +41,13 @@ struct RunOptions {
 };
 
 struct RunReport {
-  std::string summary_json;  // what summary.json holds (rank 0)
-  std::string releases_path;  // rank 0
-  std::string result_line;    // benchmark RESULT line (rank 0)
-  std::string run_result_line;  // `run --result` RESULT line (rank 0)
-  bool already_complete = false;  // --resume found the job finished: nothing was run
-  int stop_signal = 0;            // the job stopped early on this signal (SIGTERM / SIGUSR1)
-  std::string stop_message;       // rank 0: where it stopped and how to continue
+  std::string summary_json;          // what summary.json holds (rank 0)
+  std::string releases_path;         // rank 0
+  std::string result_line;           // benchmark RESULT line (rank 0)
+  std::string run_result_line;       // `run --result` RESULT line (rank 0)
+  bool already_complete = false;     // --resume found the job finished: nothing was run
+  int stop_signal = 0;               // the job stopped early on this signal (SIGTERM / SIGUSR1)
+  std::string stop_message;          // rank 0: where it stopped and how to continue
   std::string skipped_rows_message;  // rank 0: input rows skipped, by kind (empty when none)
 };
 
@@ -119,8 +119,8 @@ class Engine {
 };
 
 // Runs the job on all ranks of `comm`. A stop signal (src/stop_request.hpp) on any rank stops every
-// rank after the same trigger with that trigger committed (stop_signal != 0). Throws ConfigError / InputError / CheckpointError (the same
-// on every rank) for bad jobs, input and checkpoints; nothing is written in that case.
+// rank after the same trigger with that trigger committed (stop_signal != 0). Throws ConfigError / InputError /
+// CheckpointError (the same on every rank) for bad jobs, input and checkpoints; nothing is written in that case.
 RunReport run_job(const JobConfig& config, const shuffle::Comm& comm, const RunOptions& options);
 
 }  // namespace dpstream

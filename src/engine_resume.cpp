@@ -97,8 +97,9 @@ void Engine::resume() {
     std::fprintf(stderr,
                  "dpstream: resuming job '%s' from commit %llu (window %u of %u, %u of %u trigger(s) committed), "
                  "written by %d rank(s), on %d rank(s)%s\n",
-                 config_.name.c_str(), static_cast<unsigned long long>(m.seq), start_window_ + 1, config_.stream.windows,
-                 start_trigger_, T, m.ranks, comm_.size(), m.ranks != comm_.size() ? ": re-partitioning the state" : "");
+                 config_.name.c_str(), static_cast<unsigned long long>(m.seq), start_window_ + 1,
+                 config_.stream.windows, start_trigger_, T, m.ranks, comm_.size(),
+                 m.ranks != comm_.size() ? ": re-partitioning the state" : "");
   const std::string staged = store_.load(users_, keys_, /*window_done=*/start_trigger_ == 0);
   on_every_rank<CheckpointError>(comm_, [&] {
     if (root_) writer_->restore(m.releases_bytes, staged, m.release_rows);

@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/fault_injection.hpp"
 #include "src/csv_input.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
-#include "common/fault_injection.hpp"
 #include "src/workload.hpp"
 
 namespace dpstream {
@@ -74,9 +74,12 @@ void Engine::open_output() {
     if (!options_.write_output || !root_) return;
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
-    if (ec) throw ConfigError(fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
+    if (ec)
+      throw ConfigError(
+          fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
     if (::access(out_dir.c_str(), W_OK) != 0)
-      throw ConfigError(fmt::format("output dir {} is not writable; choose a writable [output] dir or --out", out_dir.string()));
+      throw ConfigError(
+          fmt::format("output dir {} is not writable; choose a writable [output] dir or --out", out_dir.string()));
     writer_ = std::make_unique<ReleaseWriter>(out_dir, release_columns_, !checkpointing_);
   });
 }

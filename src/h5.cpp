@@ -50,14 +50,16 @@ MemoryFile::MemoryFile(std::size_t expected_bytes) {
   // The driver grows its buffer in steps of `expected_bytes`: one step for a file of that size.
   check(H5Pset_fapl_core(fapl_.get(), std::max<std::size_t>(expected_bytes, 1 << 16), /*backing_store=*/0),
         "select the in-memory driver");
-  file_ = Id(H5Fcreate(unique_name().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()), H5Fclose, "create an in-memory file");
+  file_ = Id(H5Fcreate(unique_name().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()), H5Fclose,
+             "create an in-memory file");
 }
 
 MemoryFile::MemoryFile(const std::vector<std::byte>& image) {
   fapl_ = Id(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "create a file access list");
   check(H5Pset_fapl_core(fapl_.get(), 1 << 20, 0), "select the in-memory driver");
   check(H5Pset_file_image(fapl_.get(), const_cast<std::byte*>(image.data()), image.size()), "load a file image");
-  file_ = Id(H5Fopen(unique_name().c_str(), H5F_ACC_RDONLY, fapl_.get()), H5Fclose, "open the file (not an HDF5 file?)");
+  file_ =
+      Id(H5Fopen(unique_name().c_str(), H5F_ACC_RDONLY, fapl_.get()), H5Fclose, "open the file (not an HDF5 file?)");
 }
 
 std::vector<std::byte> MemoryFile::image() const {
@@ -76,9 +78,10 @@ DiskFile::DiskFile(const std::string& path, Mode mode) {
   // file, rename, one writer per file) already keeps readers and writers apart.
   check(H5Pset_file_locking(fapl.get(), false, true), "turn off file locking");
 #endif
-  file_ = mode == Mode::Create
-              ? Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose, "create " + path)
-              : Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "open " + path + " (not an HDF5 file?)");
+  file_ =
+      mode == Mode::Create
+          ? Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose, "create " + path)
+          : Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "open " + path + " (not an HDF5 file?)");
 }
 
 void DiskFile::close() {
@@ -116,7 +119,8 @@ std::size_t dataset_size(hid_t loc, const std::string& name) {
   check(H5Fget_filesize(file.get(), &file_bytes), "size the file of " + name);
   const std::size_t element = H5Tget_size(type.get());
   if (element == 0 || dims[0] > file_bytes / element)
-    fail(fmt::format("read {}: {} elements of {} bytes do not fit in the file ({} bytes)", name, dims[0], element, file_bytes));
+    fail(fmt::format("read {}: {} elements of {} bytes do not fit in the file ({} bytes)", name, dims[0], element,
+                     file_bytes));
   return static_cast<std::size_t>(dims[0]);
 }
 

@@ -1,7 +1,7 @@
 // A thin RAII layer over HDF5's C API: owned ids, 1-D datasets of native integers and bytes,
 // scalar attributes, files built in memory (core driver) so that the engine writes, checksums
-// and renames the exact bytes itself, and files on disk for the large ones. HDF5's own error printing is turned off; failures throw
-// std::runtime_error naming the object.
+// and renames the exact bytes itself, and files on disk for the large ones. HDF5's own error printing is turned off;
+// failures throw std::runtime_error naming the object.
 #pragma once
 
 #include <hdf5.h>
@@ -32,18 +32,23 @@ class Id {
 
 template <class T>
 hid_t native_type() {
-  if constexpr (std::is_same_v<T, std::uint64_t>) return H5T_NATIVE_UINT64;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return H5T_NATIVE_INT64;
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return H5T_NATIVE_UINT32;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) return H5T_NATIVE_UINT8;
-  else static_assert(sizeof(T) == 0, "no HDF5 type for T");
+  if constexpr (std::is_same_v<T, std::uint64_t>)
+    return H5T_NATIVE_UINT64;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return H5T_NATIVE_INT64;
+  else if constexpr (std::is_same_v<T, std::uint32_t>)
+    return H5T_NATIVE_UINT32;
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    return H5T_NATIVE_UINT8;
+  else
+    static_assert(sizeof(T) == 0, "no HDF5 type for T");
 }
 
 // A file that lives in memory until `image()` hands out its bytes.
 class MemoryFile {
  public:
   explicit MemoryFile(std::size_t expected_bytes = 1 << 20);  // new, empty file of about this size
-  explicit MemoryFile(const std::vector<std::byte>& image);  // opens an image read-only
+  explicit MemoryFile(const std::vector<std::byte>& image);   // opens an image read-only
   hid_t get() const { return file_.get(); }
   std::vector<std::byte> image() const;  // flushes and copies the file's bytes
 

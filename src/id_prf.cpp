@@ -24,7 +24,8 @@ evp_mac_ctx_st* make_siphash(const noise::Secret& secret, IdDomain domain) {
   label.back() = static_cast<unsigned char>(domain);
   std::array<unsigned char, 32> mac{};
   unsigned int mac_len = 0;
-  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), label.data(), label.size(), mac.data(), &mac_len))
+  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), label.data(), label.size(), mac.data(),
+            &mac_len))
     throw std::runtime_error("HMAC-SHA256 failed while deriving the id key");
   EVP_MAC* alg = EVP_MAC_fetch(nullptr, "SIPHASH", nullptr);
   if (!alg) throw std::runtime_error("OpenSSL has no SIPHASH MAC");

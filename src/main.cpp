@@ -1,10 +1,10 @@
 // dpstream command line: run | bench | generate | budget | evaluate. Runs under mpirun / srun.
 // Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint,
 // 5 stopped cleanly by SIGTERM / SIGUSR1 (resume with --resume).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <malloc.h>
 #include <omp.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -42,7 +42,8 @@ struct JobArgs {
 void add_job_args(CLI::App* cmd, JobArgs& a) {
   cmd->add_option("job", a.spec, "Job spec (TOML), e.g. jobs/demo.toml");
   cmd->add_flag("--demo", a.demo, "Use the built-in demo job (small synthetic stream) instead of a file");
-  cmd->add_option("--set", a.overrides, "Override a job key: --set section.key=value (repeatable), e.g. --set input.users=1000")
+  cmd->add_option("--set", a.overrides,
+                  "Override a job key: --set section.key=value (repeatable), e.g. --set input.users=1000")
       ->allow_extra_args(false);
   cmd->add_option("--out", a.out, "Output directory (overrides [output] dir)");
   cmd->add_option("--progress", a.progress, "Progress lines on rank 0: always | auto (only on a terminal) | never")
@@ -99,40 +100,48 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", dpstream::kVersionLine);
   app.require_subcommand(1);
   JobArgs run_args, bench_args, gen_args;
-  auto* run = app.add_subcommand("run", "Run a job: DIR/releases.csv (window,trigger,key,count,sum) and DIR/summary.json");
+  auto* run =
+      app.add_subcommand("run", "Run a job: DIR/releases.csv (window,trigger,key,count,sum) and DIR/summary.json");
   add_job_args(run, run_args);
   bool resume = false, fresh = false;
-  auto* resume_flag = run->add_flag("--resume", resume,
-                                    "Continue from the last committed checkpoint in DIR/checkpoint (any rank count); the "
-                                    "output equals an uninterrupted run");
+  auto* resume_flag =
+      run->add_flag("--resume", resume,
+                    "Continue from the last committed checkpoint in DIR/checkpoint (any rank count); the "
+                    "output equals an uninterrupted run");
   run->add_flag("--fresh", fresh, "Discard the checkpoint and output in DIR and start over")->excludes(resume_flag);
   bool result_line = false;
   run->add_flag("--result", result_line,
                 "Also print a RESULT line (throughput, ms per trigger by stage, shuffle bytes per record, peak memory) "
                 "for the scaling drivers in slurm/");
-  auto* bench = app.add_subcommand("bench", "Benchmark the engine path against the naive single-threaded reference; prints a RESULT line");
+  auto* bench = app.add_subcommand(
+      "bench", "Benchmark the engine path against the naive single-threaded reference; prints a RESULT line");
   add_job_args(bench, bench_args);
   auto* gen = app.add_subcommand("generate", "Write a job's synthetic stream as CSV (rank 0)");
   add_job_args(gen, gen_args);
   std::string gen_csv;
   gen->add_option("--csv", gen_csv, "Output CSV file")->required();
   auto* budget = app.add_subcommand(
-      "budget", "Print a DP job's privacy accounting (rho and sigma per tree family, thresholds, eps by the tight and "
-                "simple conversions, delta terms, total vs budget) without reading data; refuses a job over budget");
+      "budget",
+      "Print a DP job's privacy accounting (rho and sigma per tree family, thresholds, eps by the tight and "
+      "simple conversions, delta terms, total vs budget) without reading data; refuses a job over budget");
   JobArgs budget_args;
   add_job_args(budget, budget_args);
   bool budget_as_json = false, budget_thresholds = false;
   budget->add_flag("--json", budget_as_json, "Print JSON instead of text");
   budget->add_flag("--thresholds", budget_thresholds, "Also print tau for every round step 1..T");
   auto* evaluate = app.add_subcommand(
-      "evaluate", "Error of a released histogram stream against the truth (a mode \"none\" run of the same stream) over "
-                  "the whole key space: keys released, linf, l1, l2 at every trigger of a window (rank 0)");
+      "evaluate",
+      "Error of a released histogram stream against the truth (a mode \"none\" run of the same stream) over "
+      "the whole key space: keys released, linf, l1, l2 at every trigger of a window (rank 0)");
   dpstream::EvaluateOptions eval_opts;
   std::string eval_column = "count";
   bool eval_json = false, eval_every = false;
-  evaluate->add_option("--truth", eval_opts.truth_dir, "Output directory of the mode \"none\" run (releases.csv, summary.json)")
+  evaluate
+      ->add_option("--truth", eval_opts.truth_dir,
+                   "Output directory of the mode \"none\" run (releases.csv, summary.json)")
       ->required();
-  evaluate->add_option("--released", eval_opts.released_dir, "Output directory of the run to evaluate (dp or a baseline)")
+  evaluate
+      ->add_option("--released", eval_opts.released_dir, "Output directory of the run to evaluate (dp or a baseline)")
       ->required();
   evaluate->add_option("--window", eval_opts.window, "Window (default: the last window of the truth file)");
   evaluate->add_option("--trigger", eval_opts.trigger, "Trigger of that window (default: its last trigger)");
@@ -141,23 +150,27 @@ int main(int argc, char** argv) {
   evaluate->add_flag("--per-trigger", eval_every, "Print every trigger in the table (default: about 10 and the last)");
   evaluate->add_flag("--json", eval_json, "Print one JSON object instead of text");
   auto* choose_c_cmd = app.add_subcommand(
-      "choose-c", "Choose the contribution bound C ([privacy] max_records_per_user) with DP: the q-quantile of the "
-                  "per-user record counts in one window of the job's input, released with discrete Gaussian noise "
-                  "(docs/CHOOSING-C.md)");
+      "choose-c",
+      "Choose the contribution bound C ([privacy] max_records_per_user) with DP: the q-quantile of the "
+      "per-user record counts in one window of the job's input, released with discrete Gaussian noise "
+      "(docs/CHOOSING-C.md)");
   std::string choose_c_spec;
   std::vector<std::string> choose_c_overrides;
   dpstream::ChooseCOptions choose_c_opts;
   bool choose_c_as_json = false;
-  choose_c_cmd->add_option("job", choose_c_spec, "Job spec (TOML) whose input is measured, e.g. jobs/paper-workload-dp.toml")
+  choose_c_cmd
+      ->add_option("job", choose_c_spec, "Job spec (TOML) whose input is measured, e.g. jobs/paper-workload-dp.toml")
       ->required();
   choose_c_cmd->add_option("--set", choose_c_overrides, "Override a job key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
   choose_c_cmd->add_option("--epsilon", choose_c_opts.epsilon, "Epsilon spent on this release (> 0)")->required();
   choose_c_cmd->add_option("--delta", choose_c_opts.delta, "Delta spent on this release, in (0, 1)")->required();
-  choose_c_cmd->add_option("--quantile", choose_c_opts.quantile, "Quantile q of the per-user counts, in (0, 1) (default 0.99)");
+  choose_c_cmd->add_option("--quantile", choose_c_opts.quantile,
+                           "Quantile q of the per-user counts, in (0, 1) (default 0.99)");
   choose_c_cmd->add_option("--max-c", choose_c_opts.max_c, "Largest C considered, 1..1000000 (default 1000)");
   choose_c_cmd->add_option("--window", choose_c_opts.window, "Window measured (default: the job's first window)");
-  choose_c_cmd->add_option("--seed", choose_c_opts.seed, "Noise secret from this seed: tests only, the output is NOT private");
+  choose_c_cmd->add_option("--seed", choose_c_opts.seed,
+                           "Noise secret from this seed: tests only, the output is NOT private");
   choose_c_cmd->add_flag("--json", choose_c_as_json, "Print one JSON object instead of text");
 
   try {
@@ -183,19 +196,23 @@ int main(int argc, char** argv) {
       const auto report = dpstream::run_job(config, comm, options);
       if (stopped(report)) return kExitStopped;
       if (root && report.already_complete) {
-        std::printf("dpstream: job '%s' is already complete in %s; nothing to do\n  releases: %s\n", config.name.c_str(),
-                    config.output.dir.c_str(), report.releases_path.c_str());
+        std::printf("dpstream: job '%s' is already complete in %s; nothing to do\n  releases: %s\n",
+                    config.name.c_str(), config.output.dir.c_str(), report.releases_path.c_str());
       } else if (root) {
-        std::printf("dpstream: %s finished on %d rank(s) x %d thread(s)\n", config.name.c_str(), comm.size(), omp_get_max_threads());
-        std::printf("  releases: %s\n  summary:  %s/summary.json\n", report.releases_path.c_str(), config.output.dir.c_str());
+        std::printf("dpstream: %s finished on %d rank(s) x %d thread(s)\n", config.name.c_str(), comm.size(),
+                    omp_get_max_threads());
+        std::printf("  releases: %s\n  summary:  %s/summary.json\n", report.releases_path.c_str(),
+                    config.output.dir.c_str());
         if (result_line) std::printf("%s\n", report.run_result_line.c_str());
       }
-      if (root && !report.skipped_rows_message.empty()) std::fprintf(stderr, "%s\n", report.skipped_rows_message.c_str());
+      if (root && !report.skipped_rows_message.empty())
+        std::fprintf(stderr, "%s\n", report.skipped_rows_message.c_str());
     } else if (*bench) {
       auto config = load(bench_args);
       if (config.input.kind != dpstream::InputKind::Synthetic)
         throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
-      const auto report = dpstream::run_job(config, comm, {.write_output = false, .bench_line = dpstream::bench_result_line});
+      const auto report =
+          dpstream::run_job(config, comm, {.write_output = false, .bench_line = dpstream::bench_result_line});
       if (stopped(report)) return kExitStopped;
       if (root) std::printf("%s\n", report.result_line.c_str());
     } else if (*budget) {

@@ -18,9 +18,9 @@ namespace dpstream {
 
 namespace {
 
-constexpr double kMaxSamplerSigma = 16777216.0;     // 2^24: the exact sampler's range (kernels/noise.hpp)
-constexpr double kMinSamplerSigma = 1.0 / 1024.0;   // 2^-10
-constexpr double kSumGridSigma = 4194304.0;         // 2^22: sum noise is drawn on a grid with sigma <= this
+constexpr double kMaxSamplerSigma = 16777216.0;    // 2^24: the exact sampler's range (kernels/noise.hpp)
+constexpr double kMinSamplerSigma = 1.0 / 1024.0;  // 2^-10
+constexpr double kSumGridSigma = 4194304.0;        // 2^22: sum noise is drawn on a grid with sigma <= this
 
 // The sigma the sampler really uses (sigma^2 rounded up to its exact rational form).
 double exact_sigma(const JobConfig& c, double sigma, const std::string& family) {
@@ -58,8 +58,10 @@ void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, std::uint32_t l
     };
     p.clamp_bound = bound_on_grid(1);
     if (p.clamp_bound == 0)
-      throw ConfigError(fmt::format("{}: [query] aggregations has \"sum\" but the clamp range [{}, {}] makes every sum 0; "
-                                    "widen clamp_min/clamp_max or release only [\"count\"]", c.source, pc.clamp_min, pc.clamp_max));
+      throw ConfigError(
+          fmt::format("{}: [query] aggregations has \"sum\" but the clamp range [{}, {}] makes every sum 0; "
+                      "widen clamp_min/clamp_max or release only [\"count\"]",
+                      c.source, pc.clamp_min, pc.clamp_max));
     // Draw sum noise on the coarsest power-of-two grid that keeps sigma <= 2^22 grid steps; values
     // are rounded to that grid at bounding, and L is taken after rounding.
     const double sigma_fixed = sigma_for(p.clamp_bound) * kValueScale;
@@ -67,9 +69,11 @@ void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, std::uint32_t l
     p.clamp_bound = bound_on_grid(p.sum_quantum);
     const double quantum = static_cast<double>(p.sum_quantum) / kValueScale;
     if (p.clamp_bound == 0 || quantum > (pc.clamp_max - pc.clamp_min) / 100.0)
-      throw ConfigError(fmt::format("{}: the sum noise needs a value grid of {:.6g}, coarser than 1% of the clamp range "
-                                    "[{}, {}]; narrow the range around the values, lower max_records_per_user, raise "
-                                    "epsilon, or release only [\"count\"]", c.source, quantum, pc.clamp_min, pc.clamp_max));
+      throw ConfigError(
+          fmt::format("{}: the sum noise needs a value grid of {:.6g}, coarser than 1% of the clamp range "
+                      "[{}, {}]; narrow the range around the values, lower max_records_per_user, raise "
+                      "epsilon, or release only [\"count\"]",
+                      c.source, quantum, pc.clamp_min, pc.clamp_max));
     p.sum_sigma_quanta = exact_sigma(c, sigma_for(p.clamp_bound) / quantum, "sum");
     TreeFamily f{"sum", p.C * p.clamp_bound, p.sum_sigma_quanta * quantum, 0, "value"};
     f.rho = levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
@@ -125,9 +129,10 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
     try {
       b.eps0 = accounting::optimal_composition_eps0(p.epsilon, p.delta, b.delta0, p.T);
     } catch (const std::invalid_argument& e) {
-      throw ConfigError(fmt::format("{}: [privacy] composition = \"optimal\" cannot split (eps {}, delta {}) over T = {} "
-                                    "releases ({}); raise epsilon or delta, or use composition = \"zcdp\"",
-                                    c.source, p.epsilon, p.delta, p.T, e.what()));
+      throw ConfigError(
+          fmt::format("{}: [privacy] composition = \"optimal\" cannot split (eps {}, delta {}) over T = {} "
+                      "releases ({}); raise epsilon or delta, or use composition = \"zcdp\"",
+                      c.source, p.epsilon, p.delta, p.T, e.what()));
     }
     b.delta0_threshold = b.delta0 * pc.selection_delta_share;
     b.delta_conversion = b.delta0 - b.delta0_threshold;
@@ -160,12 +165,15 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
   } else {
     const double eps0_used = accounting::zcdp_eps_tight(rho_used, b.delta_conversion);
     p.eps_total = p.epsilon;
-    p.delta_total = accounting::optimal_composition_delta(eps0_used, b.delta_conversion + b.delta0_threshold, p.T, p.epsilon);
+    p.delta_total =
+        accounting::optimal_composition_delta(eps0_used, b.delta_conversion + b.delta0_threshold, p.T, p.epsilon);
   }
   p.rho_total = rho_used * b.releases_composed;
   if (p.eps_total > p.epsilon * (1 + 1e-9) || p.delta_total > p.delta * (1 + 1e-9))
-    throw ConfigError(fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
-                                  "this is a bug, please report it", c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
+    throw ConfigError(
+        fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
+                    "this is a bug, please report it",
+                    c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
   return p;
 }
 
@@ -175,7 +183,8 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
 // popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each; a full step is added).
 SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_t T, ThresholdTail tail) {
   SelectionThresholds t;
-  t.tail_z = tail == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / beta)) : accounting::normal_upper_quantile(beta);
+  t.tail_z = tail == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / beta))
+                                                : accounting::normal_upper_quantile(beta);
   t.tau.assign(T + 1, 0.0);
   t.lambda.assign(T + 1, 0.0);
   for (std::uint32_t s = 1; s <= T; ++s) {
@@ -188,7 +197,8 @@ SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_
 PrivacyPlan make_privacy_plan(const JobConfig& c) {
   const auto& pc = c.privacy;
   if (!is_private(pc.mode))
-    throw ConfigError(fmt::format("{}: [privacy] mode is \"none\": there is no privacy budget; set mode = \"dp\"", c.source));
+    throw ConfigError(
+        fmt::format("{}: [privacy] mode is \"none\": there is no privacy budget; set mode = \"dp\"", c.source));
   if (is_baseline(pc.mode)) return make_baseline_plan(c);
   PrivacyPlan p = plan_common(c);
   const bool one_ledger = pc.composition == Composition::Zcdp;
@@ -204,9 +214,10 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   const double tests = static_cast<double>(p.C) * p.T;
   const double beta_cost = (std::exp(one_ledger ? p.epsilon : p.epsilon_selection) + 1.0) * tests;
   if (!std::isfinite(beta_cost) || !(p.delta_selection / beta_cost >= 1e-300))
-    throw ConfigError(fmt::format("{}: [privacy] epsilon = {} is too large to account: the key-selection failure term "
-                                  "(e^eps_sel + 1) C T beta leaves no usable beta; use a smaller epsilon",
-                                  c.source, p.epsilon));
+    throw ConfigError(
+        fmt::format("{}: [privacy] epsilon = {} is too large to account: the key-selection failure term "
+                    "(e^eps_sel + 1) C T beta leaves no usable beta; use a smaller epsilon",
+                    c.source, p.epsilon));
   p.beta_defaulted = !pc.beta.has_value();
   p.beta = pc.beta ? *pc.beta : p.delta_selection / (2.0 * beta_cost);  // default: half of selection's delta
   p.delta_beta = beta_cost * p.beta;
@@ -241,8 +252,9 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   p.tau = thresholds.tau;
   p.lambda = thresholds.lambda;
   if (!std::isfinite(p.tail_z) || !std::isfinite(p.tau[p.T]))
-    throw ConfigError(fmt::format("{}: [privacy] beta = {:.3g} is too small for a finite threshold; raise beta or lower epsilon",
-                                  c.source, p.beta));
+    throw ConfigError(
+        fmt::format("{}: [privacy] beta = {:.3g} is too small for a finite threshold; raise beta or lower epsilon",
+                    c.source, p.beta));
   // Default mu = floor(min tau / 24): the bar mu + tau sits 4% above tau, while keys with <= mu users
   // in their round (most of the long tail) skip their noise entirely. Measured on the paper's
   // workload (docs/EVALUATION.md): tau / 4 released 10% fewer keys; mu = 0 costs 9x the draws.
@@ -264,8 +276,10 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
     p.delta_total = p.delta_selection_conversion + p.delta_beta + p.delta_aggregation;
   }
   if (p.eps_total > p.epsilon * (1 + 1e-9) || p.delta_total > p.delta * (1 + 1e-9))
-    throw ConfigError(fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
-                                  "this is a bug, please report it", c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
+    throw ConfigError(
+        fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
+                    "this is a bug, please report it",
+                    c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
   return p;
 }
 
@@ -307,18 +321,25 @@ kernels::DpParams release_params(const PrivacyPlan& p) {
 std::unique_ptr<kernels::Releaser> make_releaser(PrivacyMode mode, const PrivacyPlan& plan, const noise::Secret& secret,
                                                  kernels::KeyScan scan) {
   switch (mode) {
-    case PrivacyMode::None: return kernels::make_exact_releaser();
-    case PrivacyMode::Dp: return kernels::make_dp_sqlp_releaser(release_params(plan), secret, scan);
-    case PrivacyMode::BaselineRepeated: return kernels::make_baseline_releaser(baseline_params(plan), secret, true);
-    case PrivacyMode::BaselineBatch: return kernels::make_baseline_releaser(baseline_params(plan), secret, false);
+    case PrivacyMode::None:
+      return kernels::make_exact_releaser();
+    case PrivacyMode::Dp:
+      return kernels::make_dp_sqlp_releaser(release_params(plan), secret, scan);
+    case PrivacyMode::BaselineRepeated:
+      return kernels::make_baseline_releaser(baseline_params(plan), secret, true);
+    case PrivacyMode::BaselineBatch:
+      return kernels::make_baseline_releaser(baseline_params(plan), secret, false);
   }
   throw std::logic_error("make_releaser: unknown privacy mode");
 }
 
 namespace {
 nlohmann::json family_json(const TreeFamily& f) {
-  return nlohmann::json{{"name", f.name}, {"unit", f.unit}, {"l2_sensitivity_per_level", f.sensitivity},
-                        {"sigma", f.sigma}, {"rho", f.rho}};
+  return nlohmann::json{{"name", f.name},
+                        {"unit", f.unit},
+                        {"l2_sensitivity_per_level", f.sensitivity},
+                        {"sigma", f.sigma},
+                        {"rho", f.rho}};
 }
 
 nlohmann::json baseline_json(const PrivacyPlan& p) {
@@ -340,12 +361,17 @@ nlohmann::json baseline_json(const PrivacyPlan& p) {
                     {"delta", b.delta_threshold},
                     {"tail_z", p.tail_z},
                     {"threshold_tail", to_string(p.threshold)}};
-  j["aggregation"] = {{"columns", fams}, {"sum_grid", static_cast<double>(p.sum_quantum) / kValueScale},
+  j["aggregation"] = {{"columns", fams},
+                      {"sum_grid", static_cast<double>(p.sum_quantum) / kValueScale},
                       {"clamp_bound", p.clamp_bound}};
-  j["total"] = {{"epsilon", p.eps_total}, {"delta", p.delta_total}, {"within_budget", true}, {"rho", p.rho_total},
+  j["total"] = {{"epsilon", p.eps_total},
+                {"delta", p.delta_total},
+                {"within_budget", true},
+                {"rho", p.rho_total},
                 {"delta_conversion", b.delta_conversion},
-                {"composition", p.composition == Composition::Zcdp ? "zCDP over all releases, converted once (CKS 2020)"
-                                                                   : "optimal composition of T (eps0, delta0) releases (KOV 2015)"}};
+                {"composition", p.composition == Composition::Zcdp
+                                    ? "zCDP over all releases, converted once (CKS 2020)"
+                                    : "optimal composition of T (eps0, delta0) releases (KOV 2015)"}};
   return j;
 }
 
@@ -353,29 +379,35 @@ std::string baseline_text(const PrivacyPlan& p) {
   const auto& b = p.baseline;
   std::string s;
   auto line = [&](const std::string& t) { s += t + "\n"; };
-  line(fmt::format("privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
-                   p.epsilon, p.delta));
+  line(fmt::format(
+      "privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
+      p.epsilon, p.delta));
   if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
   if (p.threshold != ThresholdTail::Subgaussian)
-    line("WARNING: threshold = \"gaussian-quantile\" assumes the Gaussian tail bounds the discrete noise's, which is "
-         "not proven (docs/PRIVACY.md section 6)");
+    line(
+        "WARNING: threshold = \"gaussian-quantile\" assumes the Gaussian tail bounds the discrete noise's, which is "
+        "not proven (docs/PRIVACY.md section 6)");
   line(fmt::format("mode {}: a one-shot query with Gaussian thresholding at each of T = {} triggers, C = {}",
                    to_string(p.mode), p.T, p.C));
   if (p.composition == Composition::Zcdp)
-    line(fmt::format("composition     zcdp: rho = {:.6g} in total, a user pays {} release(s)' rho; converted once with delta {:.4g}",
-                     b.rho_total, b.releases_composed, b.delta_conversion));
+    line(fmt::format(
+        "composition     zcdp: rho = {:.6g} in total, a user pays {} release(s)' rho; converted once with delta {:.4g}",
+        b.rho_total, b.releases_composed, b.delta_conversion));
   else
-    line(fmt::format("composition     optimal (KOV 2015): T = {} releases of (eps0 {:.6g}, delta0 {:.4g}); eps0 from one "
-                     "release's rho by the tight conversion", p.T, b.eps0, b.delta0));
-  line(fmt::format("  per release   rho = {:.6g} (threshold {:.6g} + columns {:.6g})", p.selection.rho + p.rho_aggregation,
-                   p.selection.rho, p.rho_aggregation));
-  line(fmt::format("threshold       sigma = {:.6g} users, L2 sensitivity sqrt(C) = {:.6g}; tau = 1 + sigma * {:.6g} = {:.6g}",
-                   p.selection.sigma, p.selection.sensitivity, p.tail_z, b.tau));
+    line(fmt::format(
+        "composition     optimal (KOV 2015): T = {} releases of (eps0 {:.6g}, delta0 {:.4g}); eps0 from one "
+        "release's rho by the tight conversion",
+        p.T, b.eps0, b.delta0));
+  line(fmt::format("  per release   rho = {:.6g} (threshold {:.6g} + columns {:.6g})",
+                   p.selection.rho + p.rho_aggregation, p.selection.rho, p.rho_aggregation));
+  line(fmt::format(
+      "threshold       sigma = {:.6g} users, L2 sensitivity sqrt(C) = {:.6g}; tau = 1 + sigma * {:.6g} = {:.6g}",
+      p.selection.sigma, p.selection.sensitivity, p.tail_z, b.tau));
   line(fmt::format("  delta         {:.4g} = {:.4g} keys-and-releases per user x tail {:.4g} per key and release",
                    b.delta_threshold, b.keys_per_user, b.tail));
   for (const auto& f : p.aggregation)
-    line(fmt::format("  {:<13} sigma = {:.6g} {} per release, L2 sensitivity {:.6g}, rho = {:.6g}", f.name, f.sigma, f.unit,
-                     f.sensitivity, f.rho));
+    line(fmt::format("  {:<13} sigma = {:.6g} {} per release, L2 sensitivity {:.6g}, rho = {:.6g}", f.name, f.sigma,
+                     f.unit, f.sensitivity, f.rho));
   line(fmt::format("total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget", p.eps_total, p.epsilon,
                    p.delta_total, p.delta));
   return s;
@@ -415,10 +447,18 @@ nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
   }
   nlohmann::json fams = nlohmann::json::array();
   for (const auto& f : p.aggregation) fams.push_back(family(f));
-  j["aggregation"] = {{"epsilon", p.epsilon_aggregation}, {"delta", p.delta_aggregation}, {"rho", p.rho_aggregation},
-                      {"columns", fams}, {"eps_tight", p.eps_aggregation_tight}, {"eps_simple", p.eps_aggregation_simple},
-                      {"sum_grid", static_cast<double>(p.sum_quantum) / kValueScale}, {"clamp_bound", p.clamp_bound}};
-  j["total"] = {{"epsilon", p.eps_total}, {"delta", p.delta_total}, {"within_budget", true}, {"rho", p.rho_total},
+  j["aggregation"] = {{"epsilon", p.epsilon_aggregation},
+                      {"delta", p.delta_aggregation},
+                      {"rho", p.rho_aggregation},
+                      {"columns", fams},
+                      {"eps_tight", p.eps_aggregation_tight},
+                      {"eps_simple", p.eps_aggregation_simple},
+                      {"sum_grid", static_cast<double>(p.sum_quantum) / kValueScale},
+                      {"clamp_bound", p.clamp_bound}};
+  j["total"] = {{"epsilon", p.eps_total},
+                {"delta", p.delta_total},
+                {"within_budget", true},
+                {"rho", p.rho_total},
                 {"composition", p.composition == Composition::Zcdp
                                     ? "zCDP: one ledger for key selection and aggregation, converted once (CKS 2020)"
                                     : "basic (key selection + aggregation)"}};
@@ -429,51 +469,61 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
   if (is_baseline(p.mode)) return baseline_text(p);
   std::string s;
   auto line = [&](const std::string& t) { s += t + "\n"; };
-  line(fmt::format("privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
-                   p.epsilon, p.delta));
+  line(fmt::format(
+      "privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
+      p.epsilon, p.delta));
   if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
   if (p.threshold != ThresholdTail::Subgaussian)
-    line("WARNING: threshold = \"gaussian-quantile\" is the paper's approximation; the delta below assumes it bounds "
-         "the discrete noise's tail, which is not proven (docs/PRIVACY.md section 6)");
+    line(
+        "WARNING: threshold = \"gaussian-quantile\" is the paper's approximation; the delta below assumes it bounds "
+        "the discrete noise's tail, which is not proven (docs/PRIVACY.md section 6)");
   line(fmt::format("mode dp (DP-SQLP), composition {}; trees: T = {} triggers, {} levels (floor(log2 T) + 1), C = {}",
                    to_string(p.composition), p.T, p.levels, p.C));
   line("");
   if (p.composition == Composition::Zcdp)
-    line(fmt::format("composition     zcdp: rho = {:.6g} = rho(eps, delta - beta term {:.4g}), shared by key selection ({:.6g}) "
-                     "and aggregation ({:.6g})", p.rho_total, p.delta_beta, p.selection.rho, p.rho_aggregation));
+    line(fmt::format(
+        "composition     zcdp: rho = {:.6g} = rho(eps, delta - beta term {:.4g}), shared by key selection ({:.6g}) "
+        "and aggregation ({:.6g})",
+        p.rho_total, p.delta_beta, p.selection.rho, p.rho_aggregation));
   line(fmt::format("key selection   eps {:.6g}, delta {:.4g} = {:.4g} (Gaussian conversion) + {:.4g} (beta term)",
                    p.epsilon_selection, p.delta_selection, p.delta_selection_conversion, p.delta_beta));
-  line(fmt::format("  tree          sigma = {:.6g} users per node, L2 sensitivity sqrt(C) = {:.6g} per level, rho = {:.6g}",
-                   p.selection.sigma, p.selection.sensitivity, p.selection.rho));
+  line(fmt::format(
+      "  tree          sigma = {:.6g} users per node, L2 sensitivity sqrt(C) = {:.6g} per level, rho = {:.6g}",
+      p.selection.sigma, p.selection.sensitivity, p.selection.rho));
   line(fmt::format("  eps           {:.6g} tight (CKS 2020), {:.6g} simple (rho + 2 sqrt(rho ln 1/delta))",
                    p.eps_selection_tight, p.eps_selection_simple));
   line(fmt::format("  beta          {:.4g} per threshold test{}, charged (e^eps{} + 1) * C * T * beta = {:.4g}", p.beta,
                    p.beta_defaulted ? " (default: half of selection's delta)" : "",
                    p.composition == Composition::Zcdp ? "" : "_sel", p.delta_beta));
-  line(fmt::format("  threshold     mu = {}{}, tau_s = lambda_s * {:.6g} ({}); tau_1 = {:.6g}, max tau = {:.6g}, tau_T = {:.6g}",
-                   p.mu, p.mu_defaulted ? " (default: floor(min tau / 24))" : "", p.tail_z, p.threshold == ThresholdTail::Subgaussian ? "subgaussian tail" : "Gaussian quantile",
-                   p.tau[1], *std::max_element(p.tau.begin() + 1, p.tau.end()), p.tau[p.T]));
-  line(fmt::format("aggregation     eps {:.6g}, delta {:.4g}, rho = {:.6g} shared by {} column(s)", p.epsilon_aggregation,
-                   p.delta_aggregation, p.rho_aggregation, p.aggregation.size()));
+  line(fmt::format(
+      "  threshold     mu = {}{}, tau_s = lambda_s * {:.6g} ({}); tau_1 = {:.6g}, max tau = {:.6g}, tau_T = {:.6g}",
+      p.mu, p.mu_defaulted ? " (default: floor(min tau / 24))" : "", p.tail_z,
+      p.threshold == ThresholdTail::Subgaussian ? "subgaussian tail" : "Gaussian quantile", p.tau[1],
+      *std::max_element(p.tau.begin() + 1, p.tau.end()), p.tau[p.T]));
+  line(fmt::format("aggregation     eps {:.6g}, delta {:.4g}, rho = {:.6g} shared by {} column(s)",
+                   p.epsilon_aggregation, p.delta_aggregation, p.rho_aggregation, p.aggregation.size()));
   for (const auto& f : p.aggregation)
-    line(fmt::format("  {:<13} sigma = {:.6g} {} per node, L2 sensitivity {:.6g} per level, rho = {:.6g}", f.name, f.sigma,
-                     f.unit, f.sensitivity, f.rho));
+    line(fmt::format("  {:<13} sigma = {:.6g} {} per node, L2 sensitivity {:.6g} per level, rho = {:.6g}", f.name,
+                     f.sigma, f.unit, f.sensitivity, f.rho));
   if (p.sum_quantum > 1 || p.clamp_bound > 0)
     line(fmt::format("  sum grid      values rounded to multiples of {:.6g}; L = {:.6g}",
                      static_cast<double>(p.sum_quantum) / kValueScale, p.clamp_bound));
   line(fmt::format("  eps           {:.6g} tight, {:.6g} simple", p.eps_aggregation_tight, p.eps_aggregation_simple));
   line("");
   if (p.composition == Composition::Zcdp)
-    line(fmt::format("total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget (composition zcdp: one ledger, "
-                     "rho = {:.6g}, converted once; the per-part eps above are for information)",
-                     p.eps_total, p.epsilon, p.delta_total, p.delta, p.rho_total));
+    line(fmt::format(
+        "total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget (composition zcdp: one ledger, "
+        "rho = {:.6g}, converted once; the per-part eps above are for information)",
+        p.eps_total, p.epsilon, p.delta_total, p.delta, p.rho_total));
   else
-    line(fmt::format("total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget (basic composition of the two parts)",
-                     p.eps_total, p.epsilon, p.delta_total, p.delta));
+    line(fmt::format(
+        "total           eps {:.6g} <= {}, delta {:.4g} <= {:.4g}: within budget (basic composition of the two parts)",
+        p.eps_total, p.epsilon, p.delta_total, p.delta));
   if (thresholds_table) {
     line("");
     line("step  lambda        tau");
-    for (std::uint32_t st = 1; st <= p.T; ++st) line(fmt::format("{:<5} {:<13.6g} {:.6g}", st, p.lambda[st], p.tau[st]));
+    for (std::uint32_t st = 1; st <= p.T; ++st)
+      line(fmt::format("{:<5} {:<13.6g} {:.6g}", st, p.lambda[st], p.tau[st]));
   }
   return s;
 }

@@ -57,20 +57,20 @@ struct PrivacyPlan {
   TreeFamily selection;
   std::vector<TreeFamily> aggregation;  // one per released column, sharing rho_aggregation
   double rho_aggregation = 0;
-  double clamp_bound = 0;                 // L = max |clamp| after rounding to the sum grid
-  std::int64_t sum_quantum = 1;           // fixed-point units per sum noise unit
-  double sum_sigma_quanta = 0;            // sum noise in grid units (what the sampler draws)
-  double tail_z = 0;                      // tau_s = lambda_s * tail_z + rounding margin
-  std::vector<double> tau;                // tau[s], s = 1..T (tau[0] = 0, unused)
-  std::vector<double> lambda;             // std of the Honaker prefix noise at round step s
+  double clamp_bound = 0;        // L = max |clamp| after rounding to the sum grid
+  std::int64_t sum_quantum = 1;  // fixed-point units per sum noise unit
+  double sum_sigma_quanta = 0;   // sum noise in grid units (what the sampler draws)
+  double tail_z = 0;             // tau_s = lambda_s * tail_z + rounding margin
+  std::vector<double> tau;       // tau[s], s = 1..T (tau[0] = 0, unused)
+  std::vector<double> lambda;    // std of the Honaker prefix noise at round step s
   // Reported conversions.
   double eps_selection_tight = 0, eps_selection_simple = 0;
   double eps_aggregation_tight = 0, eps_aggregation_simple = 0;
-  double eps_total = 0, delta_total = 0;   // basic composition of the two parts (what is guaranteed)
-  bool private_run = true;                 // false when [privacy] seed fixes the secret
+  double eps_total = 0, delta_total = 0;  // basic composition of the two parts (what is guaranteed)
+  bool private_run = true;                // false when [privacy] seed fixes the secret
   ThresholdTail threshold = ThresholdTail::Subgaussian;
-  double rho_total = 0;                    // composition = zcdp: the one ledger (selection + aggregation)
-  BaselinePlan baseline;                   // baseline modes only
+  double rho_total = 0;   // composition = zcdp: the one ledger (selection + aggregation)
+  BaselinePlan baseline;  // baseline modes only
 };
 
 // Key selection's thresholds (docs/PRIVACY.md section 6), index s = 1..T (index 0 unused):

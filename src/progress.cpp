@@ -20,8 +20,9 @@ std::string human_rate(double per_second) {
 ProgressReporter::ProgressReporter(const JobConfig& config, const shuffle::Comm& comm, Clock::time_point run_start)
     : comm_(comm), run_start_(run_start) {
   const bool root = comm.rank() == 0;
-  on_ = comm.max(std::uint64_t{root && (config.output.progress == ProgressMode::Always ||
-                                        (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)))}) != 0;
+  on_ =
+      comm.max(std::uint64_t{root && (config.output.progress == ProgressMode::Always ||
+                                      (config.output.progress == ProgressMode::Auto && ::isatty(STDERR_FILENO)))}) != 0;
 }
 
 void ProgressReporter::trigger_done(std::int64_t window, std::uint32_t trigger, std::uint32_t triggers_per_window,

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <optional>
 
+#include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
-#include "common/fault_injection.hpp"
 
 namespace dpstream {
 
@@ -34,8 +34,10 @@ ReleaseText gather_release_text(const std::vector<KeyRelease>& released, const K
   shuffle::ByteWriter w;
   w.put(static_cast<std::uint64_t>(rows.size()));
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    if (names) w.put_string(rows[i].name);
-    else w.put(rows[i].key);
+    if (names)
+      w.put_string(rows[i].name);
+    else
+      w.put(rows[i].key);
     w.put(ends[i]);
   }
   w.put_string(text);
@@ -54,8 +56,10 @@ ReleaseText gather_release_text(const std::vector<KeyRelease>& released, const K
     Run r;
     const auto n = in.get<std::uint64_t>();
     for (std::uint64_t i = 0; i < n; ++i) {
-      if (names) r.names.push_back(in.get_string());
-      else r.ids.push_back(in.get<std::uint64_t>());
+      if (names)
+        r.names.push_back(in.get_string());
+      else
+        r.ids.push_back(in.get<std::uint64_t>());
       r.ends.push_back(in.get<std::uint64_t>());
     }
     r.text = in.get_string();
@@ -108,7 +112,8 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
   return names;
 }
 
-std::uint64_t ReleaseStager::stage(const std::vector<KeyRelease>& released, std::int64_t window, std::uint32_t trigger) {
+std::uint64_t ReleaseStager::stage(const std::vector<KeyRelease>& released, std::int64_t window,
+                                   std::uint32_t trigger) {
   const auto rows = gather_release_text(released, names_ ? &*names_ : nullptr, window, trigger, columns_, comm_);
   if (writer_) {
     writer_->stage_text(rows.text, rows.rows);

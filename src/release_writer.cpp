@@ -1,7 +1,7 @@
 #include "src/release_writer.hpp"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -28,7 +28,8 @@ std::string exact_decimal(int128 fixed) {
   if (frac != 0) {
     std::string digits(20, '0');
     uint128 scaled = frac * 95367431640625u;  // 5^20: frac / 2^20 = scaled / 10^20
-    for (int i = 19; i >= 0; --i, scaled /= 10) digits[static_cast<std::size_t>(i)] = static_cast<char>('0' + static_cast<int>(scaled % 10));
+    for (int i = 19; i >= 0; --i, scaled /= 10)
+      digits[static_cast<std::size_t>(i)] = static_cast<char>('0' + static_cast<int>(scaled % 10));
     text += '.' + digits.substr(0, digits.find_last_not_of('0') + 1);
   }
   return fixed < 0 ? "-" + text : text;
@@ -69,16 +70,18 @@ std::string format_fixed(int128 wide) {
   return out;
 }
 
-void format_rows(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows, ReleaseColumns columns,
-                 std::string& text, std::vector<std::uint64_t>& ends) {
+void format_rows(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows,
+                 ReleaseColumns columns, std::string& text, std::vector<std::uint64_t>& ends) {
   const fmt::format_int w(window), t(trigger);
   for (const auto& r : rows) {
     text.append(w.data(), w.size());
     text += ',';
     text.append(t.data(), t.size());
     text += ',';
-    if (r.name.find_first_of(",\"\r\n") == std::string::npos) text += r.name;
-    else text += csv_field(r.name);
+    if (r.name.find_first_of(",\"\r\n") == std::string::npos)
+      text += r.name;
+    else
+      text += csv_field(r.name);
     text += ',';
     if (columns.count) append_fixed(text, r.count);
     text += ',';

@@ -15,8 +15,8 @@ namespace dpstream {
 struct ReleaseRow {
   std::uint64_t key;
   std::string name;  // key as printed (the CSV string, or the integer id)
-  int128 count;  // fixed point (exact integers in mode "none", noisy estimates in mode "dp")
-  int128 sum;    // fixed point
+  int128 count;      // fixed point (exact integers in mode "none", noisy estimates in mode "dp")
+  int128 sum;        // fixed point
 };
 
 // Which of the count and sum columns hold values; a column not released is left empty.
@@ -35,8 +35,8 @@ std::string csv_field(const std::string& s);
 
 // Appends one CSV line per row (in the given order) to `text`, and each line's end offset in `text`
 // to `ends`: the rows of releases.csv, formatted by whichever rank owns the keys.
-void format_rows(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows, ReleaseColumns columns,
-                 std::string& text, std::vector<std::uint64_t>& ends);
+void format_rows(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows,
+                 ReleaseColumns columns, std::string& text, std::vector<std::uint64_t>& ends);
 
 // DIR/releases.csv on rank 0, grown only by rows of committed triggers (docs/CHECKPOINTS.md):
 // rows are formatted into a pending buffer, handed to the checkpoint with their commit, and

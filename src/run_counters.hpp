@@ -31,10 +31,11 @@ struct RunCounters {
   kernels::DpStats dp;
   shuffle::TrafficCounter user_traffic, key_traffic;
   std::uint64_t distinct_users = 0, distinct_keys = 0;  // per window, summed over windows
-  std::uint64_t state_digest = 0;   // sum over windows of the state's digest at the window's end
+  std::uint64_t state_digest = 0;                       // sum over windows of the state's digest at the window's end
   std::uint64_t keys_released = 0;  // keys released at least once in their window (KeyState::round > 0)
   std::uint64_t records = 0;        // records this rank read
-  std::vector<std::uint64_t> visits_per_trigger;  // keys visited by key selection at each trigger of this run (not carried)
+  std::vector<std::uint64_t>
+      visits_per_trigger;  // keys visited by key selection at each trigger of this run (not carried)
 
   // f(name, counter) for every carried counter; the names are the manifest's "counters" members.
   template <class F>
@@ -44,7 +45,8 @@ struct RunCounters {
     f("threshold_tests", dp.tested), f("dp_release_rows", dp.released), f("noise_draws", dp.noise_draws);
     f("keys_visited", dp.visited), f("simulated_steps", dp.simulated), f("scheduled_visits", dp.scheduled);
     f("discarded_visits", dp.discarded), f("predicted_releases", dp.predicted);
-    f("user_shuffle_bytes", user_traffic.bytes_total), f("user_shuffle_bytes_to_others", user_traffic.bytes_sent_to_others);
+    f("user_shuffle_bytes", user_traffic.bytes_total),
+        f("user_shuffle_bytes_to_others", user_traffic.bytes_sent_to_others);
     f("key_shuffle_bytes", key_traffic.bytes_total), f("key_shuffle_bytes_to_others", key_traffic.bytes_sent_to_others);
     f("distinct_users", distinct_users), f("distinct_keys", distinct_keys), f("state_digest", state_digest);
     f("keys_released", keys_released), f("records", records);
@@ -58,7 +60,8 @@ struct RunCounters {
     distinct_keys += keys.keys();
     const auto w = static_cast<std::uint64_t>(window);
     state_digest += users.digest(partition::hash_combine(w, 'U')) + keys.digest(partition::hash_combine(w, 'K'));
-    if (count_released) keys.for_each([&](std::uint64_t, const kernels::KeyState& st) { keys_released += st.round > 0; });
+    if (count_released)
+      keys.for_each([&](std::uint64_t, const kernels::KeyState& st) { keys_released += st.round > 0; });
   }
 
   // The carried counters summed over ranks (a collective).
@@ -73,7 +76,9 @@ struct RunCounters {
   }
   // A resume: the job's sums go to rank 0 (every rank's values are summed again later), 0 elsewhere.
   void restore(const nlohmann::json& j, bool root) {
-    for_each_carried([&](const char* name, std::uint64_t& v) { v = root && j.contains(name) ? j.at(name).get<std::uint64_t>() : 0; });
+    for_each_carried([&](const char* name, std::uint64_t& v) {
+      v = root && j.contains(name) ? j.at(name).get<std::uint64_t>() : 0;
+    });
   }
 };
 
@@ -85,7 +90,8 @@ struct StatePeaks {
   std::uint64_t state_bytes = 0;          // users, keys and caches together
   std::uint64_t cached_keys = 0;          // keys with a releaser cache, summed over windows
 
-  void observe(const kernels::UserState& users, const kernels::KeyStateTable& table, const kernels::Releaser& releaser) {
+  void observe(const kernels::UserState& users, const kernels::KeyStateTable& table,
+               const kernels::Releaser& releaser) {
     cached_keys += releaser.cached_keys();
     if (users.users() >= active_users) active_users = users.users(), user_bytes = users.memory_bytes();
     const std::uint64_t kb = table.memory_bytes() + releaser.memory_bytes();

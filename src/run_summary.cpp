@@ -16,8 +16,8 @@ namespace {
 
 // Keys visited by key selection per trigger, summed over ranks: the mean over the job's triggers
 // (carried over a resume) and the most at one trigger this run processed.
-nlohmann::json visits_json(const shuffle::Comm& comm, std::uint64_t visited, const std::vector<std::uint64_t>& per_trigger,
-                           std::uint64_t triggers) {
+nlohmann::json visits_json(const shuffle::Comm& comm, std::uint64_t visited,
+                           const std::vector<std::uint64_t>& per_trigger, std::uint64_t triggers) {
   const auto global = comm.sum(per_trigger);
   const std::uint64_t most = global.empty() ? 0 : *std::max_element(global.begin(), global.end());
   return {{"mean", static_cast<double>(comm.sum(visited)) / static_cast<double>(std::max<std::uint64_t>(1, triggers))},
@@ -46,20 +46,20 @@ void add_job_and_privacy(nlohmann::json& j, const RunFigures& run, const shuffle
   const RunCounters& c = run.counters;
   j["privacy"] = budget_json(run.plan, false);
   j["threshold_proven"] = run.plan.threshold == ThresholdTail::Subgaussian;
-  j["dp"] = {{"threshold_tests", comm.sum(c.dp.tested)},
-             {"release_rows", comm.sum(c.dp.released)},
-             {"keys_released", comm.sum(c.keys_released)},
-             {"noise_draws", comm.sum(c.dp.noise_draws)},
-             {"key_scan", to_string(config.engine.key_scan)},
-             {"keys_visited_per_trigger", visits_json(comm, c.dp.visited, c.visits_per_trigger, run.total_triggers)},
-             {"simulated_steps", comm.sum(c.dp.simulated)},
-             {"scheduled_visits", comm.sum(c.dp.scheduled)},
-             {"discarded_visits", comm.sum(c.dp.discarded)},
-             {"predicted_releases", comm.sum(c.dp.predicted)},
-             {"keys_with_noise_cache", comm.sum(run.peaks.cached_keys)},
-             {"key_state_bytes_per_tracked_key",
-              static_cast<double>(comm.sum(run.peaks.key_bytes)) /
-                  std::max<double>(1.0, static_cast<double>(comm.sum(run.peaks.keys)))}};
+  j["dp"] = {
+      {"threshold_tests", comm.sum(c.dp.tested)},
+      {"release_rows", comm.sum(c.dp.released)},
+      {"keys_released", comm.sum(c.keys_released)},
+      {"noise_draws", comm.sum(c.dp.noise_draws)},
+      {"key_scan", to_string(config.engine.key_scan)},
+      {"keys_visited_per_trigger", visits_json(comm, c.dp.visited, c.visits_per_trigger, run.total_triggers)},
+      {"simulated_steps", comm.sum(c.dp.simulated)},
+      {"scheduled_visits", comm.sum(c.dp.scheduled)},
+      {"discarded_visits", comm.sum(c.dp.discarded)},
+      {"predicted_releases", comm.sum(c.dp.predicted)},
+      {"keys_with_noise_cache", comm.sum(run.peaks.cached_keys)},
+      {"key_state_bytes_per_tracked_key", static_cast<double>(comm.sum(run.peaks.key_bytes)) /
+                                              std::max<double>(1.0, static_cast<double>(comm.sum(run.peaks.keys)))}};
 }
 
 // Input rows by kind, records through bounding, distinct users and keys, the state's digest.
@@ -151,7 +151,9 @@ std::string skipped_rows_message(const nlohmann::json& input, const JobConfig& c
       "(summary.json \"input\")",
       malformed + non_finite + outside, n("rows_read"), malformed, non_finite, outside, config.stream.first_window,
       config.stream.first_window + config.stream.windows - 1,
-      outside && !config.stream.windows_from_input ? "; leave out [stream] first_window and windows to process every window of the input" : "");
+      outside && !config.stream.windows_from_input
+          ? "; leave out [stream] first_window and windows to process every window of the input"
+          : "");
 }
 
 }  // namespace dpstream

@@ -34,8 +34,9 @@ void on_signal(int signo) {
   int expected = 0;
   if (first_signal.compare_exchange_strong(expected, signo)) {
     first_signal_ns.store(now_ns());
-    write_stderr(signo == SIGTERM ? "dpstream: SIGTERM received: stopping after the current trigger; a second signal aborts\n"
-                                  : "dpstream: SIGUSR1 received: stopping after the current trigger; a second signal aborts\n");
+    write_stderr(signo == SIGTERM
+                     ? "dpstream: SIGTERM received: stopping after the current trigger; a second signal aborts\n"
+                     : "dpstream: SIGUSR1 received: stopping after the current trigger; a second signal aborts\n");
     return;
   }
   // One request often arrives twice within moments (SLURM signals the rank and mpirun, which
@@ -61,7 +62,7 @@ void install() {
   sa.sa_handler = on_signal;
   ::sigemptyset(&sa.sa_mask);
   for (int s : kStopSignals) ::sigaddset(&sa.sa_mask, s);  // the two handlers never interleave on a thread
-  sa.sa_flags = SA_RESTART;                                 // interrupted writes and waits resume
+  sa.sa_flags = SA_RESTART;                                // interrupted writes and waits resume
   for (int s : kStopSignals) ::sigaction(s, &sa, nullptr);
 }
 
@@ -69,9 +70,12 @@ int signal_received() { return first_signal.load(); }
 
 const char* signal_name(int signo) {
   switch (signo) {
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    default: return "a signal";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return "a signal";
   }
 }
 

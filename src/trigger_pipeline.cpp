@@ -34,9 +34,8 @@ std::vector<Record> TriggerPipeline::route_by_user(std::vector<Record> local) {
   partition::Partitioned<Record> by_user;
   {
     StageTimer timer(stage_.partition_user);
-    by_user = partition::partition_by(local, static_cast<std::size_t>(P), [P](const Record& r) {
-      return partition::user_owner(r.user, P);
-    });
+    by_user = partition::partition_by(local, static_cast<std::size_t>(P),
+                                      [P](const Record& r) { return partition::user_owner(r.user, P); });
     std::vector<Record>().swap(local);
   }
   StageTimer timer(stage_.shuffle_user);
@@ -56,9 +55,8 @@ std::vector<KeyPartial> TriggerPipeline::route_by_key(std::vector<KeyPartial> pa
   partition::Partitioned<KeyPartial> by_key;
   {
     StageTimer timer(stage_.partition_key);
-    by_key = partition::partition_by(partials, static_cast<std::size_t>(P), [P](const KeyPartial& p) {
-      return partition::key_owner(p.key, P);
-    });
+    by_key = partition::partition_by(partials, static_cast<std::size_t>(P),
+                                     [P](const KeyPartial& p) { return partition::key_owner(p.key, P); });
     std::vector<KeyPartial>().swap(partials);
   }
   StageTimer timer(stage_.shuffle_key);

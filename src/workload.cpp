@@ -14,7 +14,8 @@ constexpr std::uint64_t kCountStream = 0;
 SyntheticSource::SyntheticSource(const JobConfig& config, int rank, int ranks)
     : config_(config),
       clock_{config.stream.window_seconds, config.stream.triggers},
-      records_per_user_(config.input.records_per_user_min, config.input.records_per_user_max, config.input.records_per_user_q, config.input.records_per_user_s),
+      records_per_user_(config.input.records_per_user_min, config.input.records_per_user_max,
+                        config.input.records_per_user_q, config.input.records_per_user_s),
       key_zipf_(1, config.input.keys, config.input.key_q, config.input.key_s) {
   const auto U = static_cast<uint128>(config.input.users);
   first_user_ = static_cast<std::uint64_t>(U * static_cast<unsigned>(rank) / static_cast<unsigned>(ranks));
@@ -28,7 +29,7 @@ std::uint32_t SyntheticSource::draw_count(std::int64_t window, std::uint64_t use
 }
 
 double SyntheticSource::next_position(std::int64_t window, std::uint64_t user, std::uint32_t total,
-                                     std::uint32_t emitted, double position) const {
+                                      std::uint32_t emitted, double position) const {
   CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, emitted + 1);
   const double v = rng.uniform_pos();
   return 1.0 - (1.0 - position) * std::pow(v, 1.0 / static_cast<double>(total - emitted));
@@ -40,7 +41,8 @@ std::int64_t SyntheticSource::offset_of(double position) const {
   return offset >= W ? W - 1 : offset;
 }
 
-Record SyntheticSource::make_record(std::int64_t window, std::uint64_t user, std::uint32_t k, std::int64_t offset) const {
+Record SyntheticSource::make_record(std::int64_t window, std::uint64_t user, std::uint32_t k,
+                                    std::int64_t offset) const {
   // Same stream as next_position() for record k; the first draw went to the time, the rest to the key.
   CounterRng rng(config_.input.seed, static_cast<std::uint64_t>(window), user, k + 1);
   rng.next();
@@ -59,7 +61,8 @@ void SyntheticSource::begin_window(std::int64_t window) {
   emitted_.assign(n, 0);
   due_.assign(config_.stream.triggers, {});
   const int threads = omp_get_max_threads();
-  std::vector<std::vector<std::vector<std::uint32_t>>> local(threads, std::vector<std::vector<std::uint32_t>>(config_.stream.triggers));
+  std::vector<std::vector<std::vector<std::uint32_t>>> local(
+      threads, std::vector<std::vector<std::uint32_t>>(config_.stream.triggers));
 #pragma omp parallel num_threads(threads)
   {
     auto& mine = local[omp_get_thread_num()];

@@ -2,10 +2,10 @@
 //
 // For window w, user u draws n_u ~ Zipf-Mandelbrot(records_per_user) records (1 + that with
 // records_per_user_min = 0); their event times are n_u sorted uniforms over the window, produced
-// one at a time by the order-statistic recurrence U_(k+1) = 1 - (1 - U_(k)) V^(1 / (n_u - k)), V ~ U(0, 1]; record k's key is drawn
-// from the key distribution. Every number comes from CounterRng(seed, w, u, k), so the stream
-// does not depend on the rank count, and per user only (k, U_(k)) is kept between triggers (n_u is
-// drawn again from its counter).
+// one at a time by the order-statistic recurrence U_(k+1) = 1 - (1 - U_(k)) V^(1 / (n_u - k)), V ~ U(0, 1]; record k's
+// key is drawn from the key distribution. Every number comes from CounterRng(seed, w, u, k), so the stream does not
+// depend on the rank count, and per user only (k, U_(k)) is kept between triggers (n_u is drawn again from its
+// counter).
 #pragma once
 
 #include <memory>

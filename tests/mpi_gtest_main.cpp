@@ -10,7 +10,8 @@ class RankTagger : public testing::EmptyTestEventListener {
   void OnTestPartResult(const testing::TestPartResult& r) override {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (r.failed()) std::fprintf(stderr, "[rank %d] failure in %s:%d\n", rank, r.file_name() ? r.file_name() : "?", r.line_number());
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] failure in %s:%d\n", rank, r.file_name() ? r.file_name() : "?", r.line_number());
   }
 };
 }  // namespace

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <chrono>
 
-#include "tools/naive_reference.hpp"
 #include "src/summary.hpp"
 #include "src/workload.hpp"
+#include "tools/naive_reference.hpp"
 
 namespace dpstream {
 

@@ -39,13 +39,15 @@ noise::DiscreteGaussian make_sampler(const ChooseCOptions& o, double rho) {
     return noise::DiscreteGaussian(sigma);
   } catch (const std::invalid_argument&) {
     if (!(sigma <= std::ldexp(1.0, 24)))
-      throw ConfigError(fmt::format("--epsilon {} with --delta {} needs noise sigma {:.4g}, above the sampler's largest "
-                                    "2^24: use a larger --epsilon or --delta",
-                                    o.epsilon, o.delta, sigma));
-    throw ConfigError(fmt::format("--epsilon {} with --delta {} needs noise sigma {:.4g}, below the sampler's smallest "
-                                  "2^-10: use a smaller --epsilon (a few hundred already gives noise that is almost "
-                                  "always 0)",
-                                  o.epsilon, o.delta, sigma));
+      throw ConfigError(
+          fmt::format("--epsilon {} with --delta {} needs noise sigma {:.4g}, above the sampler's largest "
+                      "2^24: use a larger --epsilon or --delta",
+                      o.epsilon, o.delta, sigma));
+    throw ConfigError(
+        fmt::format("--epsilon {} with --delta {} needs noise sigma {:.4g}, below the sampler's smallest "
+                    "2^-10: use a smaller --epsilon (a few hundred already gives noise that is almost "
+                    "always 0)",
+                    o.epsilon, o.delta, sigma));
   }
 }
 
@@ -62,18 +64,19 @@ void check_choose_c_options(const JobConfig& config, const ChooseCOptions& o) {
   if (!(o.delta > 0 && o.delta < 1))
     throw ConfigError(fmt::format("--delta must be in (0, 1), got {}; e.g. --delta 1e-9", o.delta));
   if (!(o.quantile > 0 && o.quantile < 1))
-    throw ConfigError(fmt::format("--quantile must be in (0, 1), got {}; e.g. --quantile 0.99 for the 99th percentile",
-                                  o.quantile));
+    throw ConfigError(
+        fmt::format("--quantile must be in (0, 1), got {}; e.g. --quantile 0.99 for the 99th percentile", o.quantile));
   if (o.max_c < 1 || o.max_c > kChooseCMaxC)
-    throw ConfigError(fmt::format("--max-c must be in [1, {}], got {}; it should exceed the C you expect (default 1000)",
-                                  kChooseCMaxC, o.max_c));
+    throw ConfigError(fmt::format(
+        "--max-c must be in [1, {}], got {}; it should exceed the C you expect (default 1000)", kChooseCMaxC, o.max_c));
   const std::int64_t first = config.stream.first_window;
   const std::int64_t last = first + static_cast<std::int64_t>(config.stream.windows) - 1;
   const bool known = !config.stream.windows_from_input;  // else any window: the input's are not known here
   if (known && o.window && (*o.window < first || *o.window > last))
-    throw ConfigError(fmt::format("--window {} is not one of the job's windows {}..{} ([stream] first_window = {}, "
-                                  "windows = {}); choose one of them or change the job with --set stream.first_window=...",
-                                  *o.window, first, last, first, config.stream.windows));
+    throw ConfigError(
+        fmt::format("--window {} is not one of the job's windows {}..{} ([stream] first_window = {}, "
+                    "windows = {}); choose one of them or change the job with --set stream.first_window=...",
+                    *o.window, first, last, first, config.stream.windows));
   make_sampler(o, accounting::zcdp_rho_tight(o.epsilon, o.delta));  // sigma within the sampler's range
 }
 
@@ -163,9 +166,8 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
   pairs.reserve(local.size());
   for (const auto& [user, count] : local) pairs.push_back({user, count});
   absl::flat_hash_map<std::uint64_t, std::uint64_t>().swap(local);
-  auto by_user = partition::partition_by(pairs, static_cast<std::size_t>(P), [P](const UserCount& u) {
-    return partition::user_owner(u.user, P);
-  });
+  auto by_user = partition::partition_by(pairs, static_cast<std::size_t>(P),
+                                         [P](const UserCount& u) { return partition::user_owner(u.user, P); });
   std::vector<UserCount>().swap(pairs);
   const auto owned = comm.alltoallv(by_user.items, by_user.offsets, nullptr, "shuffle_user");
   by_user = {};
@@ -232,8 +234,8 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
   return r;
 }
 
-ChooseCResult choose_c(const std::string& spec, const std::vector<std::string>& overrides, const ChooseCOptions& options,
-                       const shuffle::Comm& comm) {
+ChooseCResult choose_c(const std::string& spec, const std::vector<std::string>& overrides,
+                       const ChooseCOptions& options, const shuffle::Comm& comm) {
   JobConfig config;
   shuffle::on_all_ranks<ConfigError>(comm, [&] {
     if (spec.empty()) throw ConfigError("no job spec given: dpstream choose-c JOB.toml --epsilon E --delta D");
@@ -242,8 +244,9 @@ ChooseCResult choose_c(const std::string& spec, const std::vector<std::string>& 
     } catch (const ConfigError& e) {
       const std::string what = e.what();
       if (what.find("max_records_per_user") != std::string::npos && what.find("required") != std::string::npos)
-        throw ConfigError(what + " (choose-c does not use C: any placeholder will do, e.g. "
-                                 "--set privacy.max_records_per_user=1)");
+        throw ConfigError(what +
+                          " (choose-c does not use C: any placeholder will do, e.g. "
+                          "--set privacy.max_records_per_user=1)");
       throw;
     }
   });
@@ -276,41 +279,48 @@ std::string choose_c_text(const ChooseCResult& r) {
   line(fmt::format("dpstream choose-c: job '{}', window {} (seconds [{}, {}))", r.job, r.window,
                    r.window * r.window_seconds, (r.window + 1) * r.window_seconds));
   if (!r.private_run)
-    line(fmt::format("  WARNING: NOT PRIVATE: the noise is derived from --seed {}; anyone who knows the seed can "
-                     "remove it. Use this for tests only.",
-                     *r.seed));
+    line(
+        fmt::format("  WARNING: NOT PRIVATE: the noise is derived from --seed {}; anyone who knows the seed can "
+                    "remove it. Use this for tests only.",
+                    *r.seed));
   line(fmt::format("  measured:  per-user record counts in window {} of the job's input, {},", r.window, r.input));
   line(fmt::format("             as a histogram of min(count, {}) over bins 1..{} (bin {} = more than {})", r.max_c + 1,
                    r.max_c + 1, r.max_c + 1, r.max_c));
-  line(fmt::format("  privacy:   epsilon {}, delta {} -> rho {:.6g} (tight zCDP conversion); one user changes one bin "
-                   "by 1 (L2 sensitivity 1)",
-                   r.epsilon, r.delta, r.rho_budget));
-  line(fmt::format("  noise:     discrete Gaussian per bin, sigma {:.6g} (sqrt(1 / (2 rho)) rounded up by the "
-                   "sampler); rho spent {:.6g}",
-                   r.sigma, r.rho));
+  line(
+      fmt::format("  privacy:   epsilon {}, delta {} -> rho {:.6g} (tight zCDP conversion); one user changes one bin "
+                  "by 1 (L2 sensitivity 1)",
+                  r.epsilon, r.delta, r.rho_budget));
+  line(
+      fmt::format("  noise:     discrete Gaussian per bin, sigma {:.6g} (sqrt(1 / (2 rho)) rounded up by the "
+                  "sampler); rho spent {:.6g}",
+                  r.sigma, r.rho));
   if (r.c_at_max)
-    line(fmt::format("  result:    C = {}: no c <= --max-c {} reached {} of the noisy user count, so C is --max-c; "
-                     "raise --max-c",
-                     r.c, r.max_c, r.quantile));
+    line(
+        fmt::format("  result:    C = {}: no c <= --max-c {} reached {} of the noisy user count, so C is --max-c; "
+                    "raise --max-c",
+                    r.c, r.max_c, r.quantile));
   else
     line(fmt::format("  result:    C = {}: the smallest c with noisy F(c) >= {} x noisy n (q = {})", r.c, r.quantile,
                      r.quantile));
-  line(fmt::format("  noisy:     users n = {}; share of users above C = {}; standard error of F(C) = sigma sqrt(C) = "
-                   "{:.1f} users",
-                   r.noisy_users,
-                   r.noisy_share_above_c ? fmt::format("{:.4g}%", 100.0 * *r.noisy_share_above_c) : "undefined",
-                   r.cdf_stderr_at_c));
-  line(fmt::format("             standard error of n = sigma sqrt(max_c + 1) = {:.1f} users: it moves the target q n, usually the "
-                   "largest error of C; a smaller --max-c (still above C) reduces it",
-                   r.sigma * std::sqrt(static_cast<double>(r.max_c + 1))));
+  line(fmt::format(
+      "  noisy:     users n = {}; share of users above C = {}; standard error of F(C) = sigma sqrt(C) = "
+      "{:.1f} users",
+      r.noisy_users, r.noisy_share_above_c ? fmt::format("{:.4g}%", 100.0 * *r.noisy_share_above_c) : "undefined",
+      r.cdf_stderr_at_c));
+  line(fmt::format(
+      "             standard error of n = sigma sqrt(max_c + 1) = {:.1f} users: it moves the target q n, usually the "
+      "largest error of C; a smaller --max-c (still above C) reduces it",
+      r.sigma * std::sqrt(static_cast<double>(r.max_c + 1))));
   if (r.noisy_users <= 0)
-    line("  WARNING: the noisy user count is not positive: the window has too few users for this epsilon, and C "
-         "says nothing about the data");
+    line(
+        "  WARNING: the noisy user count is not positive: the window has too few users for this epsilon, and C "
+        "says nothing about the data");
   line(fmt::format("  use:       --set privacy.max_records_per_user={} (or [privacy] max_records_per_user = {})", r.c,
                    r.c));
-  line(fmt::format("  budget:    this spends ({}, {}) of the window's budget in addition to the job's own, by basic "
-                   "composition, unless window {} is not released by the job or the input is a separate sample",
-                   r.epsilon, r.delta, r.window));
+  line(
+      fmt::format("  budget:    this spends ({}, {}) of the window's budget in addition to the job's own, by basic "
+                  "composition, unless window {} is not released by the job or the input is a separate sample",
+                  r.epsilon, r.delta, r.window));
   return s;
 }
 

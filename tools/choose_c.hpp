@@ -30,12 +30,12 @@ class Comm;
 namespace dpstream {
 
 struct ChooseCOptions {
-  double epsilon = 0;                   // required, > 0
-  double delta = 0;                     // required, in (0, 1)
-  double quantile = 0.99;               // in (0, 1)
-  std::int64_t max_c = 1000;            // in [1, 1e6]; bin max_c + 1 = "more than max_c"
-  std::optional<std::int64_t> window;   // default: the job's first window
-  std::optional<std::uint64_t> seed;    // test mode: noise secret from the seed (not private)
+  double epsilon = 0;                  // required, > 0
+  double delta = 0;                    // required, in (0, 1)
+  double quantile = 0.99;              // in (0, 1)
+  std::int64_t max_c = 1000;           // in [1, 1e6]; bin max_c + 1 = "more than max_c"
+  std::optional<std::int64_t> window;  // default: the job's first window
+  std::optional<std::uint64_t> seed;   // test mode: noise secret from the seed (not private)
 };
 
 inline constexpr std::int64_t kChooseCMaxC = 1'000'000;
@@ -43,21 +43,21 @@ inline constexpr std::int64_t kChooseCMaxC = 1'000'000;
 // What choose-c releases: noisy figures and public parameters only.
 struct ChooseCResult {
   std::string job;
-  std::string input;   // description of the input (kind, CSV path): job-spec facts, not data
+  std::string input;  // description of the input (kind, CSV path): job-spec facts, not data
   std::int64_t window = 0;
   std::int64_t window_seconds = 0;
   double quantile = 0;
   std::int64_t max_c = 0;
   double epsilon = 0, delta = 0;
-  double rho_budget = 0;   // zcdp_rho_tight(epsilon, delta)
-  double rho = 0;          // spent: 1 / (2 sigma^2) with the sampler's sigma (<= rho_budget)
-  double sigma = 0;        // the sampler's sigma (sqrt(1 / (2 rho_budget)) rounded up)
+  double rho_budget = 0;  // zcdp_rho_tight(epsilon, delta)
+  double rho = 0;         // spent: 1 / (2 sigma^2) with the sampler's sigma (<= rho_budget)
+  double sigma = 0;       // the sampler's sigma (sqrt(1 / (2 rho_budget)) rounded up)
   std::int64_t c = 0;
-  bool c_at_max = false;   // no c in 1..max_c reached q n: C = max_c (raise --max-c)
-  std::int64_t noisy_users = 0;             // noisy n = F(max_c + 1)
+  bool c_at_max = false;                      // no c in 1..max_c reached q n: C = max_c (raise --max-c)
+  std::int64_t noisy_users = 0;               // noisy n = F(max_c + 1)
   std::optional<double> noisy_share_above_c;  // (n - F(C)) / n; none when noisy n <= 0
-  double cdf_stderr_at_c = 0;               // sigma sqrt(C)
-  bool private_run = true;                  // false with --seed
+  double cdf_stderr_at_c = 0;                 // sigma sqrt(C)
+  bool private_run = true;                    // false with --seed
   std::optional<std::uint64_t> seed;
 };
 
@@ -81,8 +81,8 @@ QuantileChoice choose_from_noisy_histogram(const std::vector<std::int64_t>& nois
 // Throws ConfigError (options, job), InputError (input data).
 ChooseCResult choose_c(const JobConfig& config, const ChooseCOptions& options, const shuffle::Comm& comm);
 // The same from a job spec file and --set overrides (load_job on every rank, errors agreed).
-ChooseCResult choose_c(const std::string& spec, const std::vector<std::string>& overrides, const ChooseCOptions& options,
-                       const shuffle::Comm& comm);
+ChooseCResult choose_c(const std::string& spec, const std::vector<std::string>& overrides,
+                       const ChooseCOptions& options, const shuffle::Comm& comm);
 
 // {"window", "quantile", "max_c", "epsilon", "delta", "rho", "sigma", "c", "noisy_users",
 //  "noisy_share_above_c", "private", plus "rho_budget", "cdf_stderr_at_c", "c_at_max", "job"}

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <utility>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -18,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
+#include <utility>
 
 #include "common/int128.hpp"
 #include "common/record.hpp"
@@ -80,9 +80,10 @@ std::optional<std::int64_t> opt_int(const RunInfo& run, std::initializer_list<co
   const nlohmann::json* v = find_path(run.json, path);
   if (!v || v->is_null()) return std::nullopt;
   if (!v->is_number_integer() || v->get<std::int64_t>() < lo)
-    throw InputError(fmt::format("{}: \"{}\" is {}, expected an integer >= {}; the file is damaged or not a dpstream "
-                                 "summary.json",
-                                 run.summary.string(), dotted(path), v->dump(), lo));
+    throw InputError(
+        fmt::format("{}: \"{}\" is {}, expected an integer >= {}; the file is damaged or not a dpstream "
+                    "summary.json",
+                    run.summary.string(), dotted(path), v->dump(), lo));
   return v->get<std::int64_t>();
 }
 
@@ -91,15 +92,16 @@ RunInfo read_run(const std::string& dir, const char* role) {
   run.role = role;
   run.dir = dir;
   std::error_code ec;
-  if (dir.empty()) throw ConfigError(fmt::format("{} needs a directory (the output directory of a dpstream run)", role));
+  if (dir.empty())
+    throw ConfigError(fmt::format("{} needs a directory (the output directory of a dpstream run)", role));
   if (!fs::is_directory(dir, ec))
-    throw InputError(fmt::format("{} {}: no such directory; give the output directory of a finished `dpstream run`",
-                                 role, dir));
+    throw InputError(
+        fmt::format("{} {}: no such directory; give the output directory of a finished `dpstream run`", role, dir));
   run.releases = run.dir / "releases.csv";
   run.summary = run.dir / "summary.json";
   if (!fs::is_regular_file(run.releases, ec))
-    throw InputError(fmt::format("{}: not found; {} must be the output directory of a `dpstream run`",
-                                 run.releases.string(), role));
+    throw InputError(
+        fmt::format("{}: not found; {} must be the output directory of a `dpstream run`", run.releases.string(), role));
   if (!fs::is_regular_file(run.summary, ec))
     throw InputError(fmt::format(
         "{}: not found; {} must be the output directory of a finished `dpstream run` (summary.json appears when "
@@ -112,10 +114,11 @@ RunInfo read_run(const std::string& dir, const char* role) {
   try {
     run.json = nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::parse_error& e) {
-    throw InputError(fmt::format("{}: not valid JSON ({}); the file is damaged, rerun the job", run.summary.string(),
-                                 e.what()));
+    throw InputError(
+        fmt::format("{}: not valid JSON ({}); the file is damaged, rerun the job", run.summary.string(), e.what()));
   }
-  if (!run.json.is_object()) throw InputError(fmt::format("{}: not a JSON object; rerun the job", run.summary.string()));
+  if (!run.json.is_object())
+    throw InputError(fmt::format("{}: not a JSON object; rerun the job", run.summary.string()));
   const nlohmann::json* mode = find_path(run.json, {"mode"});
   if (!mode || !mode->is_string())
     throw InputError(fmt::format("{}: no \"mode\" string; is this a dpstream summary.json?", run.summary.string()));
@@ -138,9 +141,10 @@ RunInfo read_run(const std::string& dir, const char* role) {
                (run.mode != to_string(PrivacyMode::None) && run.mode != to_string(PrivacyMode::Dp))) {
       // A row count (summaries before "release_values"): only the modes of that time (none, dp)
       // are known to have running rows.
-      throw InputError(fmt::format("{}: \"{}\" is {}, and no \"release_values\" says whether mode \"{}\" rows are "
-                                   "\"running\" or \"increments\"; rerun the job with this dpstream",
-                                   run.summary.string(), field, rr->dump(), run.mode));
+      throw InputError(
+          fmt::format("{}: \"{}\" is {}, and no \"release_values\" says whether mode \"{}\" rows are "
+                      "\"running\" or \"increments\"; rerun the job with this dpstream",
+                      run.summary.string(), field, rr->dump(), run.mode));
     }
   }
   run.increments = run.release_rows == "increments";
@@ -185,17 +189,23 @@ class RowReader {
  public:
   RowReader(const RunInfo& run, std::optional<std::uint32_t> triggers, std::optional<std::int64_t> first_window,
             std::optional<std::uint64_t> windows)
-      : path_(run.releases.string()), role_(run.role), triggers_(triggers), first_window_(first_window), windows_(windows) {
+      : path_(run.releases.string()),
+        role_(run.role),
+        triggers_(triggers),
+        first_window_(first_window),
+        windows_(windows) {
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) throw InputError(fmt::format("{}: cannot open: {}", path_, errno_text(errno)));
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
     buf_.resize(kChunk);
     std::string_view header;
     if (!next_line(header))
-      throw InputError(fmt::format("{}: the file is empty; expected the header line {} (is this a dpstream "
-                                   "releases.csv?)",
-                                   path_, kHeader));
-    if (header != kHeader) fail(fmt::format("the header is {}, expected {}; is this a dpstream releases.csv?", shown(header), kHeader));
+      throw InputError(
+          fmt::format("{}: the file is empty; expected the header line {} (is this a dpstream "
+                      "releases.csv?)",
+                      path_, kHeader));
+    if (header != kHeader)
+      fail(fmt::format("the header is {}, expected {}; is this a dpstream releases.csv?", shown(header), kHeader));
   }
   ~RowReader() {
     if (fd_ >= 0) ::close(fd_);
@@ -220,9 +230,10 @@ class RowReader {
       fail(fmt::format("window {} is out of range: the run has windows {}..{}", window_, *first_window_,
                        *first_window_ + static_cast<std::int64_t>(*windows_) - 1));
     if (rows_ > 0 && (window_ < prev_window_ || (window_ == prev_window_ && trigger_ < prev_trigger_)))
-      fail(fmt::format("rows out of order: window {} trigger {} after window {} trigger {}; rows must be sorted by "
-                       "(window, trigger) as dpstream writes them",
-                       window_, trigger_, prev_window_, prev_trigger_));
+      fail(
+          fmt::format("rows out of order: window {} trigger {} after window {} trigger {}; rows must be sorted by "
+                      "(window, trigger) as dpstream writes them",
+                      window_, trigger_, prev_window_, prev_trigger_));
     prev_window_ = window_;
     prev_trigger_ = trigger_;
     ++rows_;
@@ -308,8 +319,7 @@ class RowReader {
         fail(fmt::format("the key {} holds a quote but is not quoted (RFC 4180: quote the field, double the quote)",
                          shown(f.text)));
     }
-    if (nf != 5)
-      fail(fmt::format("{} field(s), expected 5 (window,trigger,key,count,sum)", nf));
+    if (nf != 5) fail(fmt::format("{} field(s), expected 5 (window,trigger,key,count,sum)", nf));
   }
 
   template <class T>
@@ -320,7 +330,8 @@ class RowReader {
     if (f.text.size() <= 9 && !f.text.empty()) {  // common case: few digits, no sign
       std::uint32_t x = 0;
       const char* q = b;
-      for (; q != e && static_cast<unsigned char>(*q - '0') < 10; ++q) x = x * 10 + static_cast<std::uint32_t>(*q - '0');
+      for (; q != e && static_cast<unsigned char>(*q - '0') < 10; ++q)
+        x = x * 10 + static_cast<std::uint32_t>(*q - '0');
       if (q == e) return static_cast<T>(x);
     }
     auto [p, ec] = std::from_chars(b, e, v);
@@ -365,9 +376,10 @@ std::optional<std::int64_t> last_window(const RunInfo& run) {
     std::int64_t w = 0;
     auto [p, ec] = std::from_chars(first.data(), first.data() + first.size(), w);
     if (ec != std::errc() || p != first.data() + first.size() || first.empty())
-      throw InputError(fmt::format("{}: the last line {} does not start with a window number; the file is damaged "
-                                   "(or give --window)",
-                                   run.releases.string(), shown(line)));
+      throw InputError(
+          fmt::format("{}: the last line {} does not start with a window number; the file is damaged "
+                      "(or give --window)",
+                      run.releases.string(), shown(line)));
     return w;
   }
 }
@@ -415,7 +427,8 @@ class KeyTable {
       }
       name = scratch_;
     }
-    if (auto it = strs_.find(absl::string_view(name.data(), name.size())); it != strs_.end()) return {it->second, false};
+    if (auto it = strs_.find(absl::string_view(name.data(), name.size())); it != strs_.end())
+      return {it->second, false};
     strs_.emplace(std::string(name), static_cast<std::uint32_t>(dense_.size()));
     add_dense();
     return {static_cast<std::uint32_t>(dense_.size() - 1), false};
@@ -457,7 +470,8 @@ class KeyTable {
     }
   }
   void add_dense() {
-    if (dense_.size() >= std::numeric_limits<std::uint32_t>::max()) throw InputError("more than 2^32 - 1 distinct keys");
+    if (dense_.size() >= std::numeric_limits<std::uint32_t>::max())
+      throw InputError("more than 2^32 - 1 distinct keys");
     dense_.emplace_back();
     ++keys_;
   }
@@ -630,7 +644,8 @@ FixedParse parse_fixed_text(std::string_view s, std::int64_t& out) {
       return FixedParse::Ok;
     }
     if (q == e && digits > 0 && digits <= 15) {
-      static constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
+      static constexpr double kPow10[] = {1e0, 1e1, 1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                          1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
       v = static_cast<double>(m) / kPow10[decimals];
       if (neg) v = -v;
       if (!(std::fabs(v) < kMaxAbsValue)) return FixedParse::OutOfRange;
@@ -659,9 +674,10 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
   RunInfo rel = read_run(opt.released_dir, "--released");
 
   if (truth.mode != to_string(PrivacyMode::None))
-    throw InputError(fmt::format("{}: the --truth run has mode \"{}\"; the truth must be a run of the same job with "
-                                 "[privacy] mode = \"none\" and no contribution bounding",
-                                 truth.summary.string(), truth.mode));
+    throw InputError(
+        fmt::format("{}: the --truth run has mode \"{}\"; the truth must be a run of the same job with "
+                    "[privacy] mode = \"none\" and no contribution bounding",
+                    truth.summary.string(), truth.mode));
   if (truth.dropped && *truth.dropped > 0)
     throw InputError(fmt::format(
         "{}: the --truth run dropped {} records by contribution bounding (records.dropped_by_bounding), so its totals "
@@ -682,8 +698,7 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
   std::int64_t W = 0;
   if (opt.window) {
     W = *opt.window;
-    if (first_window && windows &&
-        (W < *first_window || static_cast<std::uint64_t>(W - *first_window) >= *windows))
+    if (first_window && windows && (W < *first_window || static_cast<std::uint64_t>(W - *first_window) >= *windows))
       throw ConfigError(fmt::format("--window {} is not a window of the runs (windows {}..{}); choose one of those", W,
                                     *first_window, *first_window + static_cast<std::int64_t>(*windows) - 1));
   } else if (auto w = last_window(truth)) {
@@ -691,18 +706,21 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
   } else if (auto wr = last_window(rel)) {
     W = *wr;
   } else {
-    throw ConfigError(fmt::format("neither {} nor {} holds a row; give --window W (and --trigger I) to evaluate empty "
-                                  "histograms",
-                                  truth.releases.string(), rel.releases.string()));
+    throw ConfigError(
+        fmt::format("neither {} nor {} holds a row; give --window W (and --trigger I) to evaluate empty "
+                    "histograms",
+                    truth.releases.string(), rel.releases.string()));
   }
   // The trigger (checked against the data below when the summaries do not state T).
   std::optional<std::uint32_t> limit;
   if (opt.trigger) {
     if (T && (*opt.trigger < 0 || *opt.trigger >= static_cast<std::int64_t>(*T)))
-      throw ConfigError(fmt::format("--trigger {} is outside window {}: the runs have {} triggers per window; choose "
-                                    "0..{}",
-                                    *opt.trigger, W, *T, *T - 1));
-    if (*opt.trigger < 0) throw ConfigError(fmt::format("--trigger {} is negative; choose a trigger >= 0", *opt.trigger));
+      throw ConfigError(
+          fmt::format("--trigger {} is outside window {}: the runs have {} triggers per window; choose "
+                      "0..{}",
+                      *opt.trigger, W, *T, *T - 1));
+    if (*opt.trigger < 0)
+      throw ConfigError(fmt::format("--trigger {} is negative; choose a trigger >= 0", *opt.trigger));
     if (*opt.trigger > std::numeric_limits<std::uint32_t>::max())
       throw ConfigError(fmt::format("--trigger {} is too large; choose a trigger of window {}", *opt.trigger, W));
     limit = static_cast<std::uint32_t>(*opt.trigger);
@@ -761,19 +779,22 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
       std::int64_t v = 0;
       const Field& f = r.column(col);
       switch (parse_fixed_text(f.text, v)) {
-        case FixedParse::Ok: break;
+        case FixedParse::Ok:
+          break;
         case FixedParse::Empty:
           if (!column_seen[is_truth])
-            throw ConfigError(fmt::format("{} line {}: the {} column is empty: the {} run did not release {} ([query] "
-                                          "aggregations); choose --column {}",
-                                          r.path(), r.line(), column_name(col), r.role(), column_name(col),
-                                          col == EvalColumn::Count ? "sum" : "count"));
+            throw ConfigError(
+                fmt::format("{} line {}: the {} column is empty: the {} run did not release {} ([query] "
+                            "aggregations); choose --column {}",
+                            r.path(), r.line(), column_name(col), r.role(), column_name(col),
+                            col == EvalColumn::Count ? "sum" : "count"));
           r.fail(fmt::format("the {} column is empty but earlier rows of the window hold it; the file is damaged",
                              column_name(col)));
-        case FixedParse::Bad: r.fail(fmt::format("{} {} is not a number", column_name(col), shown(f.text)));
+        case FixedParse::Bad:
+          r.fail(fmt::format("{} {} is not a number", column_name(col), shown(f.text)));
         case FixedParse::NonFinite:
-          r.fail(fmt::format("{} is {}: NaN and infinity are not release values; the file is damaged",
-                             column_name(col), shown(f.text)));
+          r.fail(fmt::format("{} is {}: NaN and infinity are not release values; the file is damaged", column_name(col),
+                             shown(f.text)));
         case FixedParse::OutOfRange:
           r.fail(fmt::format("{} {} is out of range (|value| must be below 2^43)", column_name(col), shown(f.text)));
       }
@@ -805,9 +826,10 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
     throw ConfigError(fmt::format("window {} has no rows in {} nor in {}; choose a window that has rows with --window",
                                   W, truth.releases.string(), rel.releases.string()));
   if (!T && limit && static_cast<std::int64_t>(*limit) > max_trigger_seen)
-    throw ConfigError(fmt::format("--trigger {} is beyond the last trigger with rows in window {} ({}), and neither "
-                                  "summary.json states the triggers per window; choose a trigger <= {}",
-                                  *limit, W, max_trigger_seen, max_trigger_seen));
+    throw ConfigError(
+        fmt::format("--trigger {} is beyond the last trigger with rows in window {} ({}), and neither "
+                    "summary.json states the triggers per window; choose a trigger <= {}",
+                    *limit, W, max_trigger_seen, max_trigger_seen));
 
   res.truth_dir = opt.truth_dir;
   res.released_dir = opt.released_dir;
@@ -829,7 +851,8 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
 nlohmann::ordered_json evaluate_json(const EvaluateResult& r) {
   nlohmann::ordered_json per = nlohmann::ordered_json::array();
   for (const auto& m : r.per_trigger)
-    per.push_back({{"trigger", m.trigger}, {"keys_released", m.keys_released}, {"linf", m.linf}, {"l1", m.l1}, {"l2", m.l2}});
+    per.push_back(
+        {{"trigger", m.trigger}, {"keys_released", m.keys_released}, {"linf", m.linf}, {"l1", m.l1}, {"l2", m.l2}});
   nlohmann::ordered_json j;
   j["truth"] = r.truth_dir;
   j["released"] = r.released_dir;

@@ -45,12 +45,12 @@ struct EvaluateResult {
   std::int64_t window = 0;
   std::uint32_t trigger = 0;
   std::optional<std::uint32_t> triggers_per_window;  // when summary.json states it
-  TriggerMetrics final;                               // at `trigger` (= per_trigger.back())
-  std::uint64_t truth_keys = 0;                       // keys with a nonzero true value at `trigger`
-  double truth_total = 0;                             // sum of the true values
-  double truth_max = 0;                               // largest |true value|
-  std::optional<double> dropped_share;  // released run: records dropped by bounding / accepted
-  std::vector<TriggerMetrics> per_trigger;  // triggers 0..trigger of the window
+  TriggerMetrics final;                              // at `trigger` (= per_trigger.back())
+  std::uint64_t truth_keys = 0;                      // keys with a nonzero true value at `trigger`
+  double truth_total = 0;                            // sum of the true values
+  double truth_max = 0;                              // largest |true value|
+  std::optional<double> dropped_share;               // released run: records dropped by bounding / accepted
+  std::vector<TriggerMetrics> per_trigger;           // triggers 0..trigger of the window
   std::uint64_t truth_rows_read = 0, released_rows_read = 0;
 };
 

@@ -3,11 +3,11 @@
 // end offset per row, then the formatted text, as gather_release_text sends them) and decode it
 // again; this prints bytes and time of each, side by side in one run (docs/DESIGN-NOTES.md).
 //   bench_serialization [rows]   (default 1,000,000)
+#include <fmt/core.h>
 #include <boost/archive/binary_iarchive.hpp>
 #include <boost/archive/binary_oarchive.hpp>
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/vector.hpp>
-#include <fmt/core.h>
 
 #include <chrono>
 #include <cstdint>
@@ -25,7 +25,7 @@ struct Rows {  // one rank's sorted release rows
   std::string text;
   template <class Archive>
   void serialize(Archive& ar, unsigned /*version*/) {
-    ar & names & ends & text;
+    ar& names& ends& text;
   }
   bool operator==(const Rows&) const = default;
 };

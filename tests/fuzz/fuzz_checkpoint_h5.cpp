@@ -32,15 +32,15 @@ using namespace dpstream;
 namespace {
 
 enum class Form : std::uint8_t {
-  Engine,          // as the engine writes it
+  Engine,  // as the engine writes it
   Missing,
-  SmallInteger,    // int8, maybe negative
-  Real,            // float64
+  SmallInteger,  // int8, maybe negative
+  Real,          // float64
   FixedString,
   VariableString,
-  Array,           // attribute: 1-D of several values; dataset: 2-D
-  Empty,           // null dataspace (dataset: scalar)
-  Huge,            // dataset: 2^40 elements, chunked, no storage written
+  Array,  // attribute: 1-D of several values; dataset: 2-D
+  Empty,  // null dataspace (dataset: scalar)
+  Huge,   // dataset: 2^40 elements, chunked, no storage written
   kCount
 };
 
@@ -75,9 +75,12 @@ class Builder {
         std::copy(bytes.begin(), bytes.end(), data.begin());
         return h5::write_dataset_raw(loc, name, type, data.data(), n);
       }
-      case Form::Missing: return;
-      case Form::SmallInteger: return simple_dataset(loc, name, H5T_NATIVE_INT8, 1, {n});
-      case Form::Real: return simple_dataset(loc, name, H5T_NATIVE_DOUBLE, 8, {n});
+      case Form::Missing:
+        return;
+      case Form::SmallInteger:
+        return simple_dataset(loc, name, H5T_NATIVE_INT8, 1, {n});
+      case Form::Real:
+        return simple_dataset(loc, name, H5T_NATIVE_DOUBLE, 8, {n});
       case Form::FixedString: {
         h5::Id t(H5Tcopy(H5T_C_S1), H5Tclose, "string type");
         H5Tset_size(t.get(), 4);
@@ -91,7 +94,8 @@ class Builder {
         for (std::size_t i = 0; i < n; ++i) p[i] = (s[i] = text(8)).c_str();
         return write_dataset(loc, name, t.get(), {n}, p.data());
       }
-      case Form::Array: return simple_dataset(loc, name, type, size, {2, n});
+      case Form::Array:
+        return simple_dataset(loc, name, type, size, {2, n});
       case Form::Empty: {
         h5::Id space(H5Screate(in_.ConsumeBool() ? H5S_NULL : H5S_SCALAR), H5Sclose, "dataspace");
         h5::Id ds(H5Dcreate2(loc, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose, name);
@@ -105,7 +109,8 @@ class Builder {
         h5::Id ds(H5Dcreate2(loc, name, type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose, name);
         return;
       }
-      case Form::kCount: return;
+      case Form::kCount:
+        return;
     }
   }
 
@@ -129,7 +134,8 @@ class Builder {
         const double v = in_.ConsumeFloatingPoint<double>();
         return scalar_attribute(loc, name, H5T_NATIVE_DOUBLE, &v);
       }
-      case Form::FixedString: return h5::write_attribute(loc, name, text());
+      case Form::FixedString:
+        return h5::write_attribute(loc, name, text());
       case Form::VariableString: {
         h5::Id t(H5Tcopy(H5T_C_S1), H5Tclose, "string type");
         H5Tset_size(t.get(), H5T_VARIABLE);
@@ -150,7 +156,8 @@ class Builder {
         h5::Id a(H5Acreate2(loc, name, H5T_NATIVE_UINT64, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, name);
         return;
       }
-      default: return;  // missing
+      default:
+        return;  // missing
     }
   }
   void simple_dataset(hid_t loc, const char* name, hid_t type, std::size_t size, std::vector<hsize_t> dims) {
@@ -249,8 +256,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const checkpoint::Segment seg = checkpoint::read_segment(dir, ref, job_id);
     const std::size_t nk = seg.key_id.size();
     if (seg.user_kept.size() != seg.user_id.size() || seg.pair_fingerprint.size() != seg.pair_user.size() ||
-        seg.key_count.size() != nk || seg.key_sum_low.size() != nk || seg.key_sum_high.size() != nk || seg.key_users.size() != nk ||
-        seg.key_round_base_users.size() != nk || seg.key_round.size() != nk || seg.key_round_start.size() != nk)
+        seg.key_count.size() != nk || seg.key_sum_low.size() != nk || seg.key_sum_high.size() != nk ||
+        seg.key_users.size() != nk || seg.key_round_base_users.size() != nk || seg.key_round.size() != nk ||
+        seg.key_round_start.size() != nk)
       fuzz::property_failed("read_segment returned columns of different lengths");
     kernels::UserState users;
     kernels::KeyStateTable keys;

@@ -1,8 +1,7 @@
 // Fuzzes the CSV reader (src/csv_input.cpp): split_csv_line on every line, check_csv_file,
 // CsvSource's shares of 1-3 ranks over the fuzz input written to a
-// file (each share's ids separated and its windows resolved on this single MPI process, as the unit tests do). Bad input may
-// only end in InputError.
-// Properties checked beyond "no crash":
+// file (each share's ids separated and its windows resolved on this single MPI process, as the unit tests do). Bad
+// input may only end in InputError. Properties checked beyond "no crash":
 //  - a line that splits re-splits to the same fields after quoting them again;
 //  - every rank's accepted records come out of take_trigger exactly once, in their (window, trigger);
 //  - with bad_rows = "skip", the ranks' shares add up to what a single rank reads (no row lost or
@@ -16,9 +15,9 @@
 #include <string_view>
 #include <vector>
 
+#include "shuffle/comm.hpp"
 #include "src/config.hpp"
 #include "src/csv_input.hpp"
-#include "shuffle/comm.hpp"
 #include "src/errors.hpp"
 #include "src/id_prf.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
@@ -121,8 +120,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   config.input.bad_rows = (opts & 1) ? BadRowPolicy::Fail : BadRowPolicy::Skip;
   const int ranks = 1 + (opts >> 1 & 3) % 3;
   if (opts & 8) {  // the limits of parse_job: window_seconds <= 2^40, first_window <= 2^20
-    config.stream = {.window_seconds = std::int64_t{1} << 40, .triggers = 1000, .first_window = std::int64_t{1} << 20,
-                     .windows = 2};
+    config.stream = {
+        .window_seconds = std::int64_t{1} << 40, .triggers = 1000, .first_window = std::int64_t{1} << 20, .windows = 2};
   } else {
     config.stream = {.window_seconds = 100, .triggers = 4, .first_window = 0, .windows = 3};
   }

@@ -23,7 +23,8 @@ void read_back(const std::string& text) {
   fuzz::write_file(path, text.data(), text.size());
   checkpoint::Manifest m;
   std::string why;
-  if (!checkpoint::read_manifest(path, m, why) && why.empty()) fuzz::property_failed("a refused manifest without a reason");
+  if (!checkpoint::read_manifest(path, m, why) && why.empty())
+    fuzz::property_failed("a refused manifest without a reason");
 }
 
 }  // namespace

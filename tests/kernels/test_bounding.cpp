@@ -3,15 +3,15 @@
 
 #include <algorithm>
 #include <functional>
-#include <random>
 #include <map>
+#include <random>
 #include <set>
 #include <unordered_map>
 
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
-#include "src/naive_reference.hpp"
 #include "tests/scoped_omp_threads.hpp"
+#include "tools/naive_reference.hpp"
 
 using namespace dpstream;
 
@@ -27,7 +27,8 @@ std::vector<Record> random_trigger(std::mt19937_64& rng, int trigger, std::uint6
     const std::uint64_t user = (rng() % 4 == 0) ? 7 : rng() % 60;  // user 7 is heavy
     const std::uint64_t key = rng() % 25;
     const double value = std::uniform_real_distribution<double>(-3.0, 5.0)(rng);
-    out.push_back(Record{user, key, std::int64_t{trigger} * 100 + static_cast<std::int64_t>(rng() % 5), position++, value});
+    out.push_back(
+        Record{user, key, std::int64_t{trigger} * 100 + static_cast<std::int64_t>(rng() % 5), position++, value});
   }
   std::shuffle(out.begin(), out.end(), rng);
   return out;
@@ -141,7 +142,8 @@ TEST(Bounding, FirstTouchFingerprintsNeverOverCountAndOnlyUnderCountTheSameUser)
   // its record still counts, its user count is under-counted by one (privacy-safe).
   auto p0 = kernels::bound_and_aggregate({{1, k1, 0, 0, 0.5}}, params, users, stats);
   EXPECT_EQ(new_users_of(p0, k1), 1);
-  auto p1 = kernels::bound_and_aggregate({{1, k2, 1, 1, 0.5}, {2, k2, 1, 2, 0.5}, {3, k1, 1, 3, 0.5}}, params, users, stats);
+  auto p1 =
+      kernels::bound_and_aggregate({{1, k2, 1, 1, 0.5}, {2, k2, 1, 2, 0.5}, {3, k1, 1, 3, 0.5}}, params, users, stats);
   EXPECT_EQ(new_users_of(p1, k2), 1);  // user 2 only: another user's collision never hides a user
   EXPECT_EQ(new_users_of(p1, k1), 1);  // user 3
   std::int64_t records_k2 = 0;
@@ -201,7 +203,8 @@ TEST(Bounding, ManyKeysPerUserGrowBlocksAndOverflowExactly) {
     for (auto& r : batch) r.timestamp = static_cast<std::int64_t>(t), r.position = ++ts;
     std::vector<Record> fresh;
     for (std::uint64_t u = 1; u <= 40; ++u)
-      for (std::uint64_t i = 0; i < u; ++i) fresh.push_back({u, u * 1000003 + t * 101 + i, static_cast<std::int64_t>(t), ++ts, 0.5});
+      for (std::uint64_t i = 0; i < u; ++i)
+        fresh.push_back({u, u * 1000003 + t * 101 + i, static_cast<std::int64_t>(t), ++ts, 0.5});
     batch.insert(batch.end(), fresh.begin(), fresh.end());
     for (const auto& p : kernels::bound_and_aggregate(batch, params, users, stats)) counted += p.new_users;
     EXPECT_EQ(counted, std::int64_t{20} * 41 * (t + 1)) << "trigger " << t;
@@ -263,7 +266,8 @@ TEST(Bounding, StateDigestIsOrderFreeAndAddsOverAPartitionByUser) {
   triggers.reserve(20);
   for (int t = 0; t < 20; ++t) triggers.push_back(random_trigger(rng, t, position));
   // Users with many keys, so that blocks grow and overflow (kBlockCapacity) take part too.
-  for (std::uint64_t k = 0; k < 200; ++k) triggers.back().push_back(Record{1000 + k % 3, 5000 + k, 1999, position++, 1.0});
+  for (std::uint64_t k = 0; k < 200; ++k)
+    triggers.back().push_back(Record{1000 + k % 3, 5000 + k, 1999, position++, 1.0});
   auto digest_of = [&](int threads, const std::function<bool(std::uint64_t)>& owns) {
     dpstream::testing::ScopedOmpThreads scoped(threads);
     kernels::UserState users;
@@ -279,7 +283,9 @@ TEST(Bounding, StateDigestIsOrderFreeAndAddsOverAPartitionByUser) {
   const auto all = [](std::uint64_t) { return true; };
   const std::uint64_t d = digest_of(1, all);
   EXPECT_EQ(digest_of(2, all), d);
-  EXPECT_EQ(digest_of(1, [](std::uint64_t u) { return u % 2 == 0; }) + digest_of(2, [](std::uint64_t u) { return u % 2 == 1; }), d);
+  EXPECT_EQ(digest_of(1, [](std::uint64_t u) { return u % 2 == 0; }) +
+                digest_of(2, [](std::uint64_t u) { return u % 2 == 1; }),
+            d);
   triggers.back().push_back(Record{1000, 999999, 1999, position++, 1.0});  // a new key of a user with many
   EXPECT_NE(digest_of(1, all), d);
   triggers.back().pop_back();

@@ -58,7 +58,9 @@ TEST(DpTree, MonteCarloPrefixVarianceMatchesReference) {
   for (int t = 0; t < trials; ++t) {
     PrefixNoise tree;
     for (std::uint32_t i = 1; i <= 16; ++i) {
-      tree.advance(i, [&](std::uint32_t, std::uint32_t) { return static_cast<std::int64_t>(std::llround(normal(gen) * scale)); });
+      tree.advance(i, [&](std::uint32_t, std::uint32_t) {
+        return static_cast<std::int64_t>(std::llround(normal(gen) * scale));
+      });
       const double x = static_cast<double>(tree.prefix_noise(1)) / scale;
       sum2[i] += x * x;
     }
@@ -107,7 +109,8 @@ TEST(DpTree, TruePlusNoiseEqualsRoundedEstimateOfNoisyNodes) {
       tree.advance(i, draw);
       // Direct: z(node) = (2^j y + (2^j - 1)(z_L + z_R)) / (2^(j+1) - 1) as exact rationals (long double is
       // exact enough here), rounded per node on the q grid.
-      std::function<long double(std::uint32_t, std::uint32_t)> z = [&](std::uint32_t j, std::uint32_t k) -> long double {
+      std::function<long double(std::uint32_t, std::uint32_t)> z = [&](std::uint32_t j,
+                                                                       std::uint32_t k) -> long double {
         std::int64_t truth = 0;
         for (std::uint32_t l = k * (1u << j) + 1; l <= (k + 1) * (1u << j); ++l) truth += leaves[l];
         const long double y = static_cast<long double>(truth + noise.at({j, k}));
@@ -144,7 +147,8 @@ TEST(DpTree, RoundingIsExactAtEverySize) {
   std::mt19937_64 rng(17);
   auto check = [](dpstream::int128 n, dpstream::int128 d, dpstream::int128 r, const char* what) {
     const dpstream::int128 twice_err = 2 * (n - r * d);  // 2 (n - r d), in [-d, d]
-    ASSERT_TRUE(twice_err <= d && twice_err >= -d) << what << " n " << static_cast<double>(n) << " d " << static_cast<double>(d);
+    ASSERT_TRUE(twice_err <= d && twice_err >= -d)
+        << what << " n " << static_cast<double>(n) << " d " << static_cast<double>(d);
     if (twice_err == d || twice_err == -d) {
       ASSERT_TRUE(n >= 0 ? r * d >= n : r * d <= n) << what << ": tie toward zero";
     }
@@ -162,9 +166,10 @@ TEST(DpTree, RoundingIsExactAtEverySize) {
     check(n, d2, round_div(n, d2), "round_div");
   }
   for (std::uint32_t j = 0; j < 32; ++j)  // ties and the edges of the fast path
-    for (const dpstream::int128 n : {dpstream::int128{0}, dpstream::int128{1}, (dpstream::int128{1} << 62) - 1,
-                                     dpstream::int128{1} << 62, (dpstream::int128{1} << j), ((dpstream::int128{2} << j) - 1) / 2 + 1,
-                                     ((dpstream::int128{2} << j) - 1) * 12345 + ((dpstream::int128{2} << j) - 1) / 2}) {
+    for (const dpstream::int128 n :
+         {dpstream::int128{0}, dpstream::int128{1}, (dpstream::int128{1} << 62) - 1, dpstream::int128{1} << 62,
+          (dpstream::int128{1} << j), ((dpstream::int128{2} << j) - 1) / 2 + 1,
+          ((dpstream::int128{2} << j) - 1) * 12345 + ((dpstream::int128{2} << j) - 1) / 2}) {
       check(n, (dpstream::int128{2} << j) - 1, round_honaker(n, j), "round_honaker edge");
       check(-n, (dpstream::int128{2} << j) - 1, round_honaker(-n, j), "round_honaker edge");
     }

@@ -151,7 +151,9 @@ TEST(KeyAccumulate, StateDigestIsOrderFreeAndSeesEveryField) {
     kernels::KeyState st;
     st.count = static_cast<std::int64_t>(rng() % 50) + (k % 97 == 0 ? (std::int64_t{1} << 33) : 0);  // some wide
     st.users = st.count / 2 + 1;
-    if (k % 13 == 0) st.round = static_cast<std::uint32_t>(1 + k % 3), st.round_start = static_cast<std::uint32_t>(k % 40), st.round_base_users = 2;
+    if (k % 13 == 0)
+      st.round = static_cast<std::uint32_t>(1 + k % 3), st.round_start = static_cast<std::uint32_t>(k % 40),
+      st.round_base_users = 2;
     st.sum = int128{static_cast<std::int64_t>(rng() % 1000)} - 500;
     states.emplace_back(rng(), st);
   }

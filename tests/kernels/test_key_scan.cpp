@@ -67,8 +67,7 @@ struct Totals {
   std::uint64_t releases = 0, predicted = 0, visits_full = 0, visits_predicted = 0, discarded = 0;
 };
 
-void expect_same(const std::vector<KeyRelease>& full, const std::vector<KeyRelease>& pred,
-                 const std::string& where) {
+void expect_same(const std::vector<KeyRelease>& full, const std::vector<KeyRelease>& pred, const std::string& where) {
   ASSERT_EQ(full.size(), pred.size()) << where << ": release count";
   for (std::size_t i = 0; i < full.size(); ++i) {
     ASSERT_EQ(full[i].key, pred[i].key) << where;
@@ -91,7 +90,8 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
     DpStats fs, ps;
     for (std::uint32_t t = 0; t < kT; ++t) {
       const std::string where = "mu " + std::to_string(mu) + " threads " + std::to_string(threads) + " seed " +
-                                std::to_string(seed) + " window " + std::to_string(window) + " trigger " + std::to_string(t);
+                                std::to_string(seed) + " window " + std::to_string(window) + " trigger " +
+                                std::to_string(t);
       if (window == 1 && t == resume_at) {
         predicted = std::make_unique<DpReleaser>(params(mu), secret, KeyScan::Predicted);
         predicted->begin_window(window);
@@ -117,18 +117,20 @@ TEST(KeyScan, PredictionReleasesExactlyWhatTheFullScanReleases) {
   for (const double mu : {0.0, 1.0, 3.0}) {
     Totals totals;
     for (const int threads : {1, 2})
-      for (std::uint64_t seed = 1; seed <= 6; ++seed) run_side_by_side(mu, threads, seed, static_cast<std::uint32_t>(5 + 7 * seed % 40), totals);
+      for (std::uint64_t seed = 1; seed <= 6; ++seed)
+        run_side_by_side(mu, threads, seed, static_cast<std::uint32_t>(5 + 7 * seed % 40), totals);
     // Not vacuous: many releases, some by noise alone at a predicted visit, predictions overtaken by
     // records, and fewer visits than the full scan (a dense stream: most keys get records often).
     EXPECT_GT(totals.releases, 500u) << "mu " << mu;
     EXPECT_GT(totals.predicted, 50u) << "mu " << mu << ": releases by noise alone at a scheduled visit";
     EXPECT_GT(totals.discarded, 50u) << "mu " << mu;
     EXPECT_LT(totals.visits_predicted * 4, totals.visits_full * 3) << "mu " << mu;
-    std::printf("mu %.0f: %llu releases, %llu by noise alone at a predicted visit, visits %llu (full scan %llu), "
-                "%llu schedules overtaken\n",
-                mu, static_cast<unsigned long long>(totals.releases), static_cast<unsigned long long>(totals.predicted),
-                static_cast<unsigned long long>(totals.visits_predicted),
-                static_cast<unsigned long long>(totals.visits_full), static_cast<unsigned long long>(totals.discarded));
+    std::printf(
+        "mu %.0f: %llu releases, %llu by noise alone at a predicted visit, visits %llu (full scan %llu), "
+        "%llu schedules overtaken\n",
+        mu, static_cast<unsigned long long>(totals.releases), static_cast<unsigned long long>(totals.predicted),
+        static_cast<unsigned long long>(totals.visits_predicted), static_cast<unsigned long long>(totals.visits_full),
+        static_cast<unsigned long long>(totals.discarded));
   }
 }
 

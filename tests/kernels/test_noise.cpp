@@ -1,5 +1,5 @@
-// Tests of the PRF-derived discrete Gaussian noise (the 192-bit table and exact CKS20). Statistical assertions use fixed seeds (so
-// outcomes are reproducible) and state the false-failure rate each would have under a fresh seed.
+// Tests of the PRF-derived discrete Gaussian noise (the 192-bit table and exact CKS20). Statistical assertions use
+// fixed seeds (so outcomes are reproducible) and state the false-failure rate each would have under a fresh seed.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -124,7 +124,8 @@ TEST(Noise, PrfKnownAnswer) {
   std::uint8_t one[16];  // block 1 alone equals the second block of the batch
   prf.blocks(NodeId{0x0123456789abcdefULL, Family::Sum, 5, 3, 77}, 1, 1, one);
   EXPECT_EQ(std::memcmp(one, out + 16, 16), 0);
-  std::vector<std::uint8_t> big(std::size_t{200} * 16), small(16);  // batches past the 64-block chunk agree block by block
+  std::vector<std::uint8_t> big(std::size_t{200} * 16),
+      small(16);  // batches past the 64-block chunk agree block by block
   prf.blocks(node(9), 0, 200, big.data());
   for (std::uint32_t i : {0u, 63u, 64u, 199u}) {
     prf.blocks(node(9), i, 1, small.data());
@@ -137,12 +138,16 @@ TEST(Noise, BatchedDrawsEqualSingleDraws) {
   WindowPrf prf(secret_from_seed(4), 3);
   for (const double sigma : {0.7, 30.0, 5000.0, 1048576.0}) {  // table and CKS20
     const DiscreteGaussian dg(sigma);
-    for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{100}}) {
+    for (const std::size_t n :
+         {std::size_t{1}, std::size_t{2}, std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{100}}) {
       std::vector<NodeId> ids;
-      for (std::size_t i = 0; i < n; ++i) ids.push_back(NodeId{i * 31 + n, Family::KeySelection, 2, static_cast<std::uint32_t>(i % 5), static_cast<std::uint32_t>(i)});
+      for (std::size_t i = 0; i < n; ++i)
+        ids.push_back(NodeId{i * 31 + n, Family::KeySelection, 2, static_cast<std::uint32_t>(i % 5),
+                             static_cast<std::uint32_t>(i)});
       std::vector<std::int64_t> batched(n);
       node_noises(prf, ids.data(), n, dg, batched.data());
-      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(batched[i], node_noise(prf, ids[i], dg)) << sigma << " " << n << " " << i;
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(batched[i], node_noise(prf, ids[i], dg)) << sigma << " " << n << " " << i;
     }
   }
 }
@@ -151,8 +156,10 @@ TEST(Noise, OutOfRangeFieldsThrow) {
   WindowPrf prf(secret_from_seed(1), 0);
   DiscreteGaussian dg(3.0);
   std::uint8_t out[16];
-  const NodeId bad[] = {{1, Family::Count, 1u << 20, 0, 0}, {1, Family::Count, 0, 32, 0},
-                        {1, Family::Count, 0, 0, 1u << 20}, {1, static_cast<Family>(16), 0, 0, 0}};
+  const NodeId bad[] = {{1, Family::Count, 1u << 20, 0, 0},
+                        {1, Family::Count, 0, 32, 0},
+                        {1, Family::Count, 0, 0, 1u << 20},
+                        {1, static_cast<Family>(16), 0, 0, 0}};
   for (const NodeId& id : bad) {
     EXPECT_THROW(pack(id), std::invalid_argument);
     EXPECT_THROW(NodeStream(prf, id), std::invalid_argument);
@@ -207,8 +214,8 @@ TEST(Noise, FrozenOutputs) {
       {1.0, {-1, 0, 1, 0, -1, 1, 0, 2}},
       {30.0, {-21, -12, 37, 16, -36, 47, 16, 47}},
       {1048576.0, {-118382, 1659597, -693556, 1168491, 2023457, -1126589, 167876, -854671}}};  // CKS20 above 4096
-  const std::vector<std::pair<double, std::vector<std::int64_t>>> exact = {
-      {1.0, {1, -1, 1, 0, 1, 1, 1, 1}}, {30.0, {14, 7, 64, -9, -4, 3, -4, 7}}};
+  const std::vector<std::pair<double, std::vector<std::int64_t>>> exact = {{1.0, {1, -1, 1, 0, 1, 1, 1, 1}},
+                                                                           {30.0, {14, 7, 64, -9, -4, 3, -4, 7}}};
   for (const auto& [sigma, want] : table) {
     const DiscreteGaussian dg(sigma);
     std::vector<std::int64_t> got;
@@ -282,7 +289,8 @@ TEST(Noise, DistinctInputsGiveDistinctStreams) {
   variants[6].key = 42ULL << 32;
   for (const NodeId& v : variants) EXPECT_NE(ref, first_word(w0, v));
   NodeStream st(w0, base);  // words within one stream differ too
-  const std::uint64_t x0 = st.next_u64(), x1 = st.next_u64(), x2 = st.next_u64(), x3 = st.next_u64(), x4 = st.next_u64();
+  const std::uint64_t x0 = st.next_u64(), x1 = st.next_u64(), x2 = st.next_u64(), x3 = st.next_u64(),
+                      x4 = st.next_u64();
   EXPECT_TRUE(x0 != x1 && x1 != x2 && x2 != x3 && x3 != x4);
 }
 
@@ -302,7 +310,8 @@ TEST(Noise, NeighbouringNodesUncorrelated) {
   }
   auto corr = [](const double* x, const double* y, std::size_t n) {
     double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
-    for (std::size_t i = 0; i < n; ++i) sx += x[i], sy += y[i], sxx += x[i] * x[i], syy += y[i] * y[i], sxy += x[i] * y[i];
+    for (std::size_t i = 0; i < n; ++i)
+      sx += x[i], sy += y[i], sxx += x[i] * x[i], syy += y[i] * y[i], sxy += x[i] * y[i];
     const double dn = double(n);
     return (sxy / dn - sx * sy / dn / dn) / std::sqrt((sxx / dn - sx * sx / dn / dn) * (syy / dn - sy * sy / dn / dn));
   };
@@ -344,8 +353,8 @@ TEST(Noise, UniformAndBernoulli) {
   EXPECT_GT(chi2_pvalue(stat, 2), 1e-6) << stat;
   // bernoulli: frequency within 5 binomial standard deviations (false failure < 6e-7 each), for 64-bit, dyadic,
   // 127-bit and > 2^127 denominators (the last one goes through uniform_below_u128).
-  const std::pair<u128, u128> cases[] = {{1, 3}, {3, 8}, {(u128{1} << 126) + 12345, (u128{3} << 125) + 1},
-                                         {~u128{0} / 5, ~u128{0}}};
+  const std::pair<u128, u128> cases[] = {
+      {1, 3}, {3, 8}, {(u128{1} << 126) + 12345, (u128{3} << 125) + 1}, {~u128{0} / 5, ~u128{0}}};
   for (const auto& [num, den] : cases) {
     const double p = double(num) / double(den);
     int hits = 0;
@@ -361,8 +370,8 @@ TEST(Noise, UniformAndBernoulli) {
 }
 
 TEST(Noise, DiscreteGaussianParameters) {
-  for (double sigma : {std::ldexp(1.0, -10), 0.1, 0.5, 1.0, 3.7, 30.0, 1000.0, std::ldexp(1.0, 20), 123456.789,
-                       std::ldexp(1.0, 24)}) {
+  for (double sigma :
+       {std::ldexp(1.0, -10), 0.1, 0.5, 1.0, 3.7, 30.0, 1000.0, std::ldexp(1.0, 20), 123456.789, std::ldexp(1.0, 24)}) {
     const DiscreteGaussian dg(sigma);
     const double s2 = std::ldexp(static_cast<double>(dg.sigma2_num()), -dg.sigma2_exp());
     EXPECT_GE(dg.sigma2_num(), 1ULL << 51);
@@ -401,7 +410,8 @@ TEST(Noise, GammaIsExact) {
   };
   auto mul = [](u128 a, u128 b) {  // schoolbook on 64-bit limbs
     const u128 m = ~std::uint64_t{0};
-    const u128 p00 = (a & m) * (b & m), p01 = (a & m) * (b >> 64), p10 = (a >> 64) * (b & m), p11 = (a >> 64) * (b >> 64);
+    const u128 p00 = (a & m) * (b & m), p01 = (a & m) * (b >> 64), p10 = (a >> 64) * (b & m),
+               p11 = (a >> 64) * (b >> 64);
     const u128 mid = (p00 >> 64) + (p01 & m) + (p10 & m);
     return U256{p11 + (p01 >> 64) + (p10 >> 64) + (mid >> 64), (p00 & m) | (mid << 64)};
   };
@@ -485,8 +495,8 @@ TEST_P(NoiseStats, MatchesExactPmf) {
   double stat = 0;
   for (std::size_t b = 0; b < expect.size(); ++b) stat += (seen[b] - expect[b]) * (seen[b] - expect[b]) / expect[b];
   const double df = double(expect.size()) - 1, pval = chi2_pvalue(stat, df);
-  std::printf("sigma %-9g var %.6g (exact %.6g) tail %.0f (exp %.1f) chi2 %.1f df %.0f p %.3g\n", sigma, m2, var,
-              tail, kN * p3, stat, df, pval);
+  std::printf("sigma %-9g var %.6g (exact %.6g) tail %.0f (exp %.1f) chi2 %.1f df %.0f p %.3g\n", sigma, m2, var, tail,
+              kN * p3, stat, df, pval);
   EXPECT_GT(pval, 1e-6);
 
   // Symmetry: for each |y| group, the counts of +y and -y split as Binomial(., 1/2); sum of (c+ - c-)^2/(c+ + c-)
@@ -514,8 +524,8 @@ TEST_P(NoiseStats, MatchesExactPmf) {
   EXPECT_LT(std::fabs(pos - neg), 5 * std::sqrt(pos + neg));
 }
 
-INSTANTIATE_TEST_SUITE_P(Sigmas, NoiseStats, testing::Combine(testing::Values(0.5, 1.0, 3.7, 30.0, 1000.0, 1048576.0),
-                                                               testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(Sigmas, NoiseStats,
+                         testing::Combine(testing::Values(0.5, 1.0, 3.7, 30.0, 1000.0, 1048576.0), testing::Bool()));
 
 TEST(Noise, BenchmarkNsPerSample) {
   // A printed benchmark, not a timed assertion: node_noise on distinct nodes (stream setup + AES + sampling).
@@ -534,7 +544,10 @@ TEST(Noise, BenchmarkNsPerSample) {
       }
       const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / kN;
       std::printf("sigma %-8g %-6s %7.1f ns/sample  %.3f AES blocks/sample  (checksum %lld)\n", sigma,
-                  exact ? "CKS20" : dg.tabulated() ? "table" : "CKS20", ns, double(blocks) / kN, static_cast<long long>(sink));
+                  exact            ? "CKS20"
+                  : dg.tabulated() ? "table"
+                                   : "CKS20",
+                  ns, double(blocks) / kN, static_cast<long long>(sink));
     }
   }
 }

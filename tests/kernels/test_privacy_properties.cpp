@@ -8,8 +8,8 @@
 // Assertions are exact unless a comment states a false-failure rate.
 #include <gtest/gtest.h>
 
-#include "tests/scoped_omp_threads.hpp"
 #include <omp.h>
+#include "tests/scoped_omp_threads.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -51,7 +51,8 @@ constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or
 // Jobs, plans and releaser parameters.
 
 // A DP job parsed from TOML as a user would write it.
-JobConfig dp_job(std::uint32_t triggers, std::uint32_t C, double mu, double epsilon, double clamp_min, double clamp_max) {
+JobConfig dp_job(std::uint32_t triggers, std::uint32_t C, double mu, double epsilon, double clamp_min,
+                 double clamp_max) {
   const std::string toml = "[stream]\nwindow_seconds = 86400\ntriggers = " + std::to_string(triggers) +
                            "\n[privacy]\nmode = \"dp\"\nmax_records_per_user = " + std::to_string(C) +
                            "\nepsilon = " + std::to_string(epsilon) + "\ndelta = 1e-9\nmu = " + std::to_string(mu) +
@@ -74,7 +75,6 @@ DpParams flat_params(std::uint32_t T, double mu, double tau, double sigma_select
 }
 
 using dpstream::testing::ScopedOmpThreads;
-
 
 // ---------------------------------------------------------------------------------------------
 // Dyadic trees and an independent Honaker implementation in exact rationals.
@@ -228,7 +228,8 @@ Increments naive_user(const Stream& stream, std::uint64_t user, const kernels::B
     for (const Record& r : stream[t])
       if (r.user == user) mine.emplace_back(t, r);
   std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.first, a.second.timestamp, a.second.position) < std::tie(b.first, b.second.timestamp, b.second.position);
+    return std::tie(a.first, a.second.timestamp, a.second.position) <
+           std::tie(b.first, b.second.timestamp, b.second.position);
   });
   Increments out(stream.size());
   std::set<std::uint64_t> touched;
@@ -342,15 +343,23 @@ TEST(PrivacyProperties, NoTinyKeysAreEverReleased) {
       tiny.insert(key);
       std::vector<std::int64_t> arrivals(T, 0);
       switch (i % 4) {
-        case 0: arrivals[0] = mu; break;                                  // all at once
-        case 1: for (int u = 0; u < mu; ++u) ++arrivals[u % T]; break;   // spread over the window
-        case 2: arrivals[T - 1] = mu; break;                              // all at the last trigger
-        case 3: arrivals[0] = mu - 1, arrivals[T / 2] = 1; break;         // the last one mid-window
+        case 0:
+          arrivals[0] = mu;
+          break;  // all at once
+        case 1:
+          for (int u = 0; u < mu; ++u) ++arrivals[u % T];
+          break;  // spread over the window
+        case 2:
+          arrivals[T - 1] = mu;
+          break;  // all at the last trigger
+        case 3:
+          arrivals[0] = mu - 1, arrivals[T / 2] = 1;
+          break;  // the last one mid-window
       }
       const std::int64_t sign = i % 2 ? -1 : 1;
       for (std::uint32_t t = 0; t < T; ++t)
-        per_trigger[t].push_back({key, t == 0 ? kHugeCount : std::int64_t{1} << 30, sign * (t == 0 ? kHugeSum : std::int64_t{1} << 35),
-                                  arrivals[t]});
+        per_trigger[t].push_back({key, t == 0 ? kHugeCount : std::int64_t{1} << 30,
+                                  sign * (t == 0 ? kHugeSum : std::int64_t{1} << 35), arrivals[t]});
     }
     for (std::uint64_t i = 0; i < 16; ++i) {
       control.insert(2000 + i);
@@ -411,7 +420,8 @@ TEST(PrivacyProperties, PlanLevelNoReleaseUntilMoreThanMuNewUsers) {
   const double M = std::ldexp(static_cast<double>(noise::DiscreteGaussian(params.sigma_selection).t()), 11);
   double noise_bound = 0;
   for (std::uint32_t j = 0; j < plan.levels; ++j) noise_bound += (j + 1) * M + 0.5;
-  const auto burst = static_cast<std::int64_t>(plan.mu + *std::max_element(plan.tau.begin(), plan.tau.end()) + noise_bound) + 1;
+  const auto burst =
+      static_cast<std::int64_t>(plan.mu + *std::max_element(plan.tau.begin(), plan.tau.end()) + noise_bound) + 1;
 
   // Arrivals per key and trigger: bursts, trickles of 1-2 users, and triggers with only (huge) records.
   const int kKeys = 40;
@@ -448,12 +458,13 @@ TEST(PrivacyProperties, PlanLevelNoReleaseUntilMoreThanMuNewUsers) {
       const std::uint64_t tested_before = stats.tested;
       std::set<std::uint64_t> released;
       for (const KeyRelease& r : releaser.release(table, t, stats)) released.insert(r.key);
-      EXPECT_EQ(stats.tested - tested_before, expected_tests) << "trigger " << t << ": keys with > mu round users are tested";
+      EXPECT_EQ(stats.tested - tested_before, expected_tests)
+          << "trigger " << t << ": keys with > mu round users are tested";
       for (int k = 0; k < kKeys; ++k) {
         const auto round_users = static_cast<double>(users[k] - base[k]);
         const bool rel = released.count(static_cast<std::uint64_t>(k)) > 0;
-        ASSERT_FALSE(rel && round_users <= plan.mu)
-            << "secret " << secret << " trigger " << t << " key " << k << " released with " << round_users << " round users";
+        ASSERT_FALSE(rel && round_users <= plan.mu) << "secret " << secret << " trigger " << t << " key " << k
+                                                    << " released with " << round_users << " round users";
         EXPECT_TRUE(rel || !is_burst[k][t]) << "a burst of " << burst << " users must be released";
         if (rel) {
           base[k] = users[k];
@@ -498,7 +509,8 @@ TEST(PrivacyProperties, OneUserMovesNoMoreThanTheAccountedSensitivity) {
   // The plan's accounting uses exactly these sensitivities.
   EXPECT_EQ(plan.levels, dptree::levels(T));
   EXPECT_DOUBLE_EQ(plan.selection.sensitivity * plan.selection.sensitivity, C);
-  EXPECT_NEAR(plan.selection.rho, plan.levels * C / (2 * plan.selection.sigma * plan.selection.sigma), 1e-12 * plan.selection.rho);
+  EXPECT_NEAR(plan.selection.rho, plan.levels * C / (2 * plan.selection.sigma * plan.selection.sigma),
+              1e-12 * plan.selection.rho);
   ASSERT_EQ(plan.aggregation.size(), 2u);
   EXPECT_EQ(plan.aggregation[0].name, "count");
   EXPECT_DOUBLE_EQ(plan.aggregation[0].sensitivity, C);
@@ -531,8 +543,8 @@ TEST(PrivacyProperties, OneUserMovesNoMoreThanTheAccountedSensitivity) {
   for (std::uint64_t k = 0; k < 5; ++k) add(kSpread, 0, k, 0, extremes[k % 9]);
   for (std::uint64_t k = 5; k < C; ++k) add(kSpread, 2, k, 0, extremes[k % 9]);
   for (int i = 0; i < 3000; ++i)
-    add(kSpread, 2 + static_cast<std::uint32_t>(rng() % (T - 2)), rng() % kKeys, 1 + static_cast<std::int64_t>(rng() % 500),
-        extremes[rng() % 9]);
+    add(kSpread, 2 + static_cast<std::uint32_t>(rng() % (T - 2)), rng() % kKeys,
+        1 + static_cast<std::int64_t>(rng() % 500), extremes[rng() % 9]);
   // A2 (concentrated): thousands of records at trigger 3, all on key 7 and far below clamp_min, then more later.
   for (int i = 0; i < 3000; ++i)
     add(kConcentrated, 3 + static_cast<std::uint32_t>(i / 1000) * 3, 7, static_cast<std::int64_t>(rng() % 3), -1e12);
@@ -600,7 +612,10 @@ TEST(PrivacyProperties, OneUserMovesNoMoreThanTheAccountedSensitivity) {
         std::vector<bool>& rel = release[key];
         rel.assign(T + 1, false);
         for (std::uint32_t leaf = 1; leaf <= T; ++leaf)
-          rel[leaf] = schedule == 0 ? true : schedule == 1 ? false : schedule == 2 ? leaf == T : unit(rng) < 0.1 * (schedule % 8);
+          rel[leaf] = schedule == 0   ? true
+                      : schedule == 1 ? false
+                      : schedule == 2 ? leaf == T
+                                      : unit(rng) < 0.1 * (schedule % 8);
       }
       const LevelSquares sq = tree_squares(full, without, keys, release);
       i128 count_total = 0, sum_total = 0, selection_total = 0;
@@ -639,7 +654,8 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
   const std::uint32_t T = 20;
   const double mu = 3;
   DpParams params = flat_params(T, mu, 0, 2.0);
-  for (std::uint32_t s = 1; s <= T; ++s) params.tau[s] = 1.5 * params.sigma_selection * std::sqrt(dptree::prefix_variance_factor(s));
+  for (std::uint32_t s = 1; s <= T; ++s)
+    params.tau[s] = 1.5 * params.sigma_selection * std::sqrt(dptree::prefix_variance_factor(s));
   const noise::DiscreteGaussian dg_sel(params.sigma_selection), dg_count(params.sigma_count), dg_sum(params.sigma_sum);
   const int kKeys = 30;
   std::mt19937_64 rng(99);
@@ -647,7 +663,8 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
   for (std::uint32_t t = 0; t < T; ++t)
     for (int k = 0; k < kKeys; ++k)
       if (rng() % 10 < 6)
-        per_trigger[t].push_back({static_cast<std::uint64_t>(k) * 0x9E3779B97F4A7C15ull, 1 + static_cast<std::int64_t>(rng() % 20),
+        per_trigger[t].push_back({static_cast<std::uint64_t>(k) * 0x9E3779B97F4A7C15ull,
+                                  1 + static_cast<std::int64_t>(rng() % 20),
                                   params.sum_quantum * (static_cast<std::int64_t>(rng() % 1001) - 500),
                                   static_cast<std::int64_t>(rng() % 4)});
 
@@ -680,9 +697,11 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
         if (static_cast<double>(m.total_users - m.base_users) <= mu) continue;
         const std::uint32_t step = t - m.round_start + 1;
         TreeNoise sel(prf, key, noise::Family::KeySelection, m.round, dg_sel);
-        const NoisyNode y_sel = [&, &m = m](std::uint32_t j, std::uint32_t k) {  // C++20 binding capture, spelled for clang 14
+        const NoisyNode y_sel = [&, &m = m](std::uint32_t j,
+                                            std::uint32_t k) {  // C++20 binding capture, spelled for clang 14
           i128 truth = 0;
-          for (std::uint32_t s = k * (1u << j) + 1; s <= (k + 1) * (1u << j); ++s) truth += m.users[m.round_start + s - 1];
+          for (std::uint32_t s = k * (1u << j) + 1; s <= (k + 1) * (1u << j); ++s)
+            truth += m.users[m.round_start + s - 1];
           return (truth + sel(j, k)) * kOne;
         };
         const std::int64_t noisy_users = honaker_prefix(y_sel, step);
@@ -696,7 +715,9 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
           from = r + 1;
         }
         TreeNoise cnt(prf, key, noise::Family::Count, 0, dg_count), sm(prf, key, noise::Family::Sum, 0, dg_sum);
-        const NoisyNode y_count = [&](std::uint32_t j, std::uint32_t k) { return (node_value(count_leaf, j, k) + cnt(j, k)) * kOne; };
+        const NoisyNode y_count = [&](std::uint32_t j, std::uint32_t k) {
+          return (node_value(count_leaf, j, k) + cnt(j, k)) * kOne;
+        };
         const NoisyNode y_sum = [&](std::uint32_t j, std::uint32_t k) {
           return node_value(sum_leaf, j, k) + i128{sm(j, k)} * params.sum_quantum;
         };
@@ -706,7 +727,8 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
         m.round_start = t + 1;
         m.base_users = m.total_users;
       }
-      std::sort(expected.begin(), expected.end(), [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });
+      std::sort(expected.begin(), expected.end(),
+                [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });
       const std::vector<KeyRelease> got = releaser.release(table, t, stats);
       ASSERT_EQ(got.size(), expected.size()) << "seed " << seed << " trigger " << t;
       for (std::size_t i = 0; i < got.size(); ++i) {
@@ -721,7 +743,6 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
   EXPECT_GT(releases, 100u);
   EXPECT_GT(later_rounds, 50u);
 }
-
 
 // A release is total + noise in 128 bits: totals far beyond int64 neither abort nor wrap, and the noise
 // added to them is the noise the same key gets on small totals (same secret, window, key and round).

@@ -32,8 +32,8 @@
 // probability below kAlpha = 1e-6 when every claim holds.
 #include <gtest/gtest.h>
 
-#include "tests/scoped_omp_threads.hpp"
 #include <omp.h>
+#include "tests/scoped_omp_threads.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -61,11 +61,11 @@ using kernels::DpStats;
 using kernels::KeyStateTable;
 using i128 = int128;  // common/int128.hpp
 
-constexpr std::uint32_t kT = 16;      // triggers per window
-constexpr std::uint32_t kC = 4;       // keys per user
-constexpr double kBeta = 0.01;        // failure probability per test
-constexpr double kAlpha = 1e-6;       // false-failure rate of the whole file
-constexpr double kBlocked = 1e30;     // a threshold no noise reaches
+constexpr std::uint32_t kT = 16;   // triggers per window
+constexpr std::uint32_t kC = 4;    // keys per user
+constexpr double kBeta = 0.01;     // failure probability per test
+constexpr double kAlpha = 1e-6;    // false-failure rate of the whole file
+constexpr double kBlocked = 1e30;  // a threshold no noise reaches
 constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;
 // (a): T steps vs beta + 5 exact; (b): 2 rounds x (T steps vs beta + 5 exact); (c): 2.
 constexpr int kChecks = kT + 5 + 2 * (kT + 5) + 2;
@@ -77,7 +77,8 @@ constexpr double kLevel = kAlpha / kChecks;
 double log_binom_pmf(std::uint64_t n, std::uint64_t k, double p) {
   const auto nd = static_cast<double>(n), kd = static_cast<double>(k);
   // NOLINTNEXTLINE(concurrency-mt-unsafe): lgamma sets signgam; the test calls it from one thread
-  return std::lgamma(nd + 1) - std::lgamma(kd + 1) - std::lgamma(nd - kd + 1) + kd * std::log(p) + (nd - kd) * std::log1p(-p);
+  return std::lgamma(nd + 1) - std::lgamma(kd + 1) - std::lgamma(nd - kd + 1) + kd * std::log(p) +
+         (nd - kd) * std::log1p(-p);
 }
 // Sum of pmf(i) from i = from, moving away from the mode in direction step (+1 or -1).
 double tail_sum(std::uint64_t n, std::uint64_t from, int step, double p) {
@@ -109,8 +110,8 @@ struct Rate {
 // The claim "rate <= bound" is rejected when P[Bin(tests, bound) >= passes] < kLevel.
 void expect_at_most(const Rate& r, double bound, const std::string& what) {
   const double pvalue = binom_at_least(r.tests, r.passes, bound);
-  EXPECT_GE(pvalue, kLevel) << what << ": " << r.passes << " passes in " << r.tests << " = " << r.value()
-                            << ", above " << bound << " (one-sided binomial p-value " << pvalue << ")";
+  EXPECT_GE(pvalue, kLevel) << what << ": " << r.passes << " passes in " << r.tests << " = " << r.value() << ", above "
+                            << bound << " (one-sided binomial p-value " << pvalue << ")";
 }
 // "rate == p" is rejected when either tail is below kLevel / 2.
 void expect_equal(const Rate& r, double p, const std::string& what) {
@@ -129,19 +130,22 @@ struct Pmf {  // P[X = offset + i] = p[i]
 };
 
 Pmf discrete_gaussian_pmf(const noise::DiscreteGaussian& dg) {
-  const long double s2 = std::ldexp(static_cast<long double>(dg.sigma2_num()), -dg.sigma2_exp());  // the sampler's sigma^2
-  const auto ymax = static_cast<std::int64_t>(16 * dg.sigma()) + 2;                             // tail < e^-128
+  const long double s2 =
+      std::ldexp(static_cast<long double>(dg.sigma2_num()), -dg.sigma2_exp());  // the sampler's sigma^2
+  const auto ymax = static_cast<std::int64_t>(16 * dg.sigma()) + 2;             // tail < e^-128
   Pmf out{-ymax, std::vector<double>(static_cast<std::size_t>(2 * ymax + 1))};
   long double z = 0;
   std::vector<long double> w(out.p.size());
-  for (std::int64_t y = -ymax; y <= ymax; ++y) z += w[static_cast<std::size_t>(y + ymax)] = std::exp(-static_cast<long double>(y * y) / (2 * s2));
+  for (std::int64_t y = -ymax; y <= ymax; ++y)
+    z += w[static_cast<std::size_t>(y + ymax)] = std::exp(-static_cast<long double>(y * y) / (2 * s2));
   for (std::size_t i = 0; i < w.size(); ++i) out.p[i] = static_cast<double>(w[i] / z);
   return out;
 }
 
 // Distribution of m X + Y for independent X ~ a, Y ~ b.
 Pmf scaled_convolution(const Pmf& a, std::int64_t m, const Pmf& b) {
-  Pmf out{m * a.offset + b.offset, std::vector<double>(static_cast<std::size_t>(m) * (a.p.size() - 1) + b.p.size(), 0.0)};
+  Pmf out{m * a.offset + b.offset,
+          std::vector<double>(static_cast<std::size_t>(m) * (a.p.size() - 1) + b.p.size(), 0.0)};
   for (std::size_t i = 0; i < a.p.size(); ++i)
     for (std::size_t k = 0; k < b.p.size(); ++k) out.p[static_cast<std::size_t>(m) * i + k] += a.p[i] * b.p[k];
   return out;
@@ -211,8 +215,8 @@ TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
       ASSERT_GT(exact[s], 0.0);
       EXPECT_LE(exact[s], kBeta) << "step " << s << ": the proven bound fails for the exact distribution";
     }
-  std::printf("sigma_sel = %.4f, beta = %g, tail_z = %.4f, T = %u, C = %u, level per check %.2g\n", sigma, kBeta, thr.tail_z,
-              kT, kC, kLevel);
+  std::printf("sigma_sel = %.4f, beta = %g, tail_z = %.4f, T = %u, C = %u, level per check %.2g\n", sigma, kBeta,
+              thr.tail_z, kT, kC, kLevel);
 
   const ScopedOmpThreads one_thread(1);
   KeyStateTable table;
@@ -229,7 +233,8 @@ TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
       for (std::uint32_t w = 0; w < kWindowsA; ++w) {
         releaser.begin_window(w);
         no_data_keys(table, kKeysA);
-        for (std::uint32_t t = 0; t + 1 < s; ++t) ASSERT_TRUE(releaser.release(table, t, stats).empty()) << "blocked step passed";
+        for (std::uint32_t t = 0; t + 1 < s; ++t)
+          ASSERT_TRUE(releaser.release(table, t, stats).empty()) << "blocked step passed";
         const std::uint64_t tested = stats.tested;
         step_rate[s].passes += releaser.release(table, s - 1, stats).size();
         ASSERT_EQ(stats.tested - tested, kKeysA) << "every no-data key is tested (gate off)";
@@ -271,7 +276,8 @@ TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
         }
       }
       // The kernel restarted exactly the rounds the test counted.
-      table.for_each([&](std::uint64_t key, const kernels::KeyState& st) { EXPECT_EQ(st.round, round[key]) << "key " << key; });
+      table.for_each(
+          [&](std::uint64_t key, const kernels::KeyState& st) { EXPECT_EQ(st.round, round[key]) << "key " << key; });
       for (std::uint32_t k = 0; k < kKeysB; ++k) key_any.passes += passes[k] > 0;
       key_any.tests += kKeysB;
       for (std::uint32_t u = 0; u + kC <= kKeysB; u += kC) {  // a user's C keys: disjoint groups of C keys
@@ -294,9 +300,11 @@ TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
                 static_cast<unsigned long long>(r0.tests), r0.value(), static_cast<unsigned long long>(r1.passes),
                 static_cast<unsigned long long>(r1.tests), r1.value());
   }
-  std::printf("all tests %.5f (%llu); P[key passes in window] %.5f <= T beta = %.2f; P[one of C keys] %.5f <= C T beta = %.2f\n",
-              all_tests.value(), static_cast<unsigned long long>(all_tests.tests), key_any.value(), kT * kBeta,
-              user_any.value(), kC * kT * kBeta);
+  std::printf(
+      "all tests %.5f (%llu); P[key passes in window] %.5f <= T beta = %.2f; P[one of C keys] %.5f <= C T beta = "
+      "%.2f\n",
+      all_tests.value(), static_cast<unsigned long long>(all_tests.tests), key_any.value(), kT * kBeta,
+      user_any.value(), kC * kT * kBeta);
 
   for (std::uint32_t s = 1; s <= kT; ++s) {
     const std::string at = "step " + std::to_string(s);

@@ -7,8 +7,12 @@ using dpstream::shuffle::Comm;
 
 namespace {
 // Items rank s sends to rank d: a deterministic, uneven count, values encode (s, d, i).
-std::uint64_t count_for(int s, int d) { return (static_cast<std::uint64_t>(s) * 7 + static_cast<std::uint64_t>(d) * 13) % 11 * 37 + (s == d ? 5 : 0); }
-std::uint64_t value_for(int s, int d, std::uint64_t i) { return (static_cast<std::uint64_t>(s) << 40) | (static_cast<std::uint64_t>(d) << 32) | i; }
+std::uint64_t count_for(int s, int d) {
+  return (static_cast<std::uint64_t>(s) * 7 + static_cast<std::uint64_t>(d) * 13) % 11 * 37 + (s == d ? 5 : 0);
+}
+std::uint64_t value_for(int s, int d, std::uint64_t i) {
+  return (static_cast<std::uint64_t>(s) << 40) | (static_cast<std::uint64_t>(d) << 32) | i;
+}
 
 std::vector<std::uint64_t> exchange(const Comm& comm) {
   std::vector<std::uint64_t> send, offsets{0};
@@ -78,7 +82,8 @@ TEST(VariableLength, StringsRoundTripThroughTheExchange) {
   for (int s = 0; s < comm.size(); ++s)
     for (int i = 0; i <= comm.rank(); ++i) {
       EXPECT_EQ(in.get<std::uint64_t>(), static_cast<std::uint64_t>(s));
-      EXPECT_EQ(in.get_string(), std::string(static_cast<std::size_t>(i * 3), 'a' + static_cast<char>(comm.rank())) + ",\"\n");
+      EXPECT_EQ(in.get_string(),
+                std::string(static_cast<std::size_t>(i * 3), 'a' + static_cast<char>(comm.rank())) + ",\"\n");
     }
   EXPECT_TRUE(in.done());
 }
@@ -92,7 +97,8 @@ TEST(VariableLength, TruncatedMessageThrows) {
 
 TEST(Gather, RootGetsAllInRankOrder) {
   Comm comm;
-  std::vector<std::byte> mine(static_cast<std::size_t>(comm.rank()) + 1, std::byte{static_cast<unsigned char>(comm.rank())});
+  std::vector<std::byte> mine(static_cast<std::size_t>(comm.rank()) + 1,
+                              std::byte{static_cast<unsigned char>(comm.rank())});
   comm.set_round_limit_bytes(3);
   const auto all = comm.gather_bytes_to_root(mine);
   if (comm.rank() == 0) {

@@ -188,7 +188,8 @@ TEST(Normal, QuantileRoundTripAndMonotone) {
     EXPECT_LT(z, prev_z) << "p=" << p;
     prev_z = z;
   }
-  for (double p = 0.5; p < 1; p += 0.01) EXPECT_LE(rel(normal_upper_tail(normal_upper_quantile(p)), p), 1e-12) << "p=" << p;
+  for (double p = 0.5; p < 1; p += 0.01)
+    EXPECT_LE(rel(normal_upper_tail(normal_upper_quantile(p)), p), 1e-12) << "p=" << p;
 }
 
 // ---- Analytic Gaussian mechanism (Balle & Wang 2018) ----------------------------------------------------
@@ -266,14 +267,10 @@ TEST(GaussianReference, Mpmath) {
   };
   const SigmaRow sigmas[] = {
       // {eps, delta, sensitivity, smallest sigma}
-      {0.1, 1e-12, 1.0, 6.153905591889454663e+1},
-      {0.01, 1e-09, 1.0, 4.5850849749725294949e+2},
-      {0.5, 1e-05, 1.0, 7.0318266755824914044},
-      {1.0, 1e-300, 1.0, 3.6865497894111099653e+1},
-      {10.0, 1e-100, 1.0, 2.1327366227086315901},
-      {20.0, 1e-09, 1.0, 3.5981208665459255055e-1},
-      {0.0, 1e-06, 1.0, 3.9894228040132825315e+5},
-      {2.0, 1e-12, 7.5, 2.5220043821361246415e+1},
+      {0.1, 1e-12, 1.0, 6.153905591889454663e+1},  {0.01, 1e-09, 1.0, 4.5850849749725294949e+2},
+      {0.5, 1e-05, 1.0, 7.0318266755824914044},    {1.0, 1e-300, 1.0, 3.6865497894111099653e+1},
+      {10.0, 1e-100, 1.0, 2.1327366227086315901},  {20.0, 1e-09, 1.0, 3.5981208665459255055e-1},
+      {0.0, 1e-06, 1.0, 3.9894228040132825315e+5}, {2.0, 1e-12, 7.5, 2.5220043821361246415e+1},
   };
   for (const auto& r : sigmas) {
     const double got = gaussian_sigma(r.eps, r.delta, r.sensitivity);
@@ -353,10 +350,10 @@ TEST(Gaussian, EdgeCases) {
   // eps = 0: delta = 2 Phi(Delta / (2 sigma)) - 1.
   for (double sigma : {0.1, 1.0, 10.0, 1e3})
     EXPECT_LE(rel(gaussian_delta(0, sigma, 1), 1 - 2 * normal_upper_tail(0.5 / sigma)), 1e-12) << sigma;
-  EXPECT_EQ(gaussian_delta(1, 1e-300, 1), 1.0);    // no noise
-  EXPECT_EQ(gaussian_delta(1e300, 1, 1), 0.0);     // far past double range
+  EXPECT_EQ(gaussian_delta(1, 1e-300, 1), 1.0);  // no noise
+  EXPECT_EQ(gaussian_delta(1e300, 1, 1), 0.0);   // far past double range
   EXPECT_EQ(gaussian_delta(1, 1e300, 1e-300), 0.0);
-  EXPECT_EQ(gaussian_eps(1e6, 1e-3, 1), 0.0);      // eps = 0 already suffices
+  EXPECT_EQ(gaussian_eps(1e6, 1e-3, 1), 0.0);  // eps = 0 already suffices
   EXPECT_GT(gaussian_eps(1e6, 1e-9, 1), 0.0);
   EXPECT_EQ(gaussian_sigma(0, 1e-320, 1), std::numeric_limits<double>::infinity());
   EXPECT_TRUE(std::isfinite(gaussian_sigma(1e-300, 1e-300, 1)));

@@ -50,7 +50,8 @@ std::vector<Record> owned_records(std::mt19937_64& rng, int rank, int ranks, int
 struct Flat {
   std::map<std::uint64_t, std::uint32_t> kept;
   std::set<std::pair<std::uint64_t, std::uint32_t>> pairs;
-  std::map<std::uint64_t, std::tuple<std::int64_t, int128, std::int64_t, std::int64_t, std::uint32_t, std::uint32_t>> keys;
+  std::map<std::uint64_t, std::tuple<std::int64_t, int128, std::int64_t, std::int64_t, std::uint32_t, std::uint32_t>>
+      keys;
   bool operator==(const Flat&) const = default;
 };
 Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
@@ -81,9 +82,7 @@ std::vector<checkpoint::Journal> drive(kernels::UserState& users, kernels::KeySt
     const auto recs = owned_records(rng, rank, ranks, 3000, 400, 90);
     auto partials = kernels::bound_and_aggregate(recs, params, users, stats);
     // Single-process key shuffle: keep only this rank's keys (the test feeds every rank the same stream).
-    std::erase_if(partials, [&](const KeyPartial& p) {
-      return partition::key_owner(p.key, ranks) != rank;
-    });
+    std::erase_if(partials, [&](const KeyPartial& p) { return partition::key_owner(p.key, ranks) != rank; });
     keys.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
     for (std::size_t s = 0; s < kernels::KeyStateTable::kShards; ++s)
       keys.for_each_in(s, [&](std::uint64_t key, kernels::KeyState st) {
@@ -100,9 +99,7 @@ std::vector<checkpoint::Journal> drive(kernels::UserState& users, kernels::KeySt
   return out;
 }
 
-JobConfig small_job() {
-  return parse_job(demo_job_toml(), "demo", {"output.progress=\"never\""});
-}
+JobConfig small_job() { return parse_job(demo_job_toml(), "demo", {"output.progress=\"never\""}); }
 
 // A checkpoint in `dir` of `job` that was started (commit 0) and never finished.
 void start_unfinished_job(const fs::path& dir, const JobConfig& job, const checkpoint::Fields& fields,
@@ -129,7 +126,8 @@ TEST(H5, MemoryFileRoundTripsDatasetsAndAttributes) {
     image = f.image();
   }
   h5::MemoryFile g(image);
-  EXPECT_EQ(h5::read_dataset<std::uint64_t>(g.get(), "g/u64"), (std::vector<std::uint64_t>{1, 2, std::uint64_t{1} << 63}));
+  EXPECT_EQ(h5::read_dataset<std::uint64_t>(g.get(), "g/u64"),
+            (std::vector<std::uint64_t>{1, 2, std::uint64_t{1} << 63}));
   EXPECT_EQ(h5::read_dataset<std::int64_t>(g.get(), "g/i64"), (std::vector<std::int64_t>{-5, 7}));
   EXPECT_TRUE(h5::read_dataset<std::uint32_t>(g.get(), "g/empty").empty());
   EXPECT_EQ(h5::read_uint_attribute(g.get(), "n"), 42u);
@@ -151,12 +149,14 @@ TEST(H5, RefusesAttributesAndDatasetsOfAnotherShape) {
       const hsize_t eight[1] = {8};
       const std::vector<std::uint64_t> values(8, 1);
       h5::Id space(H5Screate_simple(1, eight, nullptr), H5Sclose, "a dataspace");
-      h5::Id array(H5Acreate2(f.get(), "array", H5T_NATIVE_UINT64, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, "array");
+      h5::Id array(H5Acreate2(f.get(), "array", H5T_NATIVE_UINT64, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                   "array");
       ASSERT_GE(H5Awrite(array.get(), H5T_NATIVE_UINT64, values.data()), 0);
       h5::Id vstring(H5Tcopy(H5T_C_S1), H5Tclose, "a string type");
       ASSERT_GE(H5Tset_size(vstring.get(), H5T_VARIABLE), 0);
       h5::Id scalar(H5Screate(H5S_SCALAR), H5Sclose, "a dataspace");
-      h5::Id text(H5Acreate2(f.get(), "vstring", vstring.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, "vstring");
+      h5::Id text(H5Acreate2(f.get(), "vstring", vstring.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                  "vstring");
       const char* p = "text";
       ASSERT_GE(H5Awrite(text.get(), vstring.get(), &p), 0);
       // 2^40 elements in chunks that were never written: a small file with a huge extent.
@@ -180,7 +180,8 @@ TEST(H5, RefusesAttributesAndDatasetsOfAnotherShape) {
     return std::string("no error");
   };
   EXPECT_NE(message([&] { h5::read_uint_attribute(g.get(), "array"); }).find("not a single value"), std::string::npos);
-  EXPECT_NE(message([&] { h5::read_string_attribute(g.get(), "array"); }).find("not a single value"), std::string::npos);
+  EXPECT_NE(message([&] { h5::read_string_attribute(g.get(), "array"); }).find("not a single value"),
+            std::string::npos);
   EXPECT_NE(message([&] { h5::read_string_attribute(g.get(), "vstring"); }).find("not a fixed-length string"),
             std::string::npos);
   EXPECT_NE(message([&] { h5::read_uint_attribute(g.get(), "name"); }).find("not an integer"), std::string::npos);
@@ -202,7 +203,8 @@ TEST(Journal, SegmentsReplayToTheSameState) {
   // A journal that missed one trigger does not reproduce the state (the test can fail).
   kernels::UserState u3;
   kernels::KeyStateTable k3;
-  for (std::size_t i = 0; i + 1 < segments.size(); ++i) checkpoint::apply(segments[i].to_segment(), u3, k3, comm.rank(), comm.size(), false);
+  for (std::size_t i = 0; i + 1 < segments.size(); ++i)
+    checkpoint::apply(segments[i].to_segment(), u3, k3, comm.rank(), comm.size(), false);
   EXPECT_FALSE(flatten(users, keys) == flatten(u3, k3));
   // The journal was drained.
   EXPECT_TRUE(users.journal_empty());
@@ -230,11 +232,11 @@ TEST(Journal, CountOnlyKeysAreCompactAndEveryKeyReplaysExactly) {
     expected[key] = st;
   };
   for (std::uint64_t k = 1; k <= 300; ++k) set(k, static_cast<std::int64_t>(k * 3), static_cast<std::int64_t>(k), 0, 0);
-  set(1001, static_cast<std::int64_t>(big - 1), 7, 0, 0);      // the largest count-only value
-  set(1002, static_cast<std::int64_t>(big), 7, 0, 0);          // count needs 33 bits
-  set(1003, 5, static_cast<std::int64_t>(big + 4), 0, 0);      // users need 33 bits
-  set(1004, 5, 2, -(std::int64_t{1} << 40), 0);                // a sum
-  set(1005, 5, 2, 0, 3);                                       // a round
+  set(1001, static_cast<std::int64_t>(big - 1), 7, 0, 0);  // the largest count-only value
+  set(1002, static_cast<std::int64_t>(big), 7, 0, 0);      // count needs 33 bits
+  set(1003, 5, static_cast<std::int64_t>(big + 4), 0, 0);  // users need 33 bits
+  set(1004, 5, 2, -(std::int64_t{1} << 40), 0);            // a sum
+  set(1005, 5, 2, 0, 3);                                   // a round
   const auto j = checkpoint::drain_journal(users, keys);
   std::size_t count_only = 0, full = 0;
   for (const auto& shard : j.count_keys) count_only += shard.size();
@@ -242,7 +244,8 @@ TEST(Journal, CountOnlyKeysAreCompactAndEveryKeyReplaysExactly) {
   EXPECT_EQ(count_only, 301u);
   EXPECT_EQ(full, 4u);
   EXPECT_EQ(j.key_bytes(), 305 * checkpoint::Segment::kKeyBytes);
-  EXPECT_LE(j.memory_bytes(), 2 * (301 * sizeof(checkpoint::Journal::CountKey) + std::size_t{4} * 64 + std::size_t{256} * 64));
+  EXPECT_LE(j.memory_bytes(),
+            2 * (301 * sizeof(checkpoint::Journal::CountKey) + std::size_t{4} * 64 + std::size_t{256} * 64));
   kernels::UserState u2;
   kernels::KeyStateTable k2;
   checkpoint::apply(j.to_segment(), u2, k2, 0, 1, false);
@@ -263,10 +266,8 @@ TEST(Journal, RepartitioningSplitsTheStateByOwner) {
     kernels::KeyStateTable k;
     for (const auto& s : segments) checkpoint::apply(s.to_segment(), u, k, r, 3, /*filter=*/true);
     const Flat part = flatten(u, k);
-    for (const auto& [user, _] : part.kept)
-      EXPECT_EQ(partition::user_owner(user, 3), r);
-    for (const auto& [key, _] : part.keys)
-      EXPECT_EQ(partition::key_owner(key, 3), r);
+    for (const auto& [user, _] : part.kept) EXPECT_EQ(partition::user_owner(user, 3), r);
+    for (const auto& [key, _] : part.keys) EXPECT_EQ(partition::key_owner(key, 3), r);
     parts_users += part.kept.size();
     parts_keys += part.keys.size();
     merged.kept.insert(part.kept.begin(), part.kept.end());
@@ -281,13 +282,24 @@ TEST(Journal, RepartitioningSplitsTheStateByOwner) {
 TEST(Identity, EveryOutputDefiningFieldChangesTheFingerprint) {
   const auto base = small_job();
   const auto fp = checkpoint::fingerprint(checkpoint::identity_fields(base, ""));
-  const std::vector<std::string> changes = {
-      "job.name=\"other\"",          "input.users=20001",           "input.keys=2001",
-      "input.seed=8",                "input.key_distribution=\"uniform\"", "input.records_per_user_q=25",
-      "input.records_per_user_s=6.7", "input.records_per_user_max=99999", "input.key_q=999",
-      "input.key_s=1.3",             "stream.window_seconds=86401", "stream.triggers=11",
-      "stream.first_window=1",       "stream.windows=2",            "privacy.max_records_per_user=15",
-      "privacy.clamp_min=-1",        "privacy.clamp_max=2",         "query.aggregations=[\"count\"]"};
+  const std::vector<std::string> changes = {"job.name=\"other\"",
+                                            "input.users=20001",
+                                            "input.keys=2001",
+                                            "input.seed=8",
+                                            "input.key_distribution=\"uniform\"",
+                                            "input.records_per_user_q=25",
+                                            "input.records_per_user_s=6.7",
+                                            "input.records_per_user_max=99999",
+                                            "input.key_q=999",
+                                            "input.key_s=1.3",
+                                            "stream.window_seconds=86401",
+                                            "stream.triggers=11",
+                                            "stream.first_window=1",
+                                            "stream.windows=2",
+                                            "privacy.max_records_per_user=15",
+                                            "privacy.clamp_min=-1",
+                                            "privacy.clamp_max=2",
+                                            "query.aggregations=[\"count\"]"};
   for (const auto& c : changes) {
     auto job = parse_job(demo_job_toml(), "demo", {"output.progress=\"never\"", c});
     EXPECT_NE(checkpoint::fingerprint(checkpoint::identity_fields(job, "")), fp) << c;
@@ -299,8 +311,8 @@ TEST(Identity, EveryOutputDefiningFieldChangesTheFingerprint) {
     return checkpoint::fingerprint(checkpoint::identity_fields(parse_job(demo_job_toml(), "demo", extra), ""));
   };
   const auto dp_fp = with({});
-  for (const auto& c : {"privacy.epsilon=5", "privacy.delta=1e-8", "privacy.mu=3", "privacy.beta=1e-12", "privacy.seed=4",
-                        "privacy.selection_epsilon_share=0.4", "privacy.selection_delta_share=0.5",
+  for (const auto& c : {"privacy.epsilon=5", "privacy.delta=1e-8", "privacy.mu=3", "privacy.beta=1e-12",
+                        "privacy.seed=4", "privacy.selection_epsilon_share=0.4", "privacy.selection_delta_share=0.5",
                         "privacy.threshold=\"gaussian-quantile\""})
     EXPECT_NE(with({c}), dp_fp) << c;
   // What does not change the output does not change the identity.
@@ -319,47 +331,80 @@ TEST(Identity, EveryOutputDefiningFieldChangesTheFingerprint) {
 // Checkpoints written by earlier binaries are compared field by field: the keys and value spellings
 // must not drift (pinned here from the identity_fields of commit c20ec49).
 TEST(Identity, FieldsKeepTheirKeysAndSpellings) {
-  const std::string mechanism = "noise AES-256-CTR/HMAC-SHA256 + discrete Gaussian by 192-bit inverse CDF (sigma <= 4096) or CKS20, values 2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
-  const checkpoint::Fields stream = {{"stream.window_seconds", "86400"}, {"stream.triggers", "10"}, {"stream.first_window", "0"},
-                                     {"stream.windows", "1"}, {"query.aggregations", "count,sum"}, {"output.format", "csv"},
-                                     {"engine.mechanism", mechanism}, {"job.name", "demo"}};
+  const std::string mechanism =
+      "noise AES-256-CTR/HMAC-SHA256 + discrete Gaussian by 192-bit inverse CDF (sigma <= 4096) or CKS20, values "
+      "2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
+  const checkpoint::Fields stream = {{"stream.window_seconds", "86400"},  {"stream.triggers", "10"},
+                                     {"stream.first_window", "0"},        {"stream.windows", "1"},
+                                     {"query.aggregations", "count,sum"}, {"output.format", "csv"},
+                                     {"engine.mechanism", mechanism},     {"job.name", "demo"}};
   auto with = [&](checkpoint::Fields f) {
     f.insert(stream.begin(), stream.end());
     return f;
   };
-  const checkpoint::Fields synthetic = {
-      {"input.kind", "synthetic"}, {"input.users", "20000"}, {"input.keys", "2000"}, {"input.key_distribution", "zipf-mandelbrot"},
-      {"input.seed", "7"}, {"input.records_per_user_q", "26"}, {"input.records_per_user_s", "6.738"},
-      {"input.records_per_user_min", "1"}, {"input.records_per_user_max", "100000"}, {"input.key_q", "1000"},
-      {"input.key_s", "1.4"}, {"stream.windows_from_input", "no"}};
+  const checkpoint::Fields synthetic = {{"input.kind", "synthetic"},
+                                        {"input.users", "20000"},
+                                        {"input.keys", "2000"},
+                                        {"input.key_distribution", "zipf-mandelbrot"},
+                                        {"input.seed", "7"},
+                                        {"input.records_per_user_q", "26"},
+                                        {"input.records_per_user_s", "6.738"},
+                                        {"input.records_per_user_min", "1"},
+                                        {"input.records_per_user_max", "100000"},
+                                        {"input.key_q", "1000"},
+                                        {"input.key_s", "1.4"},
+                                        {"stream.windows_from_input", "no"}};
   auto none = with(synthetic);
-  none.insert({{"privacy.mode", "none"}, {"privacy.max_records_per_user", "16"}, {"privacy.clamp_min", "0"}, {"privacy.clamp_max", "1"}});
+  none.insert({{"privacy.mode", "none"},
+               {"privacy.max_records_per_user", "16"},
+               {"privacy.clamp_min", "0"},
+               {"privacy.clamp_max", "1"}});
   EXPECT_EQ(checkpoint::identity_fields(small_job(), "ignored"), none);
 
   auto dp = with(synthetic);
-  dp.insert({{"privacy.mode", "dp"}, {"privacy.max_records_per_user", "16"}, {"privacy.clamp_min", "0"}, {"privacy.clamp_max", "1"},
-             {"privacy.composition", "zcdp"}, {"privacy.epsilon", "6"}, {"privacy.delta", "1e-09"}, {"privacy.mu", "3"},
-             {"privacy.beta", "default"}, {"privacy.seed", "4"}, {"privacy.selection_epsilon_share", "0.5"},
-             {"privacy.selection_delta_share", "0.6666666666666666"}, {"privacy.threshold", "gaussian-quantile"}});
-  EXPECT_EQ(checkpoint::identity_fields(parse_job(demo_job_toml(), "demo", {"privacy.mode=\"dp\"", "privacy.epsilon=6", "privacy.delta=1e-9",
-                                                                             "privacy.mu=3", "privacy.seed=4",
-                                                                             "privacy.threshold=\"gaussian-quantile\""}),
-                                        "ignored"),
+  dp.insert({{"privacy.mode", "dp"},
+             {"privacy.max_records_per_user", "16"},
+             {"privacy.clamp_min", "0"},
+             {"privacy.clamp_max", "1"},
+             {"privacy.composition", "zcdp"},
+             {"privacy.epsilon", "6"},
+             {"privacy.delta", "1e-09"},
+             {"privacy.mu", "3"},
+             {"privacy.beta", "default"},
+             {"privacy.seed", "4"},
+             {"privacy.selection_epsilon_share", "0.5"},
+             {"privacy.selection_delta_share", "0.6666666666666666"},
+             {"privacy.threshold", "gaussian-quantile"}});
+  EXPECT_EQ(checkpoint::identity_fields(
+                parse_job(demo_job_toml(), "demo",
+                          {"privacy.mode=\"dp\"", "privacy.epsilon=6", "privacy.delta=1e-9", "privacy.mu=3",
+                           "privacy.seed=4", "privacy.threshold=\"gaussian-quantile\""}),
+                "ignored"),
             dp);
 
-  auto csv = with({{"input.kind", "csv"}, {"input.content", "12 bytes, xxh3 0123"}, {"input.bad_rows", "skip"},
+  auto csv = with({{"input.kind", "csv"},
+                   {"input.content", "12 bytes, xxh3 0123"},
+                   {"input.bad_rows", "skip"},
                    {"stream.windows_from_input", "yes"}});
-  csv.insert({{"privacy.mode", "baseline-batch"}, {"privacy.max_records_per_user", "16"}, {"privacy.clamp_min", "-1"},
-              {"privacy.clamp_max", "2.5"}, {"privacy.composition", "optimal"}, {"privacy.epsilon", "1"}, {"privacy.delta", "1e-06"},
-              {"privacy.mu", "default"}, {"privacy.beta", "default"}, {"privacy.seed", "secret from the OS"},
-              {"privacy.selection_epsilon_share", "0.5"}, {"privacy.selection_delta_share", "0.6666666666666666"},
+  csv.insert({{"privacy.mode", "baseline-batch"},
+              {"privacy.max_records_per_user", "16"},
+              {"privacy.clamp_min", "-1"},
+              {"privacy.clamp_max", "2.5"},
+              {"privacy.composition", "optimal"},
+              {"privacy.epsilon", "1"},
+              {"privacy.delta", "1e-06"},
+              {"privacy.mu", "default"},
+              {"privacy.beta", "default"},
+              {"privacy.seed", "secret from the OS"},
+              {"privacy.selection_epsilon_share", "0.5"},
+              {"privacy.selection_delta_share", "0.6666666666666666"},
               {"privacy.threshold", "subgaussian"}});
   csv["query.aggregations"] = "sum";
   EXPECT_EQ(checkpoint::identity_fields(
                 parse_job(demo_job_toml(), "demo",
-                          {"input.kind=\"csv\"", "input.path=\"x.csv\"", "privacy.mode=\"baseline-batch\"", "privacy.composition=\"optimal\"",
-                           "privacy.epsilon=1", "privacy.delta=1e-6", "privacy.clamp_min=-1", "privacy.clamp_max=2.5",
-                           "query.aggregations=[\"sum\"]"}),
+                          {"input.kind=\"csv\"", "input.path=\"x.csv\"", "privacy.mode=\"baseline-batch\"",
+                           "privacy.composition=\"optimal\"", "privacy.epsilon=1", "privacy.delta=1e-6",
+                           "privacy.clamp_min=-1", "privacy.clamp_max=2.5", "query.aggregations=[\"sum\"]"}),
                 "12 bytes, xxh3 0123"),
             csv);
 }
@@ -379,8 +424,8 @@ TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
     store.commit_start(10, nlohmann::json::object());
     for (std::uint32_t t = 0; t < 3; ++t) {
       const std::string rows = comm.rank() == 0 ? "rows of trigger " + std::to_string(t) + "\n" : "";
-      store.commit(std::make_shared<checkpoint::Journal>(segments[t]), rows, {0, t, t + 1, false}, {{"records", 7 * (t + 1)}},
-                   10 + 100 * (t + 1), t + 1);
+      store.commit(std::make_shared<checkpoint::Journal>(segments[t]), rows, {0, t, t + 1, false},
+                   {{"records", 7 * (t + 1)}}, 10 + 100 * (t + 1), t + 1);
       // Pipelined: commit t + 1 becomes visible only with the next commit (or finish).
       if (comm.rank() == 0) {
         EXPECT_FALSE(fs::exists(dir / fmt::format("MANIFEST-{:06}.json", t + 1)));
@@ -394,7 +439,8 @@ TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
   if (comm.rank() == 0) {
     for (const auto& e : fs::recursive_directory_iterator(dir)) {
       const auto perms = fs::status(e.path()).permissions() & fs::perms::all;
-      EXPECT_EQ(perms, e.is_directory() ? fs::perms::owner_all : (fs::perms::owner_read | fs::perms::owner_write)) << e.path();
+      EXPECT_EQ(perms, e.is_directory() ? fs::perms::owner_all : (fs::perms::owner_read | fs::perms::owner_write))
+          << e.path();
     }
     // Two manifests are kept: commits 2 and 3.
     EXPECT_FALSE(fs::exists(dir / "MANIFEST-000001.json"));
@@ -489,7 +535,8 @@ TEST(Store, RefusesAnotherJobAndChangedFields) {
   const auto fields = checkpoint::identity_fields(job, "");
   start_unfinished_job(dir, job, fields, comm);
   checkpoint::Store store(dir, comm);
-  EXPECT_THROW(store.open(job.name, fields, checkpoint::StartMode::Start), CheckpointError);  // unfinished: needs --resume
+  EXPECT_THROW(store.open(job.name, fields, checkpoint::StartMode::Start),
+               CheckpointError);  // unfinished: needs --resume
   try {
     store.open("other", checkpoint::identity_fields(parse_job(demo_job_toml(), "d", {"job.name=\"other\""}), ""),
                checkpoint::StartMode::Resume);
@@ -536,7 +583,8 @@ TEST(Store, ManifestValuesOfTheWrongTypeOrRangeAreRefused) {
   };
   std::string why;
   EXPECT_TRUE(read_edited([](nlohmann::json&) {}, why)) << why;
-  const nlohmann::json segment = {{"seq", 1}, {"rank", 0}, {"ranks", 1}, {"file", "w0/s000001-r0000.h5"}, {"bytes", 9}, {"xxh3", "00"}};
+  const nlohmann::json segment = {{"seq", 1},   {"rank", 0},   {"ranks", 1}, {"file", "w0/s000001-r0000.h5"},
+                                  {"bytes", 9}, {"xxh3", "00"}};
   EXPECT_TRUE(read_edited([&](nlohmann::json& j) { j["segments"].push_back(segment); }, why)) << why;
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> damaged = {
       {[](nlohmann::json& j) { j["ranks"] = 1e300; }, "\"ranks\" must be an integer"},
@@ -556,8 +604,14 @@ TEST(Store, ManifestValuesOfTheWrongTypeOrRangeAreRefused) {
          j["segments"].push_back(s);
        },
        "is not of the form w<window>/s<commit>-r<rank>.h5"},
-      {[](nlohmann::json& j) { j["counters"] = {{"records", -3}}; }, "counter \"records\" must be a non-negative integer"},
-      {[](nlohmann::json& j) { j["counters"] = {{"records", 2.5}}; }, "counter \"records\" must be a non-negative integer"},
+      {[](nlohmann::json& j) {
+         j["counters"] = {{"records", -3}};
+       },
+       "counter \"records\" must be a non-negative integer"},
+      {[](nlohmann::json& j) {
+         j["counters"] = {{"records", 2.5}};
+       },
+       "counter \"records\" must be a non-negative integer"},
       {[](nlohmann::json& j) { j["counters"] = nlohmann::json::array(); }, "\"counters\" must be an object"},
       {[](nlohmann::json& j) { j["privacy"] = 3; }, "\"privacy\" must be an object"},
       {[](nlohmann::json& j) { j["summary"] = "done"; }, "\"summary\" must be an object or null"},
@@ -595,7 +649,8 @@ TEST(Store, ResumeChecksTheJobFileBeforeParsingIt) {
     ADD_FAILURE() << "a damaged job.h5 was accepted";
   } catch (const CheckpointError& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("job.h5 does not match its size and checksum in commit 0's manifest"), std::string::npos) << what;
+    EXPECT_NE(what.find("job.h5 does not match its size and checksum in commit 0's manifest"), std::string::npos)
+        << what;
     EXPECT_NE(what.find("start over with --fresh"), std::string::npos) << what;
   }
 }

@@ -55,27 +55,38 @@ TEST(Config, UnknownKeysAndSectionsAreNamed) {
 }
 
 TEST(Config, TypesRangesAndChoices) {
-  EXPECT_NE(error_of("[stream]\ntriggers = \"ten\"\n[privacy]\nmax_records_per_user = 3\n").find("must be an integer"), std::string::npos);
-  EXPECT_NE(error_of("[stream]\ntriggers = 0\n[privacy]\nmax_records_per_user = 3\n").find("[stream] triggers must be in"), std::string::npos);
-  EXPECT_NE(error_of("[stream]\ntriggers = 2.5\n[privacy]\nmax_records_per_user = 3\n").find("must be an integer"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"input.kind=parquet"}).find("must be one of \"csv\" | \"synthetic\""), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"privacy.clamp_min=2", "privacy.clamp_max=1"}).find("must be >= clamp_min"), std::string::npos);
+  EXPECT_NE(error_of("[stream]\ntriggers = \"ten\"\n[privacy]\nmax_records_per_user = 3\n").find("must be an integer"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of("[stream]\ntriggers = 0\n[privacy]\nmax_records_per_user = 3\n").find("[stream] triggers must be in"),
+      std::string::npos);
+  EXPECT_NE(error_of("[stream]\ntriggers = 2.5\n[privacy]\nmax_records_per_user = 3\n").find("must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"input.kind=parquet"}).find("must be one of \"csv\" | \"synthetic\""),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.clamp_min=2", "privacy.clamp_max=1"}).find("must be >= clamp_min"),
+            std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"privacy.clamp_max=nan"}).find("must be finite"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"privacy.clamp_max=1e12"}).find("2^31"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"input.kind=csv"}).find("[input] path is required"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"stream.window_seconds=10", "stream.triggers=11"}).find("must not exceed window_seconds"),
+  EXPECT_NE(
+      error_of(kMinimal, {"stream.window_seconds=10", "stream.triggers=11"}).find("must not exceed window_seconds"),
+      std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"privacy.mode=magic"})
+                .find("must be one of \"baseline-batch\" | \"baseline-repeated\" | \"dp\" | \"none\""),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"privacy.mode=magic"}).find("must be one of \"baseline-batch\" | \"baseline-repeated\" | \"dp\" | \"none\""), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"privacy.composition=basic"}).find("composition"), std::string::npos);  // mode none
   EXPECT_NE(error_of("[stream\n").find("not valid TOML"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"engine.key_scan=sometimes"}).find("[engine] key_scan must be one of \"full\" | \"predicted\""),
+  EXPECT_NE(error_of(kMinimal, {"engine.key_scan=sometimes"})
+                .find("[engine] key_scan must be one of \"full\" | \"predicted\""),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"engine.threads=2"}).find("threads"), std::string::npos);  // unknown key named
 }
 
 TEST(Config, OverridesKeepTheirTypes) {
-  const auto c = parse_job(kMinimal, "job.toml",
-                           {"input.users=123", "privacy.clamp_max=2.5", "input.key_distribution=uniform", "output.dir=\"a b\""});
+  const auto c =
+      parse_job(kMinimal, "job.toml",
+                {"input.users=123", "privacy.clamp_max=2.5", "input.key_distribution=uniform", "output.dir=\"a b\""});
   EXPECT_EQ(c.input.users, 123u);
   EXPECT_DOUBLE_EQ(c.privacy.clamp_max, 2.5);
   EXPECT_EQ(c.input.key_distribution, KeyDistribution::Uniform);
@@ -90,9 +101,7 @@ TEST(Config, DemoJobParses) {
   EXPECT_EQ(c.stream.triggers, 10u);
 }
 
-TEST(Config, MissingSpecFile) {
-  EXPECT_THROW(load_job("/nonexistent/job.toml", {}), ConfigError);
-}
+TEST(Config, MissingSpecFile) { EXPECT_THROW(load_job("/nonexistent/job.toml", {}), ConfigError); }
 
 // mode = "dp": every privacy parameter is checked before any data is read.
 TEST(Config, DpParametersAreValidated) {
@@ -112,15 +121,18 @@ TEST(Config, DpParametersAreValidated) {
   EXPECT_NE(with({"privacy.mu=-1"}).find("mu must be >= 0"), std::string::npos);
   EXPECT_NE(with({"privacy.beta=0"}).find("beta must be in (0, 1)"), std::string::npos);
   EXPECT_NE(with({"privacy.beta=1.5"}).find("beta must be in (0, 1)"), std::string::npos);
-  EXPECT_NE(with({"privacy.selection_epsilon_share=1"}).find("selection_epsilon_share must be in (0, 1)"), std::string::npos);
-  EXPECT_NE(with({"privacy.selection_delta_share=0"}).find("selection_delta_share must be in (0, 1)"), std::string::npos);
+  EXPECT_NE(with({"privacy.selection_epsilon_share=1"}).find("selection_epsilon_share must be in (0, 1)"),
+            std::string::npos);
+  EXPECT_NE(with({"privacy.selection_delta_share=0"}).find("selection_delta_share must be in (0, 1)"),
+            std::string::npos);
   EXPECT_NE(with({"privacy.threshold=\"exact\""}).find("must be one of"), std::string::npos);
   EXPECT_NE(with({"privacy.seed=-3"}).find("seed must be in"), std::string::npos);
   EXPECT_NE(with({"query.aggregations=[\"count\", \"median\"]"}).find("unknown column \"median\""), std::string::npos);
   EXPECT_NE(with({"query.aggregations=[\"sum\", \"sum\"]"}).find("lists \"sum\" twice"), std::string::npos);
   EXPECT_NE(with({"query.aggregations=[]"}).find("at least one column"), std::string::npos);
   EXPECT_NE(with({"query.aggregations=\"count\""}).find("array of strings"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"checkpoint.seconds=0"}).find("[checkpoint] seconds must be in [0.001, 1e7]"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"checkpoint.seconds=0"}).find("[checkpoint] seconds must be in [0.001, 1e7]"),
+            std::string::npos);
   EXPECT_FALSE(parse_job(kMinimal, "t", {}).checkpoint.every.has_value());
   EXPECT_FALSE(parse_job(kMinimal, "t", {"checkpoint.every=0"}).checkpoint.enabled());
   EXPECT_EQ(parse_job(kMinimal, "t", {"checkpoint.every=3"}).checkpoint.every.value(), 3u);
@@ -135,8 +147,9 @@ TEST(Config, DpParametersAreValidated) {
             std::string::npos);
   EXPECT_EQ(csv_with({}), "");
   EXPECT_EQ(with({"input.kind=\"csv\"", "input.path=\"in.csv\"", "input.bad_rows=\"skip\""}), "");
-  const auto c = parse_job(kMinimal, "t", {"privacy.mode=dp", "privacy.epsilon=2", "privacy.delta=1e-6",
-                                           "query.aggregations=[\"count\"]", "privacy.seed=5", "privacy.beta=1e-12"});
+  const auto c = parse_job(kMinimal, "t",
+                           {"privacy.mode=dp", "privacy.epsilon=2", "privacy.delta=1e-6",
+                            "query.aggregations=[\"count\"]", "privacy.seed=5", "privacy.beta=1e-12"});
   EXPECT_TRUE(c.query.count);
   EXPECT_FALSE(c.query.sum);
   EXPECT_EQ(c.privacy.seed.value(), 5u);
@@ -171,21 +184,44 @@ TEST(Config, EveryEnumHasOneSpellingPerValue) {
 
 namespace {
 // A value for every key of the job spec (a DP job on a CSV file, so that every key is allowed).
-const std::map<std::string, std::string> kEveryKey = {
-    {"job.name", "\"x\""},
-    {"input.kind", "\"csv\""}, {"input.path", "\"in.csv\""}, {"input.bad_rows", "\"skip\""}, {"input.users", "10"},
-    {"input.keys", "10"}, {"input.key_distribution", "\"uniform\""}, {"input.seed", "2"}, {"input.records_per_user_q", "1"},
-    {"input.records_per_user_s", "2"}, {"input.records_per_user_min", "0"}, {"input.records_per_user_max", "5"},
-    {"input.key_q", "1"}, {"input.key_s", "2"},
-    {"stream.window_seconds", "100"}, {"stream.triggers", "4"}, {"stream.first_window", "0"}, {"stream.windows", "1"},
-    {"privacy.mode", "\"dp\""}, {"privacy.max_records_per_user", "3"}, {"privacy.composition", "\"zcdp\""},
-    {"privacy.clamp_min", "0"}, {"privacy.clamp_max", "1"}, {"privacy.epsilon", "1"}, {"privacy.delta", "1e-9"},
-    {"privacy.mu", "1"}, {"privacy.beta", "1e-10"}, {"privacy.seed", "3"}, {"privacy.selection_epsilon_share", "0.5"},
-    {"privacy.selection_delta_share", "0.5"}, {"privacy.threshold", "\"subgaussian\""},
-    {"query.aggregations", "[\"count\"]"},
-    {"output.dir", "\"o\""}, {"output.format", "\"csv\""}, {"output.progress", "\"never\""},
-    {"checkpoint.every", "2"}, {"checkpoint.seconds", "5"},
-    {"engine.key_scan", "\"full\""}};
+const std::map<std::string, std::string> kEveryKey = {{"job.name", "\"x\""},
+                                                      {"input.kind", "\"csv\""},
+                                                      {"input.path", "\"in.csv\""},
+                                                      {"input.bad_rows", "\"skip\""},
+                                                      {"input.users", "10"},
+                                                      {"input.keys", "10"},
+                                                      {"input.key_distribution", "\"uniform\""},
+                                                      {"input.seed", "2"},
+                                                      {"input.records_per_user_q", "1"},
+                                                      {"input.records_per_user_s", "2"},
+                                                      {"input.records_per_user_min", "0"},
+                                                      {"input.records_per_user_max", "5"},
+                                                      {"input.key_q", "1"},
+                                                      {"input.key_s", "2"},
+                                                      {"stream.window_seconds", "100"},
+                                                      {"stream.triggers", "4"},
+                                                      {"stream.first_window", "0"},
+                                                      {"stream.windows", "1"},
+                                                      {"privacy.mode", "\"dp\""},
+                                                      {"privacy.max_records_per_user", "3"},
+                                                      {"privacy.composition", "\"zcdp\""},
+                                                      {"privacy.clamp_min", "0"},
+                                                      {"privacy.clamp_max", "1"},
+                                                      {"privacy.epsilon", "1"},
+                                                      {"privacy.delta", "1e-9"},
+                                                      {"privacy.mu", "1"},
+                                                      {"privacy.beta", "1e-10"},
+                                                      {"privacy.seed", "3"},
+                                                      {"privacy.selection_epsilon_share", "0.5"},
+                                                      {"privacy.selection_delta_share", "0.5"},
+                                                      {"privacy.threshold", "\"subgaussian\""},
+                                                      {"query.aggregations", "[\"count\"]"},
+                                                      {"output.dir", "\"o\""},
+                                                      {"output.format", "\"csv\""},
+                                                      {"output.progress", "\"never\""},
+                                                      {"checkpoint.every", "2"},
+                                                      {"checkpoint.seconds", "5"},
+                                                      {"engine.key_scan", "\"full\""}};
 }  // namespace
 
 // job_spec_fields is the one list of keys: the parser accepts exactly its keys (reading one that is
@@ -194,7 +230,8 @@ TEST(SpecFields, AreExactlyTheKeysTheParserAccepts) {
   std::set<std::string> names;
   for (const auto& f : job_spec_fields()) {
     EXPECT_TRUE(names.insert(std::string(f.name)).second) << "listed twice: " << f.name;
-    EXPECT_EQ(f.on_resume == OnResume::MustMatch, f.identity != nullptr) << f.name << ": a MustMatch field needs its identity";
+    EXPECT_EQ(f.on_resume == OnResume::MustMatch, f.identity != nullptr)
+        << f.name << ": a MustMatch field needs its identity";
     EXPECT_TRUE(f.on_resume == OnResume::MustMatch || f.applies == AppliesTo::All) << f.name;
   }
   std::set<std::string> every_key;
@@ -205,13 +242,16 @@ TEST(SpecFields, AreExactlyTheKeysTheParserAccepts) {
   }
   EXPECT_EQ(names, every_key) << "give every key of job_spec_fields a value in kEveryKey";
   EXPECT_NO_THROW(parse_job("", "t", overrides));  // each listed key is read by the parser
-  EXPECT_NO_THROW(parse_job(kMinimal, "t", {}));    // keys only tested with has() are listed too
+  EXPECT_NO_THROW(parse_job(kMinimal, "t", {}));   // keys only tested with has() are listed too
 }
 
 TEST(SpecFields, UnknownKeyMessagesListTheTable) {
-  EXPECT_EQ(spec_sections(), (std::vector<std::string>{"job", "input", "stream", "privacy", "query", "output", "checkpoint", "engine"}));
+  EXPECT_EQ(spec_sections(),
+            (std::vector<std::string>{"job", "input", "stream", "privacy", "query", "output", "checkpoint", "engine"}));
   const auto e = error_of(std::string(kMinimal) + "[output]\ncolour = 1\n");
-  EXPECT_NE(e.find("unknown key [output] colour (known keys of [output]: dir, format, progress)"), std::string::npos) << e;
-  EXPECT_NE(error_of(std::string(kMinimal) + "[x]\n").find("(known: [job], [input], [stream], [privacy], [query], [output], [checkpoint], [engine])"),
+  EXPECT_NE(e.find("unknown key [output] colour (known keys of [output]: dir, format, progress)"), std::string::npos)
+      << e;
+  EXPECT_NE(error_of(std::string(kMinimal) + "[x]\n")
+                .find("(known: [job], [input], [stream], [privacy], [query], [output], [checkpoint], [engine])"),
             std::string::npos);
 }

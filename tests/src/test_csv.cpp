@@ -3,11 +3,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "shuffle/comm.hpp"
 #include "src/config.hpp"
 #include "src/csv_input.hpp"
 #include "src/errors.hpp"
 #include "src/id_prf.hpp"
-#include "shuffle/comm.hpp"
 
 #include <map>
 #include <set>
@@ -21,9 +21,10 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path.string();
 }
 JobConfig csv_job(const std::string& path, const std::string& policy = "skip") {
-  return parse_job("[input]\nkind = \"csv\"\npath = \"" + path + "\"\nbad_rows = \"" + policy +
-                       "\"\n[stream]\nwindow_seconds = 100\ntriggers = 4\nwindows = 1\n[privacy]\nmax_records_per_user = 4\n",
-                   "test", {});
+  return parse_job(
+      "[input]\nkind = \"csv\"\npath = \"" + path + "\"\nbad_rows = \"" + policy +
+          "\"\n[stream]\nwindow_seconds = 100\ntriggers = 4\nwindows = 1\n[privacy]\nmax_records_per_user = 4\n",
+      "test", {});
 }
 IdPrf test_ids(int id_bits = 64) { return IdPrf(noise::secret_from_seed(17), id_bits); }
 // A parsed and separated source of one process (the test runs on one rank).
@@ -106,7 +107,9 @@ TEST(CsvSource, ParsesBucketsAndCountsBadRows) {
 
 TEST(CsvSource, RanksSplitTheFileWithoutLosingOrDuplicatingRows) {
   std::string text = "user_id,key,value,timestamp\n";
-  for (int i = 0; i < 1000; ++i) text += "u" + std::to_string(i % 37) + ",k" + std::to_string(i % 11) + "," + std::to_string(i) + "," + std::to_string(i % 100) + "\n";
+  for (int i = 0; i < 1000; ++i)
+    text += "u" + std::to_string(i % 37) + ",k" + std::to_string(i % 11) + "," + std::to_string(i) + "," +
+            std::to_string(i % 100) + "\n";
   const auto path = write_temp("split.csv", text);
   std::vector<std::uint64_t> positions_one, positions_many;
   auto one = parsed(csv_job(path), 0, 1);

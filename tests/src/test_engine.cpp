@@ -5,8 +5,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <set>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "partition/hash.hpp"
@@ -15,9 +15,9 @@
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/id_prf.hpp"
-#include "src/naive_reference.hpp"
 #include "src/release_writer.hpp"
 #include "src/workload.hpp"
+#include "tools/naive_reference.hpp"
 
 using namespace dpstream;
 namespace fs = std::filesystem;
@@ -53,7 +53,8 @@ std::string expected_releases(const JobConfig& c, std::vector<std::vector<Record
       if (sort_by_name)
         std::sort(rows.begin(), rows.end(), [&](auto& a, auto& b) { return name(a.key) < name(b.key); });
       for (const auto& r : rows)
-        out << c.stream.first_window + w << ',' << t << ',' << name(r.key) << ',' << r.count << ',' << format_fixed(r.sum) << '\n';
+        out << c.stream.first_window + w << ',' << t << ',' << name(r.key) << ',' << r.count << ','
+            << format_fixed(r.sum) << '\n';
     }
   }
   return out.str();
@@ -72,7 +73,8 @@ TEST(Engine, SyntheticJobMatchesNaiveReference) {
   std::vector<std::vector<Record>> triggers;
   for (std::uint32_t w = 0; w < 2; ++w)
     for (std::uint32_t t = 0; t < 9; ++t) triggers.push_back(all.take_trigger(w, t));
-  const auto want = expected_releases(c, triggers, [](std::uint64_t k) { return std::to_string(k); }, false);
+  const auto want = expected_releases(
+      c, triggers, [](std::uint64_t k) { return std::to_string(k); }, false);
   EXPECT_EQ(read_file(dir / "releases.csv"), want);
   EXPECT_TRUE(fs::exists(dir / "summary.json"));
   EXPECT_FALSE(fs::exists(dir / ".releases.csv.partial"));
@@ -98,22 +100,28 @@ TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
     const std::string quoted = "\"" + std::regex_replace(key, std::regex("\""), "\"\"") + "\"";
     const std::size_t offset = text.str().size();
     text << '"' << user << "\"," << quoted << ',' << value << ',' << ts << '\n';
-    triggers[static_cast<std::size_t>(ts * 6 / 600)].push_back(Record{ids(IdDomain::User, user).id, ids(IdDomain::Key, key).id, ts, offset, value});
+    triggers[static_cast<std::size_t>(ts * 6 / 600)].push_back(
+        Record{ids(IdDomain::User, user).id, ids(IdDomain::Key, key).id, ts, offset, value});
     names[ids(IdDomain::Key, key).id] = key;
   }
   if (comm.rank() == 0) std::ofstream(csv) << text.str();
   comm.barrier();
-  auto c = parse_job("[input]\nkind = \"csv\"\npath = \"" + csv.string() +
-                         "\"\n[stream]\nwindow_seconds = 600\ntriggers = 6\n[privacy]\nseed = 23\nmax_records_per_user = 7\n"
-                         "clamp_min = -1.5\nclamp_max = 4\n[output]\nprogress = \"never\"\ndir = \"" + dir.string() + "\"\n",
-                     "csv-test", {});
+  auto c =
+      parse_job("[input]\nkind = \"csv\"\npath = \"" + csv.string() +
+                    "\"\n[stream]\nwindow_seconds = 600\ntriggers = 6\n[privacy]\nseed = 23\nmax_records_per_user = 7\n"
+                    "clamp_min = -1.5\nclamp_max = 4\n[output]\nprogress = \"never\"\ndir = \"" +
+                    dir.string() + "\"\n",
+                "csv-test", {});
   run_job(c, comm, {});
   if (comm.rank() != 0) return;
-  const auto want = expected_releases(c, triggers, [&](std::uint64_t k) {
-    const auto& n = names.at(k);
-    if (n.find_first_of(",\"") == std::string::npos) return n;
-    return "\"" + std::regex_replace(n, std::regex("\""), "\"\"") + "\"";
-  }, true);
+  const auto want = expected_releases(
+      c, triggers,
+      [&](std::uint64_t k) {
+        const auto& n = names.at(k);
+        if (n.find_first_of(",\"") == std::string::npos) return n;
+        return "\"" + std::regex_replace(n, std::regex("\""), "\"\"") + "\"";
+      },
+      true);
   EXPECT_EQ(read_file(dir / "releases.csv"), want);
 }
 
@@ -129,10 +137,11 @@ TEST(Engine, BadRowWithFailPolicyStopsEveryRankAndWritesNothing) {
     f << "u1,k,oops,3\n";
   }
   comm.barrier();
-  auto c = parse_job("[input]\nkind = \"csv\"\nbad_rows = \"fail\"\npath = \"" + csv.string() +
-                         "\"\n[stream]\ntriggers = 3\n[privacy]\nmax_records_per_user = 2\n[output]\nprogress = \"never\"\ndir = \"" +
-                         dir.string() + "\"\n",
-                     "bad", {});
+  auto c = parse_job(
+      "[input]\nkind = \"csv\"\nbad_rows = \"fail\"\npath = \"" + csv.string() +
+          "\"\n[stream]\ntriggers = 3\n[privacy]\nmax_records_per_user = 2\n[output]\nprogress = \"never\"\ndir = \"" +
+          dir.string() + "\"\n",
+      "bad", {});
   EXPECT_THROW(run_job(c, comm, {}), InputError);  // on every rank, not only where the row was
   comm.barrier();
   EXPECT_FALSE(fs::exists(dir / "releases.csv"));
@@ -149,7 +158,8 @@ TEST(SeparateCollidingIds, DistinctEverywhereAndIndependentOfRanks) {
   for (std::uint64_t i = 0; i < 2000; ++i) all.push_back({i % 16, partition::mix64(i + 1)});
   std::vector<Id128> mine;
   for (std::size_t i = 0; i < all.size(); ++i)
-    if (i % static_cast<std::size_t>(comm.size()) == static_cast<std::size_t>(comm.rank()) || i % 7 == 0) mine.push_back(all[i]);
+    if (i % static_cast<std::size_t>(comm.size()) == static_cast<std::size_t>(comm.rank()) || i % 7 == 0)
+      mine.push_back(all[i]);
   const auto moved = separate_colliding_ids(mine, partition::kUserSalt, comm);
   const auto alone = separate_colliding_ids(all, partition::kUserSalt, shuffle::Comm(MPI_COMM_SELF));
   auto final_id = [](const absl::flat_hash_map<Id128, std::uint64_t>& m, const Id128& x) {

@@ -13,13 +13,15 @@ using namespace dpstream;
 
 namespace {
 JobConfig small_job(std::uint64_t users = 3000, std::uint32_t triggers = 7) {
-  return parse_job("[input]\nusers = " + std::to_string(users) + "\nkeys = 500\nseed = 11\n[stream]\ntriggers = " +
-                       std::to_string(triggers) + "\nwindows = 2\nfirst_window = 3\n[privacy]\nmax_records_per_user = 4\n",
+  return parse_job("[input]\nusers = " + std::to_string(users) +
+                       "\nkeys = 500\nseed = 11\n[stream]\ntriggers = " + std::to_string(triggers) +
+                       "\nwindows = 2\nfirst_window = 3\n[privacy]\nmax_records_per_user = 4\n",
                    "test", {});
 }
 
 bool same_record(const Record& a, const Record& b) {
-  return a.user == b.user && a.key == b.key && a.timestamp == b.timestamp && a.position == b.position && a.value == b.value;
+  return a.user == b.user && a.key == b.key && a.timestamp == b.timestamp && a.position == b.position &&
+         a.value == b.value;
 }
 bool record_less(const Record& a, const Record& b) { return a.position < b.position; }
 
@@ -108,8 +110,8 @@ TEST(StreamClock, WindowsAndTriggers) {
   EXPECT_EQ(clock.window_of(100), 1);
   EXPECT_EQ(clock.window_of(-1), -1);
   EXPECT_EQ(clock.trigger_of(0), 0u);
-  EXPECT_EQ(clock.trigger_of(14), 0u);   // 14 * 7 / 100 = 0.98
-  EXPECT_EQ(clock.trigger_of(15), 1u);   // 1.05
+  EXPECT_EQ(clock.trigger_of(14), 0u);  // 14 * 7 / 100 = 0.98
+  EXPECT_EQ(clock.trigger_of(15), 1u);  // 1.05
   EXPECT_EQ(clock.trigger_of(99), 6u);
   EXPECT_EQ(clock.trigger_of(115), 1u);
   const StreamClock big{std::int64_t{1} << 40, 1'000'000};

@@ -52,8 +52,10 @@ TEST(Zipf, SampledRecordsPerUserMatchReference) {
   for (const auto& [level, x] : ref["percentiles_smallest_x_with_cdf_ge"].items()) {
     const double q = std::stod(level);
     const auto xv = x.get<std::uint64_t>();
-    const double cdf_x = static_cast<double>(std::upper_bound(samples.begin(), samples.end(), xv) - samples.begin()) / n;
-    const double cdf_before = static_cast<double>(std::upper_bound(samples.begin(), samples.end(), xv - 1) - samples.begin()) / n;
+    const double cdf_x =
+        static_cast<double>(std::upper_bound(samples.begin(), samples.end(), xv) - samples.begin()) / n;
+    const double cdf_before =
+        static_cast<double>(std::upper_bound(samples.begin(), samples.end(), xv - 1) - samples.begin()) / n;
     const double se = 6 * std::sqrt(q * (1 - q) / n);
     EXPECT_GE(cdf_x, q - se) << "percentile " << level;
     EXPECT_LE(cdf_before, q + se) << "percentile " << level;
