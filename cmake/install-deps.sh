@@ -16,6 +16,7 @@ packages=(
   slurm-wlm munge                       # the local SLURM cluster of the SLURM test (slurm/local-cluster.sh)
   python3-matplotlib                    # scaling plots (slurm/plot_scaling.py)
   clang libclang-rt-14-dev libomp-dev   # libFuzzer targets built with clang (tests/fuzz/run_fuzz.sh)
+  clang-format clang-tidy               # the lint test (tests/lint.sh, .clang-format, .clang-tidy)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -57,8 +57,8 @@ inline std::atomic<std::uint64_t> hits{0};
 // Reads DPSTREAM_FAULT on this rank (once, at start-up, before any fault point is reached).
 inline void arm_from_environment(int rank) {
   Plan p;
-  const char* text = std::getenv(
-      "DPSTREAM_FAULT");  // NOLINT(concurrency-mt-unsafe): read once at start-up, before any other thread exists
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): read once at start-up, before any other thread exists
+  const char* text = std::getenv("DPSTREAM_FAULT");
   if (!parse_plan(text, p) || p.rank != rank) return;
   detail::plan = p;
   detail::armed.store(true, std::memory_order_release);

@@ -20,7 +20,7 @@ class ExactReleaser final : public Releaser {
 
 class DpSqlpReleaser final : public Releaser {
  public:
-  DpSqlpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan) : impl_(params, secret, scan) {}
+  DpSqlpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan) : impl_(std::move(params), secret, scan) {}
   // Key selection visits the trigger's keys through keys.touched and reads every state from the table.
   KeyStateTable::Report accumulation() const override { return KeyStateTable::Report::Nothing; }
   void begin_window(std::int64_t window) override { impl_.begin_window(window); }
@@ -60,7 +60,7 @@ class BaselineQueryReleaser final : public Releaser {
 std::unique_ptr<Releaser> make_exact_releaser() { return std::make_unique<ExactReleaser>(); }
 
 std::unique_ptr<Releaser> make_dp_sqlp_releaser(DpParams params, const noise::Secret& secret, KeyScan scan) {
-  return std::make_unique<DpSqlpReleaser>(params, secret, scan);
+  return std::make_unique<DpSqlpReleaser>(std::move(params), secret, scan);
 }
 
 std::unique_ptr<Releaser> make_baseline_releaser(BaselineParams params, const noise::Secret& secret,

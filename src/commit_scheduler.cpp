@@ -3,14 +3,12 @@
 #include <memory>
 #include <string>
 
+#include "src/elapsed.hpp"
 #include "src/stop_request.hpp"
 
 namespace dpstream {
 
 namespace {
-double seconds_since(CommitScheduler::Clock::time_point t0) {
-  return std::chrono::duration<double>(CommitScheduler::Clock::now() - t0).count();
-}
 
 // One agreement at the end of every trigger (one small allgather): a stop signal seen by any rank,
 // and whether rank 0's commit clock has run out (the ranks' clocks differ; rank 0's decides for all).

@@ -7,17 +7,13 @@
 
 #include "common/fault_injection.hpp"
 #include "src/durable_io.hpp"
+#include "src/elapsed.hpp"
 #include "src/errors.hpp"
 #include "src/run_summary.hpp"
 #include "src/stop_request.hpp"
 #include "src/summary.hpp"
 
 namespace dpstream {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-}  // namespace
 
 Engine::Engine(const JobConfig& job, const shuffle::Comm& comm, const RunOptions& options)
     : config_(job),

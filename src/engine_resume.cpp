@@ -4,21 +4,11 @@
 #include <filesystem>
 
 #include "src/durable_io.hpp"
+#include "src/elapsed.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 
 namespace dpstream {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Runs `fn` on every rank; if it throws on any rank, all ranks throw E with the first message.
-template <class E = InputError, class Fn>
-void on_every_rank(const shuffle::Comm& comm, Fn&& fn) {
-  shuffle::on_all_ranks<E>(comm, std::forward<Fn>(fn));
-}
-}  // namespace
 
 // Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md); also without
 // checkpoints, so that an unfinished job is never overwritten silently. False for a finished job,
@@ -27,7 +17,7 @@ void on_every_rank(const shuffle::Comm& comm, Fn&& fn) {
 bool Engine::open_checkpoint() {
   if (!options_.write_output) return true;
   std::string input_digest;
-  on_every_rank(comm_, [&] {
+  shuffle::on_all_ranks<InputError>(comm_, [&] {
     if (root_ && config_.input.kind == InputKind::Csv) input_digest = checkpoint::file_digest(config_.input.path);
   });
   shuffle::broadcast_string(comm_, input_digest);
@@ -42,7 +32,7 @@ bool Engine::open_checkpoint() {
   kernels::UserState no_users;
   kernels::KeyStateTable no_keys;
   const std::string staged = store_.load(no_users, no_keys, /*window_done=*/true);
-  on_every_rank<CheckpointError>(comm_, [&] {
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (!root_) return;
     const auto& m = store_.manifest();
     ReleaseWriter(out_dir, release_columns_).restore(m.releases_bytes, staged, m.release_rows);
@@ -58,7 +48,7 @@ bool Engine::open_checkpoint() {
 void Engine::start_checkpoint(const noise::Secret& secret) {
   if (!checkpointing_) {
     if (!options_.write_output) return;
-    on_every_rank<CheckpointError>(comm_, [&] {
+    shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
       if (!root_) return;
       std::error_code ec;
       std::filesystem::remove_all(store_.dir(), ec);
@@ -72,7 +62,7 @@ void Engine::start_checkpoint(const noise::Secret& secret) {
   } else {
     const bool has_secret = dp_ || config_.input.kind == InputKind::Csv;
     store_.begin(config_.name, identity_, has_secret ? &secret : nullptr);
-    on_every_rank<CheckpointError>(comm_, [&] {
+    shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
       if (root_) writer_->start();
     });
     nlohmann::json ledger = nlohmann::json::object();
@@ -101,7 +91,7 @@ void Engine::resume() {
                  config_.stream.windows, start_trigger_, T, m.ranks, comm_.size(),
                  m.ranks != comm_.size() ? ": re-partitioning the state" : "");
   const std::string staged = store_.load(users_, keys_, /*window_done=*/start_trigger_ == 0);
-  on_every_rank<CheckpointError>(comm_, [&] {
+  shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (root_) writer_->restore(m.releases_bytes, staged, m.release_rows);
   });
   counters_.restore(m.counters, root_);

@@ -10,30 +10,20 @@
 
 #include "common/fault_injection.hpp"
 #include "src/csv_input.hpp"
+#include "src/elapsed.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/workload.hpp"
 
 namespace dpstream {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Runs `fn` on every rank; if it throws on any rank, all ranks throw E with the first message.
-template <class E = InputError, class Fn>
-void on_every_rank(const shuffle::Comm& comm, Fn&& fn) {
-  shuffle::on_all_ranks<E>(comm, std::forward<Fn>(fn));
-}
-}  // namespace
-
 bool Engine::set_up() {
-  on_every_rank<ConfigError>(comm_, [&] { fault::arm_from_environment(comm_.rank()); });
+  shuffle::on_all_ranks<ConfigError>(comm_, [&] { fault::arm_from_environment(comm_.rank()); });
   progress_ = std::make_unique<ProgressReporter>(config_, comm_, run_start_);
-  on_every_rank<ConfigError>(comm_, [&] {  // DP: the plan, refused before any data is read
+  shuffle::on_all_ranks<ConfigError>(comm_, [&] {  // DP: the plan, refused before any data is read
     if (dp_) plan_ = make_privacy_plan(config_);
   });
-  on_every_rank(comm_, [&] {  // checks that every rank makes on its own before any data moves
+  shuffle::on_all_ranks<InputError>(comm_, [&] {  // checks that every rank makes on its own before any data moves
     if (config_.input.kind == InputKind::Csv) check_csv_file(config_.input.path);
   });
   if (options_.write_output && !checkpointing_ && options_.start_mode == checkpoint::StartMode::Resume)
@@ -60,7 +50,7 @@ noise::Secret Engine::job_secret() const {
   if (!dp_ && config_.input.kind != InputKind::Csv) return secret;
   if (resuming_) return store_.secret();
   if (config_.privacy.seed) return noise::secret_from_seed(*config_.privacy.seed);
-  on_every_rank<std::runtime_error>(comm_, [&] {
+  shuffle::on_all_ranks<std::runtime_error>(comm_, [&] {
     if (root_) secret = noise::secret_from_os();
   });
   comm_.broadcast(secret.data(), secret.size());
@@ -70,7 +60,7 @@ noise::Secret Engine::job_secret() const {
 // Rank 0's output directory, created and checked before any data is read, and its releases.csv writer.
 void Engine::open_output() {
   const std::filesystem::path out_dir = config_.output.dir;
-  on_every_rank<ConfigError>(comm_, [&] {
+  shuffle::on_all_ranks<ConfigError>(comm_, [&] {
     if (!options_.write_output || !root_) return;
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
@@ -88,7 +78,7 @@ void Engine::open_output() {
 // string keys at their owners for the release rows. Counts as ingest time.
 void Engine::open_input(const noise::Secret& secret) {
   const auto t0 = Clock::now();
-  on_every_rank(comm_, [&] {
+  shuffle::on_all_ranks<InputError>(comm_, [&] {
     if (config_.input.kind == InputKind::Csv) {
       IdPrf ids(secret);
       source_ = std::make_unique<CsvSource>(config_, comm_.rank(), comm_.size(), ids);

@@ -47,7 +47,7 @@ std::string bench_result_line(const RunFigures& run, nlohmann::json& j, const sh
   const double naive_rate = static_cast<double>(naive.records) / std::max(naive.seconds, 1e-9);
   const double engine_rate = j["engine_records_per_second"].get<double>();
   const int cores = P * omp_get_max_threads();
-  const std::string line = fmt::format(
+  std::string line = fmt::format(
       "RESULT job={} ranks={} threads={} records={} engine_seconds={:.3f} engine_records_per_s={:.0f} "
       "engine_records_per_s_per_core={:.0f} naive_records_per_s={:.0f} speedup_vs_naive={:.2f} "
       "user_shuffle_bytes_per_record={:.2f} key_shuffle_bytes_per_record={:.2f} peak_rss_mb_max={:.1f} "

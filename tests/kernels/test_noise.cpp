@@ -359,7 +359,7 @@ TEST(Noise, UniformAndBernoulli) {
     const double p = double(num) / double(den);
     int hits = 0;
     for (int i = 0; i < kN / 10; ++i) hits += rng().bernoulli(num, den);
-    EXPECT_LT(std::fabs(hits - p * kN / 10), 5 * std::sqrt(static_cast<double>(kN / 10) * p * (1 - p))) << p;
+    EXPECT_LT(std::fabs(hits - p * kN / 10), 5 * std::sqrt(static_cast<double>(kN) / 10 * p * (1 - p))) << p;
   }
   EXPECT_FALSE(rng().bernoulli(0, 7));
   EXPECT_TRUE(rng().bernoulli(7, 7));

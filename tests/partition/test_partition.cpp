@@ -20,7 +20,7 @@ TEST(Hash, SaltsGiveDifferentPartitions) {
   for (std::uint64_t i = 0; i < n; ++i)
     same += owner_rank(salted_hash(i, kUserSalt), P) == owner_rank(salted_hash(i, kKeySalt), P);
   // Independent salts agree with probability 1/P: 25000 expected, sd ~137; 10 sd margin.
-  EXPECT_NEAR(same, static_cast<double>(n / P), 1400);
+  EXPECT_NEAR(same, static_cast<double>(n) / P, 1400);
 }
 
 TEST(Hash, OwnerIsInRangeAndUniform) {

@@ -238,7 +238,7 @@ TEST(SpecFields, AreExactlyTheKeysTheParserAccepts) {
   std::vector<std::string> overrides;
   for (const auto& [k, v] : kEveryKey) {
     every_key.insert(k);
-    overrides.push_back(k + "=" + v);
+    overrides.push_back(std::string(k).append("=").append(v));
   }
   EXPECT_EQ(names, every_key) << "give every key of job_spec_fields a value in kEveryKey";
   EXPECT_NO_THROW(parse_job("", "t", overrides));  // each listed key is read by the parser
