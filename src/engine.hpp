@@ -35,7 +35,6 @@ struct RunOptions {
   // Benchmark (`dpstream bench`): builds the RESULT line from the run and its summary (collective; the
   // CLI passes tools::bench_result_line, so the engine never links the offline tools).
   std::function<std::string(const RunFigures&, nlohmann::json&, const shuffle::Comm&)> bench_line;
-  bool progress_to_terminal_only = false;
   // New job, --resume or --fresh (with write_output: checkpoints in DIR/checkpoint).
   checkpoint::StartMode start_mode = checkpoint::StartMode::Start;
 };
@@ -68,6 +67,8 @@ class Engine {
   // Setting up (src/engine_setup.cpp): refusals first, then the checkpoint, the job's secret, the
   // output, the input, the state, and a new job's first commit or a resume's state.
   bool set_up();  // false: --resume found the job complete (its output is written again)
+  // DP noise and keyed CSV ids need the job's secret (kept in the checkpoint); other jobs have none.
+  bool needs_secret() const { return dp_ || config_.input.kind == InputKind::Csv; }
   noise::Secret job_secret() const;
   void open_output();
   void open_input(const noise::Secret& secret);

@@ -60,8 +60,7 @@ void Engine::start_checkpoint(const noise::Secret& secret) {
   if (resuming_) {
     resume();
   } else {
-    const bool has_secret = dp_ || config_.input.kind == InputKind::Csv;
-    store_.begin(config_.name, identity_, has_secret ? &secret : nullptr);
+    store_.begin(config_.name, identity_, needs_secret() ? &secret : nullptr);
     shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
       if (root_) writer_->start();
     });

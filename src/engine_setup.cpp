@@ -47,7 +47,7 @@ bool Engine::set_up() {
 // from the seed or the OS. Zero for a job that needs none.
 noise::Secret Engine::job_secret() const {
   noise::Secret secret{};
-  if (!dp_ && config_.input.kind != InputKind::Csv) return secret;
+  if (!needs_secret()) return secret;
   if (resuming_) return store_.secret();
   if (config_.privacy.seed) return noise::secret_from_seed(*config_.privacy.seed);
   shuffle::on_all_ranks<std::runtime_error>(comm_, [&] {

@@ -1,9 +1,9 @@
 // Typed errors: each carries a message that says what to change.
 #pragma once
 
+#include <string.h>  // GNU strerror_r (g++ defines _GNU_SOURCE)
 #include <stdexcept>
 #include <string>
-#include <system_error>
 
 namespace dpstream {
 
@@ -25,8 +25,12 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The system's text for an errno value; thread-safe, unlike std::strerror (the checkpoint I/O
-// thread reports errors beside the trigger loop).
-inline std::string errno_text(int err) { return std::generic_category().message(err); }
+// The system's text for an errno value, thread-safe (the checkpoint I/O thread reports errors beside
+// the trigger loop): GNU strerror_r writes into our buffer or returns an immutable string, while
+// std::strerror (and libstdc++'s error_category::message, which calls it) may share one buffer.
+inline std::string errno_text(int err) {
+  char buf[256];
+  return strerror_r(err, buf, sizeof buf);
+}
 
 }  // namespace dpstream

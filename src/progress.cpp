@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "src/elapsed.hpp"
+
 namespace dpstream {
 
 namespace {
@@ -30,7 +32,7 @@ void ProgressReporter::trigger_done(std::int64_t window, std::uint32_t trigger, 
                                     std::uint64_t total_triggers, bool dp) {
   if (!on_) return;
   global_records_ += comm_.sum(local_records);
-  const double elapsed = std::chrono::duration<double>(Clock::now() - run_start_).count();
+  const double elapsed = seconds_since(run_start_);
   const double done_here = static_cast<double>(triggers_done - triggers_at_start_);
   const double remaining = elapsed / std::max(done_here, 1.0) * static_cast<double>(total_triggers - triggers_done);
   if (comm_.rank() == 0)

@@ -46,20 +46,18 @@ void add_job_and_privacy(nlohmann::json& j, const RunFigures& run, const shuffle
   const RunCounters& c = run.counters;
   j["privacy"] = budget_json(run.plan, false);
   j["threshold_proven"] = run.plan.threshold == ThresholdTail::Subgaussian;
-  j["dp"] = {
-      {"threshold_tests", comm.sum(c.dp.tested)},
-      {"release_rows", comm.sum(c.dp.released)},
-      {"keys_released", comm.sum(c.keys_released)},
-      {"noise_draws", comm.sum(c.dp.noise_draws)},
-      {"key_scan", to_string(config.engine.key_scan)},
-      {"keys_visited_per_trigger", visits_json(comm, c.dp.visited, c.visits_per_trigger, run.total_triggers)},
-      {"simulated_steps", comm.sum(c.dp.simulated)},
-      {"scheduled_visits", comm.sum(c.dp.scheduled)},
-      {"discarded_visits", comm.sum(c.dp.discarded)},
-      {"predicted_releases", comm.sum(c.dp.predicted)},
-      {"keys_with_noise_cache", comm.sum(run.peaks.cached_keys)},
-      {"key_state_bytes_per_tracked_key", static_cast<double>(comm.sum(run.peaks.key_bytes)) /
-                                              std::max<double>(1.0, static_cast<double>(comm.sum(run.peaks.keys)))}};
+  j["dp"] = {{"threshold_tests", comm.sum(c.dp.tested)},
+             {"release_rows", comm.sum(c.dp.released)},
+             {"keys_released", comm.sum(c.keys_released)},
+             {"noise_draws", comm.sum(c.dp.noise_draws)},
+             {"key_scan", to_string(config.engine.key_scan)},
+             {"keys_visited_per_trigger", visits_json(comm, c.dp.visited, c.visits_per_trigger, run.total_triggers)},
+             {"simulated_steps", comm.sum(c.dp.simulated)},
+             {"scheduled_visits", comm.sum(c.dp.scheduled)},
+             {"discarded_visits", comm.sum(c.dp.discarded)},
+             {"predicted_releases", comm.sum(c.dp.predicted)},
+             {"keys_with_noise_cache", comm.sum(run.peaks.cached_keys)},
+             {"key_state_bytes_per_tracked_key", per_unit(comm, run.peaks.key_bytes, run.peaks.keys)}};
 }
 
 // Input rows by kind, records through bounding, distinct users and keys, the state's digest.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "src/elapsed.hpp"
 #include "src/summary.hpp"
 #include "src/workload.hpp"
 #include "tools/naive_reference.hpp"
@@ -32,7 +33,7 @@ NaiveTiming time_naive_reference(const JobConfig& config) {
       t.records += records.size();
       const auto t0 = Clock::now();
       naive.process(std::move(records));
-      t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      t.seconds += seconds_since(t0);
     }
   }
   return t;
