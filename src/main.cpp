@@ -76,6 +76,223 @@ void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
   if (!out.flush()) throw dpstream::ConfigError(fmt::format("cannot write {}", path));
 }
 
+// A subcommand: its options (add) and what it does once they are parsed (exec, on every rank; the
+// exit code). Each CLI::App keeps references into its command's fields, so commands are not moved.
+struct RunCommand {
+  JobArgs args;
+  bool resume = false, fresh = false, result_line = false;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App& app) {
+    cmd = app.add_subcommand("run", "Run a job: DIR/releases.csv (window,trigger,key,count,sum) and DIR/summary.json");
+    add_job_args(cmd, args);
+    auto* resume_flag =
+        cmd->add_flag("--resume", resume,
+                      "Continue from the last committed checkpoint in DIR/checkpoint (any rank count); the "
+                      "output equals an uninterrupted run");
+    cmd->add_flag("--fresh", fresh, "Discard the checkpoint and output in DIR and start over")->excludes(resume_flag);
+    cmd->add_flag(
+        "--result", result_line,
+        "Also print a RESULT line (throughput, ms per trigger by stage, shuffle bytes per record, peak memory) "
+        "for the scaling drivers in slurm/");
+  }
+  int exec(const dpstream::shuffle::Comm& comm, bool root) const {
+    const auto config = load(args);
+    dpstream::RunOptions options;
+    options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
+                         : fresh ? dpstream::checkpoint::StartMode::Fresh
+                                 : dpstream::checkpoint::StartMode::Start;
+    const auto report = dpstream::run_job(config, comm, options);
+    if (stopped(report, root)) return kExitStopped;
+    if (root && report.already_complete) {
+      std::printf("dpstream: job '%s' is already complete in %s; nothing to do\n  releases: %s\n", config.name.c_str(),
+                  config.output.dir.c_str(), report.releases_path.c_str());
+    } else if (root) {
+      std::printf("dpstream: %s finished on %d rank(s) x %d thread(s)\n", config.name.c_str(), comm.size(),
+                  omp_get_max_threads());
+      std::printf("  releases: %s\n  summary:  %s/summary.json\n", report.releases_path.c_str(),
+                  config.output.dir.c_str());
+      if (result_line) std::printf("%s\n", report.run_result_line.c_str());
+    }
+    if (root && !report.skipped_rows_message.empty()) std::fprintf(stderr, "%s\n", report.skipped_rows_message.c_str());
+    return 0;
+  }
+  // A clean stop on a signal: rank 0 says where it stopped and how to continue.
+  static bool stopped(const dpstream::RunReport& report, bool root) {
+    if (root && report.stop_signal) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
+    return report.stop_signal != 0;
+  }
+};
+
+struct BenchCommand {
+  JobArgs args;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App& app) {
+    cmd = app.add_subcommand(
+        "bench", "Benchmark the engine path against the naive single-threaded reference; prints a RESULT line");
+    add_job_args(cmd, args);
+  }
+  int exec(const dpstream::shuffle::Comm& comm, bool root) const {
+    auto config = load(args);
+    if (config.input.kind != dpstream::InputKind::Synthetic)
+      throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
+    const auto report =
+        dpstream::run_job(config, comm, {.write_output = false, .bench_line = dpstream::bench_result_line});
+    if (RunCommand::stopped(report, root)) return kExitStopped;
+    if (root) std::printf("%s\n", report.result_line.c_str());
+    return 0;
+  }
+};
+
+struct GenerateCommand {
+  JobArgs args;
+  std::string csv;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App& app) {
+    cmd = app.add_subcommand("generate", "Write a job's synthetic stream as CSV (rank 0)");
+    add_job_args(cmd, args);
+    cmd->add_option("--csv", csv, "Output CSV file")->required();
+  }
+  int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) const {
+    const auto config = load(args);
+    if (root) generate_csv(config, csv);
+    return 0;
+  }
+};
+
+struct BudgetCommand {
+  JobArgs args;
+  bool as_json = false, thresholds = false;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App& app) {
+    cmd = app.add_subcommand(
+        "budget",
+        "Print a DP job's privacy accounting (rho and sigma per tree family, thresholds, eps by the tight and "
+        "simple conversions, delta terms, total vs budget) without reading data; refuses a job over budget");
+    add_job_args(cmd, args);
+    cmd->add_flag("--json", as_json, "Print JSON instead of text");
+    cmd->add_flag("--thresholds", thresholds, "Also print tau for every round step 1..T");
+  }
+  int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) const {
+    const auto plan = dpstream::make_privacy_plan(load(args));
+    if (root)
+      std::fputs(as_json ? (dpstream::budget_json(plan, thresholds).dump(2) + "\n").c_str()
+                         : dpstream::budget_text(plan, thresholds).c_str(),
+                 stdout);
+    return 0;
+  }
+};
+
+struct EvaluateCommand {
+  dpstream::EvaluateOptions opts;
+  std::string column = "count";
+  bool as_json = false, every_trigger = false;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App& app) {
+    cmd = app.add_subcommand(
+        "evaluate",
+        "Error of a released histogram stream against the truth (a mode \"none\" run of the same stream) over "
+        "the whole key space: keys released, linf, l1, l2 at every trigger of a window (rank 0)");
+    cmd->add_option("--truth", opts.truth_dir, "Output directory of the mode \"none\" run (releases.csv, summary.json)")
+        ->required();
+    cmd->add_option("--released", opts.released_dir, "Output directory of the run to evaluate (dp or a baseline)")
+        ->required();
+    cmd->add_option("--window", opts.window, "Window (default: the last window of the truth file)");
+    cmd->add_option("--trigger", opts.trigger, "Trigger of that window (default: its last trigger)");
+    cmd->add_option("--column", column, "Released column to evaluate: count | sum (default count)")
+        ->check(CLI::IsMember({"count", "sum"}));
+    cmd->add_flag("--per-trigger", every_trigger, "Print every trigger in the table (default: about 10 and the last)");
+    cmd->add_flag("--json", as_json, "Print one JSON object instead of text");
+  }
+  int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) {
+    opts.column = column == "sum" ? dpstream::EvalColumn::Sum : dpstream::EvalColumn::Count;
+    if (root) {
+      const auto result = dpstream::evaluate(opts);
+      std::fputs(as_json ? (dpstream::evaluate_json(result).dump(2) + "\n").c_str()
+                         : dpstream::evaluate_text(result, every_trigger).c_str(),
+                 stdout);
+    }
+    return 0;
+  }
+};
+
+struct ChooseCCommand {
+  std::string spec;
+  std::vector<std::string> overrides;
+  dpstream::ChooseCOptions opts;
+  bool as_json = false;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App& app) {
+    cmd = app.add_subcommand(
+        "choose-c",
+        "Choose the contribution bound C ([privacy] max_records_per_user) with DP: the q-quantile of the "
+        "per-user record counts in one window of the job's input, released with discrete Gaussian noise "
+        "(docs/CHOOSING-C.md)");
+    cmd->add_option("job", spec, "Job spec (TOML) whose input is measured, e.g. jobs/paper-workload-dp.toml")
+        ->required();
+    cmd->add_option("--set", overrides, "Override a job key: --set section.key=value (repeatable)")
+        ->allow_extra_args(false);
+    cmd->add_option("--epsilon", opts.epsilon, "Epsilon spent on this release (> 0)")->required();
+    cmd->add_option("--delta", opts.delta, "Delta spent on this release, in (0, 1)")->required();
+    cmd->add_option("--quantile", opts.quantile, "Quantile q of the per-user counts, in (0, 1) (default 0.99)");
+    cmd->add_option("--max-c", opts.max_c, "Largest C considered, 1..1000000 (default 1000)");
+    cmd->add_option("--window", opts.window, "Window measured (default: the job's first window)");
+    cmd->add_option("--seed", opts.seed, "Noise secret from this seed: tests only, the output is NOT private");
+    cmd->add_flag("--json", as_json, "Print one JSON object instead of text");
+  }
+  int exec(const dpstream::shuffle::Comm& comm, bool root) const {
+    const auto result = dpstream::choose_c(spec, overrides, opts, comm);
+    if (root)
+      std::fputs(
+          as_json ? (dpstream::choose_c_json(result).dump(2) + "\n").c_str() : dpstream::choose_c_text(result).c_str(),
+          stdout);
+    return 0;
+  }
+};
+
+struct Commands {
+  RunCommand run;
+  BenchCommand bench;
+  GenerateCommand generate;
+  BudgetCommand budget;
+  EvaluateCommand evaluate;
+  ChooseCCommand choose_c;
+  // In the order of `dpstream --help`.
+  void add(CLI::App& app) {
+    run.add(app), bench.add(app), generate.add(app), budget.add(app), evaluate.add(app), choose_c.add(app);
+  }
+  int exec(const dpstream::shuffle::Comm& comm, bool root) {
+    if (*run.cmd) return run.exec(comm, root);
+    if (*bench.cmd) return bench.exec(comm, root);
+    if (*budget.cmd) return budget.exec(comm, root);
+    if (*evaluate.cmd) return evaluate.exec(comm, root);
+    if (*choose_c.cmd) return choose_c.exec(comm, root);
+    if (*generate.cmd) return generate.exec(comm, root);
+    return 0;
+  }
+};
+
+// Runs the parsed command; errors become the exit codes above (rank 0 prints the message).
+int exec_reporting_errors(Commands& commands, const dpstream::shuffle::Comm& comm) {
+  const bool root = comm.rank() == 0;
+  try {
+    return commands.exec(comm, root);
+  } catch (const dpstream::ConfigError& e) {
+    if (root) std::fprintf(stderr, "dpstream: error: %s\n", e.what());
+    return kExitConfig;
+  } catch (const dpstream::CheckpointError& e) {
+    if (root) std::fprintf(stderr, "dpstream: checkpoint error: %s\n", e.what());
+    return kExitCheckpoint;
+  } catch (const dpstream::InputError& e) {
+    if (root) std::fprintf(stderr, "dpstream: input error: %s\n", e.what());
+    return kExitInput;
+  } catch (const std::exception& e) {
+    // Unexpected: this rank may be alone; take every rank down rather than leave them waiting.
+    std::fprintf(stderr, "dpstream: fatal on rank %d: %s\n", comm.rank(), e.what());
+    MPI_Abort(MPI_COMM_WORLD, kExitOther);
+  }
+  return kExitOther;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,159 +316,15 @@ int main(int argc, char** argv) {
       "Run under mpirun -np N or srun; OMP_NUM_THREADS sets threads per rank."};
   app.set_version_flag("--version", dpstream::kVersionLine);
   app.require_subcommand(1);
-  JobArgs run_args, bench_args, gen_args;
-  auto* run =
-      app.add_subcommand("run", "Run a job: DIR/releases.csv (window,trigger,key,count,sum) and DIR/summary.json");
-  add_job_args(run, run_args);
-  bool resume = false, fresh = false;
-  auto* resume_flag =
-      run->add_flag("--resume", resume,
-                    "Continue from the last committed checkpoint in DIR/checkpoint (any rank count); the "
-                    "output equals an uninterrupted run");
-  run->add_flag("--fresh", fresh, "Discard the checkpoint and output in DIR and start over")->excludes(resume_flag);
-  bool result_line = false;
-  run->add_flag("--result", result_line,
-                "Also print a RESULT line (throughput, ms per trigger by stage, shuffle bytes per record, peak memory) "
-                "for the scaling drivers in slurm/");
-  auto* bench = app.add_subcommand(
-      "bench", "Benchmark the engine path against the naive single-threaded reference; prints a RESULT line");
-  add_job_args(bench, bench_args);
-  auto* gen = app.add_subcommand("generate", "Write a job's synthetic stream as CSV (rank 0)");
-  add_job_args(gen, gen_args);
-  std::string gen_csv;
-  gen->add_option("--csv", gen_csv, "Output CSV file")->required();
-  auto* budget = app.add_subcommand(
-      "budget",
-      "Print a DP job's privacy accounting (rho and sigma per tree family, thresholds, eps by the tight and "
-      "simple conversions, delta terms, total vs budget) without reading data; refuses a job over budget");
-  JobArgs budget_args;
-  add_job_args(budget, budget_args);
-  bool budget_as_json = false, budget_thresholds = false;
-  budget->add_flag("--json", budget_as_json, "Print JSON instead of text");
-  budget->add_flag("--thresholds", budget_thresholds, "Also print tau for every round step 1..T");
-  auto* evaluate = app.add_subcommand(
-      "evaluate",
-      "Error of a released histogram stream against the truth (a mode \"none\" run of the same stream) over "
-      "the whole key space: keys released, linf, l1, l2 at every trigger of a window (rank 0)");
-  dpstream::EvaluateOptions eval_opts;
-  std::string eval_column = "count";
-  bool eval_json = false, eval_every = false;
-  evaluate
-      ->add_option("--truth", eval_opts.truth_dir,
-                   "Output directory of the mode \"none\" run (releases.csv, summary.json)")
-      ->required();
-  evaluate
-      ->add_option("--released", eval_opts.released_dir, "Output directory of the run to evaluate (dp or a baseline)")
-      ->required();
-  evaluate->add_option("--window", eval_opts.window, "Window (default: the last window of the truth file)");
-  evaluate->add_option("--trigger", eval_opts.trigger, "Trigger of that window (default: its last trigger)");
-  evaluate->add_option("--column", eval_column, "Released column to evaluate: count | sum (default count)")
-      ->check(CLI::IsMember({"count", "sum"}));
-  evaluate->add_flag("--per-trigger", eval_every, "Print every trigger in the table (default: about 10 and the last)");
-  evaluate->add_flag("--json", eval_json, "Print one JSON object instead of text");
-  auto* choose_c_cmd = app.add_subcommand(
-      "choose-c",
-      "Choose the contribution bound C ([privacy] max_records_per_user) with DP: the q-quantile of the "
-      "per-user record counts in one window of the job's input, released with discrete Gaussian noise "
-      "(docs/CHOOSING-C.md)");
-  std::string choose_c_spec;
-  std::vector<std::string> choose_c_overrides;
-  dpstream::ChooseCOptions choose_c_opts;
-  bool choose_c_as_json = false;
-  choose_c_cmd
-      ->add_option("job", choose_c_spec, "Job spec (TOML) whose input is measured, e.g. jobs/paper-workload-dp.toml")
-      ->required();
-  choose_c_cmd->add_option("--set", choose_c_overrides, "Override a job key: --set section.key=value (repeatable)")
-      ->allow_extra_args(false);
-  choose_c_cmd->add_option("--epsilon", choose_c_opts.epsilon, "Epsilon spent on this release (> 0)")->required();
-  choose_c_cmd->add_option("--delta", choose_c_opts.delta, "Delta spent on this release, in (0, 1)")->required();
-  choose_c_cmd->add_option("--quantile", choose_c_opts.quantile,
-                           "Quantile q of the per-user counts, in (0, 1) (default 0.99)");
-  choose_c_cmd->add_option("--max-c", choose_c_opts.max_c, "Largest C considered, 1..1000000 (default 1000)");
-  choose_c_cmd->add_option("--window", choose_c_opts.window, "Window measured (default: the job's first window)");
-  choose_c_cmd->add_option("--seed", choose_c_opts.seed,
-                           "Noise secret from this seed: tests only, the output is NOT private");
-  choose_c_cmd->add_flag("--json", choose_c_as_json, "Print one JSON object instead of text");
-
+  Commands commands;
+  commands.add(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = root ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : kExitConfig);
     return code == 0 ? 0 : kExitConfig;
   }
-
   // Before anything slow (job spec, checkpoint load): from here a stop signal is a clean stop.
-  if (*run || *bench) dpstream::stop_request::install();
-  auto stopped = [root](const dpstream::RunReport& report) {  // a clean stop on a signal: say where, exit 5
-    if (root && report.stop_signal) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
-    return report.stop_signal != 0;
-  };
-  try {
-    if (*run) {
-      const auto config = load(run_args);
-      dpstream::RunOptions options;
-      options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
-                           : fresh ? dpstream::checkpoint::StartMode::Fresh
-                                   : dpstream::checkpoint::StartMode::Start;
-      const auto report = dpstream::run_job(config, comm, options);
-      if (stopped(report)) return kExitStopped;
-      if (root && report.already_complete) {
-        std::printf("dpstream: job '%s' is already complete in %s; nothing to do\n  releases: %s\n",
-                    config.name.c_str(), config.output.dir.c_str(), report.releases_path.c_str());
-      } else if (root) {
-        std::printf("dpstream: %s finished on %d rank(s) x %d thread(s)\n", config.name.c_str(), comm.size(),
-                    omp_get_max_threads());
-        std::printf("  releases: %s\n  summary:  %s/summary.json\n", report.releases_path.c_str(),
-                    config.output.dir.c_str());
-        if (result_line) std::printf("%s\n", report.run_result_line.c_str());
-      }
-      if (root && !report.skipped_rows_message.empty())
-        std::fprintf(stderr, "%s\n", report.skipped_rows_message.c_str());
-    } else if (*bench) {
-      auto config = load(bench_args);
-      if (config.input.kind != dpstream::InputKind::Synthetic)
-        throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
-      const auto report =
-          dpstream::run_job(config, comm, {.write_output = false, .bench_line = dpstream::bench_result_line});
-      if (stopped(report)) return kExitStopped;
-      if (root) std::printf("%s\n", report.result_line.c_str());
-    } else if (*budget) {
-      const auto plan = dpstream::make_privacy_plan(load(budget_args));
-      if (root)
-        std::fputs(budget_as_json ? (dpstream::budget_json(plan, budget_thresholds).dump(2) + "\n").c_str()
-                                  : dpstream::budget_text(plan, budget_thresholds).c_str(),
-                   stdout);
-    } else if (*evaluate) {
-      eval_opts.column = eval_column == "sum" ? dpstream::EvalColumn::Sum : dpstream::EvalColumn::Count;
-      if (root) {
-        const auto result = dpstream::evaluate(eval_opts);
-        std::fputs(eval_json ? (dpstream::evaluate_json(result).dump(2) + "\n").c_str()
-                             : dpstream::evaluate_text(result, eval_every).c_str(),
-                   stdout);
-      }
-    } else if (*choose_c_cmd) {
-      const auto result = dpstream::choose_c(choose_c_spec, choose_c_overrides, choose_c_opts, comm);
-      if (root)
-        std::fputs(choose_c_as_json ? (dpstream::choose_c_json(result).dump(2) + "\n").c_str()
-                                    : dpstream::choose_c_text(result).c_str(),
-                   stdout);
-    } else if (*gen) {
-      const auto config = load(gen_args);
-      if (root) generate_csv(config, gen_csv);
-    }
-  } catch (const dpstream::ConfigError& e) {
-    if (root) std::fprintf(stderr, "dpstream: error: %s\n", e.what());
-    return kExitConfig;
-  } catch (const dpstream::CheckpointError& e) {
-    if (root) std::fprintf(stderr, "dpstream: checkpoint error: %s\n", e.what());
-    return kExitCheckpoint;
-  } catch (const dpstream::InputError& e) {
-    if (root) std::fprintf(stderr, "dpstream: input error: %s\n", e.what());
-    return kExitInput;
-  } catch (const std::exception& e) {
-    // Unexpected: this rank may be alone; take every rank down rather than leave them waiting.
-    std::fprintf(stderr, "dpstream: fatal on rank %d: %s\n", comm.rank(), e.what());
-    MPI_Abort(MPI_COMM_WORLD, kExitOther);
-  }
-  return 0;
+  if (*commands.run.cmd || *commands.bench.cmd) dpstream::stop_request::install();
+  return exec_reporting_errors(commands, comm);
 }
