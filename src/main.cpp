@@ -61,6 +61,18 @@ dpstream::JobConfig load(const JobArgs& a) {
   return config;
 }
 
+// A clean stop on a signal: rank 0 says where it stopped and how to continue.
+bool stopped(const dpstream::RunReport& report, bool root) {
+  if (root && report.stop_signal) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
+  return report.stop_signal != 0;
+}
+
+// A tool's result on stdout: its JSON (--json) or its text; only the chosen form is built.
+template <class Json, class Text>
+void print_result(bool as_json, Json&& json, Text&& text) {
+  std::fputs(as_json ? (json().dump(2) + "\n").c_str() : text().c_str(), stdout);
+}
+
 // Writes the synthetic stream as CSV (user_id,key,value,timestamp) in stream order.
 void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
   std::ofstream out(path);
@@ -116,11 +128,6 @@ struct RunCommand {
     if (root && !report.skipped_rows_message.empty()) std::fprintf(stderr, "%s\n", report.skipped_rows_message.c_str());
     return 0;
   }
-  // A clean stop on a signal: rank 0 says where it stopped and how to continue.
-  static bool stopped(const dpstream::RunReport& report, bool root) {
-    if (root && report.stop_signal) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
-    return report.stop_signal != 0;
-  }
 };
 
 struct BenchCommand {
@@ -137,7 +144,7 @@ struct BenchCommand {
       throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
     const auto report =
         dpstream::run_job(config, comm, {.write_output = false, .bench_line = dpstream::bench_result_line});
-    if (RunCommand::stopped(report, root)) return kExitStopped;
+    if (stopped(report, root)) return kExitStopped;
     if (root) std::printf("%s\n", report.result_line.c_str());
     return 0;
   }
@@ -175,9 +182,9 @@ struct BudgetCommand {
   int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) const {
     const auto plan = dpstream::make_privacy_plan(load(args));
     if (root)
-      std::fputs(as_json ? (dpstream::budget_json(plan, thresholds).dump(2) + "\n").c_str()
-                         : dpstream::budget_text(plan, thresholds).c_str(),
-                 stdout);
+      print_result(
+          as_json, [&] { return dpstream::budget_json(plan, thresholds); },
+          [&] { return dpstream::budget_text(plan, thresholds); });
     return 0;
   }
 };
@@ -207,9 +214,9 @@ struct EvaluateCommand {
     opts.column = column == "sum" ? dpstream::EvalColumn::Sum : dpstream::EvalColumn::Count;
     if (root) {
       const auto result = dpstream::evaluate(opts);
-      std::fputs(as_json ? (dpstream::evaluate_json(result).dump(2) + "\n").c_str()
-                         : dpstream::evaluate_text(result, every_trigger).c_str(),
-                 stdout);
+      print_result(
+          as_json, [&] { return dpstream::evaluate_json(result); },
+          [&] { return dpstream::evaluate_text(result, every_trigger); });
     }
     return 0;
   }
@@ -242,9 +249,8 @@ struct ChooseCCommand {
   int exec(const dpstream::shuffle::Comm& comm, bool root) const {
     const auto result = dpstream::choose_c(spec, overrides, opts, comm);
     if (root)
-      std::fputs(
-          as_json ? (dpstream::choose_c_json(result).dump(2) + "\n").c_str() : dpstream::choose_c_text(result).c_str(),
-          stdout);
+      print_result(
+          as_json, [&] { return dpstream::choose_c_json(result); }, [&] { return dpstream::choose_c_text(result); });
     return 0;
   }
 };

@@ -1,27 +1,26 @@
 #include "src/trigger_pipeline.hpp"
 
-#include <chrono>
 #include <utility>
 
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
+#include "src/elapsed.hpp"
 #include "src/errors.hpp"
 
 namespace dpstream {
 
 namespace {
-using Clock = std::chrono::steady_clock;
 // Adds the seconds since construction to `into` when it goes out of scope.
 class StageTimer {
  public:
-  explicit StageTimer(double& into) : into_(into), t0_(Clock::now()) {}
-  ~StageTimer() { into_ += std::chrono::duration<double>(Clock::now() - t0_).count(); }
+  explicit StageTimer(double& into) : into_(into), t0_(SteadyClock::now()) {}
+  ~StageTimer() { into_ += seconds_since(t0_); }
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;
 
  private:
   double& into_;
-  Clock::time_point t0_;
+  SteadyClock::time_point t0_;
 };
 }  // namespace
 
