@@ -14,28 +14,89 @@ namespace dpstream::kernels {
 
 namespace {
 
-// Block header word: fingerprints held (bits 0-7), fingerprints already journaled (8-15), size
-// class (16-19), kept count changed since the last drain (31).
-constexpr std::uint32_t kCountMask = 0xff, kChanged = 1u << 31;
+using Slot = UserState::Slot;
+constexpr std::uint32_t kLast = UserState::kInline - 1;  // the inline word that becomes the block offset
+
+// Slot meta word: occupied (bit 31), kept count changed since the last drain (30), has a block (29),
+// inline fingerprints held (bits 0-2) and already journaled (bits 3-5).
+constexpr std::uint32_t kOccupied = 1u << 31, kChanged = 1u << 30, kHasBlock = 1u << 29;
+std::uint32_t inline_held(std::uint32_t m) { return m & 7; }
+std::uint32_t inline_journaled(std::uint32_t m) { return m >> 3 & 7; }
+bool has_block(std::uint32_t m) { return (m & kHasBlock) != 0; }
+std::uint32_t with_inline(std::uint32_t m, std::uint32_t held, std::uint32_t done) {
+  return (m & ~0x3fu) | held | done << 3;
+}
+// With a block, the slot's last inline word holds the block's offset instead of a fingerprint.
+std::uint32_t inline_capacity(std::uint32_t m) { return has_block(m) ? kLast : UserState::kInline; }
+std::uint32_t block_of(const Slot& s) { return has_block(s.meta) ? s.fp[kLast] : 0; }
+
+// Block header word: fingerprints held (bits 0-7), fingerprints already journaled (8-15), size class (16-19).
+constexpr std::uint32_t kCountMask = 0xff;
 std::uint32_t held(std::uint32_t h) { return h & kCountMask; }
 std::uint32_t journaled(std::uint32_t h) { return h >> 8 & kCountMask; }
 std::uint32_t size_class(std::uint32_t h) { return h >> 16 & 0xf; }
 std::uint32_t class_words(std::uint32_t cls) { return 2u << cls; }  // header + capacity
 std::uint32_t class_capacity(std::uint32_t cls) { return class_words(cls) - 1; }
-std::uint32_t header(std::uint32_t count, std::uint32_t done, std::uint32_t cls, bool changed) {
-  return count | done << 8 | cls << 16 | (changed ? kChanged : 0);
+std::uint32_t header(std::uint32_t count, std::uint32_t done, std::uint32_t cls) {
+  return count | done << 8 | cls << 16;
 }
-// The block's fingerprints and kept count are in the journal: nothing of it is pending any more.
-void mark_journaled(std::uint32_t& h) { h = header(held(h), held(h), size_class(h), false); }
 std::uint32_t class_for(std::uint32_t fingerprints) {  // smallest class holding them (capped)
   std::uint32_t cls = 0;
   while (cls + 1 < UserState::kClasses && class_capacity(cls) < fingerprints) ++cls;
   return cls;
 }
 
+// f(fingerprint) for every fingerprint of the slot (inline, then block), and of those not yet journaled.
+template <class F>
+void for_each_fingerprint(const Slot& s, const std::vector<std::uint32_t>& words, bool only_new, F&& f) {
+  for (std::uint32_t i = only_new ? inline_journaled(s.meta) : 0; i < inline_held(s.meta); ++i) f(s.fp[i]);
+  if (const std::uint32_t b = block_of(s); b != 0)
+    for (std::uint32_t i = only_new ? journaled(words[b]) : 0; i < held(words[b]); ++i) f(words[b + 1 + i]);
+}
+
+// Everything of the slot is in the journal: nothing of it is pending any more.
+void mark_journaled(Slot& s, std::vector<std::uint32_t>& words) {
+  s.meta = with_inline(s.meta & ~kChanged, inline_held(s.meta), inline_held(s.meta));
+  if (const std::uint32_t b = block_of(s); b != 0)
+    words[b] = header(held(words[b]), held(words[b]), size_class(words[b]));
+}
+
+bool pending(const Slot& s, const std::vector<std::uint32_t>& words) {
+  const std::uint32_t b = block_of(s);
+  return (s.meta & kChanged) != 0 || inline_journaled(s.meta) != inline_held(s.meta) ||
+         (b != 0 && journaled(words[b]) != held(words[b]));
+}
+
 }  // namespace
 
-std::uint32_t UserState::Arena::allocate(std::uint32_t cls) {
+std::size_t UserState::Shard::home(std::uint64_t user) const {
+  const std::uint64_t h = partition::salted_hash(user, partition::kUserSlotSalt);
+  return static_cast<std::size_t>(static_cast<uint128>(h) * slots.size() >> 64);  // uniform on [0, size)
+}
+
+const UserState::Slot* UserState::Shard::find(std::uint64_t user) const {
+  if (slots.empty()) return nullptr;
+  for (std::size_t i = home(user);;) {
+    const Slot& s = slots[i];
+    if (!occupied(s)) return nullptr;
+    if (s.user == user) return &s;
+    if (++i == slots.size()) i = 0;
+  }
+}
+
+void UserState::Shard::grow() {  // by 1/4: the table is most of the per-user memory (64-80% full)
+  std::vector<Slot> old(std::max<std::size_t>(16, slots.size() + slots.size() / 4));
+  old.swap(slots);
+  for (const Slot& s : old) {
+    if (!occupied(s)) continue;
+    std::size_t i = home(s.user);
+    while (occupied(slots[i]))
+      if (++i == slots.size()) i = 0;
+    slots[i] = s;
+  }
+}
+
+std::uint32_t UserState::Shard::allocate(std::uint32_t cls) {
   if (const std::uint32_t b = free_head[cls]; b != 0) {
     free_head[cls] = words[b];
     return b;
@@ -43,40 +104,79 @@ std::uint32_t UserState::Arena::allocate(std::uint32_t cls) {
   const std::size_t at = words.size(), n = class_words(cls);
   if (at + n > std::numeric_limits<std::uint32_t>::max())
     throw std::length_error("UserState: more than 2^32 fingerprint words in one shard (use more ranks)");
-  // Grow by 1/4 (not 2x): the arena is most of the per-user memory, and a move is amortised O(1).
+  // Grow by 1/4 (not 2x): a move is amortised O(1) and the arena stays close to its contents.
   if (at + n > words.capacity()) words.reserve(std::max(words.capacity() + words.capacity() / 4, at + n + 1024));
   words.resize(at + n);
   return static_cast<std::uint32_t>(at);
 }
 
-void UserState::Arena::release(std::uint32_t block, std::uint32_t cls) {
+void UserState::Shard::release(std::uint32_t block, std::uint32_t cls) {
   words[block] = free_head[cls];
   free_head[cls] = block;
 }
 
+// Gives the slot a block with room for `capacity` fingerprints, moving its last inline one there.
+void UserState::Shard::move_to_block(Slot& slot, std::uint32_t capacity) {
+  const std::uint32_t cls = class_for(capacity), block = allocate(cls);
+  const std::uint32_t ih = inline_held(slot.meta), ij = inline_journaled(slot.meta);
+  const std::uint32_t moved = ih > kLast ? 1 : 0;
+  if (moved) words[block + 1] = slot.fp[kLast];
+  words[block] = header(moved, moved != 0 && ij > kLast ? 1 : 0, cls);
+  slot.fp[kLast] = block;
+  slot.meta = with_inline(slot.meta | kHasBlock, std::min(ih, kLast), std::min(ij, kLast));
+}
+
+// Moves the slot's block to a class with room for `more` fingerprints (no move if it has room).
+void UserState::Shard::grow_block(Slot& slot, std::uint32_t more) {
+  const std::uint32_t old = block_of(slot), h = words[old], cls = size_class(h), to = class_for(held(h) + more);
+  if (to <= cls) return;
+  const std::uint32_t block = allocate(to);  // may move `words`: index, never hold pointers
+  std::copy_n(words.begin() + old + 1, held(h), words.begin() + block + 1);
+  words[block] = header(held(h), journaled(h), to);
+  release(old, cls);
+  slot.fp[kLast] = block;
+}
+
+// Appends a fingerprint the user does not hold to its block, or to the overflow set once the largest
+// block is full (which also catches a fingerprint already there).
+bool UserState::Shard::append_to_block(Slot& slot, std::uint64_t user, std::uint32_t fingerprint, bool journal) {
+  std::uint32_t h = words[block_of(slot)];
+  if (held(h) == class_capacity(size_class(h)) && size_class(h) + 1 < kClasses) {
+    grow_block(slot, 1);
+    h = words[block_of(slot)];
+  }
+  if (held(h) < class_capacity(size_class(h))) {
+    const std::uint32_t b = block_of(slot), count = held(h) + 1;
+    words[b + count] = fingerprint;
+    words[b] = header(count, journal ? journaled(h) : count, size_class(h));
+    ++pairs;
+    return true;
+  }
+  if (!overflow.insert({user, fingerprint}).second) return false;
+  if (journal) overflow_journal.emplace_back(user, fingerprint);
+  ++pairs;
+  return true;
+}
+
 void UserState::clear() {
-  for (auto& m : kept) m.clear();
-  for (auto& a : arenas_) a = Arena{};
+  for (auto& sh : shards_) sh = Shard{};
 }
 
 void UserState::clear_journal() {
 #pragma omp parallel for schedule(dynamic, 8)
   for (std::size_t s = 0; s < kShards; ++s) {
-    auto& words = arenas_[s].words;
-    for (const auto& [user, slot] : kept[s])
-      if (slot.block != 0) mark_journaled(words[slot.block]);
-    std::vector<UserFingerprint>().swap(arenas_[s].overflow_journal);
+    Shard& sh = shards_[s];
+    for (Slot& slot : sh.slots)
+      if (occupied(slot)) mark_journaled(slot, sh.words);
+    std::vector<UserFingerprint>().swap(sh.overflow_journal);
   }
 }
 
 bool UserState::journal_empty() const {
-  for (std::size_t s = 0; s < kShards; ++s) {
-    if (!arenas_[s].overflow_journal.empty()) return false;
-    for (const auto& [user, slot] : kept[s])
-      if (slot.block != 0) {
-        const std::uint32_t h = arenas_[s].words[slot.block];
-        if ((h & kChanged) != 0 || journaled(h) != held(h)) return false;
-      }
+  for (const Shard& sh : shards_) {
+    if (!sh.overflow_journal.empty()) return false;
+    for (const Slot& slot : sh.slots)
+      if (occupied(slot) && pending(slot, sh.words)) return false;
   }
   return true;
 }
@@ -86,102 +186,98 @@ std::uint32_t UserState::key_fingerprint(std::uint64_t key) {
 }
 
 std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user) {
-  auto [it, added] = kept[shard].try_emplace(user, Slot{});
-  return {&it->second, added};
+  Shard& sh = shards_[shard];
+  if ((sh.users + 1) * 5 > sh.slots.size() * 4) sh.grow();  // at most 80% full
+  for (std::size_t i = sh.home(user);;) {
+    Slot& s = sh.slots[i];
+    if (!occupied(s)) {
+      s = Slot{user, 0, kOccupied, {}};
+      ++sh.users;
+      return {&s, true};
+    }
+    if (s.user == user) return {&s, false};
+    if (++i == sh.slots.size()) i = 0;
+  }
+}
+
+std::uint32_t UserState::touch_slot(std::size_t shard, std::uint64_t user) const {
+  const Shard& sh = shards_[shard];
+  return sh.slots.empty() ? 0 : sh.slots[sh.home(user)].meta;
+}
+
+std::uint32_t UserState::touch_block(std::size_t shard, std::uint64_t user) const {
+  const Shard& sh = shards_[shard];
+  const Slot* s = sh.find(user);
+  return s != nullptr && has_block(s->meta) ? sh.words[block_of(*s)] : 0;
 }
 
 void UserState::reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more) {
-  Arena& a = arenas_[shard];
-  if (slot.block == 0) {
-    const std::uint32_t cls = class_for(more);
-    slot.block = a.allocate(cls);
-    a.words[slot.block] = header(0, 0, cls, false);
-    return;
-  }
-  const std::uint32_t h = a.words[slot.block], cls = size_class(h);
-  const std::uint32_t to = class_for(held(h) + more);
-  if (to <= cls) return;
-  const std::uint32_t block = a.allocate(to);  // may move the arena: index, never hold pointers
-  std::copy_n(a.words.begin() + slot.block + 1, held(h), a.words.begin() + block + 1);
-  a.words[block] = header(held(h), journaled(h), to, (h & kChanged) != 0);
-  a.release(slot.block, cls);
-  slot.block = block;
+  Shard& sh = shards_[shard];
+  const std::uint32_t ih = inline_held(slot.meta);
+  if (has_block(slot.meta))
+    sh.grow_block(slot, more);
+  else if (ih + more > kInline)
+    sh.move_to_block(slot, ih + more - kLast);
 }
 
 bool UserState::add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std::uint32_t fingerprint) {
-  Arena& a = arenas_[shard];
-  if (slot.block == 0) reserve_pairs(shard, slot, 1);
-  std::uint32_t h = a.words[slot.block];
-  const std::uint32_t* fps = a.words.data() + slot.block + 1;
-  if (std::find(fps, fps + held(h), fingerprint) != fps + held(h)) return false;
-  if (held(h) == class_capacity(size_class(h)) && size_class(h) + 1 < kClasses) {
-    reserve_pairs(shard, slot, 1);
-    h = a.words[slot.block];
-  }
-  if (held(h) < class_capacity(size_class(h))) {
-    a.words[slot.block + 1 + held(h)] = fingerprint;
-    const std::uint32_t count = held(h) + 1;
-    a.words[slot.block] = header(count, journal ? journaled(h) : count, size_class(h), (h & kChanged) != 0);
-    ++a.pairs;
+  Shard& sh = shards_[shard];
+  bool held_already = false;
+  for_each_fingerprint(slot, sh.words, false, [&](std::uint32_t f) { held_already |= f == fingerprint; });
+  if (held_already) return false;
+  if (const std::uint32_t ih = inline_held(slot.meta); ih < inline_capacity(slot.meta)) {
+    slot.fp[ih] = fingerprint;
+    slot.meta = with_inline(slot.meta, ih + 1, journal ? inline_journaled(slot.meta) : ih + 1);
+    ++sh.pairs;
     return true;
   }
-  // A full largest block: the rest of this user's keys in the exact overflow set.
-  if (!a.overflow.insert({user, fingerprint}).second) return false;
-  if (journal) a.overflow_journal.emplace_back(user, fingerprint);
-  ++a.pairs;
-  return true;
+  if (!has_block(slot.meta)) sh.move_to_block(slot, 2);
+  return sh.append_to_block(slot, user, fingerprint, journal);
 }
 
-void UserState::mark_changed(std::size_t shard, const Slot& slot) {
-  if (slot.block != 0) arenas_[shard].words[slot.block] |= kChanged;
-}
+void UserState::mark_changed(std::size_t /*shard*/, Slot& slot) { slot.meta |= kChanged; }
 
 std::vector<UserState::UserFingerprint> UserState::pairs(std::size_t shard) const {
-  const Arena& a = arenas_[shard];
+  const Shard& sh = shards_[shard];
   std::vector<UserFingerprint> out;
-  out.reserve(a.pairs);
-  for (const auto& [user, slot] : kept[shard]) {
-    if (slot.block == 0) continue;
-    const std::uint32_t n = held(a.words[slot.block]);
-    for (std::uint32_t i = 0; i < n; ++i) out.emplace_back(user, a.words[slot.block + 1 + i]);
-  }
-  out.insert(out.end(), a.overflow.begin(), a.overflow.end());
+  out.reserve(sh.pairs);
+  for (const Slot& s : sh.slots)
+    if (occupied(s)) for_each_fingerprint(s, sh.words, false, [&](std::uint32_t f) { out.emplace_back(s.user, f); });
+  out.insert(out.end(), sh.overflow.begin(), sh.overflow.end());
   return out;
 }
 
 void UserState::drain_journal(std::size_t shard, std::vector<UserFingerprint>& changed_users,
                               std::vector<UserFingerprint>& new_pairs) {
-  Arena& a = arenas_[shard];
-  for (const auto& [user, slot] : kept[shard]) {
-    if (slot.block == 0) continue;
-    const std::uint32_t h = a.words[slot.block];
-    if ((h & kChanged) != 0) changed_users.emplace_back(user, slot.kept);
-    for (std::uint32_t i = journaled(h); i < held(h); ++i) new_pairs.emplace_back(user, a.words[slot.block + 1 + i]);
-    mark_journaled(a.words[slot.block]);
+  Shard& sh = shards_[shard];
+  for (Slot& s : sh.slots) {
+    if (!occupied(s) || !pending(s, sh.words)) continue;
+    if ((s.meta & kChanged) != 0) changed_users.emplace_back(s.user, s.kept);
+    for_each_fingerprint(s, sh.words, true, [&](std::uint32_t f) { new_pairs.emplace_back(s.user, f); });
+    mark_journaled(s, sh.words);
   }
-  new_pairs.insert(new_pairs.end(), a.overflow_journal.begin(), a.overflow_journal.end());
-  std::vector<UserFingerprint>().swap(a.overflow_journal);
+  new_pairs.insert(new_pairs.end(), sh.overflow_journal.begin(), sh.overflow_journal.end());
+  std::vector<UserFingerprint>().swap(sh.overflow_journal);
 }
 
 std::uint64_t UserState::users() const {
   std::uint64_t n = 0;
-  for (const auto& m : kept) n += m.size();
+  for (const auto& sh : shards_) n += sh.users;
   return n;
 }
 
 std::uint64_t UserState::user_key_pairs() const {
   std::uint64_t n = 0;
-  for (const auto& a : arenas_) n += a.pairs;
+  for (const auto& sh : shards_) n += sh.pairs;
   return n;
 }
 
 std::uint64_t UserState::memory_bytes() const {
-  // flat_hash_* store one control byte plus the slot per capacity entry.
-  std::uint64_t b = 0;
-  for (const auto& m : kept) b += m.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Slot>));
-  for (const auto& a : arenas_)
-    b += a.words.capacity() * sizeof(std::uint32_t) + a.overflow.capacity() * (1 + sizeof(UserFingerprint)) +
-         a.overflow_journal.capacity() * sizeof(UserFingerprint);
+  std::uint64_t b = 0;  // flat_hash_set: one control byte plus the slot per capacity entry
+  for (const auto& sh : shards_)
+    b += sh.slots.capacity() * sizeof(Slot) + sh.words.capacity() * sizeof(std::uint32_t) +
+         sh.overflow.capacity() * (1 + sizeof(UserFingerprint)) +
+         sh.overflow_journal.capacity() * sizeof(UserFingerprint);
   return b;
 }
 
@@ -190,15 +286,15 @@ std::uint64_t UserState::digest(std::uint64_t seed) const {
   std::uint64_t total = 0;
 #pragma omp parallel for schedule(dynamic, 4) reduction(+ : total)
   for (std::size_t s = 0; s < kShards; ++s) {
-    const Arena& a = arenas_[s];
-    for (const auto& [user, slot] : kept[s]) {
-      const std::uint64_t u = partition::hash_combine(seed, user);
+    const Shard& sh = shards_[s];
+    for (const Slot& slot : sh.slots) {
+      if (!occupied(slot)) continue;
+      const std::uint64_t u = partition::hash_combine(seed, slot.user);
       total += partition::hash_combine(u, slot.kept);
-      const std::uint32_t n = slot.block ? held(a.words[slot.block]) : 0;
-      for (std::uint32_t i = 0; i < n; ++i)
-        total += partition::hash_combine(u ^ kPairDomain, a.words[slot.block + 1 + i]);
+      for_each_fingerprint(slot, sh.words, false,
+                           [&](std::uint32_t f) { total += partition::hash_combine(u ^ kPairDomain, f); });
     }
-    for (const auto& [user, fingerprint] : a.overflow)
+    for (const auto& [user, fingerprint] : sh.overflow)
       total += partition::hash_combine(partition::hash_combine(seed, user) ^ kPairDomain, fingerprint);
   }
   return total;
@@ -217,6 +313,88 @@ struct KeySum {  // a thread's pre-reduction of one key
   std::int64_t new_users = 0;
 };
 
+using KeySums = absl::flat_hash_map<std::uint64_t, KeySum>;
+
+// Bounds one shard's records on one thread. Users are visited in groups (a user's records of the
+// trigger, in stream order); their state is random in memory, so the state of kBatch users is loaded
+// together before they are visited: the DRAM latency of many users overlaps instead of adding up.
+class ShardBounder {
+ public:
+  static constexpr std::size_t kBatch = 32;
+  ShardBounder(const BoundingParams& params, UserState& state, KeySums& sums, ThreadOut& out)
+      : params_(params), state_(state), sums_(sums), out_(out) {}
+
+  void run(std::size_t s, Record* first, Record* last) {
+    // Stream order within each user: (timestamp, position).
+    std::sort(first, last, [](const Record& a, const Record& b) {
+      return a.user != b.user ? a.user < b.user : stream_order_less(a, b);
+    });
+    groups_.clear();
+    for (Record* g = first; g != last; ++g)
+      if (g == first || g->user != g[-1].user) groups_.push_back(g);
+    groups_.push_back(last);
+    const std::size_t n = groups_.size() - 1;
+    for (std::size_t base = 0; base < n; base += kBatch) {
+      const std::size_t end = std::min(n, base + kBatch);
+      std::uint32_t touched = 0;
+      for (std::size_t i = base; i < end; ++i) touched += state_.touch_slot(s, groups_[i]->user);
+      for (std::size_t i = base; i < end; ++i) touched += state_.touch_block(s, groups_[i]->user);
+      asm volatile("" : : "r"(touched));  // the loads must happen: their misses are the point
+      for (std::size_t i = base; i < end; ++i) bound_user(s, groups_[i], groups_[i + 1]);
+    }
+  }
+
+ private:
+  // One user's records of the trigger, in stream order: keeps the first C - kept, clamps, counts.
+  void bound_user(std::size_t s, Record* g, Record* g_end) {
+    const std::uint64_t user = g->user;
+    auto [slot, added] = state_.find_or_add(s, user);
+    if (added) ++out_.stats.new_users;
+    const auto n = static_cast<std::uint32_t>(g_end - g);
+    const std::uint32_t take = std::min(n, params_.max_records_per_user - slot->kept);
+    slot->kept += take;
+    out_.stats.kept += take;
+    out_.stats.dropped += n - take;
+    kept_values_.clear();
+    for (std::uint32_t i = 0; i < take; ++i) {
+      double v = g[i].value;
+      if (v < params_.clamp_min || v > params_.clamp_max) {
+        v = std::clamp(v, params_.clamp_min, params_.clamp_max);
+        ++out_.stats.clamped;
+      }
+      kept_values_.emplace_back(g[i].key, quantize(to_fixed(v), params_.value_quantum));
+    }
+    // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
+    std::sort(kept_values_.begin(), kept_values_.end());
+    if (added && kept_values_.size() > UserState::kInline) state_.reserve_pairs(s, *slot, distinct_keys());
+    for (std::size_t i = 0; i < kept_values_.size();) {
+      const std::uint64_t key = kept_values_[i].first;
+      auto& p = sums_[key];
+      for (; i < kept_values_.size() && kept_values_[i].first == key; ++i) {
+        ++p.count;
+        p.sum += kept_values_[i].second;
+      }
+      const bool first_touch = state_.add_pair(s, user, *slot, UserState::key_fingerprint(key));
+      p.new_users += first_touch || params_.users_per_trigger ? 1 : 0;
+    }
+    if (state_.journal && take > 0) state_.mark_changed(s, *slot);
+  }
+
+  std::uint32_t distinct_keys() const {  // in the sorted kept_values_
+    std::uint32_t distinct = 1;
+    for (std::size_t i = 1; i < kept_values_.size(); ++i)
+      distinct += kept_values_[i].first != kept_values_[i - 1].first;
+    return distinct;
+  }
+
+  const BoundingParams& params_;
+  UserState& state_;
+  KeySums& sums_;
+  ThreadOut& out_;
+  std::vector<Record*> groups_;                                      // first record of each user, then end
+  std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
+};
+
 }  // namespace
 
 std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, const BoundingParams& params,
@@ -233,61 +411,13 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
 #pragma omp parallel num_threads(threads)
   {
     ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
-    absl::flat_hash_map<std::uint64_t, KeySum> local;                 // per-thread pre-reduction by key
-    std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values;  // (key, fixed value) of one user
+    KeySums local;  // per-thread pre-reduction by key, sized for distinct keys (no rehash on the way)
+    local.reserve(records.size() / static_cast<std::size_t>(threads) + 16);
+    ShardBounder bounder(params, state, local, mine);
 #pragma omp for schedule(dynamic, 4)
     for (std::size_t s = 0; s < S; ++s) {
-      Record* first = sharded.items.data() + sharded.offsets[s];
-      Record* last = sharded.items.data() + sharded.offsets[s + 1];
-      // Stream order within each user: (timestamp, position).
-      std::sort(first, last, [](const Record& a, const Record& b) {
-        return a.user != b.user ? a.user < b.user : stream_order_less(a, b);
-      });
       if (s == S / 2) fault::point("bounding");
-      for (Record* g = first; g != last;) {
-        Record* g_end = g;
-        while (g_end != last && g_end->user == g->user) ++g_end;
-        const std::uint64_t user = g->user;
-        auto [slot, added] = state.find_or_add(s, user);
-        if (added) ++mine.stats.new_users;
-        const auto n = static_cast<std::uint32_t>(g_end - g);
-        const std::uint32_t allowance = params.max_records_per_user - slot->kept;
-        const std::uint32_t take = std::min(n, allowance);
-        slot->kept += take;
-        mine.stats.kept += take;
-        mine.stats.dropped += n - take;
-
-        kept_values.clear();
-        for (std::uint32_t i = 0; i < take; ++i) {
-          double v = g[i].value;
-          if (v < params.clamp_min || v > params.clamp_max) {
-            v = std::clamp(v, params.clamp_min, params.clamp_max);
-            ++mine.stats.clamped;
-          }
-          kept_values.emplace_back(g[i].key, quantize(to_fixed(v), params.value_quantum));
-        }
-        // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
-        std::sort(kept_values.begin(), kept_values.end());
-        if (slot->block == 0 && take > 0) {  // a new user's block sized for its distinct keys
-          std::uint32_t distinct = 1;
-          for (std::size_t i = 1; i < kept_values.size(); ++i)
-            distinct += kept_values[i].first != kept_values[i - 1].first;
-          state.reserve_pairs(s, *slot, distinct);
-        }
-        for (std::size_t i = 0; i < kept_values.size();) {
-          const std::uint64_t key = kept_values[i].first;
-          auto& p = local[key];
-          for (; i < kept_values.size() && kept_values[i].first == key; ++i) {
-            ++p.count;
-            p.sum += kept_values[i].second;
-          }
-          const std::uint32_t fingerprint = UserState::key_fingerprint(key);
-          const bool first_touch = state.add_pair(s, user, *slot, fingerprint);
-          p.new_users += first_touch || params.users_per_trigger ? 1 : 0;
-        }
-        if (state.journal && take > 0) state.mark_changed(s, *slot);
-        g = g_end;
-      }
+      bounder.run(s, sharded.items.data() + sharded.offsets[s], sharded.items.data() + sharded.offsets[s + 1]);
     }
     mine.partials.reserve(local.size());
     for (const auto& [k, p] : local) append_partial(mine.partials, k, p.count, p.sum, p.new_users);

@@ -41,46 +41,67 @@ struct BoundingStats {
 // Per-user state of one window, owned by the rank that owns the user. Sharded by the low bits
 // of the user hash so that OpenMP threads own disjoint shards.
 //
-// First touches: a user adds at most 1 to a key's user count. Each user's slot points at a block of
-// its shard's arena holding the 32-bit fingerprints of the keys it was counted for (4 bytes per pair,
-// scanned linearly: the keys of one user share a cache line or two); a user with more than 63 keys
-// keeps the rest in an exact (user, fingerprint) set. Two keys of the same user with equal
+// A user is one 32-byte slot in its shard's open-addressing table (linear probing from a salted home
+// position, never more than 80% full): user id, kept count, flags and the 32-bit fingerprints of the
+// first keys it was counted for, so a visit costs one cache line. A user with more than kInline keys
+// moves the last inline fingerprint and the rest to a block of its shard's arena (the slot's last
+// word then holds the block's offset); a user with more than kInline - 1 + 63 keys keeps the rest in
+// an exact (user, fingerprint) set.
+//
+// First touches: a user adds at most 1 to a key's user count. Two keys of the same user with equal
 // fingerprints (probability <= C / 2^32 per new key) count that user once for both: an under-count
 // of that user's own contribution only, never another user's, and never an over-count (a false
 // negative is impossible: a key always has its fingerprint). docs/PRIVACY.md section 4.
 //
-// Block layout: one header word (fingerprints held, fingerprints already journaled, size class, a
-// "kept count changed" bit) and 2^(class+1) - 1 fingerprints. Freed blocks go to a free list per class.
+// Block layout: one header word (fingerprints held, fingerprints already journaled, size class) and
+// 2^(class+1) - 1 fingerprints. Freed blocks go to a free list per class.
 class UserState {
  public:
   static constexpr std::size_t kShards = 256;
+  static constexpr std::uint32_t kInline = 4;                                  // fingerprints in the slot
   static constexpr std::uint32_t kClasses = 6;                                 // blocks of 2, 4, ..., 64 words
   static constexpr std::uint32_t kBlockCapacity = (2u << (kClasses - 1)) - 1;  // 63 fingerprints
-  struct Slot {
-    std::uint32_t kept = 0;   // records kept so far in the window
-    std::uint32_t block = 0;  // offset of the user's fingerprint block in its shard's arena; 0: none
+  struct alignas(32) Slot {  // 32-aligned: a slot never straddles a cache line
+    std::uint64_t user = 0;
+    std::uint32_t kept = 0;  // records kept so far in the window
+    std::uint32_t meta = 0;  // occupied, changed, has-block flags and the inline counts (bounding.cpp)
+    std::uint32_t fp[kInline] = {};
   };
+  static_assert(sizeof(Slot) == 32);
   using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
 
   void clear();  // also clears the journal
   void clear_journal();
   std::uint64_t users() const;
   std::uint64_t user_key_pairs() const;
-  std::uint64_t memory_bytes() const;  // estimate from the tables' and arenas' capacities
+  std::uint64_t memory_bytes() const;  // from the tables' and arenas' capacities
   // Order-free hash of the contents (each user's kept count and key fingerprints) under `seed`: a sum
   // over users and pairs mod 2^64, so digests of the parts of a partitioned state add up to the whole's.
   std::uint64_t digest(std::uint64_t seed) const;
+  // f(user, kept) for every user of the window, shard by shard.
+  template <class F>
+  void for_each_user(F&& f) const {
+    for (const Shard& sh : shards_)
+      for (const Slot& slot : sh.slots)
+        if (occupied(slot)) f(slot.user, slot.kept);
+  }
 
   static std::uint32_t key_fingerprint(std::uint64_t key);
-  // The user's slot in `shard`, added with kept = 0 and no block when new (second: added).
+  // The user's slot in `shard`, added with kept = 0 and no fingerprint when new (second: added). The
+  // pointer is valid until the next user is added to the shard.
   std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user);
-  // Room for `more` new fingerprints in the user's block (one move at most; optional, add_pair grows too).
+  // Loads ahead of find_or_add, to bring a batch of users' state into the cache together (the loads of
+  // a batch are independent, so their misses overlap): the user's home slot, then (once that is
+  // cached) the first word of its block, if any. The returned word only keeps the load alive.
+  std::uint32_t touch_slot(std::size_t shard, std::uint64_t user) const;
+  std::uint32_t touch_block(std::size_t shard, std::uint64_t user) const;
+  // Room for `more` new fingerprints (one block move at most; optional, add_pair grows too).
   void reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more);
   // Counts (user, key fingerprint) among the user's first touches; false if it was there. With the
   // journal on, the pair stays in the journal until drain_journal().
   bool add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std::uint32_t fingerprint);
-  // Marks the user's kept count as changed since the last drain (journal on; the user has a block).
-  void mark_changed(std::size_t shard, const Slot& slot);
+  // Marks the user's kept count as changed since the last drain (journal on).
+  void mark_changed(std::size_t shard, Slot& slot);
   // Every counted pair as (user, key fingerprint), per shard in no particular order.
   std::vector<UserFingerprint> pairs(std::size_t shard) const;
   // The changes of `shard` since the last drain, as (user, kept) of every changed user and its new
@@ -89,20 +110,28 @@ class UserState {
                      std::vector<UserFingerprint>& new_pairs);
   bool journal_empty() const;
 
-  std::vector<absl::flat_hash_map<std::uint64_t, Slot>> kept{kShards};
   bool journal = false;  // record changes for the checkpoint (drain_journal)
 
  private:
-  struct Arena {
-    std::vector<std::uint32_t> words{0, 0};  // offset 0 is "no block"
+  static bool occupied(const Slot& slot) { return slot.meta != 0; }
+  struct Shard {
+    std::vector<Slot> slots;  // open addressing; empty slots have meta == 0
+    std::uint64_t users = 0;
+    std::vector<std::uint32_t> words{0, 0};  // fingerprint blocks; offset 0 is "no block"
     std::uint32_t free_head[kClasses] = {};  // a freed block's first word links to the next one
     std::uint64_t pairs = 0;
     absl::flat_hash_set<UserFingerprint> overflow;  // beyond a full block of kBlockCapacity
     std::vector<UserFingerprint> overflow_journal;
+    std::size_t home(std::uint64_t user) const;
+    const Slot* find(std::uint64_t user) const;
+    void grow();
     std::uint32_t allocate(std::uint32_t cls);
     void release(std::uint32_t block, std::uint32_t cls);
+    void move_to_block(Slot& slot, std::uint32_t capacity);
+    void grow_block(Slot& slot, std::uint32_t more);
+    bool append_to_block(Slot& slot, std::uint64_t user, std::uint32_t fingerprint, bool journal);
   };
-  std::vector<Arena> arenas_{kShards};
+  std::vector<Shard> shards_{kShards};
 };
 
 // Bounds and aggregates one trigger's records of the users this rank owns (any order).

@@ -69,8 +69,7 @@ TEST(Bounding, MatchesNaiveReferenceOverManyTriggers) {
       }
     }
     EXPECT_EQ(stats.kept + stats.dropped, total);
-    for (const auto& shard : users.kept)
-      for (const auto& [user, slot] : shard) EXPECT_LE(slot.kept, C) << "user " << user;
+    users.for_each_user([&](std::uint64_t user, std::uint32_t kept) { EXPECT_LE(kept, C) << "user " << user; });
     EXPECT_GT(stats.dropped, 0u);
     EXPECT_GT(stats.clamped, 0u);
   }
@@ -292,4 +291,42 @@ TEST(Bounding, StateDigestIsOrderFreeAndAddsOverAPartitionByUser) {
   triggers.back().push_back(Record{1000, 5000, 1999, position++, 1.0});  // a key it has: one more kept record
   EXPECT_NE(digest_of(1, all), d);
   EXPECT_EQ(kernels::UserState().digest(9), 0u);
+}
+
+// The per-shard tables grow by a quarter while users arrive: every user is found again with its own
+// kept count and fingerprints, whatever the arrival order (equal digests), and the tables stay at
+// least 64% full once grown (memory per user).
+TEST(Bounding, UserTablesGrowAndFindEveryUserInAnyOrder) {
+  std::vector<std::uint64_t> ids(60000);
+  std::mt19937_64 rng(3);
+  for (auto& id : ids) id = rng();
+  auto build = [](const std::vector<std::uint64_t>& order) {
+    kernels::UserState users;
+    for (const std::uint64_t id : order) {
+      const std::size_t shard = id % kernels::UserState::kShards;
+      auto [slot, added] = users.find_or_add(shard, id);
+      EXPECT_TRUE(added);
+      slot->kept = static_cast<std::uint32_t>(id % 1000);
+      for (std::uint32_t k = 0; k < id % 9; ++k)  // 0-8 keys: inline only, and inline plus a block
+        EXPECT_TRUE(users.add_pair(shard, id, *slot, static_cast<std::uint32_t>(id >> 32) + k));
+    }
+    return users;
+  };
+  const kernels::UserState forward = build(ids);
+  std::vector<std::uint64_t> reversed(ids.rbegin(), ids.rend());
+  kernels::UserState backward = build(reversed);
+  EXPECT_EQ(forward.users(), ids.size());
+  EXPECT_EQ(forward.digest(11), backward.digest(11));
+  for (const std::uint64_t id : ids) {
+    const std::size_t shard = id % kernels::UserState::kShards;
+    auto [slot, added] = backward.find_or_add(shard, id);
+    ASSERT_FALSE(added);
+    EXPECT_EQ(slot->kept, id % 1000);
+    EXPECT_FALSE(backward.add_pair(shard, id, *slot, static_cast<std::uint32_t>(id >> 32)) && id % 9 != 0);
+  }
+  EXPECT_EQ(backward.users(), ids.size());
+  std::map<std::uint64_t, std::uint32_t> kept;
+  forward.for_each_user([&](std::uint64_t user, std::uint32_t k) { EXPECT_TRUE(kept.emplace(user, k).second); });
+  EXPECT_EQ(kept.size(), ids.size());
+  EXPECT_LT(forward.memory_bytes(), ids.size() * (sizeof(kernels::UserState::Slot) * 100 / 64 + 5 * 4) + 256 * 8192);
 }

@@ -56,9 +56,8 @@ struct Flat {
 };
 Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
   Flat f;
-  for (const auto& m : u.kept)
-    for (const auto& [user, slot] : m) f.kept[user] = slot.kept;
-  for (std::size_t s = 0; s < u.kept.size(); ++s) {
+  u.for_each_user([&](std::uint64_t user, std::uint32_t kept) { f.kept[user] = kept; });
+  for (std::size_t s = 0; s < kernels::UserState::kShards; ++s) {
     const auto pairs = u.pairs(s);
     f.pairs.insert(pairs.begin(), pairs.end());
   }
