@@ -6,8 +6,9 @@
   python3 jobs/memory_model.py --job JOB.toml --calibration CAL/summary.json --check RUN/summary.json
 
 Peak RSS per rank = base + state + other * records per rank, where
-  state  is the generator's 16 bytes per local user and the geometry of the engine's hash tables (absl::flat_hash_map: capacity 2^k - 1, grown at
-         7/8 load, one control byte per slot), 256 shards per rank, from the expected counts of the
+  state  is the generator's 16 bytes per local user and the geometry of the engine's hash tables (the
+         user table: 32-byte slots, grown by 1/4 beyond 4/5 full; the key tables: absl::flat_hash_map,
+         capacity 2^k - 1, grown at 7/8 load, one control byte per slot), 256 shards per rank, from the expected counts of the
          workload: active users, tracked keys, each shard's count spread as hashing spreads it
          (Poisson), and each user's fingerprint block from its kept records (at most one pair each);
   other  (bytes per input record of the rank's window: record buffers of a trigger, the checkpoint
@@ -28,48 +29,62 @@ import sys
 import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
-# Slot bytes (+1 control byte each): kept map pair<uint64, Slot{kept, block}>, key table pair<const uint64, Packed{count, users}>, and with a sum column a table pair<const uint64, 128-bit
-# sum> per key (kernels/bounding.hpp, kernels/key_accumulate.hpp). Keys released at least once keep a
-# 56-byte full state in a side table: few in a large uniform key space, not modelled.
-# A user's key fingerprints: a block of 2^(c+1) words (header + 2^(c+1) - 1 fingerprints of 4 bytes) in its
-# shard's arena, c < 6; keys beyond 63 in an exact set of 16-byte (user, fingerprint) entries. The arena
-# grows by 1/4: on average 1/8 of it is unused capacity.
-USER_SLOT, OVERFLOW_SLOT, KEY_SLOT, SUM_SLOT = 16, 16, 16, 24
+# Slot bytes: the user table's Slot{user, kept, meta, 4 fingerprints} (no control byte), and (+1 control
+# byte each) the key table pair<const uint64, Packed{count, users}> and with a sum column a table
+# pair<const uint64, 128-bit sum> per key (kernels/bounding.hpp, kernels/key_accumulate.hpp). Keys
+# released at least once keep a 56-byte full state in a side table: few in a large uniform key space,
+# not modelled.
+# A user's key fingerprints: up to 4 in its slot; beyond, 3 stay there and the rest go to a block of
+# 2^(c+1) words (header + 2^(c+1) - 1 fingerprints of 4 bytes) in its shard's arena, c < 6; keys beyond
+# 66 in an exact set of 16-byte (user, fingerprint) entries. The arena grows by 1/4: on average 1/8 of it
+# is unused capacity.
+USER_SLOT, OVERFLOW_SLOT, KEY_SLOT, SUM_SLOT = 32, 16, 16, 24
+INLINE_FINGERPRINTS = 4
 BLOCK_CLASSES, ARENA_SLACK = 6, 1.125
 # The synthetic generator keeps, per local user, U_(k) and k (12 bytes) and its place in a due list (4).
 GENERATOR_USER = 16
 BASE_BYTES = 50 * 2**20
 
 
-def capacity(items):
-    """absl flat hash table capacity for `items`: 2^k - 1 (at least 7) with items <= cap - cap/8."""
-    cap = 7
-    while items > cap - cap // 8:
-        cap = cap * 2 + 1
+# A table's growth: (first capacity, items a capacity holds, next capacity, control bytes per slot,
+# bytes per table besides its slots).
+ABSL = (7, lambda cap: cap - cap // 8, lambda cap: cap * 2 + 1, 1, 16)
+USER_TABLE = (16, lambda cap: cap * 4 // 5, lambda cap: cap + cap // 4, 0, 0)  # UserState::Shard
+
+
+def capacity(items, geometry=ABSL):
+    """The table's capacity once it holds `items`."""
+    cap, holds, grow = geometry[0], geometry[1], geometry[2]
+    while items > holds(cap):
+        cap = grow(cap)
     return cap
 
 
-def table_bytes(mean_items, slot, var_items=None):
+def table_bytes(mean_items, slot, var_items=None, geometry=ABSL):
     """Expected bytes of one shard's table whose item count has this mean and variance (default
     Poisson: items hashed to shards one by one): the capacity steps are averaged over the count's
     spread (normal approximation)."""
     if mean_items <= 0:
         return 0
+    _, holds, grow, control, fixed = geometry
     sd = math.sqrt(var_items if var_items is not None else mean_items)
     lo, hi = max(0.0, mean_items - 6 * sd), mean_items + 6 * sd
     cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
-    total, cap = 0.0, capacity(lo)
+    total, cap = 0.0, capacity(lo, geometry)
     while True:
-        top = cap - cap // 8  # largest count this capacity holds
+        top = holds(cap)  # largest count this capacity holds
         p = cdf(min(top, hi) + 0.5) - cdf(lo - 0.5)
-        total += p * (cap * (slot + 1) + 16)
+        total += p * (cap * (slot + control) + fixed)
         if top >= hi:
             return total
-        lo, cap = top + 1, cap * 2 + 1
+        lo, cap = top + 1, grow(cap)
 
 
 def block_bytes(pairs):
     """Arena bytes of a user with `pairs` (user, key) fingerprints (kernels/bounding.cpp), with overflow."""
+    if pairs <= INLINE_FINGERPRINTS:
+        return 0
+    pairs -= INLINE_FINGERPRINTS - 1  # the slot keeps 3 and the block's offset
     cls = 0
     while cls + 1 < BLOCK_CLASSES and (2 << cls) - 1 < pairs:
         cls += 1
@@ -105,7 +120,7 @@ def workload(job, users):
         tracked = sum(-math.expm1(kept * math.log1p(-x / pz)) for x in p)
     sums = "sum" in job.get("query", {}).get("aggregations", ["count", "sum"])
     return {"users": users, "records": users * mean, "kept": kept, "keys": tracked, "kept_sq_per_user": kept_sq,
-            "block_bytes_per_user": blocks,             "sums": sums}
+            "block_bytes_per_user": blocks, "sums": sums}
 
 
 def state_per_rank(w, ranks, fixed=None):
@@ -113,7 +128,7 @@ def state_per_rank(w, ranks, fixed=None):
         return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks,
                 "generator": GENERATOR_USER * w["users"] / ranks}
     per_shard = ranks * SHARDS
-    users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT)
+    users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT, geometry=USER_TABLE)
     pairs = w["users"] / ranks * w["block_bytes_per_user"]
     keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
     if w["sums"]:
