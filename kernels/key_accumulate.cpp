@@ -39,6 +39,7 @@ void sort_by_key(std::vector<KeyPartial>& v) {
 // cannot overflow, record.hpp).
 std::vector<KeyTotals> group_by_key(const std::vector<KeyPartial>& sorted) {
   std::vector<KeyTotals> groups;
+  groups.reserve(sorted.size());
   for (const KeyPartial& p : sorted) {
     if (groups.empty() || groups.back().key != p.key) groups.push_back(KeyTotals{p.key, 0, 0, 0});
     KeyTotals& g = groups.back();
@@ -201,7 +202,7 @@ void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report 
 // larger than the cache, a key costs one miss, and kAhead of them overlap.
 void KeyStateTable::accumulate_owned(std::vector<KeyTotals>& groups, const std::vector<std::uint64_t>& hashes,
                                      Report report, std::size_t thread, std::size_t threads) {
-  constexpr std::size_t S = kShards, kAhead = 8;
+  constexpr std::size_t S = kShards, kAhead = 16;
   const auto shard = [](std::uint64_t h) { return partition::local_shard(h, S); };
   const auto mine = [&](std::size_t s) { return s * threads / S == thread; };
   const auto owns = [&](std::uint64_t h) { return mine(shard(h)); };
@@ -216,12 +217,11 @@ void KeyStateTable::accumulate_owned(std::vector<KeyTotals>& groups, const std::
   }
 }
 
-std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials, Report report) {
+std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partials, Report report) {
   // Sorted once by key: the report comes out in key order, and each shard's keys ascending.
-  std::vector<KeyPartial> sorted = partials;
-  sort_by_key(sorted);
-  std::vector<KeyTotals> groups = group_by_key(sorted);
-  std::vector<KeyPartial>().swap(sorted);
+  sort_by_key(partials);
+  std::vector<KeyTotals> groups = group_by_key(partials);
+  std::vector<KeyPartial>().swap(partials);
   std::vector<std::uint64_t> hashes(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) hashes[i] = key_hash(groups[i].key);
 #pragma omp parallel

@@ -107,8 +107,8 @@ class KeyStateTable {
   // totals (mode none), the trigger's own totals (the per-batch baseline), or nothing (DP). Every
   // report leaves the keys touched in `touched`, per shard and ascending, for key selection to visit.
   enum class Report { RunningTotals, TriggerTotals, Nothing };
-  // Adds one trigger's partials (any order, a key may repeat).
-  std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials, Report report = Report::RunningTotals);
+  // Adds one trigger's partials (any order, a key may repeat); sorts them in place (moved in: no copy).
+  std::vector<KeyTotals> accumulate(std::vector<KeyPartial> partials, Report report = Report::RunningTotals);
 
   // Keys of the last accumulate, per shard, ascending.
   std::vector<std::vector<std::uint64_t>> touched{kShards};
