@@ -28,13 +28,15 @@ import sys
 import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
-# Slot bytes (+1 control byte each): kept map pair<uint64, Slot{kept, block}>, key table pair<const uint64, Packed{count, users}>, and with a sum column a table pair<const uint64, 128-bit
-# sum> per key (kernels/bounding.hpp, kernels/key_accumulate.hpp). Keys released at least once keep a
-# 56-byte full state in a side table: few in a large uniform key space, not modelled.
+# Slot bytes (+1 control byte each): kept map pair<uint64, Slot{kept, block}> (kernels/bounding.hpp). The key
+# table (kernels/key_accumulate.hpp, PackedSlots) has 16-byte slots (key, count, users), no control byte, a
+# capacity of 16 grown by 3/2 at load 4/5. A sum is stored as its excess over count * 2^20: zero for the
+# synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep a 48-byte full
+# state in a side table: few in a large uniform key space, not modelled.
 # A user's key fingerprints: a block of 2^(c+1) words (header + 2^(c+1) - 1 fingerprints of 4 bytes) in its
 # shard's arena, c < 6; keys beyond 63 in an exact set of 16-byte (user, fingerprint) entries. The arena
 # grows by 1/4: on average 1/8 of it is unused capacity.
-USER_SLOT, OVERFLOW_SLOT, KEY_SLOT, SUM_SLOT = 16, 16, 16, 24
+USER_SLOT, OVERFLOW_SLOT, KEY_SLOT = 16, 16, 16
 BLOCK_CLASSES, ARENA_SLACK = 6, 1.125
 # The synthetic generator keeps, per local user, U_(k) and k (12 bytes) and its place in a due list (4).
 GENERATOR_USER = 16
@@ -49,7 +51,29 @@ def capacity(items):
     return cap
 
 
-def table_bytes(mean_items, slot, var_items=None):
+class Absl:
+    """absl flat_hash_map geometry: capacity 2^k - 1, at most 7/8 full, a control byte per slot."""
+    first = staticmethod(capacity)
+    top = staticmethod(lambda cap: cap - cap // 8)  # largest count this capacity holds
+    next = staticmethod(lambda cap: cap * 2 + 1)
+    bytes = staticmethod(lambda cap, slot: cap * (slot + 1) + 16)
+
+
+class Packed:
+    """PackedSlots geometry (kernels/key_accumulate.hpp): 16, then 3/2 steps, at most 4/5 full."""
+    top = staticmethod(lambda cap: cap * 4 // 5)
+    next = staticmethod(lambda cap: max(16, cap * 3 // 2))
+    bytes = staticmethod(lambda cap, slot: cap * slot)
+
+    @staticmethod
+    def first(items):
+        cap = 16
+        while items > cap * 4 // 5:
+            cap = cap * 3 // 2
+        return cap
+
+
+def table_bytes(mean_items, slot, var_items=None, geometry=Absl):
     """Expected bytes of one shard's table whose item count has this mean and variance (default
     Poisson: items hashed to shards one by one): the capacity steps are averaged over the count's
     spread (normal approximation)."""
@@ -58,14 +82,14 @@ def table_bytes(mean_items, slot, var_items=None):
     sd = math.sqrt(var_items if var_items is not None else mean_items)
     lo, hi = max(0.0, mean_items - 6 * sd), mean_items + 6 * sd
     cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
-    total, cap = 0.0, capacity(lo)
+    total, cap = 0.0, geometry.first(lo)
     while True:
-        top = cap - cap // 8  # largest count this capacity holds
+        top = geometry.top(cap)
         p = cdf(min(top, hi) + 0.5) - cdf(lo - 0.5)
-        total += p * (cap * (slot + 1) + 16)
+        total += p * geometry.bytes(cap, slot)
         if top >= hi:
             return total
-        lo, cap = top + 1, cap * 2 + 1
+        lo, cap = top + 1, geometry.next(cap)
 
 
 def block_bytes(pairs):
@@ -115,9 +139,7 @@ def state_per_rank(w, ranks, fixed=None):
     per_shard = ranks * SHARDS
     users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT)
     pairs = w["users"] / ranks * w["block_bytes_per_user"]
-    keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
-    if w["sums"]:
-        keys += SHARDS * table_bytes(w["keys"] / per_shard, SUM_SLOT)
+    keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT, geometry=Packed)
     return {"user": users + pairs, "key": keys, "generator": GENERATOR_USER * w["users"] / ranks}
 
 
