@@ -6,9 +6,9 @@
   python3 jobs/memory_model.py --job JOB.toml --calibration CAL/summary.json --check RUN/summary.json
 
 Peak RSS per rank = base + state + other * records per rank, where
-  state  is the generator's 16 bytes per local user and the geometry of the engine's hash tables (the
-         user table: 32-byte slots, grown by 1/4 beyond 4/5 full; the key tables: absl::flat_hash_map,
-         capacity 2^k - 1, grown at 7/8 load, one control byte per slot), 256 shards per rank, from the expected counts of the
+  state  is the generator's 16 bytes per local user and the geometry of the engine's tables (the user
+         and key tables' slot sizes, growth steps and load limits; absl's for overflow sets), 256 shards
+         per rank, from the expected counts of the
          workload: active users, tracked keys, each shard's count spread as hashing spreads it
          (Poisson), and each user's fingerprint block from its kept records (at most one pair each);
   other  (bytes per input record of the rank's window: record buffers of a trigger, the checkpoint
@@ -29,16 +29,17 @@ import sys
 import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
-# Slot bytes: the user table's Slot{user, kept, meta, 4 fingerprints} (no control byte), and (+1 control
-# byte each) the key table pair<const uint64, Packed{count, users}> and with a sum column a table
-# pair<const uint64, 128-bit sum> per key (kernels/bounding.hpp, kernels/key_accumulate.hpp). Keys
-# released at least once keep a 56-byte full state in a side table: few in a large uniform key space,
-# not modelled.
+# Slot bytes: the user table (kernels/bounding.hpp, UserState) has 32-byte slots (user, kept, meta, 4
+# fingerprints), no control byte, a capacity of 16 grown by 1/4 beyond 4/5 full. The key table
+# (kernels/key_accumulate.hpp, PackedSlots) has 16-byte slots (key, count, users), no control byte, a
+# capacity of 16 grown by 3/2 at load 4/5. A sum is stored as its excess over count * 2^20: zero for the
+# synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep a 48-byte full
+# state in a side table: few in a large uniform key space, not modelled.
 # A user's key fingerprints: up to 4 in its slot; beyond, 3 stay there and the rest go to a block of
 # 2^(c+1) words (header + 2^(c+1) - 1 fingerprints of 4 bytes) in its shard's arena, c < 6; keys beyond
 # 66 in an exact set of 16-byte (user, fingerprint) entries. The arena grows by 1/4: on average 1/8 of it
 # is unused capacity.
-USER_SLOT, OVERFLOW_SLOT, KEY_SLOT, SUM_SLOT = 32, 16, 16, 24
+USER_SLOT, OVERFLOW_SLOT, KEY_SLOT = 32, 16, 16
 INLINE_FINGERPRINTS = 4
 BLOCK_CLASSES, ARENA_SLACK = 6, 1.125
 # The synthetic generator keeps, per local user, U_(k) and k (12 bytes) and its place in a due list (4).
@@ -46,38 +47,67 @@ GENERATOR_USER = 16
 BASE_BYTES = 50 * 2**20
 
 
-# A table's growth: (first capacity, items a capacity holds, next capacity, control bytes per slot,
-# bytes per table besides its slots).
-ABSL = (7, lambda cap: cap - cap // 8, lambda cap: cap * 2 + 1, 1, 16)
-USER_TABLE = (16, lambda cap: cap * 4 // 5, lambda cap: cap + cap // 4, 0, 0)  # UserState::Shard
-
-
-def capacity(items, geometry=ABSL):
-    """The table's capacity once it holds `items`."""
-    cap, holds, grow = geometry[0], geometry[1], geometry[2]
-    while items > holds(cap):
-        cap = grow(cap)
+def capacity(items):
+    """absl flat hash table capacity for `items`: 2^k - 1 (at least 7) with items <= cap - cap/8."""
+    cap = 7
+    while items > cap - cap // 8:
+        cap = cap * 2 + 1
     return cap
 
 
-def table_bytes(mean_items, slot, var_items=None, geometry=ABSL):
+class Absl:
+    """absl flat_hash_map geometry: capacity 2^k - 1, at most 7/8 full, a control byte per slot."""
+    first = staticmethod(capacity)
+    top = staticmethod(lambda cap: cap - cap // 8)  # largest count this capacity holds
+    next = staticmethod(lambda cap: cap * 2 + 1)
+    bytes = staticmethod(lambda cap, slot: cap * (slot + 1) + 16)
+
+
+class Packed:
+    """PackedSlots geometry (kernels/key_accumulate.hpp): 16, then 3/2 steps, at most 4/5 full."""
+    top = staticmethod(lambda cap: cap * 4 // 5)
+    next = staticmethod(lambda cap: max(16, cap * 3 // 2))
+    bytes = staticmethod(lambda cap, slot: cap * slot)
+
+    @staticmethod
+    def first(items):
+        cap = 16
+        while items > cap * 4 // 5:
+            cap = cap * 3 // 2
+        return cap
+
+
+class UserTable:
+    """UserState::Shard geometry (kernels/bounding.cpp): 16, then steps of 1/4, at most 4/5 full."""
+    top = staticmethod(lambda cap: cap * 4 // 5)
+    next = staticmethod(lambda cap: max(16, cap + cap // 4))
+    bytes = staticmethod(lambda cap, slot: cap * slot)
+
+    @staticmethod
+    def first(items):
+        cap = 16
+        while items > cap * 4 // 5:
+            cap = cap + cap // 4
+        return cap
+
+
+def table_bytes(mean_items, slot, var_items=None, geometry=Absl):
     """Expected bytes of one shard's table whose item count has this mean and variance (default
     Poisson: items hashed to shards one by one): the capacity steps are averaged over the count's
     spread (normal approximation)."""
     if mean_items <= 0:
         return 0
-    _, holds, grow, control, fixed = geometry
     sd = math.sqrt(var_items if var_items is not None else mean_items)
     lo, hi = max(0.0, mean_items - 6 * sd), mean_items + 6 * sd
     cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
-    total, cap = 0.0, capacity(lo, geometry)
+    total, cap = 0.0, geometry.first(lo)
     while True:
-        top = holds(cap)  # largest count this capacity holds
+        top = geometry.top(cap)
         p = cdf(min(top, hi) + 0.5) - cdf(lo - 0.5)
-        total += p * (cap * (slot + control) + fixed)
+        total += p * geometry.bytes(cap, slot)
         if top >= hi:
             return total
-        lo, cap = top + 1, grow(cap)
+        lo, cap = top + 1, geometry.next(cap)
 
 
 def block_bytes(pairs):
@@ -120,7 +150,7 @@ def workload(job, users):
         tracked = sum(-math.expm1(kept * math.log1p(-x / pz)) for x in p)
     sums = "sum" in job.get("query", {}).get("aggregations", ["count", "sum"])
     return {"users": users, "records": users * mean, "kept": kept, "keys": tracked, "kept_sq_per_user": kept_sq,
-            "block_bytes_per_user": blocks, "sums": sums}
+            "block_bytes_per_user": blocks,             "sums": sums}
 
 
 def state_per_rank(w, ranks, fixed=None):
@@ -128,11 +158,9 @@ def state_per_rank(w, ranks, fixed=None):
         return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks,
                 "generator": GENERATOR_USER * w["users"] / ranks}
     per_shard = ranks * SHARDS
-    users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT, geometry=USER_TABLE)
+    users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT, geometry=UserTable)
     pairs = w["users"] / ranks * w["block_bytes_per_user"]
-    keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT)
-    if w["sums"]:
-        keys += SHARDS * table_bytes(w["keys"] / per_shard, SUM_SLOT)
+    keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT, geometry=Packed)
     return {"user": users + pairs, "key": keys, "generator": GENERATOR_USER * w["users"] / ranks}
 
 

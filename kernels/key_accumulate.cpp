@@ -11,9 +11,78 @@
 
 namespace dpstream::kernels {
 
-std::size_t KeyStateTable::shard_of(std::uint64_t key) {
-  return partition::local_shard(partition::salted_hash(key, partition::kKeySalt), kShards);
+namespace {
+constexpr int128 kOne = int128{1} << kValueFracBits;  // a value of 1.0 in fixed point
+
+std::uint64_t key_hash(std::uint64_t key) { return partition::salted_hash(key, partition::kKeySalt); }
+
+// LSD radix sort by key, 11-bit digits, each pass a stable counting sort; digits equal in every key
+// are skipped (key ids below 2^22 take two passes). Equal keys end up adjacent, in any order.
+void sort_by_key(std::vector<KeyPartial>& v) {
+  constexpr int kBits = 11;
+  if (v.size() < 256) {
+    std::sort(v.begin(), v.end(), [](const KeyPartial& a, const KeyPartial& b) { return a.key < b.key; });
+    return;
+  }
+  std::uint64_t varying = 0;  // the bits in which some key differs from the first
+  for (const KeyPartial& p : v) varying |= p.key ^ v.front().key;
+  for (int shift = 0; shift < 64; shift += kBits) {
+    const std::uint64_t mask = (std::uint64_t{1} << kBits) - 1;
+    if ((varying >> shift & mask) == 0) continue;
+    v = partition::partition_by(v, std::size_t{1} << kBits, [shift, mask](const KeyPartial& p) {
+          return p.key >> shift & mask;
+        }).items;
+  }
 }
+
+// One trigger's totals per key, ascending by key, from partials sorted by key (sums in 128 bits:
+// cannot overflow, record.hpp).
+std::vector<KeyTotals> group_by_key(const std::vector<KeyPartial>& sorted) {
+  std::vector<KeyTotals> groups;
+  groups.reserve(sorted.size());
+  for (const KeyPartial& p : sorted) {
+    if (groups.empty() || groups.back().key != p.key) groups.push_back(KeyTotals{p.key, 0, 0, 0});
+    KeyTotals& g = groups.back();
+    g.count += p.count;
+    g.sum += p.sum;
+    g.users += p.new_users;
+  }
+  return groups;
+}
+}  // namespace
+
+const PackedSlots::Slot* PackedSlots::find(std::uint64_t key, std::uint64_t hash) const {
+  if (slots_.empty()) return nullptr;
+  for (std::size_t i = home(hash);; i = i + 1 == slots_.size() ? 0 : i + 1) {
+    if (slots_[i].count == kFree) return nullptr;
+    if (slots_[i].key == key) return &slots_[i];
+  }
+}
+
+PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t hash) {
+  if ((size_ + 1) * 5 > slots_.size() * 4) grow();  // load at most 4/5: a free slot always ends a probe
+  for (std::size_t i = home(hash);; i = i + 1 == slots_.size() ? 0 : i + 1) {
+    Slot& s = slots_[i];
+    if (s.count == kFree) {
+      ++size_;
+      return s = Slot{key, 0, 0};
+    }
+    if (s.key == key) return s;
+  }
+}
+
+void PackedSlots::grow() {
+  std::vector<Slot> old(std::max<std::size_t>(16, slots_.size() * 3 / 2), Slot{0, kFree, 0});
+  old.swap(slots_);
+  for (const Slot& s : old) {
+    if (s.count == kFree) continue;
+    std::size_t i = home(key_hash(s.key));
+    while (slots_[i].count != kFree) i = i + 1 == slots_.size() ? 0 : i + 1;
+    slots_[i] = s;
+  }
+}
+
+std::size_t KeyStateTable::shard_of(std::uint64_t key) { return partition::local_shard(key_hash(key), kShards); }
 
 void KeyStateTable::clear() {
   for (auto& sh : shards_) sh = Shard{};
@@ -34,9 +103,9 @@ std::uint64_t KeyStateTable::keys() const {
 std::uint64_t KeyStateTable::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& sh : shards_)
-    b += sh.packed.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Packed>)) +
+    b += sh.packed.capacity() * sizeof(Packed) +
          sh.wide.capacity() * (1 + sizeof(std::pair<const std::uint64_t, KeyState>)) +
-         sh.sums.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Int128Words>));
+         sh.excess.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Int128Words>));
   return b;
 }
 
@@ -57,46 +126,48 @@ std::uint64_t KeyStateTable::digest(std::uint64_t seed) const {
   return total;
 }
 
-KeyState KeyStateTable::load(const Shard& sh, std::uint64_t key, const Packed& p) const {
-  if (p.count == kWide) return sh.wide.at(key);
+KeyState KeyStateTable::load(const Shard& sh, const Packed& p) const {
+  if (p.count == kWide) return sh.wide.at(p.key);
   KeyState st;
   st.count = p.count;
   st.users = p.users;
-  if (track_sums_)
-    if (const auto it = sh.sums.find(key); it != sh.sums.end()) st.sum = it->second;
+  if (!track_sums_) return st;
+  int128 sum = int128{p.count} * kOne;
+  if (!sh.excess.empty())
+    if (const auto it = sh.excess.find(p.key); it != sh.excess.end()) sum += int128(it->second);
+  st.sum = sum;
   return st;
 }
 
-// Packed while the round state is zero and count and users fit 32 bits; once not, the key's state
-// stays full width (with its sum) for the rest of the window.
-void KeyStateTable::store(Shard& sh, std::uint64_t key, Packed& p, const KeyState& st) {
-  const auto fits = [](std::int64_t v) { return v >= 0 && v < std::int64_t{kWide}; };
+// Packed while the round state is zero and count and users are below kFree; once not, the key's
+// state stays full width (with its sum) for the rest of the window.
+void KeyStateTable::store(Shard& sh, Packed& p, const KeyState& st) {
+  const auto fits = [](std::int64_t v) { return v >= 0 && v < std::int64_t{PackedSlots::kFree}; };
   if (p.count != kWide && fits(st.count) && fits(st.users) && st.round_base_users == 0 && st.round == 0 &&
       st.round_start == 0) {
     p.count = static_cast<std::uint32_t>(st.count);
     p.users = static_cast<std::uint32_t>(st.users);
-    if (track_sums_) {
-      if (int128(st.sum) != 0)
-        sh.sums[key] = st.sum;
-      else
-        sh.sums.erase(key);
-    }
+    if (!track_sums_) return;
+    // |sum| < 2^115 and count * 2^20 < 2^52 (record.hpp): the excess fits 128 bits.
+    if (const int128 excess = int128(st.sum) - int128{st.count} * kOne; excess != 0)
+      sh.excess[p.key] = excess;
+    else if (!sh.excess.empty())
+      sh.excess.erase(p.key);
     return;
   }
-  KeyState& wide = sh.wide[key];
+  KeyState& wide = sh.wide[p.key];
   wide = st;
   if (!track_sums_) wide.sum = 0;
-  if (p.count != kWide && track_sums_) sh.sums.erase(key);
+  if (p.count != kWide && track_sums_ && !sh.excess.empty()) sh.excess.erase(p.key);
   p.count = kWide;
 }
 
-KeyStateTable::Packed& KeyStateTable::slot(Shard& sh, std::uint64_t key) { return sh.packed[key]; }
-
 std::optional<KeyState> KeyStateTable::find(std::uint64_t key) const {
-  const Shard& sh = shards_[shard_of(key)];
-  const auto it = sh.packed.find(key);
-  if (it == sh.packed.end()) return std::nullopt;
-  return load(sh, key, it->second);
+  const std::uint64_t h = key_hash(key);
+  const Shard& sh = shards_[partition::local_shard(h, kShards)];
+  const Packed* p = sh.packed.find(key, h);
+  if (p == nullptr) return std::nullopt;
+  return load(sh, *p);
 }
 
 KeyState KeyStateTable::at(std::uint64_t key) const {
@@ -106,46 +177,58 @@ KeyState KeyStateTable::at(std::uint64_t key) const {
 }
 
 void KeyStateTable::put(std::uint64_t key, const KeyState& st) {
-  Shard& sh = shards_[shard_of(key)];
-  store(sh, key, slot(sh, key), st);
+  const std::uint64_t h = key_hash(key);
+  Shard& sh = shards_[partition::local_shard(h, kShards)];
+  store(sh, sh.packed.find_or_insert(key, h), st);
 }
 
-std::vector<KeyTotals> KeyStateTable::accumulate(const std::vector<KeyPartial>& partials, Report report) {
-  constexpr std::size_t S = kShards;
-  auto sharded = partition::partition_by(partials, S, [](const KeyPartial& p) { return shard_of(p.key); });
-  std::vector<std::vector<KeyTotals>> changed(S);
-#pragma omp parallel for schedule(dynamic, 4)
-  for (std::size_t s = 0; s < S; ++s) {
-    KeyPartial* first = sharded.items.data() + sharded.offsets[s];
-    KeyPartial* last = sharded.items.data() + sharded.offsets[s + 1];
-    if (s == S / 2) fault::point("accumulate");
-    std::sort(first, last, [](const KeyPartial& a, const KeyPartial& b) { return a.key < b.key; });
-    Shard& sh = shards_[s];
-    touched[s].clear();
-    for (KeyPartial* p = first; p != last;) {
-      const std::uint64_t key = p->key;
-      Packed& packed = slot(sh, key);
-      KeyState st = load(sh, key, packed);
-      KeyTotals trigger_totals{key, 0, 0, 0};
-      for (; p != last && p->key == key; ++p) {
-        trigger_totals.count += p->count;
-        trigger_totals.sum += p->sum;  // 128 bits: cannot overflow (record.hpp)
-        trigger_totals.users += p->new_users;
-      }
-      st.count += trigger_totals.count;
-      if (track_sums_) st.sum += trigger_totals.sum;
-      st.users += trigger_totals.users;
-      store(sh, key, packed, st);
-      if (journal) changed_keys[s].push_back(key);
-      if (report == Report::RunningTotals) changed[s].push_back(KeyTotals{key, st.count, st.sum, st.users});
-      if (report == Report::TriggerTotals) changed[s].push_back(trigger_totals);
-      touched[s].push_back(key);
-    }
+// Adds one key's trigger totals t to its state; t becomes its running totals if so reported.
+void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report report) {
+  Shard& sh = shards_[s];
+  Packed& packed = sh.packed.find_or_insert(t.key, hash);
+  KeyState st = load(sh, packed);
+  st.count += t.count;
+  if (track_sums_) st.sum += t.sum;
+  st.users += t.users;
+  store(sh, packed, st);
+  if (journal) changed_keys[s].push_back(t.key);
+  if (report == Report::RunningTotals) t = KeyTotals{t.key, st.count, st.sum, st.users};
+  touched[s].push_back(t.key);
+}
+
+// Thread `thread` of `threads` owns the shards s with s * threads / S = thread, and adds
+// the groups of its keys in key order (so each shard's touched keys come out ascending). It reads
+// the groups in sequence and prefetches the home slot of its key kAhead groups on: with a table
+// larger than the cache, a key costs one miss, and kAhead of them overlap.
+void KeyStateTable::accumulate_owned(std::vector<KeyTotals>& groups, const std::vector<std::uint64_t>& hashes,
+                                     Report report, std::size_t thread, std::size_t threads) {
+  constexpr std::size_t S = kShards, kAhead = 16;
+  const auto shard = [](std::uint64_t h) { return partition::local_shard(h, S); };
+  const auto mine = [&](std::size_t s) { return s * threads / S == thread; };
+  const auto owns = [&](std::uint64_t h) { return mine(shard(h)); };
+  for (std::size_t s = 0; s < S; ++s)
+    if (mine(s)) touched[s].clear();
+  if (mine(S / 2)) fault::point("accumulate");
+  const std::size_t n = groups.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && owns(hashes[i + kAhead]))
+      shards_[shard(hashes[i + kAhead])].packed.prefetch(hashes[i + kAhead]);
+    if (owns(hashes[i])) add(shard(hashes[i]), groups[i], hashes[i], report);
   }
-  std::vector<KeyTotals> out;
-  for (auto& c : changed) out.insert(out.end(), c.begin(), c.end());
-  std::sort(out.begin(), out.end(), [](const KeyTotals& a, const KeyTotals& b) { return a.key < b.key; });
-  return out;
+}
+
+std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partials, Report report) {
+  // Sorted once by key: the report comes out in key order, and each shard's keys ascending.
+  sort_by_key(partials);
+  std::vector<KeyTotals> groups = group_by_key(partials);
+  std::vector<KeyPartial>().swap(partials);
+  std::vector<std::uint64_t> hashes(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i) hashes[i] = key_hash(groups[i].key);
+#pragma omp parallel
+  accumulate_owned(groups, hashes, report, static_cast<std::size_t>(omp_get_thread_num()),
+                   static_cast<std::size_t>(omp_get_num_threads()));
+  if (report == Report::Nothing) return {};
+  return groups;
 }
 
 }  // namespace dpstream::kernels

@@ -29,12 +29,49 @@ struct KeyState {
   }
 };
 
+// A hash table of 16-byte slots (key, count, users) with linear probing from a home slot chosen by
+// multiply-shift, so the capacity can be any size: it grows by 3/2 at a load of 4/5, and a key costs
+// 16 / load = 20 to 30 bytes (a power-of-two table at absl's 7/8 costs 18 to 39 bytes with its
+// control byte). A free slot has count kFree; keys are never erased.
+class PackedSlots {
+ public:
+  struct Slot {
+    std::uint64_t key;
+    std::uint32_t count;
+    std::uint32_t users;
+  };
+  static_assert(sizeof(Slot) == 16);
+  static constexpr std::uint32_t kFree = 0xfffffffeu;
+
+  std::size_t size() const { return size_; }
+  std::size_t capacity() const { return slots_.size(); }
+  // `hash` is the key's salted hash (partition/hash.hpp): bits 8-39 pick the home slot, independent
+  // of the shard (bits 0-7) and the owner rank (the top bits).
+  const Slot* find(std::uint64_t key, std::uint64_t hash) const;
+  Slot& find_or_insert(std::uint64_t key, std::uint64_t hash);  // inserts {key, 0, 0}
+  void prefetch(std::uint64_t hash) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[home(hash)]);
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (const Slot& s : slots_)
+      if (s.count != kFree) f(s);
+  }
+
+ private:
+  std::size_t home(std::uint64_t hash) const { return ((hash >> 8) & 0xffffffffu) * slots_.size() >> 32; }
+  void grow();
+  std::vector<Slot> slots_;
+  std::size_t size_ = 0;
+};
+
 // Per-key state of the key owner, in 256 shards (a thread owns a shard at a time). A key costs one
-// 16-byte slot (key, count, users in 32 bits each) in a hash table while it has never been released
-// and its values fit 32 bits: almost every key of a large key space. A key released at least once
-// (its round state is not zero) or with a value of 2^32 - 1 or more keeps its full state in a side
-// table, so every value stays exact whatever the data. Sums, when the query has a sum column, are a
-// table of their own.
+// 16-byte slot of PackedSlots while it has never been released and count and users are below
+// 2^32 - 2: almost every key of a large key space. A key released at least once (its round state is
+// not zero) or with a larger value keeps its full state in a side table, so every value stays exact
+// whatever the data. A sum, when the query has a sum column, is stored as its excess over count * 2^20
+// (what the values add up to if each is 1.0): zero, and then not stored, for counting data; a table
+// of its own otherwise.
 class KeyStateTable {
  public:
   static constexpr std::size_t kShards = 256;
@@ -59,7 +96,7 @@ class KeyStateTable {
   template <class F>
   void for_each_in(std::size_t s, F&& f) const {
     const Shard& sh = shards_[s];
-    for (const auto& [key, p] : sh.packed) f(key, load(sh, key, p));
+    sh.packed.for_each([&](const Packed& p) { f(p.key, load(sh, p)); });
   }
   template <class F>
   void for_each(F&& f) const {
@@ -70,8 +107,8 @@ class KeyStateTable {
   // totals (mode none), the trigger's own totals (the per-batch baseline), or nothing (DP). Every
   // report leaves the keys touched in `touched`, per shard and ascending, for key selection to visit.
   enum class Report { RunningTotals, TriggerTotals, Nothing };
-  // Adds one trigger's partials (any order, a key may repeat).
-  std::vector<KeyTotals> accumulate(const std::vector<KeyPartial>& partials, Report report = Report::RunningTotals);
+  // Adds one trigger's partials (any order, a key may repeat); sorts them in place (moved in: no copy).
+  std::vector<KeyTotals> accumulate(std::vector<KeyPartial> partials, Report report = Report::RunningTotals);
 
   // Keys of the last accumulate, per shard, ascending.
   std::vector<std::vector<std::uint64_t>> touched{kShards};
@@ -82,21 +119,18 @@ class KeyStateTable {
   std::vector<std::vector<std::uint64_t>> changed_keys{kShards};
 
  private:
-  // A key's state while its round state is zero and its values fit 32 bits: 8 bytes.
-  struct Packed {
-    std::uint32_t count = 0;  // kWide: the state is in Shard::wide
-    std::uint32_t users = 0;
-  };
-  static_assert(sizeof(Packed) == 8);
-  static constexpr std::uint32_t kWide = 0xffffffffu;
+  using Packed = PackedSlots::Slot;
+  static constexpr std::uint32_t kWide = 0xffffffffu;  // Packed::count of a key whose state is in Shard::wide
   struct Shard {
-    absl::flat_hash_map<std::uint64_t, Packed> packed;     // every tracked key
-    absl::flat_hash_map<std::uint64_t, KeyState> wide;     // keys whose Packed::count is kWide
-    absl::flat_hash_map<std::uint64_t, Int128Words> sums;  // non-zero sums of packed keys, when tracked
+    PackedSlots packed;                                      // every tracked key
+    absl::flat_hash_map<std::uint64_t, KeyState> wide;       // keys whose Packed::count is kWide
+    absl::flat_hash_map<std::uint64_t, Int128Words> excess;  // sum - count * 2^20 of packed keys, when not 0
   };
-  KeyState load(const Shard& sh, std::uint64_t key, const Packed& p) const;
-  void store(Shard& sh, std::uint64_t key, Packed& p, const KeyState& st);
-  Packed& slot(Shard& sh, std::uint64_t key);  // inserts a zero state
+  KeyState load(const Shard& sh, const Packed& p) const;
+  void store(Shard& sh, Packed& p, const KeyState& st);
+  void add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report report);
+  void accumulate_owned(std::vector<KeyTotals>& groups, const std::vector<std::uint64_t>& hashes, Report report,
+                        std::size_t thread, std::size_t threads);
 
   bool track_sums_;
   std::vector<Shard> shards_{kShards};

@@ -66,7 +66,8 @@ std::vector<KeyRelease> TriggerPipeline::accumulate_and_release(std::vector<KeyP
   std::vector<KeyTotals> reported;
   {
     StageTimer timer(stage_.accumulate);
-    shuffle::on_all_ranks<InputError>(comm_, [&] { reported = keys_.accumulate(owned, releaser_.accumulation()); });
+    shuffle::on_all_ranks<InputError>(comm_,
+                                      [&] { reported = keys_.accumulate(std::move(owned), releaser_.accumulation()); });
     std::vector<KeyPartial>().swap(owned);
   }
   StageTimer timer(stage_.dp_release);

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <random>
 #include <vector>
 
 #include "kernels/key_accumulate.hpp"
+#include "tests/scoped_omp_threads.hpp"
 
 using namespace dpstream;
 
@@ -185,4 +187,111 @@ TEST(KeyAccumulate, StateDigestIsOrderFreeAndSeesEveryField) {
   auto fewer = states;
   fewer.pop_back();
   EXPECT_NE(digest_of(fewer, 4), d);
+}
+
+// A packed slot holds count and users below 2^32 - 2 (2^32 - 2 marks a free slot, 2^32 - 1 a wide
+// key): the values on either side of that edge are exact, whether put or accumulated.
+TEST(KeyAccumulate, PackedEdgeAtTwoToThe32MinusTwoIsExact) {
+  kernels::KeyStateTable table;
+  const std::int64_t top = 0xfffffffdLL;  // the largest packed value
+  table.accumulate({{1, top, 0, top}, {2, top - 1, 0, top - 1}});
+  auto totals = table.accumulate({{1, 1, 0, 1}, {2, 1, 0, 1}});
+  ASSERT_EQ(totals.size(), 2u);
+  EXPECT_EQ(totals[0].count, top + 1);
+  EXPECT_EQ(totals[0].users, top + 1);
+  EXPECT_EQ(totals[1].count, top);
+  EXPECT_EQ(totals[1].users, top);
+  EXPECT_TRUE(totals[0].sum == 0);  // stored as -count * 2^20 beside the packed slot
+  EXPECT_EQ(table.keys(), 2u);
+  for (const std::int64_t v : {top - 1, top, top + 1, top + 2}) {
+    kernels::KeyState st;
+    st.count = v;
+    st.users = top + top + 1 - v;
+    st.sum = -v;
+    table.put(static_cast<std::uint64_t>(v), st);
+    EXPECT_TRUE(table.at(static_cast<std::uint64_t>(v)) == st) << v;
+  }
+  EXPECT_EQ(table.keys(), 6u);
+}
+
+// Sums are stored as their excess over count * 2^20: zero for counting data (no storage), anything
+// else exact, through every change of sign and back to zero, packed or wide.
+TEST(KeyAccumulate, SumsAreExactAsExcessOverCount) {
+  constexpr std::int64_t one = std::int64_t{1} << 20;
+  kernels::KeyStateTable counting, other;
+  std::vector<KeyPartial> ones, varied;
+  for (std::uint64_t k = 0; k < 50000; ++k) {
+    ones.push_back({k, 3, 3 * one, 1});
+    varied.push_back({k, 3, 3 * one + 1, 1});
+  }
+  counting.accumulate(ones, kernels::KeyStateTable::Report::Nothing);
+  other.accumulate(varied, kernels::KeyStateTable::Report::Nothing);
+  EXPECT_LE(counting.memory_bytes(), kernels::KeyStateTable(false).memory_bytes() + 50000 * 32);
+  EXPECT_GE(other.memory_bytes(), counting.memory_bytes() + 50000 * 16);
+  const std::int64_t steps[] = {-one - 1, 2, one, -5 * one, 4 * one - 1, INT64_MAX, INT64_MIN, -one * 3};
+  int128 expected = 3 * one;
+  std::int64_t count = 3;
+  for (const std::int64_t sum : steps) {
+    const auto totals = counting.accumulate({{7, 1, sum, 0}});
+    expected += sum;
+    ++count;
+    EXPECT_TRUE(totals.at(0).sum == expected) << static_cast<double>(expected);
+    EXPECT_TRUE(counting.at(7).sum == expected);
+    EXPECT_EQ(totals.at(0).count, count);
+  }
+  kernels::KeyState st = counting.at(8);  // a wide key keeps its full sum
+  st.round = 1;
+  counting.put(8, st);
+  counting.accumulate({{8, 1, 5, 0}});
+  EXPECT_TRUE(counting.at(8).sum == 3 * one + 5);
+}
+
+// The report and the touched keys are in key order whatever the keys' bits (the radix sort skips the
+// digits equal in every key) and whatever the thread count; repeated keys are added up.
+TEST(KeyAccumulate, ReportIsSortedAndThreadFree) {
+  std::mt19937_64 rng(3);
+  std::vector<KeyPartial> partials;
+  std::map<std::uint64_t, std::int64_t> counts;
+  for (int i = 0; i < 30000; ++i) {
+    const std::uint64_t r = rng();
+    const std::uint64_t key = i % 3 == 0 ? r : i % 3 == 1 ? r % 5000 : (r % 7) << 50 | (r & 0xff);
+    partials.push_back({key, 1 + i % 4, i, 1});
+    counts[key] += 1 + i % 4;
+  }
+  std::vector<std::vector<KeyTotals>> reports;
+  std::vector<std::vector<std::vector<std::uint64_t>>> touched;
+  for (const int threads : {1, 3}) {
+    dpstream::testing::ScopedOmpThreads scoped(threads);
+    kernels::KeyStateTable table;
+    reports.push_back(table.accumulate(partials));
+    touched.push_back(table.touched);
+    EXPECT_EQ(table.keys(), counts.size());
+  }
+  ASSERT_EQ(reports[0].size(), counts.size());
+  auto it = counts.begin();
+  for (const KeyTotals& t : reports[0]) {
+    EXPECT_EQ(t.key, it->first);
+    EXPECT_EQ(t.count, it->second);
+    ++it;
+  }
+  for (std::size_t i = 0; i < reports[0].size(); ++i) EXPECT_TRUE(reports[0][i].sum == reports[1][i].sum);
+  EXPECT_EQ(touched[0], touched[1]);
+  for (const auto& shard : touched[0]) EXPECT_TRUE(std::is_sorted(shard.begin(), shard.end()));
+}
+
+// The table grows in steps of 3/2 at a load of 4/5: a key costs at most 16 / (8/15) = 30 bytes, and
+// every key inserted so far is found after each growth.
+TEST(KeyAccumulate, PackedTableStaysDenseThroughGrowth) {
+  kernels::KeyStateTable table(false);
+  std::uint64_t inserted = 0;
+  for (const std::uint64_t batch : {1000u, 9000u, 40000u, 150000u}) {
+    std::vector<KeyPartial> partials;
+    for (std::uint64_t k = inserted; k < inserted + batch; ++k)
+      partials.push_back({k * 0x9E3779B97F4A7C15ull, 1, 0, 1});
+    inserted += batch;
+    table.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
+    EXPECT_EQ(table.keys(), inserted);
+    EXPECT_LE(table.memory_bytes(), inserted * 30 + 256 * 16 * 16);
+    for (std::uint64_t k = 0; k < inserted; k += 997) EXPECT_EQ(table.at(k * 0x9E3779B97F4A7C15ull).count, 1);
+  }
 }
