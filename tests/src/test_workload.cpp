@@ -171,7 +171,9 @@ TEST(CounterRng, PrefixHashedOnceGivesTheSameStreams) {
       for (int i = 0; i < 4; ++i) {
         const std::uint64_t x = a.next();
         EXPECT_EQ(x, b.next());
-        if (i >= 2) EXPECT_EQ(x, skipped.next());
+        if (i >= 2) {
+          EXPECT_EQ(x, skipped.next());
+        }
       }
     }
 }
