@@ -88,10 +88,15 @@ std::string printable(std::string s) {
 std::string manifest_name(std::uint64_t seq) { return fmt::format("MANIFEST-{:06}.json", seq); }
 
 // mkdir -p with mode 0700; a new directory's entry is made durable (fsync of its parent).
-void make_private_dir(const fs::path& dir) {
+void make_private_dir(const fs::path& path) {
+  const fs::path dir = path.has_filename() ? path : path.parent_path();  // "a/b/" is "a/b"
   std::error_code ec;
-  const bool created = fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir.string(), ec.message()));
+  if (!dir.parent_path().empty()) fs::create_directories(dir.parent_path(), ec);
+  if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir.parent_path().string(), ec.message()));
+  // Born private (mode 0700 at mkdir): a kill between a mkdir and a chmod must not leave it open to others.
+  const bool created = ::mkdir(dir.c_str(), 0700) == 0;
+  if (!created && errno != EEXIST)
+    throw std::runtime_error(fmt::format("cannot create {}: {}", dir.string(), errno_text(errno)));
   if (::chmod(dir.c_str(), 0700) != 0)
     throw std::runtime_error(fmt::format("cannot make {} private (chmod 0700): {}", dir.string(), errno_text(errno)));
   if (created) fsync_dir(dir.parent_path());

@@ -4,8 +4,8 @@
 // records_per_user_min = 0); their event times are n_u sorted uniforms over the window, produced
 // one at a time by the order-statistic recurrence U_(k+1) = 1 - (1 - U_(k)) V^(1 / (n_u - k)), V ~ U(0, 1]; record k's
 // key is drawn from the key distribution. Every number comes from CounterRng(seed, w, u, k), so the stream does not
-// depend on the rank count, and per user only (k, U_(k)) is kept between triggers (n_u is drawn again from its
-// counter).
+// depend on the rank count, and per user only (k, U_(k), n_u) is kept between triggers (n_u is drawn again from its
+// counter when it does not fit in the cursor).
 #pragma once
 
 #include <memory>
@@ -37,13 +37,29 @@ class SyntheticSource final : public RecordSource {
   std::vector<Record> user_records(std::int64_t window, std::uint64_t user) const;
 
  private:
+  // Per local user between triggers, 12 bytes (+ 4 in a due list), one cache line to miss per visit:
+  // U_(k) of its next record (as bits: 4-byte alignment keeps the array at 12 B per user), k, and n_u.
+  struct Cursor {
+    std::uint32_t position_bits[2];
+    std::uint32_t state;  // k in the low kCountShift bits, n_u above it when it fits (else 0: drawn again)
+    double position() const;
+    void set(double position, std::uint32_t k, std::uint32_t total);
+  };
+  static constexpr unsigned kCountShift = 21;  // k <= records_per_user_max + 1 <= 2^20 + 1
+
   void begin_window(std::int64_t window);
-  // U_(k+1) from U_(k) = `position` for a user with `total` records of which `emitted` (= k) are out.
-  double next_position(std::int64_t window, std::uint64_t user, std::uint32_t total, std::uint32_t emitted,
-                       double position) const;
+  // The hash of (seed, window); CounterRng::child(it, user) starts every stream of that user in the window.
+  std::uint64_t window_node(std::int64_t window) const;
+  std::uint32_t draw_count(std::uint64_t user_node) const;
+  // U_(k) from U_(k-1) = `position`, from record k's stream `rng` (its first draw), `remaining` = n_u - k.
+  static double next_position(CounterRng& rng, std::uint32_t remaining, double position);
   std::int64_t offset_of(double position) const;  // the record time's offset in the window
-  Record make_record(std::int64_t window, std::uint64_t user, std::uint32_t k, std::int64_t offset) const;
-  std::uint32_t draw_count(std::int64_t window, std::uint64_t user) const;
+  std::uint32_t trigger_of(double position) const { return clock_.trigger_of_offset(offset_of(position)); }
+  // Record k, its key from `rng` (record k's stream after the time draw).
+  Record make_record(CounterRng& rng, std::int64_t window, std::uint64_t user, std::uint32_t k, double position) const;
+  // Emits the records of local user i that fall in `trigger`; returns the trigger of its next record, or
+  // triggers_per_window() when it has no more.
+  std::uint32_t visit(std::uint32_t i, std::uint32_t trigger, std::vector<Record>& out);
 
   JobConfig config_;
   StreamClock clock_;
@@ -51,10 +67,8 @@ class SyntheticSource final : public RecordSource {
   ZipfMandelbrot key_zipf_;
   std::uint64_t first_user_, last_user_;
   std::int64_t window_ = -1;
-  // Per local user between triggers, 12 bytes (+ 4 in a due list): U_(k) of its next record and k.
-  // n_u is drawn again when needed (one counter-RNG call) and the offset follows from U_(k).
-  std::vector<double> position_;
-  std::vector<std::uint32_t> emitted_;
+  std::uint64_t window_node_ = 0;  // the hash of (seed, window_)
+  std::vector<Cursor> cursor_;
   std::vector<std::vector<std::uint32_t>> due_;  // per trigger: local users with a record due
   InputStats stats_;
 };

@@ -140,3 +140,40 @@ TEST(Workload, RecordsPerUserOnePlusXVariant) {
   const double p1 = ref["P_X_eq_min"].get<double>();  // P[records = 1] = P[X = 0]
   EXPECT_NEAR(static_cast<double>(ones) / 40000, p1, 6 * std::sqrt(p1 * (1 - p1) / 40000));
 }
+
+TEST(Workload, UsersWithMoreRecordsThanTheCursorCachesFollowTheirStream) {
+  // s = 1.2, q = 0: heavy-tailed record counts, many above the 2047 a cursor keeps (n_u drawn again).
+  auto c = small_job(300, 5);
+  c.input.records_per_user_s = 1.2;
+  c.input.records_per_user_q = 0.0;
+  const auto triggers = all_triggers(c, 2);
+  SyntheticSource source(c, 0, 1);
+  std::vector<std::vector<Record>> per_user(c.input.users);
+  for (std::size_t g = 0; g < c.stream.triggers; ++g)
+    for (const auto& r : triggers[g]) per_user[r.user].push_back(r);
+  std::size_t big = 0;
+  for (std::uint64_t u = 0; u < c.input.users; ++u) {
+    const auto want = source.user_records(c.stream.first_window, u);
+    big += want.size() > 2047;
+    ASSERT_EQ(per_user[u].size(), want.size()) << "user " << u;
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_TRUE(same_record(per_user[u][i], want[i])) << "user " << u;
+  }
+  EXPECT_GT(big, 10u);
+}
+
+TEST(CounterRng, PrefixHashedOnceGivesTheSameStreams) {
+  for (std::uint64_t s : {0ull, 5ull, ~0ull})
+    for (std::uint64_t c : {0ull, 1ull, 77ull}) {
+      CounterRng a(s, 3, 12345, c);
+      CounterRng b = CounterRng::at(CounterRng::child(CounterRng::child(CounterRng::root(s), 3), 12345), c);
+      CounterRng skipped = b;
+      skipped.discard(2);  // = two draws thrown away
+      for (int i = 0; i < 4; ++i) {
+        const std::uint64_t x = a.next();
+        EXPECT_EQ(x, b.next());
+        if (i >= 2) {
+          EXPECT_EQ(x, skipped.next());
+        }
+      }
+    }
+}
