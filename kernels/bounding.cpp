@@ -307,22 +307,14 @@ struct alignas(64) ThreadOut {  // padded: threads update their own counters
   BoundingStats stats;
 };
 
-struct KeySum {  // a thread's pre-reduction of one key
-  std::int64_t count = 0;
-  int128 sum = 0;  // fixed point, exact (see record.hpp)
-  std::int64_t new_users = 0;
-};
-
-using KeySums = absl::flat_hash_map<std::uint64_t, KeySum>;
-
 // Bounds one shard's records on one thread. Users are visited in groups (a user's records of the
 // trigger, in stream order); their state is random in memory, so the state of kBatch users is loaded
 // together before they are visited: the DRAM latency of many users overlaps instead of adding up.
 class ShardBounder {
  public:
   static constexpr std::size_t kBatch = 32;
-  ShardBounder(const BoundingParams& params, UserState& state, KeySums& sums, ThreadOut& out)
-      : params_(params), state_(state), sums_(sums), out_(out) {}
+  ShardBounder(const BoundingParams& params, UserState& state, ThreadOut& out)
+      : params_(params), state_(state), out_(out) {}
 
   void run(std::size_t s, Record* first, Record* last) {
     // Stream order within each user: (timestamp, position).
@@ -369,13 +361,14 @@ class ShardBounder {
     if (added && kept_values_.size() > UserState::kInline) state_.reserve_pairs(s, *slot, distinct_keys());
     for (std::size_t i = 0; i < kept_values_.size();) {
       const std::uint64_t key = kept_values_[i].first;
-      auto& p = sums_[key];
+      std::int64_t count = 0;
+      int128 sum = 0;  // fixed point, exact (see record.hpp)
       for (; i < kept_values_.size() && kept_values_[i].first == key; ++i) {
-        ++p.count;
-        p.sum += kept_values_[i].second;
+        ++count;
+        sum += kept_values_[i].second;
       }
       const bool first_touch = state_.add_pair(s, user, *slot, UserState::key_fingerprint(key));
-      p.new_users += first_touch || params_.users_per_trigger ? 1 : 0;
+      append_partial(out_.partials, key, count, sum, first_touch || params_.users_per_trigger ? 1 : 0);
     }
     if (state_.journal && take > 0) state_.mark_changed(s, *slot);
   }
@@ -389,7 +382,6 @@ class ShardBounder {
 
   const BoundingParams& params_;
   UserState& state_;
-  KeySums& sums_;
   ThreadOut& out_;
   std::vector<Record*> groups_;                                      // first record of each user, then end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
@@ -411,16 +403,13 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
 #pragma omp parallel num_threads(threads)
   {
     ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
-    KeySums local;  // per-thread pre-reduction by key, sized for distinct keys (no rehash on the way)
-    local.reserve(records.size() / static_cast<std::size_t>(threads) + 16);
-    ShardBounder bounder(params, state, local, mine);
+    mine.partials.reserve(records.size() / static_cast<std::size_t>(threads) + 16);
+    ShardBounder bounder(params, state, mine);
 #pragma omp for schedule(dynamic, 4)
     for (std::size_t s = 0; s < S; ++s) {
       if (s == S / 2) fault::point("bounding");
       bounder.run(s, sharded.items.data() + sharded.offsets[s], sharded.items.data() + sharded.offsets[s + 1]);
     }
-    mine.partials.reserve(local.size());
-    for (const auto& [k, p] : local) append_partial(mine.partials, k, p.count, p.sum, p.new_users);
   }
 
   std::vector<KeyPartial> partials;
