@@ -316,45 +316,70 @@ class ShardBounder {
   ShardBounder(const BoundingParams& params, UserState& state, ThreadOut& out)
       : params_(params), state_(state), out_(out) {}
 
-  void run(std::size_t s, Record* first, Record* last) {
-    // Stream order within each user: (timestamp, position).
-    std::sort(first, last, [](const Record& a, const Record& b) {
-      return a.user != b.user ? a.user < b.user : stream_order_less(a, b);
-    });
+  void run(std::size_t s, const Record* first, const Record* last) {
+    sort_by_user(first, last);
     groups_.clear();
-    for (Record* g = first; g != last; ++g)
-      if (g == first || g->user != g[-1].user) groups_.push_back(g);
-    groups_.push_back(last);
+    for (std::size_t i = 0; i < order_.size(); ++i)
+      if (i == 0 || order_[i].user != order_[i - 1].user) groups_.push_back(i);
+    groups_.push_back(order_.size());
     const std::size_t n = groups_.size() - 1;
     for (std::size_t base = 0; base < n; base += kBatch) {
       const std::size_t end = std::min(n, base + kBatch);
       std::uint32_t touched = 0;
-      for (std::size_t i = base; i < end; ++i) touched += state_.touch_slot(s, groups_[i]->user);
-      for (std::size_t i = base; i < end; ++i) touched += state_.touch_block(s, groups_[i]->user);
+      for (std::size_t i = base; i < end; ++i) touched += state_.touch_slot(s, order_[groups_[i]].user);
+      for (std::size_t i = base; i < end; ++i) touched += state_.touch_block(s, order_[groups_[i]].user);
       asm volatile("" : : "r"(touched));  // the loads must happen: their misses are the point
-      for (std::size_t i = base; i < end; ++i) bound_user(s, groups_[i], groups_[i + 1]);
+      for (std::size_t i = base; i < end; ++i) bound_user(s, first, groups_[i], groups_[i + 1]);
     }
   }
 
  private:
-  // One user's records of the trigger, in stream order: keeps the first C - kept, clamps, counts.
-  void bound_user(std::size_t s, Record* g, Record* g_end) {
-    const std::uint64_t user = g->user;
+  struct UserRecord {  // 16 bytes: sorting these is cheaper than sorting 40-byte records
+    std::uint64_t user;
+    std::uint32_t index;  // in the shard's records
+  };
+
+  // order_: the shard's records by user, each user's in stream order (timestamp, position). A user's
+  // records usually arrive in stream order (the generator and time-sorted files emit them so, and the
+  // shuffle and partition keep their relative order): sorted by (user, arrival), then a user's run is
+  // re-sorted by stream order only when it is not in it already.
+  void sort_by_user(const Record* first, const Record* last) {
+    order_.clear();
+    for (const Record* r = first; r != last; ++r) order_.push_back({r->user, static_cast<std::uint32_t>(r - first)});
+    std::sort(order_.begin(), order_.end(), [](const UserRecord& a, const UserRecord& b) {
+      return a.user != b.user ? a.user < b.user : a.index < b.index;
+    });
+    const auto by_stream = [first](const UserRecord& a, const UserRecord& b) {
+      return stream_order_less(first[a.index], first[b.index]);
+    };
+    for (auto g = order_.begin(); g != order_.end();) {
+      auto g_end = g + 1;
+      while (g_end != order_.end() && g_end->user == g->user) ++g_end;
+      if (g_end - g > 1 && !std::is_sorted(g, g_end, by_stream)) std::sort(g, g_end, by_stream);
+      g = g_end;
+    }
+  }
+
+  // One user's records of the trigger (order_[from, to), in stream order): keeps the first C - kept,
+  // clamps, counts.
+  void bound_user(std::size_t s, const Record* records, std::size_t from, std::size_t to) {
+    const std::uint64_t user = order_[from].user;
     auto [slot, added] = state_.find_or_add(s, user);
     if (added) ++out_.stats.new_users;
-    const auto n = static_cast<std::uint32_t>(g_end - g);
+    const auto n = static_cast<std::uint32_t>(to - from);
     const std::uint32_t take = std::min(n, params_.max_records_per_user - slot->kept);
     slot->kept += take;
     out_.stats.kept += take;
     out_.stats.dropped += n - take;
     kept_values_.clear();
     for (std::uint32_t i = 0; i < take; ++i) {
-      double v = g[i].value;
+      const Record& r = records[order_[from + i].index];
+      double v = r.value;
       if (v < params_.clamp_min || v > params_.clamp_max) {
         v = std::clamp(v, params_.clamp_min, params_.clamp_max);
         ++out_.stats.clamped;
       }
-      kept_values_.emplace_back(g[i].key, quantize(to_fixed(v), params_.value_quantum));
+      kept_values_.emplace_back(r.key, quantize(to_fixed(v), params_.value_quantum));
     }
     // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
     std::sort(kept_values_.begin(), kept_values_.end());
@@ -383,7 +408,8 @@ class ShardBounder {
   const BoundingParams& params_;
   UserState& state_;
   ThreadOut& out_;
-  std::vector<Record*> groups_;                                      // first record of each user, then end
+  std::vector<UserRecord> order_;
+  std::vector<std::size_t> groups_;                                  // each user's first place in order_, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };
 
