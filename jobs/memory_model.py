@@ -32,7 +32,7 @@ SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
 # Slot bytes: the user table (kernels/bounding.hpp, UserState) has 32-byte slots (user, kept, meta, 4
 # fingerprints), no control byte, a capacity of 16 grown by 1/4 beyond 4/5 full. The key table
 # (kernels/key_accumulate.hpp, PackedSlots) has 16-byte slots (key, count, users), no control byte, a
-# capacity of 16 grown by 3/2 at load 4/5. A sum is stored as its excess over count * 2^20: zero for the
+# capacity of 16 grown by 1/4 at load 4/5. A sum is stored as its excess over count * 2^20: zero for the
 # synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep a 48-byte full
 # state in a side table: few in a large uniform key space, not modelled.
 # A user's key fingerprints: up to 4 in its slot; beyond, 3 stay there and the rest go to a block of
@@ -64,16 +64,16 @@ class Absl:
 
 
 class Packed:
-    """PackedSlots geometry (kernels/key_accumulate.hpp): 16, then 3/2 steps, at most 4/5 full."""
+    """PackedSlots geometry (kernels/key_accumulate.hpp): 16, then steps of 1/4, at most 4/5 full."""
     top = staticmethod(lambda cap: cap * 4 // 5)
-    next = staticmethod(lambda cap: max(16, cap * 3 // 2))
+    next = staticmethod(lambda cap: max(16, cap + cap // 4))
     bytes = staticmethod(lambda cap, slot: cap * slot)
 
     @staticmethod
     def first(items):
         cap = 16
         while items > cap * 4 // 5:
-            cap = cap * 3 // 2
+            cap = Packed.next(cap)
         return cap
 
 

@@ -72,7 +72,7 @@ PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t 
 }
 
 void PackedSlots::grow() {
-  std::vector<Slot> old(std::max<std::size_t>(16, slots_.size() * 3 / 2), Slot{0, kFree, 0});
+  std::vector<Slot> old(std::max<std::size_t>(16, slots_.size() + slots_.size() / 4), Slot{0, kFree, 0});
   old.swap(slots_);
   for (const Slot& s : old) {
     if (s.count == kFree) continue;
