@@ -46,6 +46,14 @@ std::uint32_t class_for(std::uint32_t fingerprints) {  // smallest class holding
   return cls;
 }
 
+// Journaled count after appending one fingerprint to `held` of which `done` are journaled. With the
+// journal off the new one needs no record, but earlier ones still pending must stay pending: it
+// counts as recorded only when nothing before it is pending (recording too much is harmless, losing
+// a pending pair would let a resume count the user twice for its key).
+std::uint32_t recorded_after_add(std::uint32_t done, std::uint32_t held, bool journal) {
+  return !journal && done == held ? held + 1 : done;
+}
+
 // f(fingerprint) for every fingerprint of the slot (inline, then block), and of those not yet journaled.
 template <class F>
 void for_each_fingerprint(const Slot& s, const std::vector<std::uint32_t>& words, bool only_new, F&& f) {
@@ -148,7 +156,7 @@ bool UserState::Shard::append_to_block(Slot& slot, std::uint64_t user, std::uint
   if (held(h) < class_capacity(size_class(h))) {
     const std::uint32_t b = block_of(slot), count = held(h) + 1;
     words[b + count] = fingerprint;
-    words[b] = header(count, journal ? journaled(h) : count, size_class(h));
+    words[b] = header(count, recorded_after_add(journaled(h), held(h), journal), size_class(h));
     ++pairs;
     return true;
   }
@@ -227,7 +235,7 @@ bool UserState::add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std:
   if (held_already) return false;
   if (const std::uint32_t ih = inline_held(slot.meta); ih < inline_capacity(slot.meta)) {
     slot.fp[ih] = fingerprint;
-    slot.meta = with_inline(slot.meta, ih + 1, journal ? inline_journaled(slot.meta) : ih + 1);
+    slot.meta = with_inline(slot.meta, ih + 1, recorded_after_add(inline_journaled(slot.meta), ih, journal));
     ++sh.pairs;
     return true;
   }
