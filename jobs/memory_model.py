@@ -64,31 +64,21 @@ class Absl:
 
 
 class Packed:
-    """PackedSlots geometry (kernels/key_accumulate.hpp): 16, then steps of 1/4, at most 4/5 full."""
-    top = staticmethod(lambda cap: cap * 4 // 5)
-    next = staticmethod(lambda cap: max(16, cap + cap // 4))
+    """PackedSlots and UserState::Shard geometry (kernels/table_memory.hpp): 16, then steps of 1/4 (1/8 from 2^16), at most
+    4/5 full."""
+    top = staticmethod(lambda cap: cap * 4 // 5)  # table_full: grows when (items + 1) * 5 > cap * 4
+    next = staticmethod(lambda cap: max(16, cap + cap // (4 if cap < 65536 else 8)))
     bytes = staticmethod(lambda cap, slot: cap * slot)
 
     @staticmethod
     def first(items):
         cap = 16
-        while items > cap * 4 // 5:
+        while items > Packed.top(cap):
             cap = Packed.next(cap)
         return cap
 
 
-class UserTable:
-    """UserState::Shard geometry (kernels/bounding.cpp): 16, then steps of 1/4, at most 4/5 full."""
-    top = staticmethod(lambda cap: cap * 4 // 5)
-    next = staticmethod(lambda cap: max(16, cap + cap // 4))
-    bytes = staticmethod(lambda cap, slot: cap * slot)
-
-    @staticmethod
-    def first(items):
-        cap = 16
-        while items > cap * 4 // 5:
-            cap = cap + cap // 4
-        return cap
+UserTable = Packed  # UserState::Shard grows by the same rule (kernels/table_memory.hpp)
 
 
 def table_bytes(mean_items, slot, var_items=None, geometry=Absl):

@@ -92,8 +92,8 @@ const UserState::Slot* UserState::Shard::find(std::uint64_t user) const {
   }
 }
 
-void UserState::Shard::grow() {  // by 1/4: the table is most of the per-user memory (64-80% full)
-  std::vector<Slot> old(std::max<std::size_t>(16, slots.size() + slots.size() / 4));
+void UserState::Shard::grow() {  // kernels/table_memory.hpp
+  TableSlots<Slot> old(grown_capacity(slots.size()));
   old.swap(slots);
   for (const Slot& s : old) {
     if (!occupied(s)) continue;
@@ -195,7 +195,7 @@ std::uint32_t UserState::key_fingerprint(std::uint64_t key) {
 
 std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user) {
   Shard& sh = shards_[shard];
-  if ((sh.users + 1) * 5 > sh.slots.size() * 4) sh.grow();  // at most 80% full
+  if (table_full(sh.users, sh.slots.size())) sh.grow();
   for (std::size_t i = sh.home(user);;) {
     Slot& s = sh.slots[i];
     if (!occupied(s)) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/record.hpp"
+#include "kernels/table_memory.hpp"
 
 namespace dpstream::kernels {
 
@@ -116,7 +117,7 @@ class UserState {
  private:
   static bool occupied(const Slot& slot) { return slot.meta != 0; }
   struct Shard {
-    std::vector<Slot> slots;  // open addressing; empty slots have meta == 0
+    TableSlots<Slot> slots;  // open addressing; empty slots have meta == 0
     std::uint64_t users = 0;
     std::vector<std::uint32_t> words{0, 0};  // fingerprint blocks; offset 0 is "no block"
     std::uint32_t free_head[kClasses] = {};  // a freed block's first word links to the next one

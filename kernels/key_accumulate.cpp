@@ -60,7 +60,7 @@ const PackedSlots::Slot* PackedSlots::find(std::uint64_t key, std::uint64_t hash
 }
 
 PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t hash) {
-  if ((size_ + 1) * 5 > slots_.size() * 4) grow();  // load at most 4/5: a free slot always ends a probe
+  if (table_full(size_, slots_.size())) grow();  // a free slot always ends a probe
   for (std::size_t i = home(hash);; i = i + 1 == slots_.size() ? 0 : i + 1) {
     Slot& s = slots_[i];
     if (s.count == kFree) {
@@ -72,7 +72,7 @@ PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t 
 }
 
 void PackedSlots::grow() {
-  std::vector<Slot> old(std::max<std::size_t>(16, slots_.size() + slots_.size() / 4), Slot{0, kFree, 0});
+  TableSlots<Slot> old(grown_capacity(slots_.size()), Slot{0, kFree, 0});
   old.swap(slots_);
   for (const Slot& s : old) {
     if (s.count == kFree) continue;

@@ -1,0 +1,58 @@
+// Growth and memory of the kernels' open-addressing tables (the user table, kernels/bounding.hpp, and
+// the key table, kernels/key_accumulate.hpp), whose slots are most of the state's memory.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <new>
+#include <vector>
+
+namespace dpstream::kernels {
+
+inline constexpr std::size_t kMinTableCapacity = 16;
+
+// At most 4/5 full: whether a table of `capacity` slots holding `items` grows before one more is added.
+constexpr bool table_full(std::size_t items, std::size_t capacity) { return (items + 1) * 5 > capacity * 4; }
+
+// Never 2x: by 1/4 (64-80% full) and, once large, by 1/8 (71-80% full: a billion-key job holds ~1e6
+// keys per shard); rehashing stays amortised O(1) per item.
+constexpr std::size_t grown_capacity(std::size_t capacity) {
+  return std::max(kMinTableCapacity, capacity + capacity / (capacity < (std::size_t{1} << 16) ? 4 : 8));
+}
+
+// Slot arrays of 1 MiB or more are mapped, not taken from the heap: the process keeps freed heap
+// memory (src/main.cpp's mallopt), and tables that grow in small steps would otherwise leave a trail
+// of freed smaller arrays behind. A mapped array goes back to the system when its table grows, and
+// asks for transparent huge pages (fewer TLB misses on random probes where THP is "madvise").
+template <class T>
+struct TableAllocator {
+  using value_type = T;
+  static constexpr std::size_t kMapBytes = std::size_t{1} << 20;
+  TableAllocator() = default;
+  template <class U>
+  explicit TableAllocator(const TableAllocator<U>& /*other*/) {}
+
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes < kMapBytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    ::madvise(p, bytes, MADV_HUGEPAGE);  // advice only: no error if THP is off
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes < kMapBytes)
+      ::operator delete(p, std::align_val_t{alignof(T)});
+    else
+      ::munmap(p, bytes);
+  }
+  friend bool operator==(const TableAllocator& /*a*/, const TableAllocator& /*b*/) { return true; }
+};
+
+template <class T>
+using TableSlots = std::vector<T, TableAllocator<T>>;
+
+}  // namespace dpstream::kernels
