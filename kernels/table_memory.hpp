@@ -36,7 +36,7 @@ struct TableAllocator {
 
   T* allocate(std::size_t n) {
     const std::size_t bytes = n * sizeof(T);
-    if (bytes < kMapBytes) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
+    if (bytes < kMapBytes) return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     ::madvise(p, bytes, MADV_HUGEPAGE);  // advice only: no error if THP is off
@@ -45,7 +45,7 @@ struct TableAllocator {
   void deallocate(T* p, std::size_t n) noexcept {
     const std::size_t bytes = n * sizeof(T);
     if (bytes < kMapBytes)
-      ::operator delete(p, std::align_val_t{alignof(T)});
+      ::operator delete (p, std::align_val_t{alignof(T)});
     else
       ::munmap(p, bytes);
   }

@@ -22,7 +22,7 @@ namespace {
 // Cumulative probabilities of (x + q)^-s for x = lo..hi, normalised.
 std::vector<double> zipf_cdf(int lo, int hi, double q, double s) {
   std::vector<double> cdf;
-  cdf.reserve(static_cast<std::size_t>(hi - lo + 1));
+  cdf.reserve(static_cast<std::size_t>(hi) - static_cast<std::size_t>(lo) + 1);
   double total = 0;
   for (int x = lo; x <= hi; ++x) cdf.push_back(total += std::pow(x + q, -s));
   for (double& c : cdf) c /= total;
@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
   for (std::uint64_t u = 0; u < users; ++u) {
     const int n = draw(per_user, uniform(rng)) + 1;
     for (int i = 0; i < n; ++i)
-      rows.push_back({u, static_cast<std::uint64_t>(draw(per_key, uniform(rng))) + 1,
-                      static_cast<std::uint32_t>(rng() % 86400)});
+      rows.push_back(
+          {u, static_cast<std::uint64_t>(draw(per_key, uniform(rng))) + 1, static_cast<std::uint32_t>(rng() % 86400)});
   }
   std::shuffle(rows.begin(), rows.end(), rng);  // arrival order is not time order
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.time < b.time; });

@@ -328,7 +328,8 @@ TEST(Bounding, UserTablesGrowAndFindEveryUserInAnyOrder) {
   std::map<std::uint64_t, std::uint32_t> kept;
   forward.for_each_user([&](std::uint64_t user, std::uint32_t k) { EXPECT_TRUE(kept.emplace(user, k).second); });
   EXPECT_EQ(kept.size(), ids.size());
-  EXPECT_LT(forward.memory_bytes(), ids.size() * (sizeof(kernels::UserState::Slot) * 100 / 64 + 5 * 4) + 256 * 8192);
+  EXPECT_LT(forward.memory_bytes(),
+            ids.size() * (sizeof(kernels::UserState::Slot) * 100 / 64 + std::size_t{5} * 4) + std::size_t{256} * 8192);
 }
 
 namespace {

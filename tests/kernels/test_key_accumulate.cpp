@@ -226,10 +226,10 @@ TEST(KeyAccumulate, SumsAreExactAsExcessOverCount) {
   }
   counting.accumulate(ones, kernels::KeyStateTable::Report::Nothing);
   other.accumulate(varied, kernels::KeyStateTable::Report::Nothing);
-  EXPECT_LE(counting.memory_bytes(), kernels::KeyStateTable(false).memory_bytes() + 50000 * 32);
-  EXPECT_GE(other.memory_bytes(), counting.memory_bytes() + 50000 * 16);
+  EXPECT_LE(counting.memory_bytes(), kernels::KeyStateTable(false).memory_bytes() + std::uint64_t{50000} * 32);
+  EXPECT_GE(other.memory_bytes(), counting.memory_bytes() + std::uint64_t{50000} * 16);
   const std::int64_t steps[] = {-one - 1, 2, one, -5 * one, 4 * one - 1, INT64_MAX, INT64_MIN, -one * 3};
-  int128 expected = 3 * one;
+  int128 expected = int128{3} * one;
   std::int64_t count = 3;
   for (const std::int64_t sum : steps) {
     const auto totals = counting.accumulate({{7, 1, sum, 0}});
@@ -291,7 +291,7 @@ TEST(KeyAccumulate, PackedTableStaysDenseThroughGrowth) {
     inserted += batch;
     table.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
     EXPECT_EQ(table.keys(), inserted);
-    EXPECT_LE(table.memory_bytes(), inserted * 30 + 256 * 16 * 16);
+    EXPECT_LE(table.memory_bytes(), inserted * 30 + std::uint64_t{256} * 16 * 16);
     for (std::uint64_t k = 0; k < inserted; k += 997) EXPECT_EQ(table.at(k * 0x9E3779B97F4A7C15ull).count, 1);
   }
 }
