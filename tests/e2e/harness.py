@@ -54,20 +54,27 @@ class Dpstream:
         self.env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         # More ranks than cores under Open MPI; other MPIs ignore OMPI_* (a flag would break them).
         self.env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        # Open MPI's session directory per test process: concurrent mpiruns of parallel tests
-        # otherwise race to create and remove the shared /tmp/ompi.<host>.<uid> ("mkdir ... File
-        # exists", orte_init failed), seen in CI under load.
+        # Open MPI's session directory per mpirun (see launch_env): concurrent mpiruns, of parallel
+        # tests or of one test's thread pool, otherwise race to create and remove a shared
+        # /tmp/ompi.<host>.<uid> ("mkdir ... File exists", orte_init failed), seen in CI under load.
         self._ompi_tmp = tempfile.TemporaryDirectory(prefix="dpstream-ompi-")
-        self.env.setdefault("OMPI_MCA_orte_tmpdir_base", self._ompi_tmp.name)
+        self._own_session_dirs = "OMPI_MCA_orte_tmpdir_base" not in self.env
         # When a rank exits non-zero, mpirun otherwise waits ~2 s before reaping the job; every
         # rank of dpstream exits on its own after an error, so there is nothing to wait for.
         self.env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
+
+    def launch_env(self, env):
+        """env for one mpirun: its own Open MPI session directory (unless the caller chose one)."""
+        if self._own_session_dirs:
+            env = dict(env, OMPI_MCA_orte_tmpdir_base=tempfile.mkdtemp(dir=self._ompi_tmp.name))
+        return env
 
     def run(self, *args, cwd=None):
         argv = [self.mpirun, "-np", str(self.ranks), self.bin, *map(str, args)]
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, env=self.env, cwd=cwd, timeout=self.timeout)
+            proc = subprocess.run(argv, capture_output=True, text=True, env=self.launch_env(self.env), cwd=cwd,
+                                  timeout=self.timeout)
         except subprocess.TimeoutExpired as e:
             raise AssertionError(f"timed out after {self.timeout} s: {' '.join(argv)}\n  stderr: {e.stderr!r}")
         return Run(argv, proc, time.monotonic() - t0)
@@ -83,7 +90,7 @@ class Dpstream:
         limit = self.timeout if timeout is None else timeout
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
-                                errors="replace", env=full_env, cwd=cwd, start_new_session=True)
+                                errors="replace", env=self.launch_env(full_env), cwd=cwd, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:

@@ -153,8 +153,8 @@ def main():
             env = dict(dps.env)
             env.pop("DPSTREAM_FAULT", None)
             env.update(extra_env or {})
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=dps.launch_env(env), start_new_session=True)
             releases = os.path.join(out, "releases.csv")
             header = len(b"window,trigger,key,count,sum\n")
             deadline = time.monotonic() + 60
