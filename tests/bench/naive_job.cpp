@@ -1,6 +1,6 @@
 // The whole-job yardstick of issue 15: what a competent engineer writes in an afternoon for the
 // non-private job, single-threaded, no output, no checkpoints. It draws a workload of the same
-// distributions as dpstream's synthetic input (core paper, DP-SQLP, arXiv 2301.04140, section 5.1:
+// distributions as dpstream's synthetic input (core paper, DP-SQLP, arXiv 2303.18086, section 5.1:
 // records per user Zipf-Mandelbrot on [1, 1e5] with q = 26, s = 6.738; keys Zipf-Mandelbrot on
 // [1, K] with q = 1000, s = 1.4; uniform times in a day) by inverse CDF from std::mt19937_64,
 // shuffles it, stable-sorts it by time, keeps each user's first C records with one
