@@ -88,7 +88,7 @@ const UserState::Slot* UserState::Shard::find(std::uint64_t user) const {
     const Slot& s = slots[i];
     if (!occupied(s)) return nullptr;
     if (s.user == user) return &s;
-    if (++i == slots.size()) i = 0;
+    i = next_slot(i, slots.size());
   }
 }
 
@@ -98,8 +98,7 @@ void UserState::Shard::grow() {  // kernels/table_memory.hpp
   for (const Slot& s : old) {
     if (!occupied(s)) continue;
     std::size_t i = home(s.user);
-    while (occupied(slots[i]))
-      if (++i == slots.size()) i = 0;
+    while (occupied(slots[i])) i = next_slot(i, slots.size());
     slots[i] = s;
   }
 }
@@ -204,7 +203,7 @@ std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std:
       return {&s, true};
     }
     if (s.user == user) return {&s, false};
-    if (++i == sh.slots.size()) i = 0;
+    i = next_slot(i, sh.slots.size());
   }
 }
 

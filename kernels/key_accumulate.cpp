@@ -53,7 +53,7 @@ std::vector<KeyTotals> group_by_key(const std::vector<KeyPartial>& sorted) {
 
 const PackedSlots::Slot* PackedSlots::find(std::uint64_t key, std::uint64_t hash) const {
   if (slots_.empty()) return nullptr;
-  for (std::size_t i = home(hash);; i = i + 1 == slots_.size() ? 0 : i + 1) {
+  for (std::size_t i = home(hash);; i = next_slot(i, slots_.size())) {
     if (slots_[i].count == kFree) return nullptr;
     if (slots_[i].key == key) return &slots_[i];
   }
@@ -61,7 +61,7 @@ const PackedSlots::Slot* PackedSlots::find(std::uint64_t key, std::uint64_t hash
 
 PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t hash) {
   if (table_full(size_, slots_.size())) grow();  // a free slot always ends a probe
-  for (std::size_t i = home(hash);; i = i + 1 == slots_.size() ? 0 : i + 1) {
+  for (std::size_t i = home(hash);; i = next_slot(i, slots_.size())) {
     Slot& s = slots_[i];
     if (s.count == kFree) {
       ++size_;
@@ -77,7 +77,7 @@ void PackedSlots::grow() {
   for (const Slot& s : old) {
     if (s.count == kFree) continue;
     std::size_t i = home(key_hash(s.key));
-    while (slots_[i].count != kFree) i = i + 1 == slots_.size() ? 0 : i + 1;
+    while (slots_[i].count != kFree) i = next_slot(i, slots_.size());
     slots_[i] = s;
   }
 }

@@ -16,6 +16,9 @@ inline constexpr std::size_t kMinTableCapacity = 16;
 // At most 4/5 full: whether a table of `capacity` slots holding `items` grows before one more is added.
 constexpr bool table_full(std::size_t items, std::size_t capacity) { return (items + 1) * 5 > capacity * 4; }
 
+// Linear probing's next slot after `i`, wrapping at the end.
+constexpr std::size_t next_slot(std::size_t i, std::size_t capacity) { return i + 1 == capacity ? 0 : i + 1; }
+
 // Never 2x: by 1/4 (64-80% full) and, once large, by 1/8 (71-80% full: a billion-key job holds ~1e6
 // keys per shard); rehashing stays amortised O(1) per item.
 constexpr std::size_t grown_capacity(std::size_t capacity) {
