@@ -45,7 +45,8 @@ struct DpStats {
   std::uint64_t simulated = 0;    // steps simulated ahead by failed keys (Algorithm 4)
   std::uint64_t scheduled = 0;    // visits scheduled by a simulation (a predicted release or the horizon's end)
   std::uint64_t discarded = 0;    // scheduled visits overtaken by new records before they were due
-  std::uint64_t predicted = 0;    // releases at a scheduled visit: by noise alone, no new record
+  std::uint64_t predicted = 0;    // releases at a scheduled visit (new records, if any, stayed quiet)
+  std::uint64_t quiet = 0;        // keys of the micro-batch left unvisited: too few users to pass before their visit
 };
 
 class DpReleaser {
@@ -73,6 +74,9 @@ class DpReleaser {
     std::uint32_t selection_round = 0;
     std::uint32_t next_visit = kNoVisit;  // trigger of the scheduled visit
     std::uint32_t horizon = 0;            // steps the last simulation looked ahead (doubles while no record comes)
+    // Every simulated step before next_visit fails with this many round users or fewer (the least of
+    // the steps' largest failing counts), so new records up to it change no test before next_visit.
+    std::int64_t quiet_users = 0;
     dptree::PrefixNoise selection, lookahead;
   };
   // Noise of a released key's value trees at its last release (most tested keys are never released).
@@ -81,6 +85,8 @@ class DpReleaser {
   };
   bool passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const;
   bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid
+  // The largest round user count that fails the test at `step` with this prefix noise.
+  std::int64_t max_failing_users(int128 prefix_noise, std::uint32_t step) const;
 
   DpParams params_;
   KeyScan scan_;

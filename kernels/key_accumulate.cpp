@@ -170,6 +170,11 @@ std::optional<KeyState> KeyStateTable::find(std::uint64_t key) const {
   return load(sh, *p);
 }
 
+void KeyStateTable::prefetch(std::uint64_t key) const {
+  const std::uint64_t h = key_hash(key);
+  shards_[partition::local_shard(h, kShards)].packed.prefetch(h);
+}
+
 KeyState KeyStateTable::at(std::uint64_t key) const {
   auto st = find(key);
   if (!st) throw std::out_of_range("KeyStateTable: key not tracked");

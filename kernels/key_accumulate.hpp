@@ -93,6 +93,7 @@ class KeyStateTable {
 
   std::optional<KeyState> find(std::uint64_t key) const;
   KeyState at(std::uint64_t key) const;             // std::out_of_range if the key is not tracked
+  void prefetch(std::uint64_t key) const;           // a hint: find(key) follows soon
   void put(std::uint64_t key, const KeyState& st);  // inserts or overwrites
   // f(key, const KeyState&) for every key of shard s (put on a visited key is allowed; no insert).
   template <class F>

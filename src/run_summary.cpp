@@ -56,6 +56,7 @@ void add_job_and_privacy(nlohmann::json& j, const RunFigures& run, const shuffle
              {"scheduled_visits", comm.sum(c.dp.scheduled)},
              {"discarded_visits", comm.sum(c.dp.discarded)},
              {"predicted_releases", comm.sum(c.dp.predicted)},
+             {"quiet_keys", comm.sum(c.dp.quiet)},
              {"keys_with_noise_cache", comm.sum(run.peaks.cached_keys)},
              {"key_state_bytes_per_tracked_key", per_unit(comm, run.peaks.key_bytes, run.peaks.keys)}};
 }
