@@ -683,6 +683,7 @@ def main():
             print(f"     commits: clock {ck_clock['commits']}, bound {ck_bound['commits']} ({causes})")
             job.set_reference(ref, outs["clock"][3])
             killed = os.path.join(d, "killed", "out")
+            os.makedirs(os.path.dirname(killed))
             kill(job, killed, "published@3:0", "--set", "checkpoint.journal_mib=1",
                  what="journal_mib = 1, published@3:0")
             resume(job, killed, "--set", "checkpoint.journal_mib=1", what="resume of a journal_mib = 1 run")
