@@ -155,12 +155,17 @@ bool UserState::Shard::append_to_block(Slot& slot, std::uint64_t user, std::uint
   if (held(h) < class_capacity(size_class(h))) {
     const std::uint32_t b = block_of(slot), count = held(h) + 1;
     words[b + count] = fingerprint;
-    words[b] = header(count, recorded_after_add(journaled(h), held(h), journal), size_class(h));
+    const std::uint32_t done = recorded_after_add(journaled(h), held(h), journal);
+    words[b] = header(count, done, size_class(h));
+    pending.new_pairs += done < count ? 1 : 0;
     ++pairs;
     return true;
   }
   if (!overflow.insert({user, fingerprint}).second) return false;
-  if (journal) overflow_journal.emplace_back(user, fingerprint);
+  if (journal) {
+    overflow_journal.emplace_back(user, fingerprint);
+    ++pending.new_pairs;
+  }
   ++pairs;
   return true;
 }
@@ -176,6 +181,7 @@ void UserState::clear_journal() {
     for (Slot& slot : sh.slots)
       if (occupied(slot)) mark_journaled(slot, sh.words);
     std::vector<UserFingerprint>().swap(sh.overflow_journal);
+    sh.pending = {};
   }
 }
 
@@ -234,7 +240,9 @@ bool UserState::add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std:
   if (held_already) return false;
   if (const std::uint32_t ih = inline_held(slot.meta); ih < inline_capacity(slot.meta)) {
     slot.fp[ih] = fingerprint;
-    slot.meta = with_inline(slot.meta, ih + 1, recorded_after_add(inline_journaled(slot.meta), ih, journal));
+    const std::uint32_t done = recorded_after_add(inline_journaled(slot.meta), ih, journal);
+    slot.meta = with_inline(slot.meta, ih + 1, done);
+    sh.pending.new_pairs += done <= ih ? 1 : 0;
     ++sh.pairs;
     return true;
   }
@@ -242,7 +250,21 @@ bool UserState::add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std:
   return sh.append_to_block(slot, user, fingerprint, journal);
 }
 
-void UserState::mark_changed(std::size_t /*shard*/, Slot& slot) { slot.meta |= kChanged; }
+void UserState::mark_changed(std::size_t shard, Slot& slot) {
+  shards_[shard].pending.changed_users += (slot.meta & kChanged) == 0 ? 1 : 0;
+  slot.meta |= kChanged;
+}
+
+UserState::JournalSize UserState::journal_size(std::size_t shard) const { return shards_[shard].pending; }
+
+UserState::JournalSize UserState::journal_size() const {
+  JournalSize total;
+  for (const Shard& sh : shards_) {
+    total.changed_users += sh.pending.changed_users;
+    total.new_pairs += sh.pending.new_pairs;
+  }
+  return total;
+}
 
 std::vector<UserState::UserFingerprint> UserState::pairs(std::size_t shard) const {
   const Shard& sh = shards_[shard];
@@ -257,6 +279,9 @@ std::vector<UserState::UserFingerprint> UserState::pairs(std::size_t shard) cons
 void UserState::drain_journal(std::size_t shard, std::vector<UserFingerprint>& changed_users,
                               std::vector<UserFingerprint>& new_pairs) {
   Shard& sh = shards_[shard];
+  // Sized from the counts, not grown by doubling: the commit holds these until they are written.
+  changed_users.reserve(changed_users.size() + sh.pending.changed_users);
+  new_pairs.reserve(new_pairs.size() + sh.pending.new_pairs);
   for (Slot& s : sh.slots) {
     if (!occupied(s) || !pending(s, sh.words)) continue;
     if ((s.meta & kChanged) != 0) changed_users.emplace_back(s.user, s.kept);
@@ -265,6 +290,7 @@ void UserState::drain_journal(std::size_t shard, std::vector<UserFingerprint>& c
   }
   new_pairs.insert(new_pairs.end(), sh.overflow_journal.begin(), sh.overflow_journal.end());
   std::vector<UserFingerprint>().swap(sh.overflow_journal);
+  sh.pending = {};
 }
 
 std::uint64_t UserState::users() const {

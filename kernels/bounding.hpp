@@ -111,6 +111,13 @@ class UserState {
   void drain_journal(std::size_t shard, std::vector<UserFingerprint>& changed_users,
                      std::vector<UserFingerprint>& new_pairs);
   bool journal_empty() const;
+  // What drain_journal will return, counted as the changes happen (no pass over the users): users
+  // first marked changed and pairs that became pending since the last drain. O(1) per shard.
+  struct JournalSize {
+    std::uint64_t changed_users = 0, new_pairs = 0;
+  };
+  JournalSize journal_size(std::size_t shard) const;
+  JournalSize journal_size() const;  // all shards
 
   bool journal = false;  // record changes for the checkpoint (drain_journal)
 
@@ -124,6 +131,7 @@ class UserState {
     std::uint64_t pairs = 0;
     absl::flat_hash_set<UserFingerprint> overflow;  // beyond a full block of kBlockCapacity
     std::vector<UserFingerprint> overflow_journal;
+    JournalSize pending;  // what drain_journal will return (its new_pairs include overflow_journal)
     std::size_t home(std::uint64_t user) const;
     const Slot* find(std::uint64_t user) const;
     void grow();

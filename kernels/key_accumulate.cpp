@@ -94,6 +94,18 @@ void KeyStateTable::clear_journal() {
   for (auto& c : changed_keys) std::vector<std::uint64_t>().swap(c);
 }
 
+std::uint64_t KeyStateTable::changed_key_entries() const {
+  std::uint64_t n = 0;
+  for (const auto& c : changed_keys) n += c.size();
+  return n;
+}
+
+std::uint64_t KeyStateTable::changed_key_log_bytes() const {
+  std::uint64_t b = 0;
+  for (const auto& c : changed_keys) b += c.capacity() * sizeof(std::uint64_t);
+  return b;
+}
+
 std::uint64_t KeyStateTable::keys() const {
   std::uint64_t n = 0;
   for (const auto& sh : shards_) n += sh.packed.size();

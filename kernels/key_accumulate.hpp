@@ -120,6 +120,11 @@ class KeyStateTable {
   // checkpoint, by accumulation or by a release (a key may repeat).
   bool journal = false;
   std::vector<std::vector<std::uint64_t>> changed_keys{kShards};
+  // The log's entries (an upper bound on the keys it names) and the bytes it holds: O(shards).
+  std::uint64_t changed_key_entries() const;
+  std::uint64_t changed_key_log_bytes() const;
+  // Keys of shard s whose full state is kept (released, or values beyond 32 bits): O(1).
+  std::size_t full_state_keys(std::size_t s) const { return shards_[s].wide.size(); }
 
  private:
   using Packed = PackedSlots::Slot;

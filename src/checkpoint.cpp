@@ -572,6 +572,13 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
     auto& changed = keys.changed_keys[s];
     std::sort(changed.begin(), changed.end());
     changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+    // Room for every key in the kind almost all of them take (estimate_journal counts the same).
+    if (keys.tracks_sums()) {
+      j.full_keys[s].reserve(changed.size());
+    } else {
+      j.count_keys[s].reserve(changed.size());
+      j.full_keys[s].reserve(std::min(changed.size(), keys.full_state_keys(s)));
+    }
     for (const auto k : changed) {
       const kernels::KeyState st = keys.at(k);
       if (int128(st.sum) == 0 && st.round_base_users == 0 && st.round == 0 && st.round_start == 0 && st.count >= 0 &&
@@ -584,6 +591,29 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
   }
   keys.clear_journal();
   return j;
+}
+
+namespace {
+// What drain_journal's key snapshots will hold: with sums, every key in full; without, 16 bytes per
+// key and the full state for at most as many as the shard keeps in full.
+std::uint64_t estimate_key_journal(const kernels::KeyStateTable& keys) {
+  constexpr std::uint64_t kCount = sizeof(Journal::CountKey);
+  constexpr std::uint64_t kFull = sizeof(std::pair<std::uint64_t, kernels::KeyState>);
+  std::uint64_t bytes = 0;
+  for (std::size_t s = 0; s < keys.changed_keys.size(); ++s) {
+    const std::uint64_t entries = keys.changed_keys[s].size();
+    bytes += keys.tracks_sums() ? entries * kFull
+                                : entries * kCount + std::min<std::uint64_t>(entries, keys.full_state_keys(s)) * kFull;
+  }
+  return bytes;
+}
+}  // namespace
+
+JournalEstimate estimate_journal(const kernels::UserState& users, const kernels::KeyStateTable& keys) {
+  using UserEntry = kernels::UserState::UserFingerprint;  // changed_users and new_pairs hold these
+  const auto u = users.journal_size();
+  return {(u.changed_users + u.new_pairs) * sizeof(UserEntry), estimate_key_journal(keys),
+          keys.changed_key_log_bytes()};
 }
 
 std::uint64_t Journal::user_bytes() const {

@@ -11,19 +11,23 @@ namespace dpstream {
 namespace {
 
 // One agreement at the end of every trigger (one small allgather): a stop signal seen by any rank,
-// and whether rank 0's commit clock has run out (the ranks' clocks differ; rank 0's decides for all).
+// whether rank 0's commit clock has run out (the ranks' clocks differ; rank 0's decides for all), and
+// whether any rank's journal has reached its byte bound.
 struct TriggerEnd {
   StopAgreement stop;
-  bool commit_due = false;
+  bool clock_due = false;
+  bool journal_full = false;
 };
-TriggerEnd agree_on_trigger_end(const shuffle::Comm& comm, bool commit_due_on_root) {
-  constexpr std::uint64_t kCommitDue = std::uint64_t{1} << 32;  // above any signal number
+TriggerEnd agree_on_trigger_end(const shuffle::Comm& comm, bool clock_due_on_root, bool journal_full_here) {
+  constexpr std::uint64_t kClockDue = std::uint64_t{1} << 32;  // above any signal number
+  constexpr std::uint64_t kJournalFull = std::uint64_t{1} << 33;
   const auto seen = comm.allgather(static_cast<std::uint64_t>(stop_request::signal_received()) |
-                                   (commit_due_on_root ? kCommitDue : 0));
+                                   (clock_due_on_root ? kClockDue : 0) | (journal_full_here ? kJournalFull : 0));
   TriggerEnd end;
-  end.commit_due = (seen.at(0) & kCommitDue) != 0;
+  end.clock_due = (seen.at(0) & kClockDue) != 0;
+  for (const std::uint64_t word : seen) end.journal_full |= (word & kJournalFull) != 0;
   for (std::size_t r = 0; r < seen.size(); ++r)
-    if (const auto signal = seen[r] & (kCommitDue - 1); signal != 0) {
+    if (const auto signal = seen[r] & (kClockDue - 1); signal != 0) {
       end.stop = {static_cast<int>(signal), static_cast<int>(r)};
       break;
     }
@@ -51,16 +55,21 @@ void CommitScheduler::start_at(std::uint32_t first_trigger) {
 
 StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job) {
   const bool root = comm_.rank() == 0;
-  const TriggerEnd end =
-      last_of_job ? TriggerEnd{}
-                  : agree_on_trigger_end(
-                        comm_, root && checkpointing_ && seconds_since(last_commit_) >= config_.checkpoint.seconds);
-  // Every `seconds` or `every` triggers, and at the end of each window; the job's very last commit
-  // waits for summary.json.
+  const TriggerEnd end = last_of_job ? TriggerEnd{}
+                                     : agree_on_trigger_end(comm_, root && checkpointing_ && clock_ran_out(),
+                                                            checkpointing_ && journal_full());
+  // At the end of each window, every `every` triggers, once any rank's journal is full, or every
+  // `seconds`; the job's very last commit waits for summary.json.
   committed_now_ = false;
   const bool window_end = trigger + 1 == config_.stream.triggers;
   const bool count_due = config_.checkpoint.every && trigger + 1 - uncommitted_from_ >= *config_.checkpoint.every;
-  if (checkpointing_ && (count_due || end.commit_due || window_end)) {
+  const std::optional<CommitCause> cause = window_end         ? CommitCause::WindowEnd
+                                           : count_due        ? CommitCause::Every
+                                           : end.journal_full ? CommitCause::Journal
+                                           : end.clock_due    ? CommitCause::Seconds
+                                                              : std::optional<CommitCause>();
+  if (checkpointing_ && cause) {
+    ++causes_[static_cast<std::size_t>(*cause)];
     if (wi + 1 == config_.stream.windows && window_end) {
       final_commit_pending_ = true;
     } else {
@@ -72,8 +81,16 @@ StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigg
   return end.stop;
 }
 
+bool CommitScheduler::clock_ran_out() const { return seconds_since(last_commit_) >= config_.checkpoint.seconds; }
+
+bool CommitScheduler::journal_full() const {
+  return checkpoint::estimate_journal(users_, keys_).bytes() >= std::uint64_t{config_.checkpoint.journal_mib} << 20;
+}
+
 void CommitScheduler::commit_for_stop(std::uint32_t wi, std::uint32_t trigger) {
-  if (checkpointing_ && !committed_now_) commit(wi, uncommitted_from_, trigger + 1, false);
+  if (!checkpointing_ || committed_now_) return;
+  ++causes_[static_cast<std::size_t>(CommitCause::Stop)];
+  commit(wi, uncommitted_from_, trigger + 1, false);
 }
 
 void CommitScheduler::finish_stopped() {
@@ -94,6 +111,13 @@ nlohmann::json CommitScheduler::json(std::optional<std::uint32_t> resumed_from) 
   nlohmann::json j = figures_.json(comm_, figures_.commits + (final_commit_pending_ ? 1 : 0));
   j["every"] = config_.checkpoint.every ? nlohmann::json(*config_.checkpoint.every) : nlohmann::json(nullptr);
   j["seconds"] = config_.checkpoint.seconds;
+  j["journal_mib"] = config_.checkpoint.journal_mib;
+  const auto n = [this](CommitCause c) { return causes_[static_cast<std::size_t>(c)]; };
+  j["commits_by_cause"] = {{"window_end", n(CommitCause::WindowEnd)},
+                           {"every", n(CommitCause::Every)},
+                           {"journal", n(CommitCause::Journal)},
+                           {"seconds", n(CommitCause::Seconds)},
+                           {"stop", n(CommitCause::Stop)}};
   j["resumed_from_commit"] = resumed_from ? nlohmann::json(*resumed_from) : nlohmann::json(nullptr);
   return j;
 }

@@ -1,9 +1,11 @@
 // When the trigger loop commits (docs/CHECKPOINTS.md) and the one agreement of all ranks after each
-// trigger: a commit once `seconds` have passed (rank 0's clock decides for all) or every `every`
-// triggers, at the end of every window, and after a stop signal seen by any rank; the job's very
-// last commit waits for summary.json. Also what the commits cost (summary.json "checkpoint").
+// trigger: a commit once `seconds` have passed (rank 0's clock decides for all), once the commit
+// journal holds `journal_mib` MiB on any rank, or every `every` triggers, at the end of every window,
+// and after a stop signal seen by any rank; the job's very last commit waits for summary.json. Also
+// what the commits cost and what caused them (summary.json "checkpoint").
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -24,6 +26,9 @@ struct StopAgreement {
   int signal = 0;  // the first rank's signal
   int rank = -1;   // the first rank that received one
 };
+
+// Why a commit was made; when several hold at once, the first of these.
+enum class CommitCause { WindowEnd, Every, Journal, Seconds, Stop, Count };
 
 class CommitScheduler {
  public:
@@ -54,6 +59,8 @@ class CommitScheduler {
 
  private:
   void commit(std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete);
+  bool clock_ran_out() const;  // `seconds` since the last commit
+  bool journal_full() const;   // this rank's journal holds `journal_mib` MiB
 
   const JobConfig& config_;
   const shuffle::Comm& comm_;
@@ -69,6 +76,7 @@ class CommitScheduler {
   std::uint32_t uncommitted_from_ = 0;            // first trigger of the window not yet committed
   bool committed_now_ = false;                    // end_trigger committed the trigger
   bool final_commit_pending_ = false;
+  std::array<std::uint64_t, static_cast<std::size_t>(CommitCause::Count)> causes_{};  // commits per cause
 };
 
 }  // namespace dpstream

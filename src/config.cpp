@@ -235,6 +235,7 @@ constexpr SpecField kSpecFields[] = {
     {"output.progress", MayChange},
     {"checkpoint.every", MayChange},  // commits do not change the output (docs/CHECKPOINTS.md)
     {"checkpoint.seconds", MayChange},
+    {"checkpoint.journal_mib", MayChange},
     {"engine.key_scan", MayChange},  // both scans release the same rows (kernels/key_scan.hpp)
 };
 // clang-format on
@@ -426,6 +427,13 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   c.checkpoint.seconds = ck.real("seconds", c.checkpoint.seconds);
   if (!(c.checkpoint.seconds >= 0.001 && c.checkpoint.seconds <= 1e7))
     ck.fail("seconds", fmt::format("must be in [0.001, 1e7] (seconds between commits), got {}", c.checkpoint.seconds));
+  constexpr std::int64_t kMaxJournalMib = std::int64_t{1} << 20;  // 1 TiB
+  using Limits = std::numeric_limits<std::int64_t>;
+  const std::int64_t journal_mib = ck.integer("journal_mib", c.checkpoint.journal_mib, Limits::min(), Limits::max());
+  if (journal_mib < 1 || journal_mib > kMaxJournalMib)
+    ck.fail("journal_mib", fmt::format("must be in [1, {}] (MiB of commit journal per rank before a commit), got {}",
+                                       kMaxJournalMib, journal_mib));
+  c.checkpoint.journal_mib = static_cast<std::uint32_t>(journal_mib);
   ck.finish();
 
   SectionReader en(root, "engine", source);

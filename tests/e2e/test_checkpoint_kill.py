@@ -46,6 +46,7 @@ RANK0_ONLY = ["manifest_before_rename", "committed", "publish_half", "published"
 ALL_POINTS = PER_TRIGGER + PER_COMMIT + RANK0_ONLY
 AFTER_COMMIT = ("committed", "publish_half", "published")  # the commit of this hit is complete
 MIN_KILLS = 20
+JOURNAL_USERS = 200000  # the journal_bound case: > 1 MiB of journal per trigger on a rank of up to 2
 KILL_TIMEOUT = 30.0  # a killed run must end within seconds; this only catches a hang
 
 MANIFEST_RE = re.compile(r"^MANIFEST-(\d{6})\.json$")
@@ -650,6 +651,45 @@ def main():
 
         results.check("seconds = 0.001 without every: a commit at every trigger", time_cadence(0.001, 16))
         results.check("default cadence (30 s): commits at the windows' ends only", time_cadence(None, 2))
+
+        def journal_bound():
+            # [checkpoint] journal_mib = 1 on a job whose journal outgrows 1 MiB within a trigger or two
+            # on some rank: the bound, not the 30-s clock (which gives the windows' ends only), makes
+            # the commits, and releases.csv and state_digest are those of the run without the bound.
+            # A run killed after its third commit resumes to the same output.
+            text = dp_toml("e2e-ckpt-journal").replace("users = 20000", f"users = {JOURNAL_USERS}")
+            text = text.replace("[checkpoint]\nevery = 1\n", "")
+            assert "every" not in text and f"users = {JOURNAL_USERS}" in text, "the job text changed shape"
+            d = case_dir("journal-bound")
+            outs = {}
+            for label, extra in (("clock", ()), ("bound", ("--set", "checkpoint.journal_mib=1"))):
+                out = os.path.join(d, label, "out")
+                job = Job(f"dp {label}", harness.write_job(os.path.join(d, f"{label}.toml"), text), 0, 8, 2, True)
+                r = fresh(job, out, *extra, cwd=d)
+                assert r.returncode == 0, f"{label}: " + r.describe()
+                with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+                    summary = json.load(f)
+                outs[label] = (harness.read_bytes(os.path.join(out, "releases.csv")), summary, job, out)
+            (ref, ref_summary, _, _), (got, summary, job, out) = outs["clock"], outs["bound"]
+            ck_clock, ck_bound = ref_summary["checkpoint"], summary["checkpoint"]
+            assert ck_clock["commits"] == 2 and ck_clock["commits_by_cause"]["window_end"] == 2, \
+                f"without the bound, commits at the windows' ends only: {ck_clock}"
+            causes = ck_bound["commits_by_cause"]
+            assert ck_bound["journal_mib"] == 1 and causes["journal"] >= 4 and causes["window_end"] == 2 and \
+                causes["seconds"] == 0 and causes["every"] == 0 and ck_bound["commits"] == sum(causes.values()), \
+                f"journal_mib = 1: the bound makes the commits: {ck_bound}"
+            assert got == ref, "journal_mib = 1 changed releases.csv (a commit must not change output)"
+            assert summary["state_digest"] == ref_summary["state_digest"], "journal_mib = 1 changed state_digest"
+            print(f"     commits: clock {ck_clock['commits']}, bound {ck_bound['commits']} ({causes})")
+            job.set_reference(ref, outs["clock"][3])
+            killed = os.path.join(d, "killed", "out")
+            os.makedirs(os.path.dirname(killed))
+            kill(job, killed, "published@3:0", "--set", "checkpoint.journal_mib=1",
+                 what="journal_mib = 1, published@3:0")
+            resume(job, killed, "--set", "checkpoint.journal_mib=1", what="resume of a journal_mib = 1 run")
+
+        results.check("journal_mib = 1: the journal bound commits more often than the clock, same output",
+                      journal_bound)
 
         def every3_published(commit, triggers):
             def case():

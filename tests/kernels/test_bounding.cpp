@@ -432,7 +432,12 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
 
     const auto drain = [&](std::size_t s) {
       std::vector<UserFingerprint> changed, added;
+      const auto size = state.journal_size(s);  // counted as the changes happened: what the drain returns
       state.drain_journal(s, changed, added);
+      EXPECT_EQ(changed.size(), size.changed_users) << "journal_size of shard " << s << " at op " << op;
+      EXPECT_EQ(added.size(), size.new_pairs) << "journal_size of shard " << s << " at op " << op;
+      EXPECT_EQ(changed.capacity(), changed.size()) << "drain_journal sizes its output from the counts";
+      EXPECT_EQ(added.capacity(), added.size()) << "drain_journal sizes its output from the counts";
       std::sort(added.begin(), added.end());
       const std::vector<UserFingerprint> want(model.pending[s].begin(), model.pending[s].end());
       EXPECT_EQ(added, want) << "journal pairs of shard " << s << " at op " << op;
@@ -581,9 +586,12 @@ TEST(Bounding, JournalKeepsPairsAddedWhileOnAfterItIsTurnedOff) {
     users.journal = false;
     EXPECT_TRUE(users.add_pair(0, 42, *slot, 2));  // B: journal off
     std::vector<kernels::UserState::UserFingerprint> changed, new_pairs;
+    const auto size = users.journal_size();
     users.drain_journal(0, changed, new_pairs);
     const std::vector<kernels::UserState::UserFingerprint> a{{42, 1}}, a_b{{42, 1}, {42, 2}};
     EXPECT_TRUE(new_pairs == a || new_pairs == a_b) << new_pairs.size() << " pairs";
+    EXPECT_EQ(size.new_pairs, new_pairs.size()) << "journal_size counts what the drain returns";
+    EXPECT_EQ(users.journal_size().new_pairs, 0u);
     EXPECT_TRUE(users.journal_empty());
   }
 }

@@ -71,7 +71,8 @@ Flat flatten(const kernels::UserState& u, const kernels::KeyStateTable& k) {
 // round of every 7th key so that the release fields change too, and moves its sum by +-2^100 so that
 // both words of the 128-bit sum travel. Returns one journal per trigger.
 std::vector<checkpoint::Journal> drive(kernels::UserState& users, kernels::KeyStateTable& keys, int triggers, int rank,
-                                       int ranks, std::uint64_t seed) {
+                                       int ranks, std::uint64_t seed,
+                                       std::vector<checkpoint::JournalEstimate>* estimates = nullptr) {
   std::mt19937_64 rng(seed);
   users.journal = keys.journal = true;
   const kernels::BoundingParams params{5, 0.0, 1.0, 1};
@@ -93,6 +94,7 @@ std::vector<checkpoint::Journal> drive(kernels::UserState& users, kernels::KeySt
         keys.put(key, st);
         keys.changed_keys[s].push_back(key);
       });
+    if (estimates) estimates->push_back(checkpoint::estimate_journal(users, keys));
     out.push_back(checkpoint::drain_journal(users, keys));
   }
   return out;
@@ -250,6 +252,38 @@ TEST(Journal, CountOnlyKeysAreCompactAndEveryKeyReplaysExactly) {
   checkpoint::apply(j.to_segment(), u2, k2, 0, 1, false);
   EXPECT_EQ(k2.keys(), expected.size());
   for (const auto& [key, st] : expected) EXPECT_EQ(k2.at(key), st) << "key " << key;
+}
+
+// The commit cadence's byte bound reads estimate_journal after every trigger, without a pass over
+// the state; it must tell what drain_journal then holds: exactly for the users, and for the keys an
+// upper bound within 2x here (the fake release logs every 7th key a second time and keeps its full
+// state: with sums every key is journaled in full, without only the released ones).
+TEST(Journal, EstimateBeforeTheDrainTellsWhatTheDrainHolds) {
+  for (const bool sums : {true, false}) {
+    SCOPED_TRACE(sums ? "sums" : "counts only");
+    kernels::UserState users;
+    kernels::KeyStateTable keys(sums);
+    std::vector<checkpoint::JournalEstimate> estimates;
+    const auto journals = drive(users, keys, 5, 0, 1, 23, &estimates);
+    for (std::size_t t = 0; t < journals.size(); ++t) {
+      const checkpoint::Journal& j = journals[t];
+      const checkpoint::JournalEstimate& e = estimates[t];
+      std::uint64_t user_memory = 0;
+      for (const auto& shard : j.changed_users) user_memory += shard.capacity() * sizeof(shard[0]);
+      for (const auto& shard : j.new_pairs) user_memory += shard.capacity() * sizeof(shard[0]);
+      const std::uint64_t key_memory = j.memory_bytes() - user_memory;
+      if (t == 0) {
+        ASSERT_GT(user_memory, 0u);  // later triggers find most users at C already
+      }
+      ASSERT_GT(key_memory, 0u);
+      EXPECT_EQ(e.users, user_memory) << "trigger " << t;
+      EXPECT_GE(e.keys, key_memory) << "trigger " << t;
+      EXPECT_LE(e.keys, 2 * key_memory) << "trigger " << t;
+      EXPECT_GT(e.key_log, 0u) << "the change log is held until the drain";
+    }
+    const checkpoint::JournalEstimate after = checkpoint::estimate_journal(users, keys);
+    EXPECT_EQ(after.bytes(), 0u) << "a drained journal holds nothing";
+  }
 }
 
 TEST(Journal, RepartitioningSplitsTheStateByOwner) {

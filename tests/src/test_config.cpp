@@ -136,6 +136,19 @@ TEST(Config, DpParametersAreValidated) {
   EXPECT_FALSE(parse_job(kMinimal, "t", {}).checkpoint.every.has_value());
   EXPECT_FALSE(parse_job(kMinimal, "t", {"checkpoint.every=0"}).checkpoint.enabled());
   EXPECT_EQ(parse_job(kMinimal, "t", {"checkpoint.every=3"}).checkpoint.every.value(), 3u);
+  // The journal bound: a whole number of MiB >= 1; the error names the range and what it bounds.
+  EXPECT_EQ(parse_job(kMinimal, "t", {}).checkpoint.journal_mib, 1024u);
+  EXPECT_EQ(parse_job(kMinimal, "t", {"checkpoint.journal_mib=1"}).checkpoint.journal_mib, 1u);
+  for (const char* bad : {"checkpoint.journal_mib=0", "checkpoint.journal_mib=-5", "checkpoint.journal_mib=2000000"})
+    EXPECT_NE(error_of(kMinimal, {bad})
+                  .find("[checkpoint] journal_mib must be in [1, 1048576] (MiB of commit journal "
+                        "per rank before a commit)"),
+              std::string::npos)
+        << bad << ": " << error_of(kMinimal, {bad});
+  EXPECT_NE(error_of(kMinimal, {"checkpoint.journal_mib=1.5"}).find("[checkpoint] journal_mib must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"checkpoint.journal_mib=\"1\""}).find("[checkpoint] journal_mib must be an integer"),
+            std::string::npos);
   // A private CSV job may not stop because of one bad row (a stop is an output); mode none may.
   const std::vector<std::string> csv = {"input.kind=\"csv\"", "input.path=\"in.csv\"", "input.bad_rows=\"fail\""};
   auto csv_with = [&](std::vector<std::string> extra) {
@@ -221,6 +234,7 @@ const std::map<std::string, std::string> kEveryKey = {{"job.name", "\"x\""},
                                                       {"output.progress", "\"never\""},
                                                       {"checkpoint.every", "2"},
                                                       {"checkpoint.seconds", "5"},
+                                                      {"checkpoint.journal_mib", "64"},
                                                       {"engine.key_scan", "\"full\""}};
 }  // namespace
 
