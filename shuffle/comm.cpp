@@ -107,6 +107,16 @@ std::vector<std::byte> Comm::gather_bytes_to_root(const std::vector<std::byte>& 
   return alltoallv_bytes(mine.data(), offsets, recv_offsets);
 }
 
+int Comm::ranks_on_node() const {
+  MPI_Comm node = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  int n = 1;
+  const int rc = MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  check_mpi(rc, "MPI_Comm_size");
+  return n;
+}
+
 std::uint64_t Comm::sum(std::uint64_t v) const {
   std::uint64_t out = 0;
   check_mpi(MPI_Allreduce(&v, &out, 1, MPI_UINT64_T, MPI_SUM, comm_), "MPI_Allreduce");

@@ -16,6 +16,7 @@
 #include "src/config.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
+#include "src/omp_threads.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/stop_request.hpp"
 #include "src/workload.hpp"
@@ -316,10 +317,12 @@ int main(int argc, char** argv) {
   dpstream::shuffle::MpiSession mpi(argc, argv);
   const dpstream::shuffle::Comm comm;
   const bool root = comm.rank() == 0;
+  dpstream::choose_threads_per_rank(comm);  // OMP_NUM_THREADS unset: no more threads than the node's cores
 
   CLI::App app{
       "dpstream: user-level differentially private histograms at every trigger of a stream (MPI + OpenMP).\n"
-      "Run under mpirun -np N or srun; OMP_NUM_THREADS sets threads per rank."};
+      "Run under mpirun -np N or srun; OMP_NUM_THREADS sets threads per rank (default: the CPUs the rank may\n"
+      "use, at most the node's CPUs divided by its ranks)."};
   app.set_version_flag("--version", dpstream::kVersionLine);
   app.require_subcommand(1);
   Commands commands;

@@ -278,6 +278,27 @@ def main():
             assert run.returncode == 0, run.describe()
             assert reference.read_releases(os.path.join(c.out, "releases.csv")) == []
 
+        def default_threads_without_omp_num_threads():
+            # OpenMP's own default (a thread per CPU the process may use) oversubscribes a node whose
+            # ranks are not bound; without OMP_NUM_THREADS dpstream takes the CPUs the rank may use,
+            # at most the node's online CPUs divided by its ranks (src/omp_threads.hpp).
+            c = new("default threads")
+            write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+            write(c.job, toml_job(c.csv, c.out))
+            saved = dp.env
+            dp.env = {k: v for k, v in saved.items() if k not in ("OMP_NUM_THREADS", "OMP_THREAD_LIMIT")}
+            dp.env["OMPI_MCA_hwloc_base_binding_policy"] = "none"  # unbound: each rank may use every CPU
+            try:
+                run = c.run(c.job)
+            finally:
+                dp.env = saved
+            assert run.returncode == 0, run.describe()
+            with open(os.path.join(c.out, "summary.json"), encoding="utf-8") as f:
+                got = json.load(f)["threads_per_rank"]
+            online, allowed = os.cpu_count() or 1, len(os.sched_getaffinity(0))
+            want = max(1, min(allowed, online // args.ranks))
+            assert got == want, f"threads_per_rank {got}, expected {want} ({online} CPUs, {args.ranks} ranks)"
+
         def out_dir_used_verbatim(name):
             def case():
                 # --out DIR is a path, not TOML text: quotes and backslashes are part of the name.
@@ -337,6 +358,8 @@ def main():
             results.check(f"bad_rows=\"fail\": {label} -> exit 3 naming the line", fail_on_bad_row(i))
         results.check("value 1e-400 (underflows to 0) is a real, not non-finite", tiny_value_is_a_real)
         results.check("header-only CSV -> empty releases", header_only)
+        results.check("OMP_NUM_THREADS unset, ranks unbound: no more threads than CPUs per rank",
+                      default_threads_without_omp_num_threads)
         results.check("sums beyond 2^43 in mode none are exact, no abort", huge_sums("none"))
         results.check("sums beyond 2^43 in mode dp are released, no abort", huge_sums("dp"))
         results.check("--out DIR with a quote in the name is used verbatim", out_dir_used_verbatim('a"b'))
