@@ -149,15 +149,26 @@ bool DpReleaser::passes(int128 prefix_noise, std::int64_t round_users, std::uint
 
 // passes() is monotone in the users: start at the real-valued boundary, then step to the exact one
 // (the estimate is off by at most one: every quantity is far inside double's exact range).
-std::int64_t DpReleaser::max_failing_users(int128 prefix_noise, std::uint32_t step) const {
-  const double boundary =
-      params_.mu + params_.tau[step] - static_cast<double>(prefix_noise) / static_cast<double>(kOne);
+double DpReleaser::failing_boundary(int128 prefix_noise, std::uint32_t step) const {
+  return params_.mu + params_.tau[step] - static_cast<double>(prefix_noise) / static_cast<double>(kOne);
+}
+
+std::int64_t DpReleaser::max_failing_users(int128 prefix_noise, std::uint32_t step, double boundary) const {
   constexpr double kLimit = 0x1p50;  // users never come near this; noise numerators are bounded at plan time
   const auto limit = static_cast<std::int64_t>(kLimit);  // also ends the steps if the boundary is not finite
   auto users = static_cast<std::int64_t>(std::floor(std::clamp(boundary, -kLimit, kLimit)));
   while (users > -limit && passes(prefix_noise, users, step)) --users;
   while (users < limit && !passes(prefix_noise, users + 1, step)) ++users;
   return users;
+}
+
+// The exact search only where the step can lower the bound: floor(boundary) is within one of the
+// step's largest failing count while |boundary| < 2^30 (double's error there is far below one), so a
+// boundary 2 or more above the bound cannot lower it (most steps of a simulation).
+void DpReleaser::lower_quiet_bound(std::int64_t& quiet_users, int128 prefix_noise, std::uint32_t step) const {
+  const double boundary = failing_boundary(prefix_noise, step);
+  if (std::abs(boundary) < 0x1p30 && boundary >= static_cast<double>(quiet_users) + 2) return;
+  quiet_users = std::min(quiet_users, max_failing_users(prefix_noise, step, boundary));
 }
 
 std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats) {
@@ -256,7 +267,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
           noise_total.stepped(c.lookahead, q);
           if (passes(noise_total.total(), round_users, q))
             break;  // its predicted release (nodes drawn past it: unused)
-          if (q < until) c.quiet_users = std::min(c.quiet_users, max_failing_users(noise_total.total(), q));
+          if (q < until) lower_quiet_bound(c.quiet_users, noise_total.total(), q);
         }
         c.next_visit = st.round_start + q - 1;
         calendar[c.next_visit].push_back(key);

@@ -85,8 +85,12 @@ class DpReleaser {
   };
   bool passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const;
   bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid
-  // The largest round user count that fails the test at `step` with this prefix noise.
-  std::int64_t max_failing_users(int128 prefix_noise, std::uint32_t step) const;
+  // The test's boundary in users as a real number: it passes iff round users exceed it (up to rounding).
+  double failing_boundary(int128 prefix_noise, std::uint32_t step) const;
+  // The largest round user count that fails the test at `step` with this prefix noise, exactly.
+  std::int64_t max_failing_users(int128 prefix_noise, std::uint32_t step, double boundary) const;
+  // quiet_users = min(quiet_users, max_failing_users(...)).
+  void lower_quiet_bound(std::int64_t& quiet_users, int128 prefix_noise, std::uint32_t step) const;
 
   DpParams params_;
   KeyScan scan_;
