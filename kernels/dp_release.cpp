@@ -156,6 +156,7 @@ double DpReleaser::failing_boundary(int128 prefix_noise, std::uint32_t step) con
 std::int64_t DpReleaser::max_failing_users(int128 prefix_noise, std::uint32_t step, double boundary) const {
   constexpr double kLimit = 0x1p50;  // users never come near this; noise numerators are bounded at plan time
   const auto limit = static_cast<std::int64_t>(kLimit);  // also ends the steps if the boundary is not finite
+  if (std::isnan(boundary)) return -limit;               // no count is known to fail: never quiet
   auto users = static_cast<std::int64_t>(std::floor(std::clamp(boundary, -kLimit, kLimit)));
   while (users > -limit && passes(prefix_noise, users, step)) --users;
   while (users < limit && !passes(prefix_noise, users + 1, step)) ++users;

@@ -107,14 +107,17 @@ std::vector<std::byte> Comm::gather_bytes_to_root(const std::vector<std::byte>& 
   return alltoallv_bytes(mine.data(), offsets, recv_offsets);
 }
 
-int Comm::ranks_on_node() const {
+Comm::NodeShare Comm::share_with_node(std::vector<std::uint64_t> words) const {
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-  int n = 1;
-  const int rc = MPI_Comm_size(node, &n);
+  NodeShare share;
+  int rc = MPI_Comm_size(node, &share.ranks);
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Allreduce(MPI_IN_PLACE, words.data(), static_cast<int>(words.size()), MPI_UINT64_T, MPI_BOR, node);
   MPI_Comm_free(&node);
-  check_mpi(rc, "MPI_Comm_size");
-  return n;
+  check_mpi(rc, "MPI_Allreduce (node)");
+  share.words_or = std::move(words);
+  return share;
 }
 
 std::uint64_t Comm::sum(std::uint64_t v) const {

@@ -44,8 +44,13 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm raw() const { return comm_; }
-  // Ranks of this communicator that share this rank's node (MPI_COMM_TYPE_SHARED; a collective).
-  int ranks_on_node() const;
+  // The ranks of this communicator on this rank's node (MPI_COMM_TYPE_SHARED) and the bitwise OR of
+  // their `words` (each rank gives as many); a collective.
+  struct NodeShare {
+    int ranks = 1;
+    std::vector<std::uint64_t> words_or;
+  };
+  NodeShare share_with_node(std::vector<std::uint64_t> words) const;
 
   // Largest number of payload bytes per alltoallv round (tests lower it to exercise rounds).
   void set_round_limit_bytes(std::uint64_t limit) { round_limit_ = limit; }

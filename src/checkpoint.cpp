@@ -595,15 +595,16 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
 }
 
 namespace {
-// What drain_journal's key snapshots will hold: with sums, every key in full; without, 16 bytes per
-// key and the full state for at most as many as the shard keeps in full.
+// What drain_journal's key snapshots will hold: with sums, every key in full (reserved) and, for keys
+// whose sum is zero, a 16-byte entry in a vector grown by doubling (at most twice its size); without,
+// 16 bytes per key and the full state for at most as many as the shard keeps in full.
 std::uint64_t estimate_key_journal(const kernels::KeyStateTable& keys) {
   constexpr std::uint64_t kCount = sizeof(Journal::CountKey);
   constexpr std::uint64_t kFull = sizeof(std::pair<std::uint64_t, kernels::KeyState>);
   std::uint64_t bytes = 0;
   for (std::size_t s = 0; s < keys.changed_keys.size(); ++s) {
     const std::uint64_t entries = keys.changed_keys[s].size();
-    bytes += keys.tracks_sums() ? entries * kFull
+    bytes += keys.tracks_sums() ? entries * (kFull + 2 * kCount)
                                 : entries * kCount + std::min<std::uint64_t>(entries, keys.full_state_keys(s)) * kFull;
   }
   return bytes;

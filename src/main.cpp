@@ -317,7 +317,11 @@ int main(int argc, char** argv) {
   dpstream::shuffle::MpiSession mpi(argc, argv);
   const dpstream::shuffle::Comm comm;
   const bool root = comm.rank() == 0;
-  dpstream::choose_threads_per_rank(comm);  // OMP_NUM_THREADS unset: no more threads than the node's cores
+  try {
+    dpstream::choose_threads_per_rank(comm);  // OMP_NUM_THREADS unset: no more threads than the node's cores
+  } catch (const std::exception& e) {         // MPI refused the node split: keep OpenMP's own default
+    if (root) std::fprintf(stderr, "dpstream: warning: threads per rank left to OpenMP: %s\n", e.what());
+  }
 
   CLI::App app{
       "dpstream: user-level differentially private histograms at every trigger of a stream (MPI + OpenMP).\n"

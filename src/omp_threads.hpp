@@ -7,9 +7,10 @@
 
 namespace dpstream {
 
-// Without OMP_NUM_THREADS: the CPUs this rank may run on, at most the node's online CPUs divided
-// by the ranks on the node (at least 1). A collective (every rank calls it, whatever its environment).
-// Returns the threads per rank now in effect.
+// Without OMP_NUM_THREADS (or with a value OpenMP would not accept): the CPUs this rank may run on,
+// at most the CPUs the node's ranks may use together divided by the ranks on the node (at least 1).
+// A collective (every rank calls it, whatever its environment). Returns the threads per rank now in
+// effect.
 int choose_threads_per_rank(const shuffle::Comm& comm);
 
 }  // namespace dpstream

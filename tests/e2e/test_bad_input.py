@@ -281,7 +281,7 @@ def main():
         def default_threads_without_omp_num_threads():
             # OpenMP's own default (a thread per CPU the process may use) oversubscribes a node whose
             # ranks are not bound; without OMP_NUM_THREADS dpstream takes the CPUs the rank may use,
-            # at most the node's online CPUs divided by its ranks (src/omp_threads.hpp).
+            # at most the CPUs of the node's ranks divided by its ranks (src/omp_threads.hpp).
             c = new("default threads")
             write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
             write(c.job, toml_job(c.csv, c.out))
@@ -295,9 +295,9 @@ def main():
             assert run.returncode == 0, run.describe()
             with open(os.path.join(c.out, "summary.json"), encoding="utf-8") as f:
                 got = json.load(f)["threads_per_rank"]
-            online, allowed = os.cpu_count() or 1, len(os.sched_getaffinity(0))
-            want = max(1, min(allowed, online // args.ranks))
-            assert got == want, f"threads_per_rank {got}, expected {want} ({online} CPUs, {args.ranks} ranks)"
+            allowed = len(os.sched_getaffinity(0))  # unbound ranks inherit it: the node's CPUs are these
+            want = max(1, allowed // args.ranks)
+            assert got == want, f"threads_per_rank {got}, expected {want} ({allowed} CPUs, {args.ranks} ranks)"
 
         def out_dir_used_verbatim(name):
             def case():
