@@ -18,6 +18,7 @@
 #include "src/config.hpp"
 #include "src/errors.hpp"
 #include "src/h5.hpp"
+#include "tests/mpi_scratch.hpp"
 
 using namespace dpstream;
 namespace fs = std::filesystem;
@@ -25,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path shared_dir(const shuffle::Comm& comm, const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("dpstream_ckpt_" + name + "_np" + std::to_string(comm.size()));
+  auto dir = dpstream::testing::mpi_scratch_path(comm, "ckpt_" + name);
   comm.barrier();
   if (comm.rank() == 0) fs::remove_all(dir);
   comm.barrier();

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,7 +17,7 @@ using namespace dpstream;
 
 namespace {
 std::string write_temp(const std::string& name, const std::string& text) {
-  const auto path = std::filesystem::temp_directory_path() / ("dpstream_test_" + name);
+  const auto path = std::filesystem::temp_directory_path() / ("dpstream_test_" + std::to_string(getpid()) + "_" + name);
   std::ofstream(path) << text;
   return path.string();
 }

@@ -17,6 +17,7 @@
 #include "src/id_prf.hpp"
 #include "src/release_writer.hpp"
 #include "src/workload.hpp"
+#include "tests/mpi_scratch.hpp"
 #include "tools/naive_reference.hpp"
 
 using namespace dpstream;
@@ -25,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 // A fresh directory per test (an earlier, interrupted run must not leave a checkpoint to refuse).
 fs::path out_dir(const shuffle::Comm& comm, const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("dpstream_engine_" + name + "_np" + std::to_string(comm.size()));
+  auto dir = dpstream::testing::mpi_scratch_path(comm, "engine_" + name);
   comm.barrier();
   if (comm.rank() == 0) fs::remove_all(dir);
   comm.barrier();
@@ -83,7 +84,7 @@ TEST(Engine, SyntheticJobMatchesNaiveReference) {
 TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
   shuffle::Comm comm;
   const auto dir = out_dir(comm, "csv");
-  const auto csv = fs::temp_directory_path() / ("dpstream_engine_input_np" + std::to_string(comm.size()) + ".csv");
+  const auto csv = dpstream::testing::mpi_scratch_path(comm, "engine_input") += ".csv";
   // Rank 0 writes the input; the others wait for it.
   std::ostringstream text;
   text << "user_id,key,value,timestamp\n";
@@ -128,7 +129,7 @@ TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
 TEST(Engine, BadRowWithFailPolicyStopsEveryRankAndWritesNothing) {
   shuffle::Comm comm;
   const auto dir = out_dir(comm, "fail");
-  const auto csv = fs::temp_directory_path() / ("dpstream_engine_bad_np" + std::to_string(comm.size()) + ".csv");
+  const auto csv = dpstream::testing::mpi_scratch_path(comm, "engine_bad") += ".csv";
   if (comm.rank() == 0) {
     fs::remove_all(dir);
     std::ofstream f(csv);
