@@ -109,9 +109,10 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys);
 // The journal's size now, from counts kept as the changes happen (O(shards): no pass over the users
 // or keys), for the commit cadence's byte bound. `users` and `keys`: what drain_journal would hold,
 // as Journal::memory_bytes() counts it; exact for the users; for the keys an upper bound (the drain
-// reserves no more): per entry of the change log (an entry may repeat) 56 bytes when the table tracks
-// sums (a key with a sum is journaled in full), else 16, plus 56 for as many as its shard keeps in
-// full state (released keys). `key_log`: the change log itself, held until the drain.
+// reserves no more): per entry of the change log (an entry may repeat) 88 bytes when the table tracks
+// sums (56 for a key journaled in full, 32 for a zero-sum key's entry in a vector grown by doubling),
+// else 16, plus 56 for as many as its shard keeps in full state (released keys). `key_log`: the
+// change log itself, held until the drain.
 struct JournalEstimate {
   std::uint64_t users = 0, keys = 0, key_log = 0;
   std::uint64_t bytes() const { return users + keys + key_log; }
