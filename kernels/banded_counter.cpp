@@ -1,0 +1,189 @@
+#include "kernels/banded_counter.hpp"
+
+#include <boost/multiprecision/cpp_int.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace dpstream::kernels::banded {
+
+namespace mp = boost::multiprecision;
+
+namespace {
+constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
+constexpr int kZBits = 7;  // |Z| < 2^7 keeps every fixed-point sum inside int128 (P[|Z| >= 128] < 10^-3500)
+
+// round(x / 2^shift), ties away from zero.
+mp::cpp_int round_shift(const mp::cpp_int& x, unsigned shift) {
+  const mp::cpp_int half = mp::cpp_int(1) << (shift - 1);
+  return x >= 0 ? mp::cpp_int((x + half) >> shift) : mp::cpp_int(-((-x + half) >> shift));
+}
+
+int128 to_int128(const mp::cpp_int& v) {
+  if (mp::abs(v) >= (mp::cpp_int(1) << 126)) throw std::range_error("banded counter: rounded noise beyond int128");
+  const auto mag = static_cast<uint128>(mp::abs(v) >> 64) << 64 | static_cast<uint128>(static_cast<std::uint64_t>(mp::abs(v) & ~std::uint64_t{0}));
+  return v < 0 ? -static_cast<int128>(mag) : static_cast<int128>(mag);
+}
+
+mp::cpp_int to_cpp(int128 v) {
+  const uint128 mag = v < 0 ? -static_cast<uint128>(v) : static_cast<uint128>(v);
+  mp::cpp_int r = mp::cpp_int(static_cast<std::uint64_t>(mag >> 64)) << 64;
+  r += static_cast<std::uint64_t>(mag);
+  return v < 0 ? mp::cpp_int(-r) : r;
+}
+
+// The power-series inverse c of the band over T terms and sum c_k^2, in floating type F.
+template <class F>
+F inverse_norm_squared(const std::vector<std::int64_t>& band, std::uint32_t T) {
+  std::vector<F> m(band.size()), c(T);
+  for (std::size_t i = 0; i < band.size(); ++i) m[i] = static_cast<F>(band[i]) / static_cast<F>(kOneCoef);
+  F total = 0;
+  for (std::uint32_t k = 0; k < T; ++k) {
+    F v = k == 0 ? F(1) : F(0);
+    for (std::size_t i = 1; i < m.size() && i <= k; ++i) v -= m[i] * c[k - i];
+    c[k] = v;
+    total += v * v;
+  }
+  return total;
+}
+}  // namespace
+
+BandedPlan::BandedPlan(std::vector<std::int64_t> band, double sigma) : m_(std::move(band)) {
+  if (m_.empty() || m_.size() > kMaxBand || m_[0] != kOneCoef)
+    throw std::invalid_argument("banded counter: need 1 to 16 coefficients with m_0 = 1");
+  std::int64_t acc = 0;
+  for (const std::int64_t v : m_) {
+    if (v <= -(std::int64_t{4} << kCoefBits) || v >= (std::int64_t{4} << kCoefBits))
+      throw std::invalid_argument("banded counter: a coefficient outside (-4, 4)");
+    acc += v;
+    if (acc < -(std::int64_t{2} << kCoefBits) || acc > (std::int64_t{2} << kCoefBits))
+      throw std::invalid_argument("banded counter: a partial sum of the band outside [-2, 2]");
+    cum_.push_back(acc);
+  }
+  if (!(sigma >= 0x1p-20 && sigma <= 0x1p30))
+    throw std::invalid_argument("banded counter: sigma " + std::to_string(sigma) + " outside [2^-20, 2^30]");
+  sigma_num_ = static_cast<std::uint64_t>(std::ceil(std::ldexp(sigma, kSigmaBits)));  // exact: < 2^62
+}
+
+double BandedPlan::sigma() const { return std::ldexp(static_cast<double>(sigma_num_), -kSigmaBits); }
+
+double BandedPlan::variance_factor(std::uint32_t t) const {
+  long double v = 0;
+  for (std::uint32_t j = 0; j < t && j < cum_.size(); ++j) v += std::pow(static_cast<long double>(cum_[j]), 2);
+  if (t > cum_.size()) v += static_cast<long double>(t - cum_.size()) * std::pow(static_cast<long double>(cum_.back()), 2);
+  return static_cast<double>(v / std::pow(static_cast<long double>(kOneCoef), 2));
+}
+
+uint128 BandedPlan::abs_cumulative_sum(std::uint32_t t) const {
+  uint128 a = 0;
+  for (std::uint32_t j = 0; j < t && j < cum_.size(); ++j) a += static_cast<uint128>(std::abs(cum_[j]));
+  if (t > cum_.size()) a += static_cast<uint128>(t - cum_.size()) * static_cast<uint128>(std::abs(cum_.back()));
+  return a;
+}
+
+double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t T) {
+  if (T < 1 || T > kMaxSteps) throw std::invalid_argument("banded counter: horizon outside [1, 2^20]");
+  const long double precise = inverse_norm_squared<long double>(band, T);
+  const double rough = inverse_norm_squared<double>(band, T);
+  if (!std::isfinite(precise) || std::abs(static_cast<long double>(rough) - precise) > 1e-9L * precise)
+    throw std::domain_error("banded counter: the band's inverse is numerically unstable over the horizon");
+  return static_cast<double>(precise * (1 + 1e-9L));
+}
+
+std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
+  if (b < 1 || b > kMaxBand) throw std::invalid_argument("banded counter: band width outside [1, 16]");
+  const std::uint32_t horizon = std::min<std::uint32_t>(T, 4096);
+  std::vector<double> m(b);
+  m[0] = 1;
+  for (std::size_t k = 1; k < b; ++k) m[k] = m[k - 1] * (static_cast<double>(k) - 1.5) / static_cast<double>(k);
+  const auto grid = [](const std::vector<double>& v) {
+    std::vector<std::int64_t> n(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) n[i] = std::llround(std::ldexp(v[i], kCoefBits));
+    return n;
+  };
+  const auto objective = [&](const std::vector<double>& v) {
+    const auto n = grid(v);
+    double acc = 0, var = 0;
+    for (std::uint32_t j = 0; j < horizon; ++j) {
+      if (j < n.size()) acc += std::ldexp(static_cast<double>(n[j]), -kCoefBits);
+      if (std::abs(acc) > 2) return std::numeric_limits<double>::infinity();
+      var += acc * acc;
+    }
+    const double sens = inverse_norm_squared<double>(n, horizon);
+    return std::isfinite(sens) ? sens * var : std::numeric_limits<double>::infinity();
+  };
+  double best = objective(m);
+  for (double step = 0.125; step > 0x1p-24; step /= 2) {
+    for (bool improved = true; improved;) {
+      improved = false;
+      for (std::size_t i = 1; i < b; ++i)
+        for (const double d : {step, -step}) {
+          auto cand = m;
+          cand[i] += d;
+          const double f = objective(cand);
+          if (f < best) best = f, m = cand, improved = true;
+        }
+    }
+  }
+  return grid(m);
+}
+
+void BandedNoise::push(const BandedPlan& plan, int128 z) {
+  if (z <= -(int128{1} << (64 + kZBits)) || z >= (int128{1} << (64 + kZBits)))
+    throw std::range_error("banded counter: a normal sample beyond 2^7");
+  const std::size_t keep = plan.band() - 1;
+  if (keep == 0) {
+    older_ += z;
+    return;
+  }
+  if (recent_.size() == keep) {
+    older_ += recent_.front();
+    recent_.erase(recent_.begin());
+  }
+  recent_.push_back(z);
+}
+
+int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
+  // |older| < 2^20 2^71, |M| <= 2^31 units: each term < 2^122, b terms < 2^126.
+  int128 y = static_cast<int128>(plan.cumulative(static_cast<std::uint32_t>(plan.band() - 1))) * older_;
+  for (std::size_t j = 0; j < recent_.size(); ++j)
+    y += static_cast<int128>(plan.cumulative(static_cast<std::uint32_t>(j))) * recent_[recent_.size() - 1 - j];
+  return y;
+}
+
+int128 BandedNoise::prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const {
+  if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
+  if (at_ == 0) return 0;
+  // N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-94).
+  const mp::cpp_int scale = mp::cpp_int(plan.sigma_numerator()) * q;  // sigma q, units 2^-32
+  const mp::cpp_int y = to_cpp(estimate_units(plan));
+  const mp::cpp_int a = to_cpp(static_cast<int128>(plan.abs_cumulative_sum(at_)));
+  constexpr unsigned kShift = 64 + kCoefBits + kSigmaBits;
+  const mp::cpp_int lo = round_shift(scale * (y - a), kShift), hi = round_shift(scale * (y + a), kShift);
+  if (lo == hi) return to_int128(lo);
+  return exact_prefix_noise(plan, q, at_, redraw);
+}
+
+int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t t, const BandedNoise::Draw& redraw) {
+  const mp::cpp_int scale = mp::cpp_int(plan.sigma_numerator()) * q;
+  const mp::cpp_int a = to_cpp(static_cast<int128>(plan.abs_cumulative_sum(t)));
+  for (std::size_t words = 2; words <= 64; ++words) {
+    mp::cpp_int y = 0;
+    const unsigned frac = static_cast<unsigned>(64 * words);
+    for (std::uint32_t r = 1; r <= t; ++r) {
+      const noise::NormalSample z = redraw(r - 1, words);
+      mp::cpp_int v = mp::cpp_int(z.k) << frac;
+      for (std::size_t w = 0; w < words; ++w) v += mp::cpp_int(z.fraction.at(w)) << (frac - 64 * (w + 1));
+      y += (z.negative ? mp::cpp_int(-v) : v) * plan.cumulative(t - r);
+    }
+    const unsigned shift = frac + kCoefBits + kSigmaBits;
+    const mp::cpp_int lo = round_shift(scale * (y - a), shift), hi = round_shift(scale * (y + a), shift);
+    if (lo == hi) return to_int128(lo);
+  }
+  throw std::range_error("banded counter: the rounding is undecided after 4096 bits per sample");
+}
+
+}  // namespace dpstream::kernels::banded

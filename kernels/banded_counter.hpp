@@ -1,0 +1,109 @@
+// A continual counter from a banded-inverse matrix factorization, with exact continuous Gaussian
+// noise: the alternative to the binary tree (kernels/dp_tree.hpp) for the per-key counters.
+//
+// Prefix sums are A x with A the lower-triangular ones matrix. Factor A = B C with C^{-1} the
+// lower-triangular Toeplitz matrix of a band m_0 = 1, m_1, ..., m_{b-1} (zero below the band) and
+// B = A C^{-1}. The mechanism releases u = C x + sigma Z (Z i.i.d. standard normal: the Gaussian
+// mechanism on C x, whose L2 sensitivity for one unit at any one step is at most ||C e_1||, the
+// norm of C's first column over the horizon) and the counter's estimate is B u: the true prefix plus
+//   N_t = sigma sum_{r <= t} M_{t-r} Z_r,   M_j = m_0 + ... + m_min(j, b-1)   (the prefix noise),
+// Var N_t = sigma^2 sum_{j < t} M_j^2. Only the running sum of the Z's and the last b - 1 of them
+// are needed: noise is a pure function of (secret, window, key, family, round, step) and the state
+// is a sum (arXiv 2404.16706 and the banded-inverse constructions it compares, cited in
+// docs/PRIVACY.md section 9).
+//
+// Exactness: m_k is a multiple of 2^-30 and sigma of 2^-32, and Z's digits are exact and lazy
+// (kernels/exact_normal.hpp), so the released round(q N_t) (on an output grid of q units per unit)
+// is computed exactly: an interval from 64 bits of each Z first, more digits in the rare case the
+// interval straddles a rounding boundary. A released prefix is the true prefix plus this rounding,
+// i.e. the same rounding of B u: post-processing of the Gaussian mechanism, with no floating point
+// on the noisy path. (A discrete Gaussian would not do: C x is not on its lattice, and the release
+// would reveal C x modulo the lattice.)
+#pragma once
+
+#include <absl/container/inlined_vector.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common/int128.hpp"
+#include "kernels/exact_normal.hpp"
+
+namespace dpstream::kernels::banded {
+
+inline constexpr int kCoefBits = 30;         // m_k and M_j are multiples of 2^-30
+inline constexpr int kSigmaBits = 32;        // sigma is a multiple of 2^-32
+inline constexpr std::size_t kMaxBand = 16;  // b
+inline constexpr std::uint32_t kMaxSteps = 1u << 20;
+
+// One counter family's mechanism: the band of C^{-1} and sigma (in the counter's units).
+class BandedPlan {
+ public:
+  // m[0] must be 2^30 (m_0 = 1); 1 <= b <= 16; every partial sum M_j within [-2, 2] (keeps the fixed
+  // point exact); sigma is rounded up to a multiple of 2^-32 and must lie in [2^-20, 2^30].
+  BandedPlan(std::vector<std::int64_t> band, double sigma);
+
+  std::size_t band() const { return m_.size(); }
+  const std::vector<std::int64_t>& coefficients() const { return m_; }  // numerators of m_k
+  std::int64_t cumulative(std::uint32_t j) const { return j < cum_.size() ? cum_[j] : cum_.back(); }  // of M_j
+  double sigma() const;                              // exactly sigma_numerator() 2^-32
+  std::uint64_t sigma_numerator() const { return sigma_num_; }
+  // Var(N_t) / sigma^2 = sum_{j < t} M_j^2.
+  double variance_factor(std::uint32_t t) const;
+  // sum_{j < t} |M_j| 2^30: the error bound of an estimate from 64-bit digits, in units of 2^-94.
+  uint128 abs_cumulative_sum(std::uint32_t t) const;
+
+ private:
+  std::vector<std::int64_t> m_, cum_;
+  std::uint64_t sigma_num_ = 0;
+};
+
+// ||C e_1||^2 = sum_{k < T} c_k^2 for C = (C^{-1})^{-1}, c the power-series inverse of the band,
+// computed in long double and checked against double (std::domain_error if they disagree beyond
+// 1e-9 relative: a numerically unstable band), then raised by 1e-9 relative: an upper bound.
+double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t T);
+
+// A band of width b for horizon T: a deterministic coordinate search (from the truncated
+// square-root factorization) minimizing sensitivity_squared(T') * sum_{j < T'} M_j^2, the last
+// step's variance at a fixed privacy cost, with T' = min(T, 4096); numerators on the 2^-30 grid.
+std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b);
+
+// The prefix noise of one counter: the steps' normal samples enter one at a time (64-bit digits);
+// prefix_noise gives round(q N_t) exactly.
+class BandedNoise {
+ public:
+  // draw(index) -> the step's standard normal sample Z (index = step - 1, from its node stream).
+  using Draw = std::function<noise::NormalSample(std::uint32_t index, std::size_t words)>;
+
+  std::uint32_t at() const { return at_; }
+  void reset() { *this = BandedNoise(); }
+
+  // Adds steps at()+1 .. to; `draw(index)` returns Z of step index + 1 with 64-bit digits.
+  template <class DrawFixed>
+  void advance(const BandedPlan& plan, std::uint32_t to, DrawFixed&& draw_fixed) {
+    for (std::uint32_t i = at_ + 1; i <= to; ++i) push(plan, draw_fixed(i - 1));
+    if (to > at_) at_ = to;
+  }
+  void push(const BandedPlan& plan, int128 z_fixed64);  // one step; |Z| < 2^7 (else std::range_error)
+
+  // round(q N_at) on the output grid, ties away from zero (a tie has probability 0); q in [1, 2^62].
+  // `redraw` is called only when 64 bits per sample leave the rounding undecided (probability about
+  // the interval's width in grid units, ~2^-30 here): it must return the same samples with more digits.
+  int128 prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
+
+  // The estimate sum_r M_{at-r} Z~_r from 64-bit digits, in units of 2^-94 (exposed for tests).
+  int128 estimate_units(const BandedPlan& plan) const;
+
+ private:
+  std::uint32_t at_ = 0;
+  int128 older_ = 0;                       // sum of Z~_r for r <= at - (b - 1), units 2^-64
+  absl::InlinedVector<int128, 7> recent_;  // Z~ of the last min(at, b - 1) steps, newest last
+};
+
+// round(q N_t) from samples of `words` digits each, or the same with any number of digits: exact
+// (used by prefix_noise when 64 bits do not decide, and by tests as the reference).
+int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t t, const BandedNoise::Draw& redraw);
+
+}  // namespace dpstream::kernels::banded
