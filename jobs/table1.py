@@ -37,6 +37,10 @@ PAPER = {
 CONFIGS = {  # name: (paper column, --set overrides)
     "dp": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp"]),
     "dp-basic": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=basic"]),
+    # DP-SQLP with banded-inverse counters (docs/PRIVACY.md section 5) for key selection, and for both
+    "dp-banded-sel": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp", 'privacy.selection_counter="banded"']),
+    "dp-banded": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp", 'privacy.selection_counter="banded"',
+                              'privacy.value_counter="banded"']),
     "b1-zcdp": ("Baseline 1", ["privacy.mode=baseline-repeated", "privacy.composition=zcdp"]),
     "b1-optimal": ("Baseline 1", ["privacy.mode=baseline-repeated", "privacy.composition=optimal"]),
     "b2-zcdp": ("Baseline 2", ["privacy.mode=baseline-batch", "privacy.composition=zcdp"]),

@@ -109,7 +109,7 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
     double acc = 0, var = 0;
     for (std::uint32_t j = 0; j < horizon; ++j) {
       if (j < n.size()) acc += std::ldexp(static_cast<double>(n[j]), -kCoefBits);
-      if (std::abs(acc) > 2) return std::numeric_limits<double>::infinity();
+      if (acc < 0 || acc > 2) return std::numeric_limits<double>::infinity();  // M_j >= 0: a monotone prefix
       var += acc * acc;
     }
     const double sens = inverse_norm_squared<double>(n, horizon);

@@ -68,6 +68,8 @@ double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t 
 // A band of width b for horizon T: a deterministic coordinate search (from the truncated
 // square-root factorization) minimizing sensitivity_squared(T') * sum_{j < T'} M_j^2, the last
 // step's variance at a fixed privacy cost, with T' = min(T, 4096); numerators on the 2^-30 grid.
+// Every partial sum M_j is >= 0, so the prefix noise is non-decreasing in every Z (docs/PRIVACY.md
+// section 6 needs it for the thresholds' union bound).
 std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b);
 
 // The prefix noise of one counter: the steps' normal samples enter one at a time (64-bit digits);

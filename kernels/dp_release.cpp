@@ -10,6 +10,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #ifdef DPSTREAM_TEST_HOOKS
 #include <cstdio>
 #include <cstdlib>
@@ -94,6 +95,80 @@ std::uint64_t advance_batched(dptree::PrefixNoise& stack, NodeBatch& batch, std:
   }
   return drawn;
 }
+
+// Key selection on binary trees: nodes drawn in batches of many AES blocks, the prefix noise of a
+// simulation kept incrementally (PrefixTotal).
+class TreeSelection {
+ public:
+  using Noise = dptree::PrefixNoise;
+  TreeSelection(noise::WindowPrf& prf, const noise::DiscreteGaussian& dg) : batch_(prf), dg_(dg) {}
+
+  void advance(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t to) {
+    draws += advance_batched(n, batch_, key, round, to, dg_);
+  }
+  int128 prefix(const Noise& n, std::uint64_t /*key*/, std::uint32_t /*round*/) const { return n.prefix_noise(kOne); }
+  // A simulation from n.at() up to `until` (all its nodes drawn now), then one step at a time.
+  void begin_ahead(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
+    draws += batch_.prepare(key, noise::Family::KeySelection, round, n.at(), until, dg_);
+    total_.emplace(n, kOne);
+  }
+  int128 step_ahead(Noise& n, std::uint32_t q, std::uint64_t /*key*/, std::uint32_t /*round*/) {
+    n.advance(q, batch_.drawer());
+    total_->stepped(n, q);
+    return total_->total();
+  }
+  std::uint64_t draws = 0;
+
+ private:
+  NodeBatch batch_;
+  const noise::DiscreteGaussian& dg_;
+  std::optional<dptree::PrefixTotal> total_;
+};
+
+// Key selection on banded-inverse counters: one exact normal sample per step.
+class BandedSelection {
+ public:
+  using Noise = banded::BandedNoise;
+  BandedSelection(noise::WindowPrf& prf, const banded::BandedPlan& plan) : prf_(prf), plan_(plan) {}
+
+  void advance(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t to) {
+    const std::uint32_t from = n.at();
+    n.advance(plan_, to, [&](std::uint32_t i) { return noise::normal_fixed64(sample(prf_, key, round, i, 1)); });
+    draws += to > from ? to - from : 0;
+  }
+  int128 prefix(const Noise& n, std::uint64_t key, std::uint32_t round) const {
+    return n.prefix_noise(plan_, kOne, [&](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
+  }
+  void begin_ahead(Noise& /*n*/, std::uint64_t /*key*/, std::uint32_t /*round*/, std::uint32_t /*until*/) {}
+  int128 step_ahead(Noise& n, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
+    advance(n, key, round, q);
+    return prefix(n, key, round);
+  }
+  std::uint64_t draws = 0;
+
+  // Z of step index + 1 of a banded counter of `family`.
+  static noise::NormalSample sample(noise::WindowPrf& prf, std::uint64_t key, std::uint32_t round, std::uint32_t index,
+                                    std::size_t words, noise::Family family = noise::Family::BandedSelection) {
+    noise::NodeStream s(prf, noise::NodeId{key, family, round, 0, index});
+    return noise::sample_normal(s, words);
+  }
+
+ private:
+  noise::WindowPrf& prf_;
+  const banded::BandedPlan& plan_;
+};
+
+// A released value counter's noise at `leaf` on the grid q, banded.
+int128 banded_value_noise(banded::BandedNoise& n, const banded::BandedPlan& plan, noise::WindowPrf& prf,
+                          std::uint64_t key, noise::Family family, std::uint32_t leaf, std::int64_t q,
+                          std::uint64_t& draws) {
+  const std::uint32_t from = n.at();
+  n.advance(plan, leaf, [&](std::uint32_t i) {
+    return noise::normal_fixed64(BandedSelection::sample(prf, key, 0, i, 1, family));
+  });
+  draws += leaf > from ? leaf - from : 0;
+  return n.prefix_noise(plan, q, [&](std::uint32_t i, std::size_t w) { return BandedSelection::sample(prf, key, 0, i, w, family); });
+}
 }  // namespace
 
 DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan)
@@ -104,15 +179,24 @@ DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret, KeyScan sca
 #endif
   if (params_.triggers < 1 || params_.triggers > dptree::kMaxSteps || params_.tau.size() != params_.triggers + 1u)
     throw std::invalid_argument("DpParams: need 1 <= T <= 2^20 and tau[0..T]");
-  if (params_.release_count) count_noise_.emplace(params_.sigma_count);
-  if (params_.release_sum) sum_noise_.emplace(params_.sigma_sum);
+  const bool banded_values = params_.value_counter == CounterKind::Banded;
+  if (params_.selection_counter == CounterKind::Banded) selection_band_.emplace(params_.band, params_.sigma_selection);
+  if (params_.release_count) {
+    if (banded_values) count_band_.emplace(params_.band, params_.sigma_count);
+    else count_noise_.emplace(params_.sigma_count);
+  }
+  if (params_.release_sum) {
+    if (banded_values) sum_band_.emplace(params_.band, params_.sigma_sum);
+    else sum_noise_.emplace(params_.sigma_sum);
+  }
 }
 
 DpReleaser::~DpReleaser() { OPENSSL_cleanse(secret_.data(), secret_.size()); }
 
 void DpReleaser::begin_window(std::int64_t window) {
   window_ = window;
-  for (auto& c : caches_) c.clear();
+  for (auto& c : tree_caches_) c.clear();
+  for (auto& c : banded_caches_) c.clear();
   for (auto& v : values_) v.clear();
   for (auto& c : calendar_) c.clear();
   std::fill(above_mu_.begin(), above_mu_.end(), 0);
@@ -121,13 +205,17 @@ void DpReleaser::begin_window(std::int64_t window) {
 
 std::uint64_t DpReleaser::cached_keys() const {
   std::uint64_t n = 0;
-  for (const auto& c : caches_) n += c.size();
+  for (const auto& c : tree_caches_) n += c.size();
+  for (const auto& c : banded_caches_) n += c.size();
   return n;
 }
 
 std::uint64_t DpReleaser::memory_bytes() const {
   std::uint64_t b = 0;
-  for (const auto& c : caches_) b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache>));
+  for (const auto& c : tree_caches_)
+    b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache<dptree::PrefixNoise>>));
+  for (const auto& c : banded_caches_)
+    b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache<banded::BandedNoise>>));
   for (const auto& v : values_) b += v.capacity() * (1 + sizeof(std::pair<const std::uint64_t, ValueNoise>));
   for (const auto& cal : calendar_) {
     b += cal.capacity() * (1 + sizeof(std::pair<const std::uint32_t, std::vector<std::uint64_t>>));
@@ -136,12 +224,8 @@ std::uint64_t DpReleaser::memory_bytes() const {
   return b;
 }
 
-// The threshold test of DP-SQLP Algorithm 2 at round step `step`: round users plus the Honaker prefix
-// noise above mu + tau[step].
-bool DpReleaser::passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const {
-  return passes(noise.prefix_noise(kOne), round_users, step);
-}
-
+// The threshold test of DP-SQLP Algorithm 2 at round step `step`: round users plus the counter's prefix
+// noise (on the kOne grid) above mu + tau[step].
 bool DpReleaser::passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const {
   const int128 noisy_users = int128{round_users} * kOne + prefix_noise;
   return static_cast<double>(noisy_users) > (params_.mu + params_.tau[step]) * static_cast<double>(kOne);
@@ -174,6 +258,13 @@ void DpReleaser::lower_quiet_bound(std::int64_t& quiet_users, int128 prefix_nois
 
 std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats) {
   if (trigger >= params_.triggers) throw std::out_of_range("trigger beyond T");
+  if (selection_band_) return release_with<BandedSelection>(keys, trigger, stats, banded_caches_);
+  return release_with<TreeSelection>(keys, trigger, stats, tree_caches_);
+}
+
+template <class Selection>
+std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats,
+                                                 CacheShards<typename Selection::Noise>& caches) {
   const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
   const bool predict = scan_ == KeyScan::Predicted;
   const bool scan_all = !predict || scan_all_next_;
@@ -184,7 +275,10 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
 #pragma omp parallel reduction(+ : tested, released, draws, visited, simulated, scheduled, discarded, predicted, quiet)
   try {
     noise::WindowPrf prf(secret_, window_);
-    NodeBatch batch(prf);
+    Selection selection = [&] {
+      if constexpr (std::is_same_v<Selection, BandedSelection>) return Selection(prf, *selection_band_);
+      else return Selection(prf, selection_noise_);
+    }();
     // Noise of one node of one tree family (drawn once per node per cache lifetime).
     auto drawer = [&](std::uint64_t key, noise::Family family, std::uint32_t round, const noise::DiscreteGaussian& dg) {
       return [&, key, family, round](std::uint32_t level, std::uint32_t index) {
@@ -195,7 +289,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
 #pragma omp for schedule(dynamic, 4)
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) {
       if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
-      auto& cache = caches_[s];
+      auto& cache = caches[s];
       auto& values = values_[s];
       auto& calendar = calendar_[s];
       std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
@@ -203,12 +297,12 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
       // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
       // on, the simulation of its next steps with no new user, which schedules its next visit.
       // `known`: the key's cache entry when the caller has found it already.
-      auto visit = [&](std::uint64_t key, KeyState st, bool touched, NoiseCache* known = nullptr) {
+      auto visit = [&](std::uint64_t key, KeyState st, bool touched, NoiseCache<typename Selection::Noise>* known = nullptr) {
         ++visited;
         const std::int64_t round_users = st.users - st.round_base_users;
         if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
         const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
-        NoiseCache& c = known ? *known : cache[key];
+        auto& c = known ? *known : cache[key];
         if (c.selection_round != st.round || c.selection.at() > step) {
           c.selection.reset();
           c.lookahead.reset();
@@ -219,18 +313,24 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         const bool due = !touched && c.next_visit == trigger;                  // visited for its prediction alone
         c.next_visit = kNoVisit;
         if (c.lookahead.at() == step) std::swap(c.selection, c.lookahead);  // simulated up to here: no redraw
-        draws += advance_batched(c.selection, batch, key, st.round, step, selection_noise_);
-        if (passes(c.selection, round_users, step)) {
+        selection.advance(c.selection, key, st.round, step);
+        if (passes(selection.prefix(c.selection, key, st.round), round_users, step)) {
           KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
           ValueNoise& v = values[key];
           if (count_noise_) {
             v.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
             r.count = int128{st.count} * kOne + v.count.prefix_noise(kOne);
           }
+          if (count_band_)
+            r.count = int128{st.count} * kOne + banded_value_noise(v.banded_count, *count_band_, prf, key,
+                                                                     noise::Family::BandedCount, leaf, kOne, draws);
           if (sum_noise_) {
             v.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
             r.sum = st.sum + v.sum.prefix_noise(params_.sum_quantum);
           }
+          if (sum_band_)
+            r.sum = st.sum + banded_value_noise(v.banded_sum, *sum_band_, prf, key, noise::Family::BandedSum, leaf,
+                                                params_.sum_quantum, draws);
           out[s].push_back(r);
           if (keys.journal) keys.changed_keys[s].push_back(key);
           ++shard_released;
@@ -256,19 +356,15 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
         c.horizon = std::min({std::max(c.horizon, 1u) * 2, last, kMaxHorizon});
         const std::uint32_t until = std::min(last, step + c.horizon);
         c.lookahead = c.selection;
-        draws += batch.prepare(key, noise::Family::KeySelection, st.round, step, until, selection_noise_);
-        auto next_node = batch.drawer();
-        dptree::PrefixTotal noise_total(c.lookahead, kOne);  // the test's noise, updated step by step
+        selection.begin_ahead(c.lookahead, key, st.round, until);
         c.quiet_users = std::numeric_limits<std::int64_t>::max();
         std::uint32_t q = step;
         while (q < until) {
           ++q;
           ++simulated;
-          c.lookahead.advance(q, next_node);
-          noise_total.stepped(c.lookahead, q);
-          if (passes(noise_total.total(), round_users, q))
-            break;  // its predicted release (nodes drawn past it: unused)
-          if (q < until) lower_quiet_bound(c.quiet_users, noise_total.total(), q);
+          const int128 noise_total = selection.step_ahead(c.lookahead, q, key, st.round);  // the test's noise
+          if (passes(noise_total, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
+          if (q < until) lower_quiet_bound(c.quiet_users, noise_total, q);
         }
         c.next_visit = st.round_start + q - 1;
         calendar[c.next_visit].push_back(key);
@@ -317,6 +413,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
       above_mu_[s] = above - shard_released;
       released += shard_released;
     }
+    draws += selection.draws;
   } catch (const std::exception& e) {
 #pragma omp critical(dp_release_error)
     if (error.empty()) error = e.what();

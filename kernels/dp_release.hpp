@@ -18,6 +18,8 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/banded_counter.hpp"
+#include "kernels/counter_kind.hpp"
 #include "kernels/dp_tree.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "kernels/key_scan.hpp"
@@ -35,6 +37,9 @@ struct DpParams {
   double sigma_count = 0;        // per node, in records
   double sigma_sum = 0;          // per node, in sum quanta
   std::int64_t sum_quantum = 1;  // fixed-point units per sum quantum (a power of two)
+  CounterKind selection_counter = CounterKind::Tree;
+  CounterKind value_counter = CounterKind::Tree;    // count and sum
+  std::vector<std::int64_t> band;                   // the banded counters' band (either kind Banded)
 };
 
 struct DpStats {
@@ -68,8 +73,9 @@ class DpReleaser {
  private:
   // Noise stacks of the keys that have been tested (derivable: a cache, never needed for privacy).
   static constexpr std::uint32_t kNoVisit = 0xffffffffu;
-  // Noise of a tested key: the selection tree at the last tested step and, ahead of it, at the
-  // simulation's frontier (the next scheduled visit).
+  // Noise of a tested key: the selection counter at the last tested step and, ahead of it, at the
+  // simulation's frontier (the next scheduled visit). Noise: dptree::PrefixNoise or banded::BandedNoise.
+  template <class Noise>
   struct NoiseCache {
     std::uint32_t selection_round = 0;
     std::uint32_t next_visit = kNoVisit;  // trigger of the scheduled visit
@@ -77,13 +83,19 @@ class DpReleaser {
     // Every simulated step before next_visit fails with this many round users or fewer (the least of
     // the steps' largest failing counts), so new records up to it change no test before next_visit.
     std::int64_t quiet_users = 0;
-    dptree::PrefixNoise selection, lookahead;
+    Noise selection, lookahead;
   };
-  // Noise of a released key's value trees at its last release (most tested keys are never released).
+  template <class Noise>
+  using CacheShards = std::vector<absl::flat_hash_map<std::uint64_t, NoiseCache<Noise>>>;
+  // Noise of a released key's value counters at its last release (most tested keys are never
+  // released): the trees', or the banded counters'.
   struct ValueNoise {
     dptree::PrefixNoise count, sum;
+    banded::BandedNoise banded_count, banded_sum;
   };
-  bool passes(const dptree::PrefixNoise& noise, std::int64_t round_users, std::uint32_t step) const;
+  template <class Selection>
+  std::vector<KeyRelease> release_with(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats,
+                                       CacheShards<typename Selection::Noise>& caches);
   bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid
   // The test's boundary in users as a real number: it passes iff round users exceed it (up to rounding).
   double failing_boundary(int128 prefix_noise, std::uint32_t step) const;
@@ -98,8 +110,10 @@ class DpReleaser {
   noise::Secret secret_;
   std::int64_t window_ = 0;
   noise::DiscreteGaussian selection_noise_;
-  std::optional<noise::DiscreteGaussian> count_noise_, sum_noise_;  // for the chosen columns
-  std::vector<absl::flat_hash_map<std::uint64_t, NoiseCache>> caches_{KeyStateTable::kShards};
+  std::optional<noise::DiscreteGaussian> count_noise_, sum_noise_;  // for the chosen columns (tree counters)
+  std::optional<banded::BandedPlan> selection_band_, count_band_, sum_band_;  // banded counters
+  CacheShards<dptree::PrefixNoise> tree_caches_{KeyStateTable::kShards};
+  CacheShards<banded::BandedNoise> banded_caches_{KeyStateTable::kShards};
   std::vector<absl::flat_hash_map<std::uint64_t, ValueNoise>> values_{KeyStateTable::kShards};
   // Per shard: trigger -> keys scheduled to be visited then (a key may be listed again by a later
   // schedule; entries whose key's next_visit moved on are skipped). And the number of keys whose

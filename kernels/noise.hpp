@@ -28,7 +28,10 @@ enum class Family : std::uint32_t {
   Sum = 2,
   BaselineSelection = 3,
   BaselineCount = 4,
-  BaselineSum = 5
+  BaselineSum = 5,
+  BandedSelection = 6,  // banded-inverse counters (kernels/banded_counter.hpp): level 0, index = step - 1
+  BandedCount = 7,
+  BandedSum = 8
 };
 
 struct NodeId {

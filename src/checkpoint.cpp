@@ -537,6 +537,10 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
       "2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
   for (const auto& field : job_spec_fields())  // the spec's output-defining keys (src/config.cpp)
     if (in_identity(field, c)) f[std::string(field.name)] = field.identity(c);
+  if (f.count("privacy.counter_band"))  // banded counters: their sampler and the band's search define the noise
+    f["engine.banded_mechanism"] =
+        "normal by Karney's Algorithm N on 64-bit digits from the node stream, band by coordinate search v1 on "
+        "the 2^-30 grid, sigma on the 2^-32 grid";
   // Not spec keys, but they define the output too.
   if (c.input.kind == InputKind::Csv) f["input.content"] = input_digest;        // the file's content, wherever it lives
   f["stream.windows_from_input"] = c.stream.windows_from_input ? "yes" : "no";  // then the content fixes them

@@ -225,6 +225,11 @@ constexpr SpecField kSpecFields[] = {
     {"privacy.selection_delta_share", MustMatch, Private,
      [](const JobConfig& c) { return str(c.privacy.selection_delta_share); }},
     {"privacy.threshold", MustMatch, Private, [](const JobConfig& c) { return to_string(c.privacy.threshold); }},
+    {"privacy.selection_counter", MustMatch, BandedCounters,
+     [](const JobConfig& c) { return to_string(c.privacy.selection_counter); }},
+    {"privacy.value_counter", MustMatch, BandedCounters,
+     [](const JobConfig& c) { return to_string(c.privacy.value_counter); }},
+    {"privacy.counter_band", MustMatch, BandedCounters, [](const JobConfig& c) { return str(c.privacy.counter_band); }},
     {"query.aggregations", MustMatch, All,
      [](const JobConfig& c) {
        return std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") +
@@ -269,6 +274,9 @@ bool in_identity(const SpecField& field, const JobConfig& c) {
       return c.input.kind == InputKind::Csv;
     case AppliesTo::Private:
       return is_private(c.privacy.mode);
+    case AppliesTo::BandedCounters:
+      return is_private(c.privacy.mode) && (c.privacy.selection_counter == CounterKind::Banded ||
+                                            c.privacy.value_counter == CounterKind::Banded);
     default:
       return true;
   }
@@ -376,11 +384,14 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   c.privacy.selection_epsilon_share = pr.real("selection_epsilon_share", c.privacy.selection_epsilon_share);
   c.privacy.selection_delta_share = pr.real("selection_delta_share", c.privacy.selection_delta_share);
   c.privacy.threshold = pr.choice("threshold", ThresholdTail::Subgaussian);
+  c.privacy.selection_counter = pr.choice("selection_counter", CounterKind::Tree);
+  c.privacy.value_counter = pr.choice("value_counter", CounterKind::Tree);
+  c.privacy.counter_band = static_cast<std::uint32_t>(pr.integer("counter_band", c.privacy.counter_band, 1, 16));
   if (pr.has("epsilon") && !(c.privacy.epsilon > 0))
     pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
   if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
     pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
-  for (const char* key : {"mu", "beta"})
+  for (const char* key : {"mu", "beta", "selection_counter", "value_counter", "counter_band"})
     if (is_baseline(c.privacy.mode) && pr.has(key))
       pr.fail(key, fmt::format("is a DP-SQLP parameter; mode = \"{}\" thresholds each one-shot release by its own rule "
                                "(docs/PRIVACY.md section 8): remove it",

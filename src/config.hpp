@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/counter_kind.hpp"
 #include "kernels/key_scan.hpp"
 
 namespace dpstream {
@@ -31,7 +32,8 @@ enum class Composition { Zcdp, Basic, Optimal };
 // of the discrete Gaussian (tau = lambda sqrt(2 ln(1/beta))) or the paper's Gaussian quantile.
 enum class ThresholdTail { Subgaussian, GaussianQuantile };
 enum class ProgressMode { Always, Auto, Never };
-using kernels::KeyScan;  // [engine] key_scan
+using kernels::KeyScan;      // [engine] key_scan
+using kernels::CounterKind;  // [privacy] selection_counter, value_counter
 
 struct InputConfig {
   InputKind kind = InputKind::Synthetic;
@@ -81,6 +83,9 @@ struct PrivacyConfig {
   double selection_epsilon_share = 0.5;      // key selection's share of epsilon (the rest: aggregation)
   double selection_delta_share = 2.0 / 3.0;  // key selection's share of delta
   ThresholdTail threshold = ThresholdTail::Subgaussian;
+  CounterKind selection_counter = CounterKind::Tree;  // key selection's counters
+  CounterKind value_counter = CounterKind::Tree;      // the released columns' counters
+  std::uint32_t counter_band = 8;                     // b of the banded counters (1..16)
 };
 
 // Released columns: the aggregation budget is shared by the chosen ones.
@@ -167,6 +172,9 @@ inline constexpr EnumName<ProgressMode> kProgressModeNames[] = {
 constexpr std::span<const EnumName<ProgressMode>> names_of(ProgressMode) { return kProgressModeNames; }
 inline constexpr EnumName<KeyScan> kKeyScanNames[] = {{KeyScan::Predicted, "predicted"}, {KeyScan::Full, "full"}};
 constexpr std::span<const EnumName<KeyScan>> names_of(KeyScan) { return kKeyScanNames; }
+inline constexpr EnumName<CounterKind> kCounterKindNames[] = {{CounterKind::Tree, "tree"},
+                                                              {CounterKind::Banded, "banded"}};
+constexpr std::span<const EnumName<CounterKind>> names_of(CounterKind) { return kCounterKindNames; }
 
 template <class E>
 concept NamedEnum = requires(E e) {
@@ -200,7 +208,9 @@ std::vector<std::string> enum_names() {
 // MustMatch: the field defines the output, so a checkpoint records it and a resume must not change it.
 enum class OnResume { MustMatch, MayChange };
 // The jobs for which a MustMatch field is recorded (it has no effect on the others).
-enum class AppliesTo { All, Synthetic, Csv, Private };
+// BandedCounters: private jobs with a banded counter (absent otherwise, so that the identity of jobs on
+// trees, and their earlier checkpoints, stay as they were).
+enum class AppliesTo { All, Synthetic, Csv, Private, BandedCounters };
 
 struct SpecField {
   std::string_view name;  // "section.key", as in the TOML and in --set

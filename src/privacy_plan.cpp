@@ -32,6 +32,16 @@ double exact_sigma(const JobConfig& c, double sigma, const std::string& family) 
   return noise::DiscreteGaussian::rounded_sigma(sigma);
 }
 
+// A banded counter's sigma (kernels/banded_counter.hpp): rounded up to a multiple of 2^-32.
+double banded_sigma(const JobConfig& c, double sigma, const std::string& family) {
+  if (!(sigma >= 0x1p-20 && sigma <= 0x1p30))
+    throw ConfigError(fmt::format("{}: {} noise sigma = {:.6g} is outside the banded counter's range [2^-20, 2^30]; {}",
+                                  c.source, family, sigma,
+                                  sigma > 1 ? "raise epsilon, lower max_records_per_user or narrow clamp_min/clamp_max"
+                                            : "epsilon is so large that the noise vanishes; lower epsilon"));
+  return kernels::banded::BandedPlan({std::int64_t{1} << kernels::banded::kCoefBits}, sigma).sigma();
+}
+
 // A tree's noise numerators N_j = 2^j n + N_left + N_right are held in int64 (kernels/dp_tree.hpp):
 // |N_j| <= (j + 1) 2^j max|n| with j < 21 (T <= 2^20) and max|n| <= 2^11 (sigma + 1) (the sampler's cut),
 // so every sigma the sampler accepts keeps them below 2^60. Totals and released values are 128-bit
@@ -41,13 +51,19 @@ static_assert(21.0 * 0x1p20 * 0x1p11 * (kMaxSamplerSigma + 1.0) < 0x1p60);
 // The released columns' noise: per tree level (one level for a baseline's one-shot release), one
 // user's <= C records move a column by at most C * L_col in L2 over all keys (sum over keys of
 // (c_k L)^2 <= (C L)^2); the m columns share rho_agg equally: sigma = C L sqrt(m levels / (2 rho_agg)).
-void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, std::uint32_t levels, double rho_agg) {
+// `levels` is the squared L2 norm of one unit's effect on one counter: levels(T) for a tree (one node
+// per level), ||C e_1||^2 for a banded counter (section 5).
+void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, double levels, double rho_agg) {
   const auto& pc = c.privacy;
   const int m = int{c.query.count} + int{c.query.sum};
+  const bool banded = p.value_counter == CounterKind::Banded;
   auto sigma_for = [&](double per_record) { return p.C * per_record * std::sqrt(m * levels / (2.0 * rho_agg)); };
+  auto rounded = [&](double sigma, const char* family) {
+    return banded ? banded_sigma(c, sigma, family) : exact_sigma(c, sigma, family);
+  };
   if (c.query.count) {
     TreeFamily f{"count", static_cast<double>(p.C), 0, 0, "records"};
-    f.sigma = exact_sigma(c, sigma_for(1.0), "count");
+    f.sigma = rounded(sigma_for(1.0), "count");
     f.rho = levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
     p.aggregation.push_back(f);
   }
@@ -74,7 +90,7 @@ void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, std::uint32_t l
                       "[{}, {}]; narrow the range around the values, lower max_records_per_user, raise "
                       "epsilon, or release only [\"count\"]",
                       c.source, quantum, pc.clamp_min, pc.clamp_max));
-    p.sum_sigma_quanta = exact_sigma(c, sigma_for(p.clamp_bound) / quantum, "sum");
+    p.sum_sigma_quanta = rounded(sigma_for(p.clamp_bound) / quantum, "sum");
     TreeFamily f{"sum", p.C * p.clamp_bound, p.sum_sigma_quanta * quantum, 0, "value"};
     f.rho = levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
     p.aggregation.push_back(f);
@@ -194,6 +210,22 @@ SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_
   return t;
 }
 
+// The banded counter's prefix at step s has noise std lambda_s = sigma sqrt(sum_{j<s} M_j^2), exactly
+// Gaussian, rounded once to the 2^-20 grid (at most half a step; a full step is added).
+SelectionThresholds banded_selection_thresholds(const kernels::banded::BandedPlan& plan, double beta, std::uint32_t T,
+                                                ThresholdTail tail) {
+  SelectionThresholds t;
+  t.tail_z = tail == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / beta))
+                                                : accounting::normal_upper_quantile(beta);
+  t.tau.assign(T + 1, 0.0);
+  t.lambda.assign(T + 1, 0.0);
+  for (std::uint32_t s = 1; s <= T; ++s) {
+    t.lambda[s] = plan.sigma() * std::sqrt(plan.variance_factor(s));
+    t.tau[s] = t.lambda[s] * t.tail_z + 1.0 / kValueScale;
+  }
+  return t;
+}
+
 PrivacyPlan make_privacy_plan(const JobConfig& c) {
   const auto& pc = c.privacy;
   if (!is_private(pc.mode))
@@ -203,6 +235,12 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   PrivacyPlan p = plan_common(c);
   const bool one_ledger = pc.composition == Composition::Zcdp;
   p.levels = kernels::dptree::levels(p.T);
+  p.selection_counter = pc.selection_counter;
+  p.value_counter = pc.value_counter;
+  if (p.selection_counter == CounterKind::Banded || p.value_counter == CounterKind::Banded) {
+    p.band = kernels::banded::optimized_band(p.T, pc.counter_band);
+    p.band_norm2 = kernels::banded::sensitivity_squared(p.band, p.T);
+  }
   p.epsilon_selection = p.epsilon * pc.selection_epsilon_share;
   p.epsilon_aggregation = p.epsilon - p.epsilon_selection;
   p.delta_selection = p.delta * pc.selection_delta_share;
@@ -241,13 +279,21 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   }
   const double rho_sel = one_ledger ? p.rho_total * pc.selection_epsilon_share
                                     : accounting::zcdp_rho_tight(p.epsilon_selection, p.delta_selection_conversion);
+  // A banded counter: one unit at any step moves C x by a column of C, of squared norm <= ||C e_1||^2.
+  const double sel_norm2 = p.selection_counter == CounterKind::Banded ? p.band_norm2 : p.levels;
+  const double value_norm2 = p.value_counter == CounterKind::Banded ? p.band_norm2 : p.levels;
   p.selection = {"key_selection", std::sqrt(static_cast<double>(p.C)), 0, 0, "users"};
-  p.selection.sigma = exact_sigma(c, std::sqrt(p.levels * p.C / (2.0 * rho_sel)), "key-selection");
-  p.selection.rho = p.levels * p.C / (2.0 * p.selection.sigma * p.selection.sigma);
+  const double sigma_sel = std::sqrt(sel_norm2 * p.C / (2.0 * rho_sel));
+  p.selection.sigma = p.selection_counter == CounterKind::Banded ? banded_sigma(c, sigma_sel, "key-selection")
+                                                                 : exact_sigma(c, sigma_sel, "key-selection");
+  p.selection.rho = sel_norm2 * p.C / (2.0 * p.selection.sigma * p.selection.sigma);
 
-  add_aggregation_columns(c, p, p.levels, p.rho_aggregation);
+  add_aggregation_columns(c, p, value_norm2, p.rho_aggregation);
 
-  const SelectionThresholds thresholds = selection_thresholds(p.selection.sigma, p.beta, p.T, pc.threshold);
+  const SelectionThresholds thresholds =
+      p.selection_counter == CounterKind::Banded
+          ? banded_selection_thresholds(kernels::banded::BandedPlan(p.band, p.selection.sigma), p.beta, p.T, pc.threshold)
+          : selection_thresholds(p.selection.sigma, p.beta, p.T, pc.threshold);
   p.tail_z = thresholds.tail_z;
   p.tau = thresholds.tau;
   p.lambda = thresholds.lambda;
@@ -314,6 +360,9 @@ kernels::DpParams release_params(const PrivacyPlan& p) {
   params.mu = p.mu;
   params.tau = p.tau;
   params.sigma_selection = p.selection.sigma;
+  params.selection_counter = p.selection_counter;
+  params.value_counter = p.value_counter;
+  params.band = p.band;
   set_column_noise(p, params);
   return params;
 }
@@ -422,8 +471,14 @@ nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
   j["mode"] = "dp";
   j["composition"] = to_string(p.composition);
   j["private"] = p.private_run;
-  j["threshold_proven"] = p.threshold == ThresholdTail::Subgaussian;
+  j["threshold_proven"] = p.threshold == ThresholdTail::Subgaussian || p.selection_counter == CounterKind::Banded;
   j["trees"] = {{"triggers", p.T}, {"levels", p.levels}};
+  nlohmann::json band = nlohmann::json::array();
+  for (const std::int64_t m : p.band) band.push_back(std::ldexp(static_cast<double>(m), -kernels::banded::kCoefBits));
+  j["counters"] = {{"selection", to_string(p.selection_counter)},
+                   {"values", to_string(p.value_counter)},
+                   {"band", band},
+                   {"band_sensitivity_squared", p.band_norm2}};
   j["key_selection"] = {{"epsilon", p.epsilon_selection},
                         {"delta", p.delta_selection},
                         {"delta_conversion", p.delta_selection_conversion},
@@ -473,12 +528,23 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
       "privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
       p.epsilon, p.delta));
   if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
-  if (p.threshold != ThresholdTail::Subgaussian)
+  const bool banded_sel = p.selection_counter == CounterKind::Banded;
+  const bool banded_values = p.value_counter == CounterKind::Banded;
+  if (p.threshold != ThresholdTail::Subgaussian && !banded_sel)
     line(
         "WARNING: threshold = \"gaussian-quantile\" is the paper's approximation; the delta below assumes it bounds "
         "the discrete noise's tail, which is not proven (docs/PRIVACY.md section 6)");
-  line(fmt::format("mode dp (DP-SQLP), composition {}; trees: T = {} triggers, {} levels (floor(log2 T) + 1), C = {}",
-                   to_string(p.composition), p.T, p.levels, p.C));
+  line(fmt::format("mode dp (DP-SQLP), composition {}; counters: key selection {}, values {}; T = {} triggers, C = {}",
+                   to_string(p.composition), to_string(p.selection_counter), to_string(p.value_counter), p.T, p.C));
+  if (!banded_sel || !banded_values)
+    line(fmt::format("tree            {} levels (floor(log2 T) + 1): one unit moves one node per level", p.levels));
+  if (banded_sel || banded_values) {
+    std::string band;
+    for (const std::int64_t m : p.band)
+      band += fmt::format("{}{:.6g}", band.empty() ? "" : ", ", std::ldexp(static_cast<double>(m), -kernels::banded::kCoefBits));
+    line(fmt::format("banded          band m = ({}) of C^-1; ||C e_1||^2 = {:.6g} over T steps (exact normal noise)",
+                     band, p.band_norm2));
+  }
   line("");
   if (p.composition == Composition::Zcdp)
     line(fmt::format(
@@ -487,9 +553,14 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
         p.rho_total, p.delta_beta, p.selection.rho, p.rho_aggregation));
   line(fmt::format("key selection   eps {:.6g}, delta {:.4g} = {:.4g} (Gaussian conversion) + {:.4g} (beta term)",
                    p.epsilon_selection, p.delta_selection, p.delta_selection_conversion, p.delta_beta));
-  line(fmt::format(
-      "  tree          sigma = {:.6g} users per node, L2 sensitivity sqrt(C) = {:.6g} per level, rho = {:.6g}",
-      p.selection.sigma, p.selection.sensitivity, p.selection.rho));
+  if (banded_sel)
+    line(fmt::format(
+        "  banded        sigma = {:.6g} users per step, L2 sensitivity sqrt(C) ||C e_1|| = {:.6g}, rho = {:.6g}",
+        p.selection.sigma, p.selection.sensitivity * std::sqrt(p.band_norm2), p.selection.rho));
+  else
+    line(fmt::format(
+        "  tree          sigma = {:.6g} users per node, L2 sensitivity sqrt(C) = {:.6g} per level, rho = {:.6g}",
+        p.selection.sigma, p.selection.sensitivity, p.selection.rho));
   line(fmt::format("  eps           {:.6g} tight (CKS 2020), {:.6g} simple (rho + 2 sqrt(rho ln 1/delta))",
                    p.eps_selection_tight, p.eps_selection_simple));
   line(fmt::format("  beta          {:.4g} per threshold test{}, charged (e^eps{} + 1) * C * T * beta = {:.4g}", p.beta,
@@ -503,8 +574,12 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
   line(fmt::format("aggregation     eps {:.6g}, delta {:.4g}, rho = {:.6g} shared by {} column(s)",
                    p.epsilon_aggregation, p.delta_aggregation, p.rho_aggregation, p.aggregation.size()));
   for (const auto& f : p.aggregation)
-    line(fmt::format("  {:<13} sigma = {:.6g} {} per node, L2 sensitivity {:.6g} per level, rho = {:.6g}", f.name,
-                     f.sigma, f.unit, f.sensitivity, f.rho));
+    if (banded_values)
+      line(fmt::format("  {:<13} sigma = {:.6g} {} per step, L2 sensitivity {:.6g} ||C e_1|| = {:.6g}, rho = {:.6g}",
+                       f.name, f.sigma, f.unit, f.sensitivity, f.sensitivity * std::sqrt(p.band_norm2), f.rho));
+    else
+      line(fmt::format("  {:<13} sigma = {:.6g} {} per node, L2 sensitivity {:.6g} per level, rho = {:.6g}", f.name,
+                       f.sigma, f.unit, f.sensitivity, f.rho));
   if (p.sum_quantum > 1 || p.clamp_bound > 0)
     line(fmt::format("  sum grid      values rounded to multiples of {:.6g}; L = {:.6g}",
                      static_cast<double>(p.sum_quantum) / kValueScale, p.clamp_bound));

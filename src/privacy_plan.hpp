@@ -47,6 +47,11 @@ struct PrivacyPlan {
   double epsilon_selection = 0, delta_selection = 0;      // key selection: Gaussian conversion + beta term
   double epsilon_aggregation = 0, delta_aggregation = 0;  // hierarchical perturbation
   std::uint32_t C = 0, T = 0, levels = 0;
+  // The counters (docs/PRIVACY.md section 5): trees, or banded-inverse counters of band `band`
+  // (numerators of m_k on the 2^-30 grid) with ||C e_1||^2 = band_norm2 over T steps.
+  CounterKind selection_counter = CounterKind::Tree, value_counter = CounterKind::Tree;
+  std::vector<std::int64_t> band;
+  double band_norm2 = 0;
   double mu = 0;
   bool mu_defaulted = false;
   // Threshold failure: beta per test, C * T tests that matter per user, charged (e^eps_sel + 1) C T beta.
@@ -82,6 +87,9 @@ struct SelectionThresholds {
   std::vector<double> tau, lambda;
 };
 SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_t T, ThresholdTail tail);
+// The same for banded-inverse counters: lambda_s = sigma sqrt(sum_{j<s} M_j^2), tau_s = lambda_s tail_z + 2^-20.
+SelectionThresholds banded_selection_thresholds(const kernels::banded::BandedPlan& plan, double beta, std::uint32_t T,
+                                                ThresholdTail tail);
 
 // Throws ConfigError when the job is invalid for DP or would exceed its budget.
 PrivacyPlan make_privacy_plan(const JobConfig& config);
