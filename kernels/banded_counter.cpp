@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -14,7 +16,8 @@ namespace mp = boost::multiprecision;
 
 namespace {
 constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
-constexpr int kZBits = 7;  // |Z| < 2^7 keeps every fixed-point sum inside int128 (P[|Z| >= 128] < 10^-3500)
+constexpr int kZBits = 7;
+constexpr std::uint32_t kMaxSearchHorizon = 1024;  // the band search's horizon: T beyond it changes the band little  // |Z| < 2^7 keeps every fixed-point sum inside int128 (P[|Z| >= 128] < 10^-3500)
 
 // round(x / 2^shift), ties away from zero.
 mp::cpp_int round_shift(const mp::cpp_int& x, unsigned shift) {
@@ -95,7 +98,11 @@ double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t 
 
 std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
   if (b < 1 || b > kMaxBand) throw std::invalid_argument("banded counter: band width outside [1, 16]");
-  const std::uint32_t horizon = std::min<std::uint32_t>(T, 4096);
+  const std::uint32_t horizon = std::min<std::uint32_t>(T, kMaxSearchHorizon);
+  static std::mutex mutex;  // the search costs ~0.3 s; a job plans several times
+  static std::map<std::pair<std::uint32_t, std::size_t>, std::vector<std::int64_t>> memo;
+  const std::lock_guard lock(mutex);
+  if (const auto it = memo.find({horizon, b}); it != memo.end()) return it->second;
   std::vector<double> m(b);
   m[0] = 1;
   for (std::size_t k = 1; k < b; ++k) m[k] = m[k - 1] * (static_cast<double>(k) - 1.5) / static_cast<double>(k);
@@ -116,7 +123,7 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
     return std::isfinite(sens) ? sens * var : std::numeric_limits<double>::infinity();
   };
   double best = objective(m);
-  for (double step = 0.125; step > 0x1p-24; step /= 2) {
+  for (double step = 0.125; step >= 0x1p-16; step /= 2) {
     for (bool improved = true; improved;) {
       improved = false;
       for (std::size_t i = 1; i < b; ++i)
@@ -128,12 +135,14 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
         }
     }
   }
-  return grid(m);
+  return memo[{horizon, b}] = grid(m);
 }
 
 void BandedNoise::push(const BandedPlan& plan, int128 z) {
   if (z <= -(int128{1} << (64 + kZBits)) || z >= (int128{1} << (64 + kZBits)))
     throw std::range_error("banded counter: a normal sample beyond 2^7");
+  if (at_ >= kMaxSteps) throw std::length_error("banded counter: step beyond 2^20");
+  ++at_;
   const std::size_t keep = plan.band() - 1;
   if (keep == 0) {
     older_ += z;
@@ -154,10 +163,25 @@ int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
   return y;
 }
 
-int128 BandedNoise::prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const {
+// Double: v = sigma q Y~ with relative error < 2^-50 (four roundings; the power-of-two scaling is
+// exact), w >= sigma q A. Every value of the interval rounds to round(v) when v is farther than
+// w + |v| 2^-48 + 2^-40 from the nearest rounding boundary (a half-integer); else the exact path.
+std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std::int64_t q) const {
   if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
-  if (at_ == 0) return 0;
-  // N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-94).
+  if (at_ == 0) return int128{0};
+  constexpr double kUnit = 0x1p-126;  // 2^-(64 + kCoefBits + kSigmaBits)
+  static_assert(64 + kCoefBits + kSigmaBits == 126);
+  const double scale = static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * kUnit;
+  const double v = scale * static_cast<double>(estimate_units(plan));
+  const double w = scale * static_cast<double>(plan.abs_cumulative_sum(at_)) * (1 + 0x1p-48);
+  if (!(std::abs(v) < 0x1p50)) return std::nullopt;
+  const double r = v >= 0 ? std::floor(v + 0.5) : -std::floor(-v + 0.5);  // ties away; a wrong r fails the margin
+  if (0.5 - std::abs(v - r) > w + std::abs(v) * 0x1p-48 + 0x1p-40) return static_cast<int128>(static_cast<std::int64_t>(r));
+  return std::nullopt;
+}
+
+// N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-94).
+int128 BandedNoise::interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const {
   const mp::cpp_int scale = mp::cpp_int(plan.sigma_numerator()) * q;  // sigma q, units 2^-32
   const mp::cpp_int y = to_cpp(estimate_units(plan));
   const mp::cpp_int a = to_cpp(static_cast<int128>(plan.abs_cumulative_sum(at_)));

@@ -26,6 +26,8 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "common/int128.hpp"
@@ -67,7 +69,7 @@ double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t 
 
 // A band of width b for horizon T: a deterministic coordinate search (from the truncated
 // square-root factorization) minimizing sensitivity_squared(T') * sum_{j < T'} M_j^2, the last
-// step's variance at a fixed privacy cost, with T' = min(T, 4096); numerators on the 2^-30 grid.
+// step's variance at a fixed privacy cost, with T' = min(T, 1024); numerators on the 2^-30 grid.
 // Every partial sum M_j is >= 0, so the prefix noise is non-decreasing in every Z (docs/PRIVACY.md
 // section 6 needs it for the thresholds' union bound).
 std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b);
@@ -85,20 +87,29 @@ class BandedNoise {
   // Adds steps at()+1 .. to; `draw(index)` returns Z of step index + 1 with 64-bit digits.
   template <class DrawFixed>
   void advance(const BandedPlan& plan, std::uint32_t to, DrawFixed&& draw_fixed) {
-    for (std::uint32_t i = at_ + 1; i <= to; ++i) push(plan, draw_fixed(i - 1));
-    if (to > at_) at_ = to;
+    while (at_ < to) push(plan, draw_fixed(at_));
   }
-  void push(const BandedPlan& plan, int128 z_fixed64);  // one step; |Z| < 2^7 (else std::range_error)
+  // Adds step at()+1 with its Z~; |Z| < 2^7 (else std::range_error).
+  void push(const BandedPlan& plan, int128 z_fixed64);
 
   // round(q N_at) on the output grid, ties away from zero (a tie has probability 0); q in [1, 2^62].
   // `redraw` is called only when 64 bits per sample leave the rounding undecided (probability about
   // the interval's width in grid units, ~2^-30 here): it must return the same samples with more digits.
-  int128 prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
+  template <class Redraw>
+  int128 prefix_noise(const BandedPlan& plan, std::int64_t q, Redraw&& redraw) const {
+    if (const auto fast = fast_prefix_noise(plan, q)) return *fast;
+    return interval_prefix_noise(plan, q, Draw(std::forward<Redraw>(redraw)));
+  }
 
   // The estimate sum_r M_{at-r} Z~_r from 64-bit digits, in units of 2^-94 (exposed for tests).
   int128 estimate_units(const BandedPlan& plan) const;
 
  private:
+  // round(q N_at) when the long double estimate decides it (almost always), else nothing.
+  std::optional<int128> fast_prefix_noise(const BandedPlan& plan, std::int64_t q) const;
+  // The same from the exact interval of the 64-bit digits, then from more digits.
+  int128 interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
+
   std::uint32_t at_ = 0;
   int128 older_ = 0;                       // sum of Z~_r for r <= at - (b - 1), units 2^-64
   absl::InlinedVector<int128, 7> recent_;  // Z~ of the last min(at, b - 1) steps, newest last

@@ -125,28 +125,33 @@ class TreeSelection {
   std::optional<dptree::PrefixTotal> total_;
 };
 
-// Key selection on banded-inverse counters: one exact normal sample per step.
+// Key selection on banded-inverse counters: one normal sample per step, drawn in batches of steps.
 class BandedSelection {
  public:
   using Noise = banded::BandedNoise;
   BandedSelection(noise::WindowPrf& prf, const banded::BandedPlan& plan) : prf_(prf), plan_(plan) {}
 
   void advance(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t to) {
-    const std::uint32_t from = n.at();
-    n.advance(plan_, to, [&](std::uint32_t i) { return noise::normal_fixed64(sample(prf_, key, round, i, 1)); });
-    draws += to > from ? to - from : 0;
+    if (to <= n.at()) return;
+    prepare(key, round, n.at(), to);
+    for (const int128 z : values_) n.push(plan_, z);
   }
   int128 prefix(const Noise& n, std::uint64_t key, std::uint32_t round) const {
-    return n.prefix_noise(plan_, kOne, [&](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
+    return n.prefix_noise(plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
   }
-  void begin_ahead(Noise& /*n*/, std::uint64_t /*key*/, std::uint32_t /*round*/, std::uint32_t /*until*/) {}
+  // A simulation from n.at() up to `until`: its steps drawn now, then one step at a time.
+  void begin_ahead(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
+    prepare(key, round, n.at(), until);
+    next_ = 0;
+  }
   int128 step_ahead(Noise& n, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
-    advance(n, key, round, q);
+    if (next_ >= values_.size() || ids_[next_].index != q - 1) throw std::logic_error("BandedSelection: step not prepared");
+    n.push(plan_, values_[next_++]);
     return prefix(n, key, round);
   }
   std::uint64_t draws = 0;
 
-  // Z of step index + 1 of a banded counter of `family`.
+  // Z of step index + 1 of a banded counter of `family`, with `words` digits.
   static noise::NormalSample sample(noise::WindowPrf& prf, std::uint64_t key, std::uint32_t round, std::uint32_t index,
                                     std::size_t words, noise::Family family = noise::Family::BandedSelection) {
     noise::NodeStream s(prf, noise::NodeId{key, family, round, 0, index});
@@ -154,8 +159,20 @@ class BandedSelection {
   }
 
  private:
+  // Z~ of steps from+1..to (node index = step - 1).
+  void prepare(std::uint64_t key, std::uint32_t round, std::uint32_t from, std::uint32_t to) {
+    ids_.clear();
+    for (std::uint32_t q = from + 1; q <= to; ++q) ids_.push_back({key, noise::Family::BandedSelection, round, 0, q - 1});
+    values_.resize(ids_.size());
+    noise::normal_fixed64_batch(prf_, ids_.data(), ids_.size(), values_.data());
+    draws += ids_.size();
+  }
+
   noise::WindowPrf& prf_;
   const banded::BandedPlan& plan_;
+  std::vector<noise::NodeId> ids_;
+  std::vector<int128> values_;
+  std::size_t next_ = 0;
 };
 
 // A released value counter's noise at `leaf` on the grid q, banded.

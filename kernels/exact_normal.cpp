@@ -1,10 +1,17 @@
 #include "kernels/exact_normal.hpp"
 
+#include <boost/multiprecision/cpp_int.hpp>
+
+#include "kernels/cdf_table.hpp"
+
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 #include <utility>
 
 namespace dpstream::noise {
+
+namespace mp = boost::multiprecision;
 
 namespace {
 // A uniform deviate in (0, 1) whose base-2^64 digits are drawn only when a comparison needs them.
@@ -111,7 +118,127 @@ class AlgorithmN {
 };
 }  // namespace
 
-NormalSample sample_normal(NodeStream& rng, std::size_t min_words) { return AlgorithmN(rng).sample(min_words); }
+// ---- the table sampler ---------------------------------------------------------------------
+namespace {
+constexpr int kCellBits = 7;                       // cells of width h = 2^-7
+constexpr std::size_t kCells = 20u << kCellBits;   // |Z| < 20: P[|Z| >= 20] < 2^-280
+
+// Cell j of |Z| is [j h, (j + 1) h), proposed with mass w_j = exp(-(j h)^2 / 2) (the density at its
+// inner edge): w_j = w_(j-1) r_j with r_1 = exp(-h^2/2), r_j = r_(j-1) exp(-h^2), in 320-bit floating point.
+const CdfTable& cell_table() {
+  static const CdfTable table = [] {
+    namespace mp = boost::multiprecision;
+    const BigFloat h2 = mp::ldexp(BigFloat(1), -2 * kCellBits);
+    const BigFloat b = mp::exp(-h2);
+    std::vector<BigFloat> mass(kCells + 1);
+    mass[0] = 1;
+    BigFloat w = 1, r = mp::exp(-h2 / 2);
+    for (std::size_t j = 1; j <= kCells; ++j) {
+      w *= r;
+      r *= b;
+      mass[j] = w;
+    }
+    return CdfTable::from_masses(mass);
+  }();
+  return table;
+}
+
+mp::cpp_int digits_value(Deviate& d, NodeStream& rng, std::size_t words) {  // floor(d 2^(64 words))
+  mp::cpp_int v = 0;
+  for (std::size_t i = 0; i < words; ++i) v = (v << 64) + d.digit(rng, i);
+  return v;
+}
+
+// V < f(U) = U (2j + U) 2^-(2 kCellBits + 1), exactly: from `words` digits of each, V lies in
+// [v, v + 1) and f(U) in [f(u), f(u + 1)) (units 2^-64 words; f increasing), which decides unless they
+// overlap; then one more digit of each.
+bool below_f(NodeStream& rng, Deviate& v_dev, Deviate& u_dev, std::uint64_t j) {
+  {  // one digit each, in 128-bit arithmetic: F = U (2j + U) in units of 2^-64 is below 2^77
+    const std::uint64_t u = u_dev.digit(rng, 0), v = v_dev.digit(rng, 0);
+    constexpr int kShift = 2 * kCellBits + 1;
+    const uint128 u1 = uint128{u} + 1;  // <= 2^64
+    const uint128 sq = uint128{u} * u;
+    const uint128 sq1_ceil = u1 == (uint128{1} << 64) ? (uint128{1} << 64) : ((u1 * u1) >> 64) + (static_cast<std::uint64_t>(u1 * u1) != 0);
+    const uint128 f_lo = (2 * j * uint128{u} + (sq >> 64)) >> kShift;                      // floor, units 2^-64
+    const uint128 f_hi = (2 * j * u1 + sq1_ceil + ((uint128{1} << kShift) - 1)) >> kShift;  // ceil
+    if (uint128{v} + 1 <= f_lo) return true;
+    if (uint128{v} >= f_hi) return false;
+  }
+  for (std::size_t words = 2;; ++words) {
+    const unsigned bits = static_cast<unsigned>(64 * words);
+    const mp::cpp_int u = digits_value(u_dev, rng, words), v = digits_value(v_dev, rng, words);
+    const mp::cpp_int one = mp::cpp_int(1) << bits, den = mp::cpp_int(1) << (2 * kCellBits + 1);
+    // f(U) 2^bits for U = u / 2^bits: (2j u 2^bits + u^2) / (2^bits den)
+    const mp::cpp_int lo_num = 2 * mp::cpp_int(j) * u * one + u * u, hi_num = 2 * mp::cpp_int(j) * (u + 1) * one + (u + 1) * (u + 1);
+    const mp::cpp_int f_lo = lo_num / (one * den), f_hi = (hi_num + one * den - 1) / (one * den);
+    if (v + 1 <= f_lo) return true;
+    if (v >= f_hi) return false;
+    if (words > 64) throw std::range_error("normal sample: comparison undecided after 4096 bits");
+  }
+}
+
+class CellSampler {
+ public:
+  explicit CellSampler(NodeStream& rng) : rng_(rng), table_(cell_table()) {}
+
+  NormalSample sample(std::size_t min_words) {
+    std::uint64_t j = 0;
+    for (;;) {
+      j = table_.sample(rng_);
+      u_.reset();
+      if (accept(j)) break;
+    }
+    NormalSample z;
+    z.negative = rng_.next_bit();
+    z.k = static_cast<std::uint32_t>(j >> kCellBits);
+    // |Z| = (j + U) 2^-7: fraction word i = low 7 bits of j (i = 0) or of U's digit i - 1, then U's digit i's top 57.
+    const std::size_t words = std::max<std::size_t>(min_words, 1);
+    std::uint64_t carry = j & ((1u << kCellBits) - 1);
+    for (std::size_t i = 0; i < words; ++i) {
+      const std::uint64_t d = u_.digit(rng_, i);
+      z.fraction.push_back(carry << (64 - kCellBits) | d >> kCellBits);
+      carry = d & ((1u << kCellBits) - 1);
+    }
+    return z;
+  }
+
+ private:
+  // Bernoulli(exp(-f(U))) by von Neumann: V1 > V2 > ... with V1 < f(U); true iff the run has even length.
+  bool accept(std::uint64_t j) {
+    p_.reset();
+    if (!below_f(rng_, p_, u_, j)) return true;
+    for (bool even = false;; even = !even) {
+      q_.reset();
+      if (!q_.less(rng_, p_)) return even;  // run length 1 (odd) ends with false
+      p_.swap(q_);
+    }
+  }
+
+  NodeStream& rng_;
+  const CdfTable& table_;
+  Deviate u_, p_, q_;
+};
+}  // namespace
+
+NormalSample sample_normal(NodeStream& rng, std::size_t min_words) { return CellSampler(rng).sample(min_words); }
+
+NormalSample sample_normal_karney(NodeStream& rng, std::size_t min_words) { return AlgorithmN(rng).sample(min_words); }
+
+void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
+  constexpr std::size_t kChunk = 32;
+  constexpr std::uint32_t kPerNode = NodeStream::kFirstBlocks;  // 4 words: most samples need no more
+  std::array<u128, kChunk> packed;
+  std::array<std::uint8_t, kChunk * 16 * kPerNode> fetched;
+  for (std::size_t at = 0; at < n; at += kChunk) {
+    const std::size_t c = std::min(kChunk, n - at);
+    for (std::size_t i = 0; i < c; ++i) packed[i] = pack(ids[at + i]);
+    prf.first_blocks(packed.data(), c, kPerNode, fetched.data());
+    for (std::size_t i = 0; i < c; ++i) {
+      NodeStream rng(prf, packed[i], kPerNode, fetched.data() + std::size_t{16} * kPerNode * i);
+      out[at + i] = normal_fixed64(sample_normal(rng));
+    }
+  }
+}
 
 int128 normal_fixed64(const NormalSample& z) {
   if (z.k >= (1u << 30)) throw std::range_error("normal sample: integer part too large for fixed point");

@@ -1,10 +1,15 @@
-// Exact samples of the continuous standard normal N(0, 1) from a node's PRF stream, for the
-// factorized counters (kernels/banded_counter.hpp): Karney's Algorithm N ("Sampling exactly from the
-// normal distribution", ACM TOMS 42(1), 2016; arXiv 1303.6257). Only comparisons of lazily drawn
-// uniform digits and exact small-integer choices are used: no floating point, no table, no
-// truncation. A sample is sign (k + x) with k >= 0 an integer and x in (0, 1) a uniform deviate of
-// which the leading 64-bit digits are known; the digits after them are uniform and independent of
-// everything else, drawn from the same stream on demand, so any precision is available exactly.
+// Samples of the continuous standard normal N(0, 1) from a node's PRF stream, for the factorized
+// counters (kernels/banded_counter.hpp). A sample is sign (k + x) with k >= 0 an integer and x in
+// (0, 1) of which the leading 64-bit digits are known; the digits after them are uniform and
+// independent of everything else, drawn from the same stream on demand, so any precision is exact.
+// Two samplers of the same distribution:
+//  - sample_normal (the engine's): a cell of width 2^-7 of |Z| from an inverse-CDF table of 192-bit
+//    probabilities (kernels/cdf_table.hpp; cells up to |Z| < 20, the mass beyond < 2^-280), then a
+//    uniform point of the cell accepted with probability exp(-(z^2 - a^2)/2) (a = the cell's inner
+//    edge; > 0.85) by von Neumann's exact comparisons of lazy digits. Within 2^-180 of N(0, 1) in
+//    total variation (the table's rounding: docs/PRIVACY.md section 5). About 4 stream words.
+//  - sample_normal_karney: Karney's Algorithm N ("Sampling exactly from the normal distribution",
+//    ACM TOMS 42(1), 2016; arXiv 1303.6257), exact, no table; about ten times slower. The reference.
 #pragma once
 
 #include <absl/container/inlined_vector.h>
@@ -27,6 +32,11 @@ struct NormalSample {
 // (at least 1) are returned; min_words only adds digits drawn after the sample and its sign, so the
 // leading digits are the same for any min_words: a later, more precise draw refines, never changes.
 NormalSample sample_normal(NodeStream& rng, std::size_t min_words = 1);
+NormalSample sample_normal_karney(NodeStream& rng, std::size_t min_words = 1);
+
+// normal_fixed64(sample_normal(node stream)) of n nodes, their first blocks fetched together (many AES
+// blocks in flight instead of one call per node): the same values.
+void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out);
 
 // The sample as a fixed-point number with 64 fraction bits, truncated toward zero: sign (k 2^64 + f0),
 // within one unit (2^-64) of Z, on Z's side of zero. k < 2^30 (else std::range_error: P[|Z| >= 2^30] < 2^-(10^17)).

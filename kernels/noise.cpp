@@ -1,5 +1,7 @@
 #include "kernels/noise.hpp"
 
+#include "kernels/cdf_table.hpp"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -235,7 +237,36 @@ bool NodeStream::bernoulli(u128 num, u128 den) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ---------------------------------------------------------------------------------------------
+// boost::multiprecision's internals trip GCC's -Wnull-dereference analysis (false positives).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnull-dereference"
+CdfTable CdfTable::from_masses(const std::vector<BigFloat>& mass) {
+  namespace mp = boost::multiprecision;
+  BigFloat z = 0;
+  for (const auto& m : mass) z += m;
+  const mp::cpp_int one = mp::cpp_int(1) << 192, word = (mp::cpp_int(1) << 64) - 1;
+  const BigFloat scale = mp::ldexp(BigFloat(1), 192) / z;
+  CdfTable table;
+  BigFloat cum = 0;
+  for (std::size_t m = 0; m < mass.size(); ++m) {
+    cum += mass[m];
+    const auto c = mp::round(cum * scale).convert_to<mp::cpp_int>();
+    if (m + 1 == mass.size() || c >= one) {  // the last entry: all ones, it takes every U above the previous one
+      table.hi.push_back(~std::uint64_t{0});
+      table.lo.push_back({~std::uint64_t{0}, ~std::uint64_t{0}});
+      break;
+    }
+    table.hi.push_back(static_cast<std::uint64_t>((c >> 128) & word));
+    table.lo.push_back({static_cast<std::uint64_t>((c >> 64) & word), static_cast<std::uint64_t>(c & word)});
+  }
+  std::size_t m = 0;
+  for (std::uint32_t h = 0; h < table.guide.size(); ++h) {
+    while (table.hi[m] < (std::uint64_t{h} << (64 - kGuideBits))) ++m;  // ends: the last hi is all ones
+    table.guide[h] = static_cast<std::uint32_t>(m);
+  }
+  return table;
+}
+
 // The inverse-CDF table. With s2 = sigma^2 = n 2^-k exactly and w_m = exp(-m^2 / (2 s2)):
 // P[|Y| = 0] = 1/Z, P[|Y| = m] = 2 w_m / Z, Z = 1 + 2 sum_m w_m. w_m = w_(m-1) r_m with r_1 = a,
 // r_m = r_(m-1) b, a = exp(-1/(2 s2)), b = exp(-1/s2): two exponentials, then products, in 320-bit
@@ -244,51 +275,20 @@ bool NodeStream::bernoulli(u128 num, u128 den) {
 // is < 2^-200) or where C_m would reach 2^192, and the last entry is all ones (it takes the rest).
 // Each P_table(m) = (C_m - C_(m-1)) 2^-192 is within 2^-192 of P[|Y| = m] (rounding, plus the
 // arithmetic's 2^-280), so over < 2^17 entries the total variation to N_Z is < 2^-174 + 2^-200.
-struct DiscreteGaussian::Table {
-  std::vector<std::uint64_t> hi;                        // top word of C_m (the one the search reads)
-  std::vector<std::array<std::uint64_t, 2>> lo;         // its two lower words
-  std::array<std::uint32_t, (1u << kGuideBits)> guide;  // guide[h] = first m with hi[m] >= h 2^52
-};
-
-// boost::multiprecision's internals trip GCC's -Wnull-dereference analysis (false positives).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wnull-dereference"
-std::shared_ptr<const DiscreteGaussian::Table> DiscreteGaussian::build_table(std::uint64_t n, int k, double sigma) {
+std::shared_ptr<const CdfTable> DiscreteGaussian::build_table(std::uint64_t n, int k, double sigma) {
   namespace mp = boost::multiprecision;
-  using Big = mp::number<mp::cpp_bin_float<320, mp::digit_base_2>, mp::et_off>;
-  const Big s2 = mp::ldexp(Big(n), -k);
+  const BigFloat s2 = mp::ldexp(BigFloat(n), -k);
   const auto ymax = static_cast<std::size_t>(std::ceil(17.0 * sigma)) + 2;
-  const Big a = mp::exp(-1 / (2 * s2)), b = mp::exp(-1 / s2);
-  std::vector<Big> mass(ymax + 1);
+  const BigFloat a = mp::exp(-1 / (2 * s2)), b = mp::exp(-1 / s2);
+  std::vector<BigFloat> mass(ymax + 1);
   mass[0] = 1;
-  Big w = 1, r = a, z = 1;
+  BigFloat w = 1, r = a;
   for (std::size_t m = 1; m <= ymax; ++m) {
     w *= r;
     r *= b;
     mass[m] = 2 * w;
-    z += mass[m];
   }
-  const mp::cpp_int one = mp::cpp_int(1) << 192, word = (mp::cpp_int(1) << 64) - 1;
-  const Big scale = mp::ldexp(Big(1), 192) / z;
-  auto table = std::make_shared<Table>();
-  Big cum = 0;
-  for (std::size_t m = 0; m <= ymax; ++m) {
-    cum += mass[m];
-    const auto c = mp::round(cum * scale).convert_to<mp::cpp_int>();
-    if (m == ymax || c >= one) {  // the last entry: all ones, it takes every U above the previous one
-      table->hi.push_back(~std::uint64_t{0});
-      table->lo.push_back({~std::uint64_t{0}, ~std::uint64_t{0}});
-      break;
-    }
-    table->hi.push_back(static_cast<std::uint64_t>((c >> 128) & word));
-    table->lo.push_back({static_cast<std::uint64_t>((c >> 64) & word), static_cast<std::uint64_t>(c & word)});
-  }
-  std::size_t m = 0;
-  for (std::uint32_t h = 0; h < table->guide.size(); ++h) {
-    while (table->hi[m] < (std::uint64_t{h} << (64 - kGuideBits))) ++m;  // ends: the last hi is all ones
-    table->guide[h] = static_cast<std::uint32_t>(m);
-  }
-  return table;
+  return std::make_shared<const CdfTable>(CdfTable::from_masses(mass));
 }
 #pragma GCC diagnostic pop
 
@@ -411,19 +411,7 @@ std::int64_t DiscreteGaussian::sample(NodeStream& rng) const { return table_ ? s
 // top word), |Y| = the first m with U < C_m (the guide table skips the entries below U's top 12
 // bits), then a sign bit for m > 0.
 std::int64_t DiscreteGaussian::sample_table(NodeStream& rng) const {
-  const Table& t = *table_;
-  const std::uint64_t u0 = rng.next_u64();
-  std::uint64_t u1 = 0, u2 = 0;
-  bool lower_read = false;
-  const auto below = [&](std::size_t m) {  // U < C_m
-    if (u0 != t.hi[m]) return u0 < t.hi[m];
-    if (!lower_read) u1 = rng.next_u64(), u2 = rng.next_u64(), lower_read = true;
-    if (u1 != t.lo[m][0]) return u1 < t.lo[m][0];
-    return u2 < t.lo[m][1];
-  };
-  const std::size_t last = t.hi.size() - 1;
-  std::size_t m = t.guide[u0 >> (64 - kGuideBits)];
-  while (m < last && !below(m)) ++m;
+  const std::size_t m = table_->sample(rng);
   if (m == 0) return 0;
   const auto y = static_cast<std::int64_t>(m);
   return rng.next_bit() ? -y : y;

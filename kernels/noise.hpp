@@ -118,6 +118,8 @@ class NodeStream {
 //    < 2^-50, reads two more), a 4096-entry guide table starts the search. Its output is within
 //    2^-170 of N_Z in total variation (docs/PRIVACY.md section 3);
 //  - larger sigma (and sample_exact): CKS20 (arXiv 2004.00010) Algorithm 3, exact.
+struct CdfTable;  // kernels/cdf_table.hpp
+
 class DiscreteGaussian {
  public:
   static constexpr double kTableMaxSigma = 4096.0;
@@ -147,8 +149,7 @@ class DiscreteGaussian {
   Gamma gamma(std::uint64_t y) const;  // (y - sigma^2/t)^2 / (2 sigma^2) for 0 <= y <= 2^11 t
 
  private:
-  struct Table;
-  static std::shared_ptr<const Table> build_table(std::uint64_t n, int k, double sigma);
+  static std::shared_ptr<const CdfTable> build_table(std::uint64_t n, int k, double sigma);
   Gamma gamma(std::uint64_t y, std::uint64_t v, std::uint64_t u) const;  // y = v t + u, 0 <= u < t
   std::int64_t sample_table(NodeStream& rng) const;
 
@@ -157,7 +158,7 @@ class DiscreteGaussian {
   int k_;
   std::uint64_t t_, cut_;  // cut_ = 2^11 t
   u128 cd_, d_, e_, n2_;
-  std::shared_ptr<const Table> table_;  // shared by copies: immutable
+  std::shared_ptr<const CdfTable> table_;  // shared by copies: immutable
 };
 
 std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg);

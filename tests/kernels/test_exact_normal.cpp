@@ -28,37 +28,69 @@ double chi2_upper(double x, double dof) {
   return 0.5 * std::erfc(z / std::sqrt(2.0));
 }
 
-std::vector<NormalSample> draw(std::uint32_t n, std::uint64_t seed, std::size_t words = 1) {
+std::vector<NormalSample> draw(std::uint32_t n, std::uint64_t seed, std::size_t words = 1, bool karney = false) {
   WindowPrf prf(secret_from_seed(seed), 0);
   std::vector<NormalSample> out;
   out.reserve(n);
   for (std::uint32_t i = 0; i < n; ++i) {
     NodeStream s(prf, node(i));
-    out.push_back(sample_normal(s, words));
+    out.push_back(karney ? sample_normal_karney(s, words) : sample_normal(s, words));
   }
   return out;
+}
+
+double chi2_against_cdf(const std::vector<NormalSample>& samples) {
+  constexpr int kBins = 64;  // width 1/8 on [-4, 4]; plus two tails
+  std::vector<double> count(kBins + 2, 0);
+  for (const auto& z : samples) {
+    const double v = value(z);
+    const int b = v < -4 ? 0 : (v >= 4 ? kBins + 1 : 1 + static_cast<int>(std::floor((v + 4) * 8)));
+    count[b] += 1;
+  }
+  const double n = static_cast<double>(samples.size());
+  double chi2 = 0;
+  for (int b = 0; b < kBins + 2; ++b) {
+    const double lo = b == 0 ? -INFINITY : -4 + (b - 1) / 8.0, hi = b == kBins + 1 ? INFINITY : -4 + b / 8.0;
+    const double expected = n * ((std::isinf(hi) ? 1 : normal_cdf(hi)) - (std::isinf(lo) ? 0 : normal_cdf(lo)));
+    chi2 += (count[b] - expected) * (count[b] - expected) / expected;
+  }
+  return chi2_upper(chi2, kBins + 1);
 }
 
 }  // namespace
 
 // 400k samples in 66 bins (width 1/8 on [-4, 4] plus the two tails): chi-square p > 1e-6 (a fresh
-// seed fails with probability 1e-6). A sampler off by 1% in one bin's mass fails it.
+// seed fails with probability 1e-6), for the table sampler and for Karney's exact algorithm.
 TEST(ExactNormal, MatchesTheNormalCdf) {
-  constexpr std::uint32_t kN = 400000;
-  constexpr int kBins = 64;  // inner bins; plus two tails
-  std::vector<double> count(kBins + 2, 0);
-  for (const auto& z : draw(kN, 11)) {
-    const double v = value(z);
-    const int b = v < -4 ? 0 : (v >= 4 ? kBins + 1 : 1 + static_cast<int>(std::floor((v + 4) * 8)));
-    count[b] += 1;
+  EXPECT_GT(chi2_against_cdf(draw(400000, 11)), 1e-6);
+  EXPECT_GT(chi2_against_cdf(draw(400000, 12, 1, true)), 1e-6);
+}
+
+// Within a table cell [a, a + h) (h = 2^-7) the density falls as exp(-(z^2 - a^2)/2): the position
+// t = frac(128 |Z|) has E[t] - 1/2 = about -a h / 12. Over the 16M samples with 1 <= |Z| < 3 its mean
+// must match the value integrated from the normal pdf within 5 standard errors (false failure 6e-7);
+// a sampler that accepted every proposal (uniform within cells) is 7 standard errors off.
+TEST(ExactNormal, DensityFallsWithinCells) {
+  constexpr double h = 1.0 / 128;
+  const auto pdf = [](double z) { return std::exp(-z * z / 2) / std::sqrt(2 * M_PI); };
+  double mass = 0, moment = 0;  // for |Z| >= 0: cells [a, a + h) with 1 <= a < 3, both signs (a factor 2 cancels)
+  for (int j = 128; j < 384; ++j) {
+    const double a = j * h, b = a + h, m = normal_cdf(b) - normal_cdf(a);
+    mass += m;
+    moment += (pdf(a) - pdf(b) - a * m) / h - m / 2;  // E[(t - 1/2) 1_cell]
   }
-  double chi2 = 0;
-  for (int b = 0; b < kBins + 2; ++b) {
-    const double lo = b == 0 ? -INFINITY : -4 + (b - 1) / 8.0, hi = b == kBins + 1 ? INFINITY : -4 + b / 8.0;
-    const double expected = kN * ((std::isinf(hi) ? 1 : normal_cdf(hi)) - (std::isinf(lo) ? 0 : normal_cdf(lo)));
-    chi2 += (count[b] - expected) * (count[b] - expected) / expected;
+  const double expected = moment / mass;
+  WindowPrf prf(secret_from_seed(31), 0);
+  double n = 0, sum = 0;
+  for (std::uint32_t i = 0; i < 16000000; ++i) {
+    NodeStream st(prf, NodeId{i >> 20, Family::KeySelection, 0, 0, i & 0xfffff});
+    const NormalSample z = sample_normal(st);
+    if (z.k < 1 || z.k >= 3) continue;
+    const double t = std::ldexp(static_cast<double>(z.fraction[0] << 7), -64);  // frac(128 |Z|)
+    n += 1, sum += t - 0.5;
   }
-  EXPECT_GT(chi2_upper(chi2, kBins + 1), 1e-6) << "chi2 = " << chi2;
+  const double se = std::sqrt(1.0 / 12 / n);
+  EXPECT_LT(std::abs(sum / n - expected), 5 * se) << "mean " << sum / n << " expected " << expected << " se " << se;
 }
 
 // Moments: mean within 5 standard errors of 0, variance within 5 of 1 (false failure < 1e-6 each).
