@@ -34,8 +34,12 @@ using kernels::KeyStateTable;
 constexpr std::uint32_t kT = 48;
 constexpr int kKeys = 400;
 
-DpParams params(double mu) {
+using kernels::CounterKind;
+
+DpParams params(double mu, CounterKind counter = CounterKind::Tree) {
   DpParams p;
+  p.selection_counter = p.value_counter = counter;
+  if (counter == CounterKind::Banded) p.band = kernels::banded::optimized_band(kT, 8);
   p.triggers = kT;
   p.mu = mu;
   p.tau.resize(kT + 1);
@@ -77,11 +81,12 @@ void expect_same(const std::vector<KeyRelease>& full, const std::vector<KeyRelea
 
 // Two windows of the stream; in window 1 the predicting releaser is replaced at `resume_at` by a new
 // one (a resumed run: the key table is restored, the releaser's caches and calendar are not).
-void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t resume_at, Totals& totals) {
+void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t resume_at, Totals& totals,
+                      CounterKind counter) {
   const testing::ScopedOmpThreads scoped(threads);
   const auto secret = noise::secret_from_seed(seed);
-  DpReleaser full(params(mu), secret, KeyScan::Full);
-  auto predicted = std::make_unique<DpReleaser>(params(mu), secret, KeyScan::Predicted);
+  DpReleaser full(params(mu, counter), secret, KeyScan::Full);
+  auto predicted = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
   for (std::int64_t window = 0; window < 2; ++window) {
     const auto partials = stream(seed * 31 + static_cast<std::uint64_t>(window));
     KeyStateTable full_keys, predicted_keys;
@@ -93,7 +98,7 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
                                 std::to_string(seed) + " window " + std::to_string(window) + " trigger " +
                                 std::to_string(t);
       if (window == 1 && t == resume_at) {
-        predicted = std::make_unique<DpReleaser>(params(mu), secret, KeyScan::Predicted);
+        predicted = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
         predicted->begin_window(window);
       }
       full_keys.accumulate(partials[t], KeyStateTable::Report::Nothing);
@@ -114,12 +119,14 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
   }
 }
 
-TEST(KeyScan, PredictionReleasesExactlyWhatTheFullScanReleases) {
+class KeyScanCounters : public ::testing::TestWithParam<CounterKind> {};
+
+TEST_P(KeyScanCounters, PredictionReleasesExactlyWhatTheFullScanReleases) {
   for (const double mu : {0.0, 1.0, 3.0}) {
     Totals totals;
     for (const int threads : {1, 2})
       for (std::uint64_t seed = 1; seed <= 6; ++seed)
-        run_side_by_side(mu, threads, seed, static_cast<std::uint32_t>(5 + 7 * seed % 40), totals);
+        run_side_by_side(mu, threads, seed, static_cast<std::uint32_t>(5 + 7 * seed % 40), totals, GetParam());
     // Not vacuous: many releases, some by noise alone at a predicted visit, predictions overtaken by
     // records, and fewer visits than the full scan (a dense stream: most keys get records often).
     EXPECT_GT(totals.releases, 500u) << "mu " << mu;
@@ -139,11 +146,11 @@ TEST(KeyScan, PredictionReleasesExactlyWhatTheFullScanReleases) {
 
 // A key that never gets another record after its first is still released when its noise says so:
 // the prediction alone brings it back (the release the full scan finds by testing it every trigger).
-TEST(KeyScan, SilentKeysAreReleasedAtTheirPredictedTrigger) {
+TEST_P(KeyScanCounters, SilentKeysAreReleasedAtTheirPredictedTrigger) {
   const auto secret = noise::secret_from_seed(77);
   std::uint64_t releases = 0;
   for (const KeyScan scan : {KeyScan::Full, KeyScan::Predicted}) {
-    DpReleaser releaser(params(0.0), secret, scan);
+    DpReleaser releaser(params(0.0, GetParam()), secret, scan);
     releaser.begin_window(3);
     KeyStateTable keys;
     std::vector<KeyPartial> first;
@@ -155,7 +162,7 @@ TEST(KeyScan, SilentKeysAreReleasedAtTheirPredictedTrigger) {
       keys.accumulate(t == 0 ? first : std::vector<KeyPartial>{}, KeyStateTable::Report::Nothing);
       got.push_back(releaser.release(keys, t, stats));
     }
-    static std::vector<std::vector<KeyRelease>> reference;
+    static std::vector<std::vector<KeyRelease>> reference;  // set by the Full pass of this run
     if (scan == KeyScan::Full) {
       reference = got;
       for (const auto& r : got) releases += r.size();
@@ -166,6 +173,9 @@ TEST(KeyScan, SilentKeysAreReleasedAtTheirPredictedTrigger) {
   }
   EXPECT_GT(releases, 20u) << "noise alone releases some of the one-user keys";
 }
+
+INSTANTIATE_TEST_SUITE_P(Counters, KeyScanCounters, ::testing::Values(CounterKind::Tree, CounterKind::Banded),
+                         [](const auto& info) { return info.param == CounterKind::Tree ? "Tree" : "Banded"; });
 
 }  // namespace
 }  // namespace dpstream

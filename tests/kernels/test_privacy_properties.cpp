@@ -61,9 +61,12 @@ JobConfig dp_job(std::uint32_t triggers, std::uint32_t C, double mu, double epsi
   return parse_job(toml, "test_privacy_properties", {});
 }
 
-// Hand-made parameters: the same tau at every step.
-DpParams flat_params(std::uint32_t T, double mu, double tau, double sigma_selection) {
+// Hand-made parameters: the same tau at every step; trees, or banded counters of band 8.
+DpParams flat_params(std::uint32_t T, double mu, double tau, double sigma_selection,
+                     kernels::CounterKind counter = kernels::CounterKind::Tree) {
   DpParams p;
+  p.selection_counter = p.value_counter = counter;
+  if (counter == kernels::CounterKind::Banded) p.band = kernels::banded::optimized_band(T, 8);
   p.triggers = T;
   p.mu = mu;
   p.tau.assign(T + 1, tau);
@@ -365,8 +368,9 @@ TEST(PrivacyProperties, NoTinyKeysAreEverReleased) {
       control.insert(2000 + i);
       per_trigger[0].push_back({2000 + i, kHugeCount, kHugeSum, mu + 1});
     }
+    for (const auto counter : {kernels::CounterKind::Tree, kernels::CounterKind::Banded})
     for (const double tau : {0.0, -1e9}) {
-      const DpParams params = flat_params(T, mu, tau, sigma);
+      const DpParams params = flat_params(T, mu, tau, sigma, counter);
       std::uint64_t tiny_released = 0, control_first = 0, control_ever = 0;
       KeyStateTable table;
       for (int secret = 0; secret < kSecrets; ++secret) {
@@ -392,10 +396,13 @@ TEST(PrivacyProperties, NoTinyKeysAreEverReleased) {
       if (tau < 0) {
         EXPECT_EQ(control_first, 16u * kSecrets) << "mu = " << mu << ": every tested key passes tau = -1e9";
       } else {
-        // At trigger 0 a control key is released iff its leaf noise Y >= 0 (noisy users mu + 1 + Y > mu).
-        // The 1.6e5 draws are independent (distinct keys or secrets); a 6-sd two-sided binomial bound has a
-        // false-failure rate below 2e-9 per (mu, tau).
-        const double p = discrete_gaussian_nonnegative(noise::DiscreteGaussian(sigma).sigma());
+        // At trigger 0 a control key is released iff its leaf noise Y >= 0 (noisy users mu + 1 + Y > mu); with
+        // a banded counter iff sigma Z_1 > -1 (M_0 = 1; the 2^-20 rounding moves the bar by < 2^-20: P changes
+        // < 1e-6). The 1.6e5 draws are independent (distinct keys or secrets); a 6-sd two-sided binomial bound
+        // has a false-failure rate below 2e-9 per (mu, tau, counter).
+        const double p = counter == kernels::CounterKind::Tree
+                             ? discrete_gaussian_nonnegative(noise::DiscreteGaussian(sigma).sigma())
+                             : 0.5 * std::erfc(-1.0 / (sigma * std::sqrt(2.0)));
         EXPECT_NEAR(static_cast<double>(control_first) / n, p, 6 * std::sqrt(p * (1 - p) / n)) << "mu = " << mu;
         // Over the window almost every control key is released ("most of the time"): the fraction is
         // ~0.97 (8 correlated tests per key), sd < 5e-4, so the bound 0.9 is > 100 sd away (false-failure rate ~0).
@@ -743,6 +750,56 @@ TEST(PrivacyProperties, ReleasedValuesMatchAnIndependentHonakerImplementation) {
   EXPECT_GT(releases, 100u);
   EXPECT_GT(later_rounds, 50u);
 }
+
+// The same claim for banded counters (docs/PRIVACY.md section 5): with every tested key released
+// (tau = -1e9), each released count is the true count plus round(2^20 N_leaf) and each sum the true sum
+// plus round(quantum N_leaf), where N_leaf = sigma sum_r M_(leaf-r) Z_r is recomputed here by the
+// arbitrary-precision reference (exact_prefix_noise: all samples with 128 or more bits) from the
+// BandedCount / BandedSum samples of the key; a key with mu users or fewer is never released.
+TEST(PrivacyProperties, BandedReleasesMatchTheArbitraryPrecisionReference) {
+  const std::uint32_t T = 24;
+  const double mu = 2;
+  const DpParams params = flat_params(T, mu, -1e9, 2.0, kernels::CounterKind::Banded);
+  const kernels::banded::BandedPlan count_plan(params.band, params.sigma_count), sum_plan(params.band, params.sigma_sum);
+  const auto secret = noise::secret_from_seed(17);
+  std::mt19937_64 rng(5);
+  std::vector<std::vector<KeyPartial>> per_trigger(T);
+  for (std::uint32_t t = 0; t < T; ++t)
+    for (std::uint64_t k = 1; k <= 40; ++k)
+      if (rng() % 3 == 0)
+        per_trigger[t].push_back({k, static_cast<std::int64_t>(1 + rng() % 5),
+                                  static_cast<std::int64_t>(rng() % 4000) * 16 - 20000, static_cast<std::int64_t>(1 + rng() % 3)});
+  DpReleaser releaser(params, secret);
+  releaser.begin_window(2);
+  noise::WindowPrf prf(secret, 2);
+  KeyStateTable table;
+  DpStats stats;
+  std::map<std::uint64_t, std::int64_t> users;
+  std::size_t checked = 0;
+  for (std::uint32_t t = 0; t < T; ++t) {
+    table.accumulate(per_trigger[t]);
+    for (const KeyRelease& r : releaser.release(table, t, stats)) {
+      const kernels::KeyState st = table.at(r.key);
+      const auto redraw = [&](noise::Family family) {
+        return [&, family](std::uint32_t index, std::size_t words) {
+          noise::NodeStream s(prf, noise::NodeId{r.key, family, 0, 0, index});
+          return noise::sample_normal(s, words);
+        };
+      };
+      const std::int64_t one = std::int64_t{1} << kValueFracBits;
+      EXPECT_TRUE(r.count == int128{st.count} * one + kernels::banded::exact_prefix_noise(
+                                                          count_plan, one, t + 1, redraw(noise::Family::BandedCount)))
+          << "key " << r.key << " trigger " << t;
+      EXPECT_TRUE(r.sum == st.sum + kernels::banded::exact_prefix_noise(sum_plan, params.sum_quantum, t + 1,
+                                                                         redraw(noise::Family::BandedSum)))
+          << "key " << r.key << " trigger " << t;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 120u);
+  EXPECT_EQ(stats.released, checked);
+}
+
 
 // A release is total + noise in 128 bits: totals far beyond int64 neither abort nor wrap, and the noise
 // added to them is the noise the same key gets on small totals (same secret, window, key and round).

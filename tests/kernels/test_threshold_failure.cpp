@@ -24,7 +24,8 @@
 // s = 1, 2, 4, 8, 16 the prefix is one node of height j, whose noise numerator N_j (N_0 = Y,
 // N_j = 2^j Y + N_left + N_right) has its exact distribution computed here from the discrete Gaussian
 // pmf; the rate of (a) must match P[round(N_j 2^20 / (2^(j+1) - 1)) > tau_s 2^20] (two-sided), and the
-// rates of (b) must not exceed it (one-sided).
+// rates of (b) must not exceed it (one-sided). The same claims are checked for banded-inverse counters,
+// whose prefix noise is exactly Gaussian: the exact pass probability is the Gaussian tail at every step.
 //
 // Statistics: every pass count is binomial given its number of tests (distinct keys are independent:
 // distinct PRF nodes; within one key, (a) and (b) count at most one test per (round, step)). Each
@@ -67,8 +68,8 @@ constexpr double kBeta = 0.01;     // failure probability per test
 constexpr double kAlpha = 1e-6;    // false-failure rate of the whole file
 constexpr double kBlocked = 1e30;  // a threshold no noise reaches
 constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;
-// (a): T steps vs beta + 5 exact; (b): 2 rounds x (T steps vs beta + 5 exact); (c): 2.
-constexpr int kChecks = kT + 5 + 2 * (kT + 5) + 2;
+// Per counter, at most: (a) T steps vs beta + T exact; (b) 2 rounds x (T vs beta + T exact); (c) 2.
+constexpr int kChecks = 2 * (kT + kT + 2 * (kT + kT) + 2);  // both counters, exact at every step (banded)
 constexpr double kLevel = kAlpha / kChecks;
 
 // ---------------------------------------------------------------------------------------------
@@ -169,17 +170,21 @@ double exact_single_node_pass(const Pmf& y, std::uint32_t j, double bar) {
 // ---------------------------------------------------------------------------------------------
 
 // The key-selection noise of a real plan: a parsed job at a realistic budget (sigma ~ 7 users).
-double plan_selection_sigma() {
+PrivacyPlan real_plan(kernels::CounterKind counter) {
   const std::string toml = "[stream]\nwindow_seconds = 86400\ntriggers = " + std::to_string(kT) +
                            "\n[privacy]\nmode = \"dp\"\nmax_records_per_user = " + std::to_string(kC) +
-                           "\nepsilon = 6.0\ndelta = 1e-9\nseed = 1\n[query]\naggregations = [\"count\"]\n";
-  return make_privacy_plan(parse_job(toml, "test_threshold_failure", {})).selection.sigma;
+                           "\nepsilon = 6.0\ndelta = 1e-9\nseed = 1\nselection_counter = \"" +
+                           (counter == kernels::CounterKind::Banded ? "banded" : "tree") +
+                           "\"\n[query]\naggregations = [\"count\"]\n";
+  return make_privacy_plan(parse_job(toml, "test_threshold_failure", {}));
 }
 
 // A' with the bar tau_s (mu = 0); with only_step != 0 every other step's threshold is kBlocked. Only the
 // selection tree draws noise (no released columns).
-DpParams gate_off_params(double sigma, const std::vector<double>& tau, std::uint32_t only_step = 0) {
+DpParams gate_off_params(double sigma, const std::vector<double>& tau, std::uint32_t only_step = 0,
+                         const std::vector<std::int64_t>& band = {}) {
   DpParams p;
+  if (!band.empty()) p.selection_counter = kernels::CounterKind::Banded, p.band = band;
   p.triggers = kT;
   p.mu = -0.5;
   p.tau.assign(kT + 1, 0.0);
@@ -201,20 +206,36 @@ bool is_power_of_two(std::uint32_t s) { return std::has_single_bit(s); }
 
 using dpstream::testing::ScopedOmpThreads;
 
-TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
-  const double sigma = plan_selection_sigma();
-  const SelectionThresholds thr = selection_thresholds(sigma, kBeta, kT, ThresholdTail::Subgaussian);
-  const noise::DiscreteGaussian dg(sigma);
-  ASSERT_EQ(dg.sigma(), sigma) << "the plan's sigma is the sampler's";
-  const Pmf y = discrete_gaussian_pmf(dg);
-  std::vector<double> exact(kT + 1, -1);  // exact pass probability at single-node steps
-  for (std::uint32_t s = 1; s <= kT; ++s)
-    if (is_power_of_two(s)) {
-      const double bar = (-0.5 + (thr.tau[s] + 0.5)) * static_cast<double>(kOne);  // as the kernel computes it
-      exact[s] = exact_single_node_pass(y, static_cast<std::uint32_t>(std::countr_zero(s)), bar);
-      ASSERT_GT(exact[s], 0.0);
+// With banded counters (docs/PRIVACY.md section 5) the same claims, and the exact pass probability is
+// the Gaussian tail at every step: the prefix noise is N(0, lambda_s^2), rounded to the 2^-20 grid.
+void run_threshold_failure(kernels::CounterKind counter) {
+  const bool banded = counter == kernels::CounterKind::Banded;
+  const PrivacyPlan plan = real_plan(counter);
+  const double sigma = plan.selection.sigma;
+  const std::vector<std::int64_t> band = banded ? plan.band : std::vector<std::int64_t>{};
+  const SelectionThresholds thr =
+      banded ? banded_selection_thresholds(kernels::banded::BandedPlan(band, sigma), kBeta, kT, ThresholdTail::Subgaussian)
+             : selection_thresholds(sigma, kBeta, kT, ThresholdTail::Subgaussian);
+  std::vector<double> exact(kT + 1, -1);  // exact pass probability (tree: at single-node steps)
+  if (banded) {
+    for (std::uint32_t s = 1; s <= kT; ++s) {
+      // passes iff round(2^20 N) > tau_s 2^20 (as a double), i.e. N > (floor(tau_s 2^20) + 1/2) 2^-20
+      const double bar = (std::floor((-0.5 + (thr.tau[s] + 0.5)) * static_cast<double>(kOne)) + 0.5) / kOne;
+      exact[s] = 0.5 * std::erfc(bar / (thr.lambda[s] * std::sqrt(2.0)));
       EXPECT_LE(exact[s], kBeta) << "step " << s << ": the proven bound fails for the exact distribution";
     }
+  } else {
+    const noise::DiscreteGaussian dg(sigma);
+    ASSERT_EQ(dg.sigma(), sigma) << "the plan's sigma is the sampler's";
+    const Pmf y = discrete_gaussian_pmf(dg);
+    for (std::uint32_t s = 1; s <= kT; ++s)
+      if (is_power_of_two(s)) {
+        const double bar = (-0.5 + (thr.tau[s] + 0.5)) * static_cast<double>(kOne);  // as the kernel computes it
+        exact[s] = exact_single_node_pass(y, static_cast<std::uint32_t>(std::countr_zero(s)), bar);
+        ASSERT_GT(exact[s], 0.0);
+        EXPECT_LE(exact[s], kBeta) << "step " << s << ": the proven bound fails for the exact distribution";
+      }
+  }
   std::printf("sigma_sel = %.4f, beta = %g, tail_z = %.4f, T = %u, C = %u, level per check %.2g\n", sigma, kBeta,
               thr.tail_z, kT, kC, kLevel);
 
@@ -227,7 +248,7 @@ TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
   const std::uint32_t kKeysA = 1000, kSecretsA = 50, kWindowsA = 2;
   std::vector<Rate> step_rate(kT + 1);
   for (std::uint32_t s = 1; s <= kT; ++s) {
-    const DpParams params = gate_off_params(sigma, thr.tau, s);
+    const DpParams params = gate_off_params(sigma, thr.tau, s, band);
     for (std::uint32_t trial = 0; trial < kSecretsA; ++trial) {
       DpReleaser releaser(params, noise::secret_from_seed(seed++));
       for (std::uint32_t w = 0; w < kWindowsA; ++w) {
@@ -247,7 +268,7 @@ TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
   const std::uint32_t kKeysB = 1000, kSecretsB = 50, kWindowsB = 4;
   std::vector<std::vector<Rate>> round_rate(2, std::vector<Rate>(kT + 1));  // [round 0 / 1][step]
   Rate key_any, user_any, all_tests;
-  const DpParams params = gate_off_params(sigma, thr.tau);
+  const DpParams params = gate_off_params(sigma, thr.tau, 0, band);
   std::uint64_t later_rounds = 0;
   for (std::uint32_t trial = 0; trial < kSecretsB; ++trial) {
     DpReleaser releaser(params, noise::secret_from_seed(seed++));
@@ -326,6 +347,10 @@ TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
   EXPECT_GT(round_rate[1][kT / 2].tests, 500u);
   EXPECT_GT(later_rounds, 0u);
 }
+
+TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) { run_threshold_failure(kernels::CounterKind::Tree); }
+
+TEST(ThresholdFailure, BandedCountersToo) { run_threshold_failure(kernels::CounterKind::Banded); }
 
 }  // namespace
 }  // namespace dpstream
