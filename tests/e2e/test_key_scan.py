@@ -3,7 +3,8 @@
 
 A DP job whose Zipf keys range from keys with records at every trigger to keys seen once, so that
 hundreds of releases come from noise alone at triggers without records for the key. With a fixed
-noise seed, for mu = 0 (every key with a user is tested) and the default mu:
+noise seed, for mu = 0 (every key with a user is tested) and the default mu on trees, and the
+default mu on banded-inverse counters:
 
   * key_scan = "predicted" (default, 2 threads per rank) gives a releases.csv byte-identical to
     key_scan = "full" (1 thread per rank) at the same rank count, visits fewer keys per trigger,
@@ -26,11 +27,13 @@ import harness  # noqa: E402
 KILLED_AT_TRIGGER = 70  # the 71st trigger: window 2, trigger 10 of 60
 
 
-def job_toml(mu):
+def job_toml(mu, banded=False):
     text = harness.synthetic_job_toml("key-scan", "dp", 40000, 60, keys=3000, seed=3, window_seconds=900,
                                       max_records=4, noise_seed=5, windows=2, every=1)
     if mu is not None:
         text = text.replace('mode = "dp"', f'mode = "dp"\nmu = {mu}')
+    if banded:  # banded-inverse counters for key selection and the released columns
+        text = text.replace('mode = "dp"', 'mode = "dp"\nselection_counter = "banded"\nvalue_counter = "banded"')
     return text
 
 
@@ -44,12 +47,12 @@ def main():
     dp = harness.Dpstream(args)
     results = harness.Results("e2e key_scan")
     with harness.TempDir(args.keep, "dpstream-key-scan-") as tmp:
-        for mu in (0, None):
-            label = f"mu = {mu}" if mu is not None else "default mu"
-            d = os.path.join(tmp, "mu0" if mu is not None else "mu-default")
+        for mu, banded in ((0, False), (None, False), (None, True)):
+            label = (f"mu = {mu}" if mu is not None else "default mu") + (", banded counters" if banded else "")
+            d = os.path.join(tmp, ("mu0" if mu is not None else "mu-default") + ("-banded" if banded else ""))
             os.makedirs(d)
             job = os.path.join(d, "job.toml")
-            harness.write_job(job, job_toml(mu))
+            harness.write_job(job, job_toml(mu, banded))
             runs = {}
 
             def run(name, *extra, threads="2", ranks=None, env=None):
