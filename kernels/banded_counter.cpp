@@ -17,6 +17,7 @@ namespace mp = boost::multiprecision;
 namespace {
 constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
 constexpr int kZBits = 7;
+constexpr int kKeptBits = 56;  // fraction bits of Z kept per step: |Z~| < 2^63 fits an int64 (half the state of 64)
 constexpr std::uint32_t kMaxSearchHorizon = 1024;  // the band search's horizon: T beyond it changes the band little  // |Z| < 2^7 keeps every fixed-point sum inside int128 (P[|Z| >= 128] < 10^-3500)
 
 // round(x / 2^shift), ties away from zero.
@@ -145,14 +146,14 @@ void BandedNoise::push(const BandedPlan& plan, int128 z) {
   ++at_;
   const std::size_t keep = plan.band() - 1;
   if (keep == 0) {
-    older_ += z;
+    older_ += z / (int128{1} << (64 - kKeptBits));  // truncation toward zero: |Z - Z~| < 2^-56, on Z's side
     return;
   }
   if (recent_.size() == keep) {
     older_ += recent_.front();
     recent_.erase(recent_.begin());
   }
-  recent_.push_back(z);
+  recent_.push_back(static_cast<std::int64_t>(z / (int128{1} << (64 - kKeptBits))));
 }
 
 int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
@@ -169,8 +170,8 @@ int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
 std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std::int64_t q) const {
   if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
   if (at_ == 0) return int128{0};
-  constexpr double kUnit = 0x1p-126;  // 2^-(64 + kCoefBits + kSigmaBits)
-  static_assert(64 + kCoefBits + kSigmaBits == 126);
+  constexpr double kUnit = 0x1p-118;  // 2^-(kKeptBits + kCoefBits + kSigmaBits)
+  static_assert(kKeptBits + kCoefBits + kSigmaBits == 118);
   const double scale = static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * kUnit;
   const double v = scale * static_cast<double>(estimate_units(plan));
   const double w = scale * static_cast<double>(plan.abs_cumulative_sum(at_)) * (1 + 0x1p-48);
@@ -180,12 +181,12 @@ std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std
   return std::nullopt;
 }
 
-// N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-94).
+// N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-86).
 int128 BandedNoise::interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const {
   const mp::cpp_int scale = mp::cpp_int(plan.sigma_numerator()) * q;  // sigma q, units 2^-32
   const mp::cpp_int y = to_cpp(estimate_units(plan));
   const mp::cpp_int a = to_cpp(static_cast<int128>(plan.abs_cumulative_sum(at_)));
-  constexpr unsigned kShift = 64 + kCoefBits + kSigmaBits;
+  constexpr unsigned kShift = kKeptBits + kCoefBits + kSigmaBits;
   const mp::cpp_int lo = round_shift(scale * (y - a), kShift), hi = round_shift(scale * (y + a), kShift);
   if (lo == hi) return to_int128(lo);
   return exact_prefix_noise(plan, q, at_, redraw);

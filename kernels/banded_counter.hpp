@@ -14,7 +14,7 @@
 //
 // Exactness: m_k is a multiple of 2^-30 and sigma of 2^-32, and Z's digits are exact and lazy
 // (kernels/exact_normal.hpp), so the released round(q N_t) (on an output grid of q units per unit)
-// is computed exactly: an interval from 64 bits of each Z first, more digits in the rare case the
+// is computed exactly: an interval from 56 kept bits of each Z first, more digits in the rare case the
 // interval straddles a rounding boundary. A released prefix is the true prefix plus this rounding,
 // i.e. the same rounding of B u: post-processing of the Gaussian mechanism, with no floating point
 // on the noisy path. (A discrete Gaussian would not do: C x is not on its lattice, and the release
@@ -54,7 +54,7 @@ class BandedPlan {
   std::uint64_t sigma_numerator() const { return sigma_num_; }
   // Var(N_t) / sigma^2 = sum_{j < t} M_j^2.
   double variance_factor(std::uint32_t t) const;
-  // sum_{j < t} |M_j| 2^30: the error bound of an estimate from 64-bit digits, in units of 2^-94.
+  // sum_{j < t} |M_j| 2^30: the error bound of the kept estimate, in units of 2^-86.
   uint128 abs_cumulative_sum(std::uint32_t t) const;
 
  private:
@@ -94,25 +94,26 @@ class BandedNoise {
 
   // round(q N_at) on the output grid, ties away from zero (a tie has probability 0); q in [1, 2^62].
   // `redraw` is called only when 64 bits per sample leave the rounding undecided (probability about
-  // the interval's width in grid units, ~2^-30 here): it must return the same samples with more digits.
+  // the interval's width in grid units, ~2^-22 here): it must return the same samples with more digits.
   template <class Redraw>
   int128 prefix_noise(const BandedPlan& plan, std::int64_t q, Redraw&& redraw) const {
     if (const auto fast = fast_prefix_noise(plan, q)) return *fast;
     return interval_prefix_noise(plan, q, Draw(std::forward<Redraw>(redraw)));
   }
 
-  // The estimate sum_r M_{at-r} Z~_r from 64-bit digits, in units of 2^-94 (exposed for tests).
+  // The estimate sum_r M_{at-r} Z~_r, Z~ = Z truncated toward zero to 56 fraction bits, in units of
+  // 2^-86 (exposed for tests).
   int128 estimate_units(const BandedPlan& plan) const;
 
  private:
   // round(q N_at) when the long double estimate decides it (almost always), else nothing.
   std::optional<int128> fast_prefix_noise(const BandedPlan& plan, std::int64_t q) const;
-  // The same from the exact interval of the 64-bit digits, then from more digits.
+  // The same from the exact interval of the kept 56 bits, then from more digits.
   int128 interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
 
   std::uint32_t at_ = 0;
-  int128 older_ = 0;                       // sum of Z~_r for r <= at - (b - 1), units 2^-64
-  absl::InlinedVector<int128, 7> recent_;  // Z~ of the last min(at, b - 1) steps, newest last
+  int128 older_ = 0;                              // sum of Z~_r for r <= at - (b - 1), units 2^-56
+  absl::InlinedVector<std::int64_t, 7> recent_;  // Z~ of the last min(at, b - 1) steps, newest last
 };
 
 // round(q N_t) from samples of `words` digits each, or the same with any number of digits: exact

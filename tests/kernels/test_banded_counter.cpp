@@ -133,7 +133,7 @@ TEST(BandedCounter, VarianceMatchesThePlan) {
   }
 }
 
-// The fast path (64-bit digits, an interval) gives the exact rounding: the same as the reference with
+// The fast path (56 kept bits, an interval) gives the exact rounding: the same as the reference with
 // 128 and more bits per sample, on 3000 counters at several steps and grids.
 TEST(BandedCounter, FastPathIsExact) {
   const BandedPlan plan(optimized_band(200, 8), 7.25);
@@ -142,12 +142,12 @@ TEST(BandedCounter, FastPathIsExact) {
     Keyed k{noise::WindowPrf(noise::secret_from_seed(5), 1), static_cast<std::uint64_t>(key)};
     const std::uint32_t t = 1 + static_cast<std::uint32_t>(key % 200);
     for (const std::int64_t q : {std::int64_t{1}, kGrid, std::int64_t{1} << 40}) {
-      const int128 fast = prefix(plan, k, t, q, &redraws);
+      const int128 fast = prefix(plan, k, t, q, q <= kGrid ? &redraws : nullptr);  // 2^40: often undecided
       const int128 exact = exact_prefix_noise(plan, q, t, [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
       ASSERT_TRUE(fast == exact) << "key " << key << " t " << t << " q " << q;
     }
   }
-  EXPECT_EQ(redraws, 0);  // undecided with probability ~2^-30 per call
+  EXPECT_EQ(redraws, 0);  // on the engine's grids: undecided with probability ~2^-22 per call
 }
 
 // With a huge scale (sigma 2^30, q 2^60) 64-bit digits never decide: the counter must ask for more
