@@ -6,7 +6,7 @@
 //  - sample_normal (the engine's): a cell of width 2^-7 of |Z| from an inverse-CDF table of 192-bit
 //    probabilities (kernels/cdf_table.hpp; cells up to |Z| < 20, the mass beyond < 2^-280), then a
 //    uniform point of the cell accepted with probability exp(-(z^2 - a^2)/2) (a = the cell's inner
-//    edge; > 0.85) by von Neumann's exact comparisons of lazy digits. Within 2^-180 of N(0, 1) in
+//    edge; > 0.85) by von Neumann's exact comparisons of lazy digits. Within 2^-179 of N(0, 1) in
 //    total variation (the table's rounding: docs/PRIVACY.md section 5). About 4 stream words.
 //  - sample_normal_karney: Karney's Algorithm N ("Sampling exactly from the normal distribution",
 //    ACM TOMS 42(1), 2016; arXiv 1303.6257), exact, no table; about ten times slower. The reference.

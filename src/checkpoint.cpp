@@ -539,8 +539,8 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
     if (in_identity(field, c)) f[std::string(field.name)] = field.identity(c);
   if (f.count("privacy.counter_band"))  // banded counters: their sampler and the band's search define the noise
     f["engine.banded_mechanism"] =
-        "normal by Karney's Algorithm N on 64-bit digits from the node stream, band by coordinate search v1 on "
-        "the 2^-30 grid, sigma on the 2^-32 grid";
+        "normal by a 2^-7 cell table (192-bit) and exact in-cell rejection, 56 kept bits; band by coordinate "
+        "search v1 (steps to 2^-16, horizon <= 1024) on the 2^-30 grid; sigma on the 2^-32 grid";
   // Not spec keys, but they define the output too.
   if (c.input.kind == InputKind::Csv) f["input.content"] = input_digest;        // the file's content, wherever it lives
   f["stream.windows_from_input"] = c.stream.windows_from_input ? "yes" : "no";  // then the content fixes them
