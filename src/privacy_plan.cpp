@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cmath>
+#include <utility>
 
 #include "common/record.hpp"
 #include "kernels/bounding.hpp"
@@ -195,35 +196,39 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
 
 }  // namespace
 
-// The round's Honaker prefix at step s has noise std lambda_s = sigma sqrt(v_s); each of its
-// popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each; a full step is added).
-SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_t T, ThresholdTail tail) {
+namespace {
+// tau_s = lambda_s tail_z + margin_s, s = 1..T, from std_and_margin(s) = {lambda_s, margin_s}.
+template <class StdAndMargin>
+SelectionThresholds thresholds_from(double beta, std::uint32_t T, ThresholdTail tail, StdAndMargin&& std_and_margin) {
   SelectionThresholds t;
   t.tail_z = tail == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / beta))
                                                 : accounting::normal_upper_quantile(beta);
   t.tau.assign(T + 1, 0.0);
   t.lambda.assign(T + 1, 0.0);
   for (std::uint32_t s = 1; s <= T; ++s) {
-    t.lambda[s] = sigma * std::sqrt(kernels::dptree::prefix_variance_factor(s));
-    t.tau[s] = t.lambda[s] * t.tail_z + std::popcount(s) / kValueScale;
+    const auto [lambda, margin] = std_and_margin(s);
+    t.lambda[s] = lambda;
+    t.tau[s] = lambda * t.tail_z + margin;
   }
   return t;
+}
+}  // namespace
+
+// The round's Honaker prefix at step s has noise std lambda_s = sigma sqrt(v_s); each of its
+// popcount(s) nodes is rounded to the 2^-20 grid (at most half a step each; a full step is added).
+SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_t T, ThresholdTail tail) {
+  return thresholds_from(beta, T, tail, [&](std::uint32_t s) {
+    return std::pair{sigma * std::sqrt(kernels::dptree::prefix_variance_factor(s)), std::popcount(s) / kValueScale};
+  });
 }
 
 // The banded counter's prefix at step s has noise std lambda_s = sigma sqrt(sum_{j<s} M_j^2), exactly
 // Gaussian, rounded once to the 2^-20 grid (at most half a step; a full step is added).
 SelectionThresholds banded_selection_thresholds(const kernels::banded::BandedPlan& plan, double beta, std::uint32_t T,
                                                 ThresholdTail tail) {
-  SelectionThresholds t;
-  t.tail_z = tail == ThresholdTail::Subgaussian ? std::sqrt(2.0 * std::log(1.0 / beta))
-                                                : accounting::normal_upper_quantile(beta);
-  t.tau.assign(T + 1, 0.0);
-  t.lambda.assign(T + 1, 0.0);
-  for (std::uint32_t s = 1; s <= T; ++s) {
-    t.lambda[s] = plan.sigma() * std::sqrt(plan.variance_factor(s));
-    t.tau[s] = t.lambda[s] * t.tail_z + 1.0 / kValueScale;
-  }
-  return t;
+  return thresholds_from(beta, T, tail, [&](std::uint32_t s) {
+    return std::pair{plan.sigma() * std::sqrt(plan.variance_factor(s)), 1.0 / kValueScale};
+  });
 }
 
 PrivacyPlan make_privacy_plan(const JobConfig& c) {
