@@ -18,7 +18,9 @@ namespace {
 constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
 constexpr int kZBits = 7;
 constexpr int kKeptBits = 56;  // fraction bits of Z kept per step: |Z~| < 2^63 fits an int64 (half the state of 64)
-constexpr std::uint32_t kMaxSearchHorizon = 1024;  // the band search's horizon: T beyond it changes the band little  // |Z| < 2^7 keeps every fixed-point sum inside int128 (P[|Z| >= 128] < 10^-3500)
+constexpr std::uint32_t kMaxSearchHorizon =
+    1024;  // the band search's horizon: T beyond it changes the band little  // |Z| < 2^7 keeps every fixed-point sum
+           // inside int128 (P[|Z| >= 128] < 10^-3500)
 
 // round(x / 2^shift), ties away from zero.
 mp::cpp_int round_shift(const mp::cpp_int& x, unsigned shift) {
@@ -28,7 +30,8 @@ mp::cpp_int round_shift(const mp::cpp_int& x, unsigned shift) {
 
 int128 to_int128(const mp::cpp_int& v) {
   if (mp::abs(v) >= (mp::cpp_int(1) << 126)) throw std::range_error("banded counter: rounded noise beyond int128");
-  const auto mag = static_cast<uint128>(mp::abs(v) >> 64) << 64 | static_cast<uint128>(static_cast<std::uint64_t>(mp::abs(v) & ~std::uint64_t{0}));
+  const auto mag = static_cast<uint128>(mp::abs(v) >> 64) << 64 |
+                   static_cast<uint128>(static_cast<std::uint64_t>(mp::abs(v) & ~std::uint64_t{0}));
   return v < 0 ? -static_cast<int128>(mag) : static_cast<int128>(mag);
 }
 
@@ -72,12 +75,17 @@ BandedPlan::BandedPlan(std::vector<std::int64_t> band, double sigma) : m_(std::m
   sigma_num_ = static_cast<std::uint64_t>(std::ceil(std::ldexp(sigma, kSigmaBits)));  // exact: < 2^62
 }
 
+bool BandedPlan::monotone() const {
+  return std::all_of(cum_.begin(), cum_.end(), [](std::int64_t m) { return m >= 0; });
+}
+
 double BandedPlan::sigma() const { return std::ldexp(static_cast<double>(sigma_num_), -kSigmaBits); }
 
 double BandedPlan::variance_factor(std::uint32_t t) const {
   long double v = 0;
   for (std::uint32_t j = 0; j < t && j < cum_.size(); ++j) v += std::pow(static_cast<long double>(cum_[j]), 2);
-  if (t > cum_.size()) v += static_cast<long double>(t - cum_.size()) * std::pow(static_cast<long double>(cum_.back()), 2);
+  if (t > cum_.size())
+    v += static_cast<long double>(t - cum_.size()) * std::pow(static_cast<long double>(cum_.back()), 2);
   return static_cast<double>(v / std::pow(static_cast<long double>(kOneCoef), 2));
 }
 
@@ -177,7 +185,8 @@ std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std
   const double w = scale * static_cast<double>(plan.abs_cumulative_sum(at_)) * (1 + 0x1p-48);
   if (!(std::abs(v) < 0x1p50)) return std::nullopt;
   const double r = v >= 0 ? std::floor(v + 0.5) : -std::floor(-v + 0.5);  // ties away; a wrong r fails the margin
-  if (0.5 - std::abs(v - r) > w + std::abs(v) * 0x1p-48 + 0x1p-40) return static_cast<int128>(static_cast<std::int64_t>(r));
+  if (0.5 - std::abs(v - r) > w + std::abs(v) * 0x1p-48 + 0x1p-40)
+    return static_cast<int128>(static_cast<std::int64_t>(r));
   return std::nullopt;
 }
 

@@ -50,7 +50,9 @@ class BandedPlan {
   std::size_t band() const { return m_.size(); }
   const std::vector<std::int64_t>& coefficients() const { return m_; }  // numerators of m_k
   std::int64_t cumulative(std::uint32_t j) const { return j < cum_.size() ? cum_[j] : cum_.back(); }  // of M_j
-  double sigma() const;                              // exactly sigma_numerator() 2^-32
+  double sigma() const;  // exactly sigma_numerator() 2^-32
+  // Every partial sum M_j >= 0: the prefix noise is non-decreasing in every Z (the thresholds need it).
+  bool monotone() const;
   std::uint64_t sigma_numerator() const { return sigma_num_; }
   // Var(N_t) / sigma^2 = sum_{j < t} M_j^2.
   double variance_factor(std::uint32_t t) const;
@@ -82,7 +84,11 @@ class BandedNoise {
   using Draw = std::function<noise::NormalSample(std::uint32_t index, std::size_t words)>;
 
   std::uint32_t at() const { return at_; }
-  void reset() { *this = BandedNoise(); }
+  void reset() {
+    at_ = 0;
+    older_ = 0;
+    recent_.clear();
+  }
 
   // Adds steps at()+1 .. to; `draw(index)` returns Z of step index + 1 with 64-bit digits.
   template <class DrawFixed>
@@ -112,7 +118,7 @@ class BandedNoise {
   int128 interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
 
   std::uint32_t at_ = 0;
-  int128 older_ = 0;                              // sum of Z~_r for r <= at - (b - 1), units 2^-56
+  int128 older_ = 0;                             // sum of Z~_r for r <= at - (b - 1), units 2^-56
   absl::InlinedVector<std::int64_t, 7> recent_;  // Z~ of the last min(at, b - 1) steps, newest last
 };
 

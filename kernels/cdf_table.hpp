@@ -17,8 +17,9 @@
 
 namespace dpstream::noise {
 
-using BigFloat = boost::multiprecision::number<
-    boost::multiprecision::cpp_bin_float<320, boost::multiprecision::digit_base_2>, boost::multiprecision::et_off>;
+using BigFloat =
+    boost::multiprecision::number<boost::multiprecision::cpp_bin_float<320, boost::multiprecision::digit_base_2>,
+                                  boost::multiprecision::et_off>;
 
 struct CdfTable {
   static constexpr unsigned kGuideBits = 12;

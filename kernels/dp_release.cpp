@@ -137,7 +137,8 @@ class BandedSelection {
     for (const int128 z : values_) n.push(plan_, z);
   }
   int128 prefix(const Noise& n, std::uint64_t key, std::uint32_t round) const {
-    return n.prefix_noise(plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
+    return n.prefix_noise(
+        plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
   }
   // A simulation from n.at() up to `until`: its steps drawn now, then one step at a time.
   void begin_ahead(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
@@ -145,7 +146,8 @@ class BandedSelection {
     next_ = 0;
   }
   int128 step_ahead(Noise& n, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
-    if (next_ >= values_.size() || ids_[next_].index != q - 1) throw std::logic_error("BandedSelection: step not prepared");
+    if (next_ >= values_.size() || ids_[next_].index != q - 1)
+      throw std::logic_error("BandedSelection: step not prepared");
     n.push(plan_, values_[next_++]);
     return prefix(n, key, round);
   }
@@ -162,7 +164,8 @@ class BandedSelection {
   // Z~ of steps from+1..to (node index = step - 1).
   void prepare(std::uint64_t key, std::uint32_t round, std::uint32_t from, std::uint32_t to) {
     ids_.clear();
-    for (std::uint32_t q = from + 1; q <= to; ++q) ids_.push_back({key, noise::Family::BandedSelection, round, 0, q - 1});
+    for (std::uint32_t q = from + 1; q <= to; ++q)
+      ids_.push_back({key, noise::Family::BandedSelection, round, 0, q - 1});
     values_.resize(ids_.size());
     noise::normal_fixed64_batch(prf_, ids_.data(), ids_.size(), values_.data());
     draws += ids_.size();
@@ -180,11 +183,11 @@ int128 banded_value_noise(banded::BandedNoise& n, const banded::BandedPlan& plan
                           std::uint64_t key, noise::Family family, std::uint32_t leaf, std::int64_t q,
                           std::uint64_t& draws) {
   const std::uint32_t from = n.at();
-  n.advance(plan, leaf, [&](std::uint32_t i) {
-    return noise::normal_fixed64(BandedSelection::sample(prf, key, 0, i, 1, family));
-  });
+  n.advance(plan, leaf,
+            [&](std::uint32_t i) { return noise::normal_fixed64(BandedSelection::sample(prf, key, 0, i, 1, family)); });
   draws += leaf > from ? leaf - from : 0;
-  return n.prefix_noise(plan, q, [&](std::uint32_t i, std::size_t w) { return BandedSelection::sample(prf, key, 0, i, w, family); });
+  return n.prefix_noise(
+      plan, q, [&](std::uint32_t i, std::size_t w) { return BandedSelection::sample(prf, key, 0, i, w, family); });
 }
 }  // namespace
 
@@ -199,12 +202,16 @@ DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret, KeyScan sca
   const bool banded_values = params_.value_counter == CounterKind::Banded;
   if (params_.selection_counter == CounterKind::Banded) selection_band_.emplace(params_.band, params_.sigma_selection);
   if (params_.release_count) {
-    if (banded_values) count_band_.emplace(params_.band, params_.sigma_count);
-    else count_noise_.emplace(params_.sigma_count);
+    if (banded_values)
+      count_band_.emplace(params_.band, params_.sigma_count);
+    else
+      count_noise_.emplace(params_.sigma_count);
   }
   if (params_.release_sum) {
-    if (banded_values) sum_band_.emplace(params_.band, params_.sigma_sum);
-    else sum_noise_.emplace(params_.sigma_sum);
+    if (banded_values)
+      sum_band_.emplace(params_.band, params_.sigma_sum);
+    else
+      sum_noise_.emplace(params_.sigma_sum);
   }
 }
 
@@ -293,8 +300,10 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
   try {
     noise::WindowPrf prf(secret_, window_);
     Selection selection = [&] {
-      if constexpr (std::is_same_v<Selection, BandedSelection>) return Selection(prf, *selection_band_);
-      else return Selection(prf, selection_noise_);
+      if constexpr (std::is_same_v<Selection, BandedSelection>)
+        return Selection(prf, *selection_band_);
+      else
+        return Selection(prf, selection_noise_);
     }();
     // Noise of one node of one tree family (drawn once per node per cache lifetime).
     auto drawer = [&](std::uint64_t key, noise::Family family, std::uint32_t round, const noise::DiscreteGaussian& dg) {
@@ -314,7 +323,8 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
       // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
       // on, the simulation of its next steps with no new user, which schedules its next visit.
       // `known`: the key's cache entry when the caller has found it already.
-      auto visit = [&](std::uint64_t key, KeyState st, bool touched, NoiseCache<typename Selection::Noise>* known = nullptr) {
+      auto visit = [&](std::uint64_t key, KeyState st, bool touched,
+                       NoiseCache<typename Selection::Noise>* known = nullptr) {
         ++visited;
         const std::int64_t round_users = st.users - st.round_base_users;
         if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
@@ -340,7 +350,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           }
           if (count_band_)
             r.count = int128{st.count} * kOne + banded_value_noise(v.banded_count, *count_band_, prf, key,
-                                                                     noise::Family::BandedCount, leaf, kOne, draws);
+                                                                   noise::Family::BandedCount, leaf, kOne, draws);
           if (sum_noise_) {
             v.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
             r.sum = st.sum + v.sum.prefix_noise(params_.sum_quantum);

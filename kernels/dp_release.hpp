@@ -38,8 +38,8 @@ struct DpParams {
   double sigma_sum = 0;          // per node, in sum quanta
   std::int64_t sum_quantum = 1;  // fixed-point units per sum quantum (a power of two)
   CounterKind selection_counter = CounterKind::Tree;
-  CounterKind value_counter = CounterKind::Tree;    // count and sum
-  std::vector<std::int64_t> band;                   // the banded counters' band (either kind Banded)
+  CounterKind value_counter = CounterKind::Tree;  // count and sum
+  std::vector<std::int64_t> band;                 // the banded counters' band (either kind Banded)
 };
 
 struct DpStats {
@@ -110,7 +110,7 @@ class DpReleaser {
   noise::Secret secret_;
   std::int64_t window_ = 0;
   noise::DiscreteGaussian selection_noise_;
-  std::optional<noise::DiscreteGaussian> count_noise_, sum_noise_;  // for the chosen columns (tree counters)
+  std::optional<noise::DiscreteGaussian> count_noise_, sum_noise_;            // for the chosen columns (tree counters)
   std::optional<banded::BandedPlan> selection_band_, count_band_, sum_band_;  // banded counters
   CacheShards<dptree::PrefixNoise> tree_caches_{KeyStateTable::kShards};
   CacheShards<banded::BandedNoise> banded_caches_{KeyStateTable::kShards};

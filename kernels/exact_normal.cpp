@@ -44,12 +44,12 @@ class AlgorithmN {
   NormalSample sample(std::size_t min_words) {
     std::uint32_t k = 0;
     for (;;) {
-      k = geometric_half();                                                  // N1
+      k = geometric_half();  // N1
       const std::uint64_t k64 = k;
-      if (k64 > 1 && !exp_minus_half_power(k64 * (k64 - 1))) continue;        // N2: exp(-k(k-1)/2)
-      x_.reset();                                                            // N3
+      if (k64 > 1 && !exp_minus_half_power(k64 * (k64 - 1))) continue;  // N2: exp(-k(k-1)/2)
+      x_.reset();                                                       // N3
       std::uint32_t j = 0;
-      while (j <= k && algorithm_b(k)) ++j;                                  // N4: exp(-x(2k+x)/2)
+      while (j <= k && algorithm_b(k)) ++j;  // N4: exp(-x(2k+x)/2)
       if (j > k) break;
     }
     NormalSample z;
@@ -120,8 +120,8 @@ class AlgorithmN {
 
 // ---- the table sampler ---------------------------------------------------------------------
 namespace {
-constexpr int kCellBits = 7;                       // cells of width h = 2^-7
-constexpr std::size_t kCells = 20u << kCellBits;   // |Z| < 20: P[|Z| >= 20] < 2^-280
+constexpr int kCellBits = 7;                      // cells of width h = 2^-7
+constexpr std::size_t kCells = 20u << kCellBits;  // |Z| < 20: P[|Z| >= 20] < 2^-280
 
 // Cell j of |Z| is [j h, (j + 1) h), proposed with mass w_j = exp(-(j h)^2 / 2) (the density at its
 // inner edge): w_j = w_(j-1) r_j with r_1 = exp(-h^2/2), r_j = r_(j-1) exp(-h^2), in 320-bit floating point.
@@ -158,9 +158,10 @@ bool below_f(NodeStream& rng, Deviate& v_dev, Deviate& u_dev, std::uint64_t j) {
     constexpr int kShift = 2 * kCellBits + 1;
     const uint128 u1 = uint128{u} + 1;  // <= 2^64
     const uint128 sq = uint128{u} * u;
-    const uint128 sq1_ceil = u1 == (uint128{1} << 64) ? (uint128{1} << 64) : ((u1 * u1) >> 64) + (static_cast<std::uint64_t>(u1 * u1) != 0);
-    const uint128 f_lo = (2 * j * uint128{u} + (sq >> 64)) >> kShift;                      // floor, units 2^-64
-    const uint128 f_hi = (2 * j * u1 + sq1_ceil + ((uint128{1} << kShift) - 1)) >> kShift;  // ceil
+    const uint128 sq1_ceil =
+        u1 == (uint128{1} << 64) ? (uint128{1} << 64) : ((u1 * u1) >> 64) + (static_cast<std::uint64_t>(u1 * u1) != 0);
+    const uint128 f_lo = (uint128{2} * j * u + (sq >> 64)) >> kShift;  // floor, units 2^-64
+    const uint128 f_hi = (uint128{2} * j * u1 + sq1_ceil + ((uint128{1} << kShift) - 1)) >> kShift;  // ceil
     if (uint128{v} + 1 <= f_lo) return true;
     if (uint128{v} >= f_hi) return false;
   }
@@ -169,7 +170,8 @@ bool below_f(NodeStream& rng, Deviate& v_dev, Deviate& u_dev, std::uint64_t j) {
     const mp::cpp_int u = digits_value(u_dev, rng, words), v = digits_value(v_dev, rng, words);
     const mp::cpp_int one = mp::cpp_int(1) << bits, den = mp::cpp_int(1) << (2 * kCellBits + 1);
     // f(U) 2^bits for U = u / 2^bits: (2j u 2^bits + u^2) / (2^bits den)
-    const mp::cpp_int lo_num = 2 * mp::cpp_int(j) * u * one + u * u, hi_num = 2 * mp::cpp_int(j) * (u + 1) * one + (u + 1) * (u + 1);
+    const mp::cpp_int lo_num = 2 * mp::cpp_int(j) * u * one + u * u,
+                      hi_num = 2 * mp::cpp_int(j) * (u + 1) * one + (u + 1) * (u + 1);
     const mp::cpp_int f_lo = lo_num / (one * den), f_hi = (hi_num + one * den - 1) / (one * den);
     if (v + 1 <= f_lo) return true;
     if (v >= f_hi) return false;

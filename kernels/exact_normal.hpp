@@ -23,8 +23,8 @@ namespace dpstream::noise {
 
 struct NormalSample {
   bool negative = false;
-  std::uint32_t k = 0;                               // integer part of |Z|
-  absl::InlinedVector<std::uint64_t, 2> fraction;    // x = 0.fraction[0] fraction[1] ... (base 2^64)
+  std::uint32_t k = 0;                             // integer part of |Z|
+  absl::InlinedVector<std::uint64_t, 2> fraction;  // x = 0.fraction[0] fraction[1] ... (base 2^64)
   // |Z| lies in [k + 0.f0..f(w-1), k + 0.f0..f(w-1) + 2^(-64 w)) for w = fraction.size().
 };
 

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "common/fault_injection.hpp"
+#include "kernels/banded_counter.hpp"
 #include "partition/hash.hpp"
 #include "src/csv_input.hpp"
 #include "src/durable_io.hpp"
@@ -537,10 +538,18 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
       "2^-20, checkpoint v1, CSV ids SipHash-2-4-128 separated";
   for (const auto& field : job_spec_fields())  // the spec's output-defining keys (src/config.cpp)
     if (in_identity(field, c)) f[std::string(field.name)] = field.identity(c);
-  if (f.count("privacy.counter_band"))  // banded counters: their sampler and the band's search define the noise
+  if (f.count("privacy.counter_band")) {  // banded counters: their sampler and the band define the noise
+    // The band and its norm as this binary computes them: a build whose search or long double differs
+    // (another architecture, FMA contraction) must not resume with another factorization.
+    const auto band = kernels::banded::optimized_band(c.stream.triggers, c.privacy.counter_band);
+    std::string numerators;
+    for (const std::int64_t m : band) numerators += (numerators.empty() ? "" : ",") + std::to_string(m);
+    f["engine.banded_band"] = fmt::format("{}; ||C e_1||^2 = {:a}", numerators,
+                                          kernels::banded::sensitivity_squared(band, c.stream.triggers));
     f["engine.banded_mechanism"] =
         "normal by a 2^-7 cell table (192-bit) and exact in-cell rejection, 56 kept bits; band by coordinate "
         "search v1 (steps to 2^-16, horizon <= 1024) on the 2^-30 grid; sigma on the 2^-32 grid";
+  }
   // Not spec keys, but they define the output too.
   if (c.input.kind == InputKind::Csv) f["input.content"] = input_digest;        // the file's content, wherever it lives
   f["stream.windows_from_input"] = c.stream.windows_from_input ? "yes" : "no";  // then the content fixes them

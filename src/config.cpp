@@ -275,8 +275,8 @@ bool in_identity(const SpecField& field, const JobConfig& c) {
     case AppliesTo::Private:
       return is_private(c.privacy.mode);
     case AppliesTo::BandedCounters:
-      return is_private(c.privacy.mode) && (c.privacy.selection_counter == CounterKind::Banded ||
-                                            c.privacy.value_counter == CounterKind::Banded);
+      return is_private(c.privacy.mode) &&
+             (c.privacy.selection_counter == CounterKind::Banded || c.privacy.value_counter == CounterKind::Banded);
     default:
       return true;
   }

@@ -32,8 +32,8 @@ enum class Composition { Zcdp, Basic, Optimal };
 // of the discrete Gaussian (tau = lambda sqrt(2 ln(1/beta))) or the paper's Gaussian quantile.
 enum class ThresholdTail { Subgaussian, GaussianQuantile };
 enum class ProgressMode { Always, Auto, Never };
-using kernels::KeyScan;      // [engine] key_scan
 using kernels::CounterKind;  // [privacy] selection_counter, value_counter
+using kernels::KeyScan;      // [engine] key_scan
 
 struct InputConfig {
   InputKind kind = InputKind::Synthetic;

@@ -226,6 +226,8 @@ SelectionThresholds selection_thresholds(double sigma, double beta, std::uint32_
 // Gaussian, rounded once to the 2^-20 grid (at most half a step; a full step is added).
 SelectionThresholds banded_selection_thresholds(const kernels::banded::BandedPlan& plan, double beta, std::uint32_t T,
                                                 ThresholdTail tail) {
+  if (!plan.monotone())  // docs/PRIVACY.md section 6: the union bound needs a non-decreasing prefix noise
+    throw std::invalid_argument("banded key selection needs a band whose partial sums are all >= 0");
   return thresholds_from(beta, T, tail, [&](std::uint32_t s) {
     return std::pair{plan.sigma() * std::sqrt(plan.variance_factor(s)), 1.0 / kValueScale};
   });
@@ -297,7 +299,8 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
 
   const SelectionThresholds thresholds =
       p.selection_counter == CounterKind::Banded
-          ? banded_selection_thresholds(kernels::banded::BandedPlan(p.band, p.selection.sigma), p.beta, p.T, pc.threshold)
+          ? banded_selection_thresholds(kernels::banded::BandedPlan(p.band, p.selection.sigma), p.beta, p.T,
+                                        pc.threshold)
           : selection_thresholds(p.selection.sigma, p.beta, p.T, pc.threshold);
   p.tail_z = thresholds.tail_z;
   p.tau = thresholds.tau;
@@ -539,14 +542,20 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
     line(
         "WARNING: threshold = \"gaussian-quantile\" is the paper's approximation; the delta below assumes it bounds "
         "the discrete noise's tail, which is not proven (docs/PRIVACY.md section 6)");
-  line(fmt::format("mode dp (DP-SQLP), composition {}; counters: key selection {}, values {}; T = {} triggers, C = {}",
-                   to_string(p.composition), to_string(p.selection_counter), to_string(p.value_counter), p.T, p.C));
-  if (!banded_sel || !banded_values)
+  if (!banded_sel && !banded_values)
+    line(fmt::format("mode dp (DP-SQLP), composition {}; trees: T = {} triggers, {} levels (floor(log2 T) + 1), C = {}",
+                     to_string(p.composition), p.T, p.levels, p.C));
+  else
+    line(
+        fmt::format("mode dp (DP-SQLP), composition {}; counters: key selection {}, values {}; T = {} triggers, C = {}",
+                    to_string(p.composition), to_string(p.selection_counter), to_string(p.value_counter), p.T, p.C));
+  if (banded_sel != banded_values)
     line(fmt::format("tree            {} levels (floor(log2 T) + 1): one unit moves one node per level", p.levels));
   if (banded_sel || banded_values) {
     std::string band;
     for (const std::int64_t m : p.band)
-      band += fmt::format("{}{:.6g}", band.empty() ? "" : ", ", std::ldexp(static_cast<double>(m), -kernels::banded::kCoefBits));
+      band += fmt::format("{}{:.6g}", band.empty() ? "" : ", ",
+                          std::ldexp(static_cast<double>(m), -kernels::banded::kCoefBits));
     line(fmt::format("banded          band m = ({}) of C^-1; ||C e_1||^2 = {:.6g} over T steps (exact normal noise)",
                      band, p.band_norm2));
   }

@@ -43,7 +43,8 @@ int128 prefix(const BandedPlan& plan, Keyed& k, std::uint32_t t, std::int64_t q,
 std::vector<long double> column_norms(const std::vector<std::int64_t>& band, std::uint32_t T) {
   std::vector<std::vector<long double>> inv(T, std::vector<long double>(T, 0));  // C^{-1}
   for (std::uint32_t r = 0; r < T; ++r)
-    for (std::uint32_t k = 0; k < band.size() && k <= r; ++k) inv[r][r - k] = std::ldexp(static_cast<long double>(band[k]), -kCoefBits);
+    for (std::uint32_t k = 0; k < band.size() && k <= r; ++k)
+      inv[r][r - k] = std::ldexp(static_cast<long double>(band[k]), -kCoefBits);
   std::vector<long double> norms(T, 0);
   for (std::uint32_t j = 0; j < T; ++j) {  // solve C^{-1} y = e_j
     std::vector<long double> y(T, 0);
@@ -143,7 +144,8 @@ TEST(BandedCounter, FastPathIsExact) {
     const std::uint32_t t = 1 + static_cast<std::uint32_t>(key % 200);
     for (const std::int64_t q : {std::int64_t{1}, kGrid, std::int64_t{1} << 40}) {
       const int128 fast = prefix(plan, k, t, q, q <= kGrid ? &redraws : nullptr);  // 2^40: often undecided
-      const int128 exact = exact_prefix_noise(plan, q, t, [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
+      const int128 exact =
+          exact_prefix_noise(plan, q, t, [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
       ASSERT_TRUE(fast == exact) << "key " << key << " t " << t << " q " << q;
     }
   }
@@ -159,8 +161,8 @@ TEST(BandedCounter, UndecidedRoundingDrawsMoreDigits) {
     int redraws = 0;
     const int128 fast = prefix(plan, k, 30, std::int64_t{1} << 60, &redraws);
     EXPECT_GT(redraws, 0);
-    const int128 exact =
-        exact_prefix_noise(plan, std::int64_t{1} << 60, 30, [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
+    const int128 exact = exact_prefix_noise(plan, std::int64_t{1} << 60, 30,
+                                            [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
     EXPECT_TRUE(fast == exact);
   }
 }
@@ -168,9 +170,9 @@ TEST(BandedCounter, UndecidedRoundingDrawsMoreDigits) {
 TEST(BandedCounter, RejectsBadPlans) {
   const std::int64_t one = std::int64_t{1} << kCoefBits;
   EXPECT_THROW(BandedPlan({}, 1.0), std::invalid_argument);
-  EXPECT_THROW(BandedPlan({one / 2}, 1.0), std::invalid_argument);                   // m_0 != 1
+  EXPECT_THROW(BandedPlan({one / 2}, 1.0), std::invalid_argument);                           // m_0 != 1
   EXPECT_THROW(BandedPlan(std::vector<std::int64_t>(17, one), 1.0), std::invalid_argument);  // too wide
-  EXPECT_THROW(BandedPlan({one, 2 * one}, 1.0), std::invalid_argument);             // partial sum 3
+  EXPECT_THROW(BandedPlan({one, 2 * one}, 1.0), std::invalid_argument);                      // partial sum 3
   EXPECT_THROW(BandedPlan({one}, 0.0), std::invalid_argument);
   EXPECT_THROW(BandedPlan({one}, std::nan("")), std::invalid_argument);
   EXPECT_THROW(optimized_band(100, 0), std::invalid_argument);

@@ -103,7 +103,7 @@ TEST(ExactNormal, MeanAndVariance) {
   }
   const double mean = s / kN, var = s2 / kN;
   EXPECT_LT(std::abs(mean), 5 / std::sqrt(kN));
-  EXPECT_LT(std::abs(var - 1), 5 * std::sqrt(2.0 / kN));  // Var(Z^2) = 2
+  EXPECT_LT(std::abs(var - 1), 5 * std::sqrt(2.0 / kN));       // Var(Z^2) = 2
   EXPECT_LT(std::abs(s4 / kN - 3), 5 * std::sqrt(96.0 / kN));  // E Z^4 = 3, Var(Z^4) = 96
 }
 

@@ -175,7 +175,9 @@ TEST_P(KeyScanCounters, SilentKeysAreReleasedAtTheirPredictedTrigger) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Counters, KeyScanCounters, ::testing::Values(CounterKind::Tree, CounterKind::Banded),
-                         [](const auto& info) { return info.param == CounterKind::Tree ? "Tree" : "Banded"; });
+                         [](const auto& param_info) {
+                           return param_info.param == CounterKind::Tree ? "Tree" : "Banded";
+                         });
 
 }  // namespace
 }  // namespace dpstream

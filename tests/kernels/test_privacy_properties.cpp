@@ -369,46 +369,46 @@ TEST(PrivacyProperties, NoTinyKeysAreEverReleased) {
       per_trigger[0].push_back({2000 + i, kHugeCount, kHugeSum, mu + 1});
     }
     for (const auto counter : {kernels::CounterKind::Tree, kernels::CounterKind::Banded})
-    for (const double tau : {0.0, -1e9}) {
-      const DpParams params = flat_params(T, mu, tau, sigma, counter);
-      std::uint64_t tiny_released = 0, control_first = 0, control_ever = 0;
-      KeyStateTable table;
-      for (int secret = 0; secret < kSecrets; ++secret) {
-        DpReleaser releaser(params, noise::secret_from_seed(static_cast<std::uint64_t>(secret)));
-        releaser.begin_window(secret % 3);
-        table.clear();
-        DpStats stats;
-        std::set<std::uint64_t> released_controls;
-        for (std::uint32_t t = 0; t < T; ++t) {
-          table.accumulate(per_trigger[t]);
-          for (const KeyRelease& r : releaser.release(table, t, stats)) {
-            tiny_released += tiny.count(r.key);
-            if (control.count(r.key)) {
-              released_controls.insert(r.key);
-              control_first += t == 0;
+      for (const double tau : {0.0, -1e9}) {
+        const DpParams params = flat_params(T, mu, tau, sigma, counter);
+        std::uint64_t tiny_released = 0, control_first = 0, control_ever = 0;
+        KeyStateTable table;
+        for (int secret = 0; secret < kSecrets; ++secret) {
+          DpReleaser releaser(params, noise::secret_from_seed(static_cast<std::uint64_t>(secret)));
+          releaser.begin_window(secret % 3);
+          table.clear();
+          DpStats stats;
+          std::set<std::uint64_t> released_controls;
+          for (std::uint32_t t = 0; t < T; ++t) {
+            table.accumulate(per_trigger[t]);
+            for (const KeyRelease& r : releaser.release(table, t, stats)) {
+              tiny_released += tiny.count(r.key);
+              if (control.count(r.key)) {
+                released_controls.insert(r.key);
+                control_first += t == 0;
+              }
             }
           }
+          control_ever += released_controls.size();
         }
-        control_ever += released_controls.size();
+        EXPECT_EQ(tiny_released, 0u) << "mu = " << mu << ", tau = " << tau;
+        const double n = 16.0 * kSecrets;
+        if (tau < 0) {
+          EXPECT_EQ(control_first, 16u * kSecrets) << "mu = " << mu << ": every tested key passes tau = -1e9";
+        } else {
+          // At trigger 0 a control key is released iff its leaf noise Y >= 0 (noisy users mu + 1 + Y > mu); with
+          // a banded counter iff sigma Z_1 > -1 (M_0 = 1; the 2^-20 rounding moves the bar by < 2^-20: P changes
+          // < 1e-6). The 1.6e5 draws are independent (distinct keys or secrets); a 6-sd two-sided binomial bound
+          // has a false-failure rate below 2e-9 per (mu, tau, counter).
+          const double p = counter == kernels::CounterKind::Tree
+                               ? discrete_gaussian_nonnegative(noise::DiscreteGaussian(sigma).sigma())
+                               : 0.5 * std::erfc(-1.0 / (sigma * std::sqrt(2.0)));
+          EXPECT_NEAR(static_cast<double>(control_first) / n, p, 6 * std::sqrt(p * (1 - p) / n)) << "mu = " << mu;
+          // Over the window almost every control key is released ("most of the time"): the fraction is
+          // ~0.97 (8 correlated tests per key), sd < 5e-4, so the bound 0.9 is > 100 sd away (false-failure rate ~0).
+          EXPECT_GT(static_cast<double>(control_ever) / n, 0.9) << "mu = " << mu;
+        }
       }
-      EXPECT_EQ(tiny_released, 0u) << "mu = " << mu << ", tau = " << tau;
-      const double n = 16.0 * kSecrets;
-      if (tau < 0) {
-        EXPECT_EQ(control_first, 16u * kSecrets) << "mu = " << mu << ": every tested key passes tau = -1e9";
-      } else {
-        // At trigger 0 a control key is released iff its leaf noise Y >= 0 (noisy users mu + 1 + Y > mu); with
-        // a banded counter iff sigma Z_1 > -1 (M_0 = 1; the 2^-20 rounding moves the bar by < 2^-20: P changes
-        // < 1e-6). The 1.6e5 draws are independent (distinct keys or secrets); a 6-sd two-sided binomial bound
-        // has a false-failure rate below 2e-9 per (mu, tau, counter).
-        const double p = counter == kernels::CounterKind::Tree
-                             ? discrete_gaussian_nonnegative(noise::DiscreteGaussian(sigma).sigma())
-                             : 0.5 * std::erfc(-1.0 / (sigma * std::sqrt(2.0)));
-        EXPECT_NEAR(static_cast<double>(control_first) / n, p, 6 * std::sqrt(p * (1 - p) / n)) << "mu = " << mu;
-        // Over the window almost every control key is released ("most of the time"): the fraction is
-        // ~0.97 (8 correlated tests per key), sd < 5e-4, so the bound 0.9 is > 100 sd away (false-failure rate ~0).
-        EXPECT_GT(static_cast<double>(control_ever) / n, 0.9) << "mu = " << mu;
-      }
-    }
   }
 }
 
@@ -760,7 +760,8 @@ TEST(PrivacyProperties, BandedReleasesMatchTheArbitraryPrecisionReference) {
   const std::uint32_t T = 24;
   const double mu = 2;
   const DpParams params = flat_params(T, mu, -1e9, 2.0, kernels::CounterKind::Banded);
-  const kernels::banded::BandedPlan count_plan(params.band, params.sigma_count), sum_plan(params.band, params.sigma_sum);
+  const kernels::banded::BandedPlan count_plan(params.band, params.sigma_count),
+      sum_plan(params.band, params.sigma_sum);
   const auto secret = noise::secret_from_seed(17);
   std::mt19937_64 rng(5);
   std::vector<std::vector<KeyPartial>> per_trigger(T);
@@ -768,7 +769,8 @@ TEST(PrivacyProperties, BandedReleasesMatchTheArbitraryPrecisionReference) {
     for (std::uint64_t k = 1; k <= 40; ++k)
       if (rng() % 3 == 0)
         per_trigger[t].push_back({k, static_cast<std::int64_t>(1 + rng() % 5),
-                                  static_cast<std::int64_t>(rng() % 4000) * 16 - 20000, static_cast<std::int64_t>(1 + rng() % 3)});
+                                  static_cast<std::int64_t>(rng() % 4000) * 16 - 20000,
+                                  static_cast<std::int64_t>(1 + rng() % 3)});
   DpReleaser releaser(params, secret);
   releaser.begin_window(2);
   noise::WindowPrf prf(secret, 2);
@@ -791,7 +793,7 @@ TEST(PrivacyProperties, BandedReleasesMatchTheArbitraryPrecisionReference) {
                                                           count_plan, one, t + 1, redraw(noise::Family::BandedCount)))
           << "key " << r.key << " trigger " << t;
       EXPECT_TRUE(r.sum == st.sum + kernels::banded::exact_prefix_noise(sum_plan, params.sum_quantum, t + 1,
-                                                                         redraw(noise::Family::BandedSum)))
+                                                                        redraw(noise::Family::BandedSum)))
           << "key " << r.key << " trigger " << t;
       ++checked;
     }
@@ -799,7 +801,6 @@ TEST(PrivacyProperties, BandedReleasesMatchTheArbitraryPrecisionReference) {
   EXPECT_GT(checked, 120u);
   EXPECT_EQ(stats.released, checked);
 }
-
 
 // A release is total + noise in 128 bits: totals far beyond int64 neither abort nor wrap, and the noise
 // added to them is the noise the same key gets on small totals (same secret, window, key and round).

@@ -213,9 +213,9 @@ void run_threshold_failure(kernels::CounterKind counter) {
   const PrivacyPlan plan = real_plan(counter);
   const double sigma = plan.selection.sigma;
   const std::vector<std::int64_t> band = banded ? plan.band : std::vector<std::int64_t>{};
-  const SelectionThresholds thr =
-      banded ? banded_selection_thresholds(kernels::banded::BandedPlan(band, sigma), kBeta, kT, ThresholdTail::Subgaussian)
-             : selection_thresholds(sigma, kBeta, kT, ThresholdTail::Subgaussian);
+  const SelectionThresholds thr = banded ? banded_selection_thresholds(kernels::banded::BandedPlan(band, sigma), kBeta,
+                                                                       kT, ThresholdTail::Subgaussian)
+                                         : selection_thresholds(sigma, kBeta, kT, ThresholdTail::Subgaussian);
   std::vector<double> exact(kT + 1, -1);  // exact pass probability (tree: at single-node steps)
   if (banded) {
     for (std::uint32_t s = 1; s <= kT; ++s) {
@@ -348,7 +348,9 @@ void run_threshold_failure(kernels::CounterKind counter) {
   EXPECT_GT(later_rounds, 0u);
 }
 
-TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) { run_threshold_failure(kernels::CounterKind::Tree); }
+TEST(ThresholdFailure, NoDataKeysPassAtMostBetaPerTestAndCTBetaPerWindow) {
+  run_threshold_failure(kernels::CounterKind::Tree);
+}
 
 TEST(ThresholdFailure, BandedCountersToo) { run_threshold_failure(kernels::CounterKind::Banded); }
 
