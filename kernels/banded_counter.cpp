@@ -28,6 +28,16 @@ mp::cpp_int round_shift(const mp::cpp_int& x, unsigned shift) {
   return x >= 0 ? mp::cpp_int((x + half) >> shift) : mp::cpp_int(-((-x + half) >> shift));
 }
 
+int128 to_int128(const mp::cpp_int& v);
+
+// round(scale Y / 2^shift) when it is the same at both ends of Y in [y - a, y + a], else nothing.
+std::optional<int128> rounding_of_interval(const mp::cpp_int& scale, const mp::cpp_int& y, const mp::cpp_int& a,
+                                           unsigned shift) {
+  const mp::cpp_int lo = round_shift(scale * (y - a), shift), hi = round_shift(scale * (y + a), shift);
+  if (lo == hi) return to_int128(lo);
+  return std::nullopt;
+}
+
 int128 to_int128(const mp::cpp_int& v) {
   if (mp::abs(v) >= (mp::cpp_int(1) << 126)) throw std::range_error("banded counter: rounded noise beyond int128");
   const auto mag = static_cast<uint128>(mp::abs(v) >> 64) << 64 |
@@ -196,8 +206,7 @@ int128 BandedNoise::interval_prefix_noise(const BandedPlan& plan, std::int64_t q
   const mp::cpp_int y = to_cpp(estimate_units(plan));
   const mp::cpp_int a = to_cpp(static_cast<int128>(plan.abs_cumulative_sum(at_)));
   constexpr unsigned kShift = kKeptBits + kCoefBits + kSigmaBits;
-  const mp::cpp_int lo = round_shift(scale * (y - a), kShift), hi = round_shift(scale * (y + a), kShift);
-  if (lo == hi) return to_int128(lo);
+  if (const auto r = rounding_of_interval(scale, y, a, kShift)) return *r;
   return exact_prefix_noise(plan, q, at_, redraw);
 }
 
@@ -214,8 +223,7 @@ int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t 
       y += (z.negative ? mp::cpp_int(-v) : v) * plan.cumulative(t - r);
     }
     const unsigned shift = frac + kCoefBits + kSigmaBits;
-    const mp::cpp_int lo = round_shift(scale * (y - a), shift), hi = round_shift(scale * (y + a), shift);
-    if (lo == hi) return to_int128(lo);
+    if (const auto r = rounding_of_interval(scale, y, a, shift)) return *r;
   }
   throw std::range_error("banded counter: the rounding is undecided after 4096 bits per sample");
 }

@@ -192,15 +192,18 @@ int128 banded_value_noise(banded::BandedNoise& n, const banded::BandedPlan& plan
 }  // namespace
 
 DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan)
-    : params_(std::move(params)), scan_(scan), secret_(secret), selection_noise_(params_.sigma_selection) {
+    : params_(std::move(params)), scan_(scan), secret_(secret) {
 #ifdef DPSTREAM_TEST_HOOKS
   apply_test_hooks(params_);
-  selection_noise_ = noise::DiscreteGaussian(params_.sigma_selection);
 #endif
   if (params_.triggers < 1 || params_.triggers > dptree::kMaxSteps || params_.tau.size() != params_.triggers + 1u)
     throw std::invalid_argument("DpParams: need 1 <= T <= 2^20 and tau[0..T]");
   const bool banded_values = params_.value_counter == CounterKind::Banded;
-  if (params_.selection_counter == CounterKind::Banded) selection_band_.emplace(params_.band, params_.sigma_selection);
+  // Only the selection counter in use is built (the tree's sampler table costs a 320-bit computation).
+  if (params_.selection_counter == CounterKind::Banded)
+    selection_band_.emplace(params_.band, params_.sigma_selection);
+  else
+    selection_noise_.emplace(params_.sigma_selection);
   if (params_.release_count) {
     if (banded_values)
       count_band_.emplace(params_.band, params_.sigma_count);
@@ -303,7 +306,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
       if constexpr (std::is_same_v<Selection, BandedSelection>)
         return Selection(prf, *selection_band_);
       else
-        return Selection(prf, selection_noise_);
+        return Selection(prf, *selection_noise_);
     }();
     // Noise of one node of one tree family (drawn once per node per cache lifetime).
     auto drawer = [&](std::uint64_t key, noise::Family family, std::uint32_t round, const noise::DiscreteGaussian& dg) {

@@ -109,7 +109,7 @@ class DpReleaser {
   bool scan_all_next_ = true;  // the first trigger of a window or of a resumed run visits every key
   noise::Secret secret_;
   std::int64_t window_ = 0;
-  noise::DiscreteGaussian selection_noise_;
+  std::optional<noise::DiscreteGaussian> selection_noise_;                    // tree key selection
   std::optional<noise::DiscreteGaussian> count_noise_, sum_noise_;            // for the chosen columns (tree counters)
   std::optional<banded::BandedPlan> selection_band_, count_band_, sum_band_;  // banded counters
   CacheShards<dptree::PrefixNoise> tree_caches_{KeyStateTable::kShards};
