@@ -35,10 +35,14 @@ PAPER = {
            "Baseline 2": (0, 25497, 59052062, 594382)},
 }
 CONFIGS = {  # name: (paper column, --set overrides)
-    "dp": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp"]),
+    "dp": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp"]),  # the defaults: banded counters
     "dp-basic": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=basic"]),
-    # DP-SQLP with banded-inverse counters (docs/PRIVACY.md section 5) for key selection, and for both
-    "dp-banded-sel": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp", 'privacy.selection_counter="banded"']),
+    # DP-SQLP with the paper's trees (Honaker, discrete Gaussian) for both counter kinds, with banded
+    # key selection and tree values, and with banded counters spelled out (docs/PRIVACY.md section 4)
+    "dp-tree": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp", 'privacy.selection_counter="tree"',
+                            'privacy.value_counter="tree"']),
+    "dp-banded-sel": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp", 'privacy.selection_counter="banded"',
+                                  'privacy.value_counter="tree"']),
     "dp-banded": ("DP-SQLP", ["privacy.mode=dp", "privacy.composition=zcdp", 'privacy.selection_counter="banded"',
                               'privacy.value_counter="banded"']),
     "b1-zcdp": ("Baseline 1", ["privacy.mode=baseline-repeated", "privacy.composition=zcdp"]),

@@ -56,11 +56,16 @@ class BandedPlan {
   std::uint64_t sigma_numerator() const { return sigma_num_; }
   // Var(N_t) / sigma^2 = sum_{j < t} M_j^2.
   double variance_factor(std::uint32_t t) const;
-  // sum_{j < t} |M_j| 2^30: the error bound of the kept estimate, in units of 2^-86.
-  uint128 abs_cumulative_sum(std::uint32_t t) const;
+  // sum_{j < t} |M_j| 2^30: the error bound of the kept estimate, in units of 2^-86 (< 2^20 2^31 = 2^51:
+  // exact in a double too).
+  std::uint64_t abs_cumulative_sum(std::uint32_t t) const {
+    return t < abs_cum_.size() ? abs_cum_[t] : abs_cum_.back() + (t - (abs_cum_.size() - 1)) * abs_tail_;
+  }
 
  private:
   std::vector<std::int64_t> m_, cum_;
+  std::vector<std::uint64_t> abs_cum_;  // abs_cumulative_sum(t) for t <= b
+  std::uint64_t abs_tail_ = 0;          // |M_(b-1)| 2^30: each step beyond b adds it
   std::uint64_t sigma_num_ = 0;
 };
 
@@ -69,7 +74,7 @@ class BandedPlan {
 // 1e-9 relative: a numerically unstable band), then raised by 1e-9 relative: an upper bound.
 double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t T);
 
-// A band of width b for horizon T: a deterministic coordinate search (from the truncated
+// A band of width b for horizon T: a deterministic Hooke-Jeeves pattern search (from the truncated
 // square-root factorization) minimizing sensitivity_squared(T') * sum_{j < T'} M_j^2, the last
 // step's variance at a fixed privacy cost, with T' = min(T, 1024); numerators on the 2^-30 grid.
 // Every partial sum M_j is >= 0, so the prefix noise is non-decreasing in every Z (docs/PRIVACY.md
@@ -87,7 +92,6 @@ class BandedNoise {
   void reset() {
     at_ = 0;
     older_ = 0;
-    recent_.clear();
   }
 
   // Adds steps at()+1 .. to; `draw(index)` returns Z of step index + 1 with 64-bit digits.
@@ -118,8 +122,10 @@ class BandedNoise {
   int128 interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
 
   std::uint32_t at_ = 0;
-  int128 older_ = 0;                             // sum of Z~_r for r <= at - (b - 1), units 2^-56
-  absl::InlinedVector<std::int64_t, 7> recent_;  // Z~ of the last min(at, b - 1) steps, newest last
+  int128 older_ = 0;  // sum of Z~_r for r <= at - (b - 1), units 2^-56
+  // Z~ of the last min(at, b - 1) steps: a ring of b - 1 slots, step r at recent_[(r - 1) % (b - 1)]
+  // (inline up to b = 8: the selection cache keeps two per key).
+  absl::InlinedVector<std::int64_t, 7> recent_;
 };
 
 // round(q N_t) from samples of `words` digits each, or the same with any number of digits: exact

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -226,18 +227,40 @@ NormalSample sample_normal(NodeStream& rng, std::size_t min_words) { return Cell
 
 NormalSample sample_normal_karney(NodeStream& rng, std::size_t min_words) { return AlgorithmN(rng).sample(min_words); }
 
+namespace {
+// CellSampler's draw when its first cell is accepted at the first digits, without its deviates: the
+// cell j, U's and V's first digits, then the sign, in the same stream order. V >= (2j + 1) 2^-15 >
+// U (2j + U) 2^-15 = f(U) decides below_f (false: accept) from V's first digit alone; else nothing,
+// and the caller runs the general sampler on the node's stream from its start (the same sample).
+std::optional<int128> fixed64_first_accept(NodeStream& rng, const CdfTable& table) {
+  const std::uint64_t j = table.sample(rng);
+  const std::uint64_t u = rng.next_u64(), v = rng.next_u64();
+  if (uint128{v} < uint128{2 * j + 1} << (64 - 2 * kCellBits - 1)) return std::nullopt;
+  const bool negative = rng.next_bit();
+  const int128 value = (int128{static_cast<std::int64_t>(j >> kCellBits)} << 64) +
+                       int128{(j & ((1u << kCellBits) - 1)) << (64 - kCellBits) | u >> kCellBits};
+  return negative ? -value : value;
+}
+}  // namespace
+
 void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
   constexpr std::size_t kChunk = 32;
   constexpr std::uint32_t kPerNode = NodeStream::kFirstBlocks;  // 4 words: most samples need no more
   std::array<u128, kChunk> packed;
   std::array<std::uint8_t, kChunk * 16 * kPerNode> fetched;
+  const CdfTable& table = cell_table();
   for (std::size_t at = 0; at < n; at += kChunk) {
     const std::size_t c = std::min(kChunk, n - at);
     for (std::size_t i = 0; i < c; ++i) packed[i] = pack(ids[at + i]);
     prf.first_blocks(packed.data(), c, kPerNode, fetched.data());
     for (std::size_t i = 0; i < c; ++i) {
       NodeStream rng(prf, packed[i], kPerNode, fetched.data() + std::size_t{16} * kPerNode * i);
-      out[at + i] = normal_fixed64(sample_normal(rng));
+      if (const auto fast = fixed64_first_accept(rng, table)) {
+        out[at + i] = *fast;
+      } else {
+        NodeStream again(prf, ids[at + i]);
+        out[at + i] = normal_fixed64(sample_normal(again));
+      }
     }
   }
 }

@@ -275,7 +275,7 @@ bool in_identity(const SpecField& field, const JobConfig& c) {
     case AppliesTo::Private:
       return is_private(c.privacy.mode);
     case AppliesTo::BandedCounters:
-      return is_private(c.privacy.mode) &&
+      return c.privacy.mode == PrivacyMode::Dp &&  // the baselines have no continual counters
              (c.privacy.selection_counter == CounterKind::Banded || c.privacy.value_counter == CounterKind::Banded);
     default:
       return true;
@@ -384,8 +384,8 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   c.privacy.selection_epsilon_share = pr.real("selection_epsilon_share", c.privacy.selection_epsilon_share);
   c.privacy.selection_delta_share = pr.real("selection_delta_share", c.privacy.selection_delta_share);
   c.privacy.threshold = pr.choice("threshold", ThresholdTail::Subgaussian);
-  c.privacy.selection_counter = pr.choice("selection_counter", CounterKind::Tree);
-  c.privacy.value_counter = pr.choice("value_counter", CounterKind::Tree);
+  c.privacy.selection_counter = pr.choice("selection_counter", c.privacy.selection_counter);
+  c.privacy.value_counter = pr.choice("value_counter", c.privacy.value_counter);
   c.privacy.counter_band = static_cast<std::uint32_t>(pr.integer("counter_band", c.privacy.counter_band, 1, 16));
   if (pr.has("epsilon") && !(c.privacy.epsilon > 0))
     pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));

@@ -83,9 +83,9 @@ struct PrivacyConfig {
   double selection_epsilon_share = 0.5;      // key selection's share of epsilon (the rest: aggregation)
   double selection_delta_share = 2.0 / 3.0;  // key selection's share of delta
   ThresholdTail threshold = ThresholdTail::Subgaussian;
-  CounterKind selection_counter = CounterKind::Tree;  // key selection's counters
-  CounterKind value_counter = CounterKind::Tree;      // the released columns' counters
-  std::uint32_t counter_band = 8;                     // b of the banded counters (1..16)
+  CounterKind selection_counter = CounterKind::Banded;  // key selection's counters
+  CounterKind value_counter = CounterKind::Banded;      // the released columns' counters
+  std::uint32_t counter_band = 8;                       // b of the banded counters (1..16)
 };
 
 // Released columns: the aggregation budget is shared by the chosen ones.

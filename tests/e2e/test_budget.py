@@ -68,6 +68,9 @@ def toml_job(csv_path, out_dir, *, triggers=8, privacy=None, aggregations=("coun
             pr.pop(k, None)
         else:
             pr[k] = v
+    if pr.get("mode") == "dp":  # dp_reference.py models the trees; test_banded_budget.py the banded counters
+        pr.setdefault("selection_counter", "tree")
+        pr.setdefault("value_counter", "tree")
     lines = ["[job]", 'name = "e2e-budget"', "", "[input]", 'kind = "csv"', f"path = {toml_value(csv_path)}", "",
              "[stream]", f"window_seconds = {window_seconds}", f"triggers = {triggers}", "", "[privacy]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in pr.items()]

@@ -248,6 +248,8 @@ windows = {WINDOWS}
 
 [privacy]
 mode = "dp"
+selection_counter = "tree"  # dp_reference.py's Honaker variances; the banded counters' draws: test_privacy_properties
+value_counter = "tree"
 max_records_per_user = {C}
 clamp_min = 0.0
 clamp_max = 1.0

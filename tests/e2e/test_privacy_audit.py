@@ -178,6 +178,8 @@ windows = {WINDOWS}
 
 [privacy]
 mode = "dp"
+selection_counter = "tree"  # the model below is the discrete Gaussian's
+value_counter = "tree"
 max_records_per_user = {C}
 epsilon = {EPSILON}
 delta = {DELTA}

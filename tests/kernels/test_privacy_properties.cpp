@@ -51,10 +51,12 @@ constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or
 // Jobs, plans and releaser parameters.
 
 // A DP job parsed from TOML as a user would write it.
-JobConfig dp_job(std::uint32_t triggers, std::uint32_t C, double mu, double epsilon, double clamp_min,
-                 double clamp_max) {
+// counters: "tree" or "banded" (both selection and values).
+JobConfig dp_job(std::uint32_t triggers, std::uint32_t C, double mu, double epsilon, double clamp_min, double clamp_max,
+                 const std::string& counters = "tree") {
   const std::string toml = "[stream]\nwindow_seconds = 86400\ntriggers = " + std::to_string(triggers) +
-                           "\n[privacy]\nmode = \"dp\"\nmax_records_per_user = " + std::to_string(C) +
+                           "\n[privacy]\nmode = \"dp\"\nselection_counter = \"" + counters + "\"\nvalue_counter = \"" +
+                           counters + "\"\nmax_records_per_user = " + std::to_string(C) +
                            "\nepsilon = " + std::to_string(epsilon) + "\ndelta = 1e-9\nmu = " + std::to_string(mu) +
                            "\nclamp_min = " + std::to_string(clamp_min) + "\nclamp_max = " + std::to_string(clamp_max) +
                            "\nseed = 3\n[query]\naggregations = [\"count\", \"sum\"]\n[output]\nprogress = \"never\"\n";
@@ -322,6 +324,60 @@ LevelSquares tree_squares(const Increments& d, const Increments& dprime, const s
   return out;
 }
 
+// The same for banded-inverse counters: sum over keys (and rounds) of ||C (x - x')||^2, C the inverse of
+// the band's lower-triangular Toeplitz matrix over the counter's steps, computed here in long double
+// from the band (power series: c_0 = 1, c_k = -sum_{i=1..min(k,b-1)} m_i c_{k-i}).
+struct BandedSquares {
+  long double count = 0, sum = 0, selection = 0;
+};
+BandedSquares banded_squares(const Increments& d, const Increments& dprime, const std::set<std::uint64_t>& keys,
+                             const std::map<std::uint64_t, std::vector<bool>>& release,
+                             const std::vector<std::int64_t>& band) {
+  const auto T = static_cast<std::uint32_t>(d.size());
+  std::vector<long double> c(T + 1, 0);
+  for (std::uint32_t k = 0; k <= T; ++k) {
+    c[k] = k == 0 ? 1.0L : 0.0L;
+    for (std::size_t i = 1; i < band.size() && i <= k; ++i)
+      c[k] -= std::ldexp(static_cast<long double>(band[i]), -30) * c[k - i];
+  }
+  // ||C v||^2 for v[1..n].
+  auto norm2 = [&](const std::vector<i128>& v) {
+    long double total = 0;
+    for (std::size_t i = 1; i < v.size(); ++i) {
+      long double y = 0;
+      for (std::size_t j = 1; j <= i; ++j) y += c[i - j] * static_cast<long double>(v[j]);
+      total += y * y;
+    }
+    return total;
+  };
+  auto at = [](const Increments& inc, std::uint32_t leaf, std::uint64_t key) {
+    const auto it = inc[leaf - 1].find(key);
+    return it == inc[leaf - 1].end() ? Increment{} : it->second;
+  };
+  BandedSquares out;
+  for (const std::uint64_t key : keys) {
+    const std::vector<bool>& rel = release.at(key);
+    std::vector<i128> dc(T + 1, 0), ds(T + 1, 0);  // value counters: records accumulated between releases
+    Increment pend;
+    for (std::uint32_t leaf = 1; leaf <= T; ++leaf) {
+      const Increment a = at(d, leaf, key), b = at(dprime, leaf, key);
+      pend.count += a.count - b.count, pend.sum += a.sum - b.sum;
+      if (rel[leaf]) dc[leaf] = pend.count, ds[leaf] = pend.sum, pend = {};
+    }
+    out.count += norm2(dc), out.sum += norm2(ds);
+    for (std::uint32_t start = 1; start <= T;) {  // key-selection rounds, each a fresh counter
+      std::uint32_t end = start;
+      while (end < T && !rel[end]) ++end;
+      std::vector<i128> du(end - start + 2, 0);
+      for (std::uint32_t s = 1; s + start - 1 <= end; ++s)
+        du[s] = at(d, start + s - 1, key).users - at(dprime, start + s - 1, key).users;
+      out.selection += norm2(du);
+      start = end + 1;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // =============================================================================================
@@ -504,6 +560,17 @@ TEST(PrivacyProperties, OneUserMovesNoMoreThanTheAccountedSensitivity) {
   const std::uint32_t T = 13, C = 16, kKeys = 60;
   const JobConfig config = dp_job(T, C, 2, 1.0, -2.3, 1.7);
   const PrivacyPlan plan = make_privacy_plan(config);
+  // The banded counters' plan: rho = ||C e_1||^2 sensitivity^2 / (2 sigma^2) per family.
+  const PrivacyPlan banded = make_privacy_plan(dp_job(T, C, 2, 1.0, -2.3, 1.7, "banded"));
+  ASSERT_EQ(banded.selection_counter, kernels::CounterKind::Banded);
+  ASSERT_EQ(banded.value_counter, kernels::CounterKind::Banded);
+  EXPECT_NEAR(banded.selection.rho, banded.band_norm2 * C / (2 * banded.selection.sigma * banded.selection.sigma),
+              1e-12 * banded.selection.rho);
+  for (const auto& f : banded.aggregation)
+    EXPECT_NEAR(f.rho, banded.band_norm2 * f.sensitivity * f.sensitivity / (2 * f.sigma * f.sigma), 1e-12 * f.rho)
+        << f.name;
+  EXPECT_EQ(banded.sum_quantum, plan.sum_quantum);
+  long double max_banded_count = 0, max_banded_sum = 0, max_banded_selection = 0;
   ASSERT_GT(plan.sum_quantum, 1) << "test setup: epsilon must make the sum grid coarser than 2^-20";
   const kernels::BoundingParams bp{C, config.privacy.clamp_min, config.privacy.clamp_max, plan.sum_quantum};
   // L on the plan's grid, computed independently: max |nearest multiple of q to round(clamp 2^20)|.
@@ -638,8 +705,28 @@ TEST(PrivacyProperties, OneUserMovesNoMoreThanTheAccountedSensitivity) {
       EXPECT_LE(count_total, i128{plan.levels} * C * C);
       EXPECT_LE(sum_total, i128{plan.levels} * (C * L) * (C * L));
       EXPECT_LE(selection_total, i128{plan.levels} * C);
+      // Banded: the squared change of C x over every counter is within the accounted sensitivity^2 ||C e_1||^2.
+      const BandedSquares bq = banded_squares(full, without, keys, release, banded.band);
+      const long double norm2 = banded.band_norm2;
+      const auto CL = static_cast<long double>(C * L);
+      EXPECT_LE(bq.count, norm2 * C * C) << "schedule " << schedule;
+      EXPECT_LE(bq.sum, norm2 * CL * CL) << "schedule " << schedule;
+      EXPECT_LE(bq.selection, norm2 * C) << "schedule " << schedule;
+      max_banded_count = std::max(max_banded_count, bq.count / (norm2 * C * C));
+      max_banded_sum = std::max(max_banded_sum, bq.sum / (norm2 * CL * CL));
+      max_banded_selection = std::max(max_banded_selection, bq.selection / (norm2 * C));
     }
   }
+  // The adversaries come after step 1 of most counters, so they reach part of the bound; one unit at
+  // step 1 of a T-step counter reaches it (up to the plan's 1e-9 upward margin).
+  EXPECT_GT(max_banded_count, 0.5L);
+  EXPECT_GT(max_banded_sum, 0.5L);
+  EXPECT_GT(max_banded_selection, 0.5L);
+  Increments one(T), none(T);
+  one[0][0] = Increment{1, 1, 1};  // count, sum, users at step 1
+  const BandedSquares unit_step = banded_squares(one, none, {0}, {{0, std::vector<bool>(T + 1, false)}}, banded.band);
+  EXPECT_LE(unit_step.selection, static_cast<long double>(banded.band_norm2));
+  EXPECT_GT(unit_step.selection, static_cast<long double>(banded.band_norm2) * (1 - 2e-9L));
   // The bounds are tight: A2 puts C clamped records on one key, A1 first-touches C keys.
   EXPECT_EQ(max_count_level, i128{C} * C);
   EXPECT_EQ(max_sum_level, (C * L) * (C * L));

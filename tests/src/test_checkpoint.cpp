@@ -409,12 +409,24 @@ TEST(Identity, FieldsKeepTheirKeysAndSpellings) {
              {"privacy.selection_epsilon_share", "0.5"},
              {"privacy.selection_delta_share", "0.6666666666666666"},
              {"privacy.threshold", "gaussian-quantile"}});
-  EXPECT_EQ(checkpoint::identity_fields(
-                parse_job(demo_job_toml(), "demo",
-                          {"privacy.mode=\"dp\"", "privacy.epsilon=6", "privacy.delta=1e-9", "privacy.mu=3",
-                           "privacy.seed=4", "privacy.threshold=\"gaussian-quantile\""}),
-                "ignored"),
-            dp);
+  const std::vector<std::string> dp_overrides = {"privacy.mode=\"dp\"", "privacy.epsilon=6",
+                                                 "privacy.delta=1e-9",  "privacy.mu=3",
+                                                 "privacy.seed=4",      "privacy.threshold=\"gaussian-quantile\""};
+  // Trees: no counter fields (a tree job's identity is as before the banded counters existed).
+  auto tree_overrides = dp_overrides;
+  tree_overrides.insert(tree_overrides.end(), {"privacy.selection_counter=\"tree\"", "privacy.value_counter=\"tree\""});
+  EXPECT_EQ(checkpoint::identity_fields(parse_job(demo_job_toml(), "demo", tree_overrides), "ignored"), dp);
+  // The default, banded counters: the counters, the band width, the band this build computes, its sampler.
+  auto banded = dp;
+  banded.insert(
+      {{"privacy.selection_counter", "banded"}, {"privacy.value_counter", "banded"}, {"privacy.counter_band", "8"}});
+  auto fields = checkpoint::identity_fields(parse_job(demo_job_toml(), "demo", dp_overrides), "ignored");
+  for (const char* engine_key : {"engine.banded_band", "engine.banded_mechanism"}) {
+    ASSERT_TRUE(fields.count(engine_key)) << engine_key;
+    EXPECT_FALSE(fields.at(engine_key).empty());
+    fields.erase(engine_key);
+  }
+  EXPECT_EQ(fields, banded);
 
   auto csv = with({{"input.kind", "csv"},
                    {"input.content", "12 bytes, xxh3 0123"},
