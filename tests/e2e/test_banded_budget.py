@@ -13,7 +13,7 @@ widths 1, 4 and 8, C = 1 and 32, count and sum, both threshold tails, `dpstream 
   * lambda_s = sigma sqrt(sum_{j<s} M_j^2) (exact) and tau_s = lambda_s z + 2^-20 at every step;
   * columns: sigma = C L ||C e_1|| sqrt(m / (2 rho_agg)) rounded up likewise, rho = (C L)^2 ||C e_1||^2 / (2 sigma^2);
   * the total within the budget, and the threshold tail reported as proven.
-With trees (the default) the budget has no band and reports levels(T).
+The default is banded counters of band 8; with trees the budget has no band and reports levels(T).
 
 Usage: test_banded_budget.py --ranks N [--bin build/src/dpstream] [--keep]
 """
@@ -139,16 +139,22 @@ def main():
                 check_plan(json.loads(r.stdout), T, b, C, aggs)
             results.check(f"T = {T}, b = {b}, C = {C}, {tail}, {'+'.join(aggs)}: the plan matches exact arithmetic", case)
 
-        def trees_by_default():
-            path = os.path.join(tmp, "tree.toml")
-            harness.write_job(path, job(100, 8, 32, "subgaussian", ["count"]).replace(
-                'selection_counter = "banded"\nvalue_counter = "banded"\ncounter_band = 8\n', ""))
-            r = dp.run_with("budget", path, "--json", ranks=1)
-            assert r.returncode == 0, r.describe()
-            j = json.loads(r.stdout)
-            assert (j["counters"]["selection"], j["counters"]["values"], j["counters"]["band"]) == ("tree", "tree", []), j["counters"]
-            assert j["trees"]["levels"] == 7
-        results.check("trees by default: no band", trees_by_default)
+        def defaults_and_trees():
+            banded = job(100, 8, 32, "subgaussian", ["count"])
+            spelled = 'selection_counter = "banded"\nvalue_counter = "banded"\ncounter_band = 8\n'
+            plans = {}
+            for label, text in (("explicit", banded), ("default", banded.replace(spelled, "")),
+                                ("tree", banded.replace(spelled, 'selection_counter = "tree"\nvalue_counter = "tree"\n'))):
+                path = os.path.join(tmp, f"{label}.toml")
+                harness.write_job(path, text)
+                r = dp.run_with("budget", path, "--json", ranks=1)
+                assert r.returncode == 0, r.describe()
+                plans[label] = json.loads(r.stdout)
+            assert plans["default"] == plans["explicit"], "the default must be banded counters of band 8"
+            c = plans["tree"]["counters"]
+            assert (c["selection"], c["values"], c["band"]) == ("tree", "tree", []), c
+            assert plans["tree"]["trees"]["levels"] == 7
+        results.check("default: banded counters, b = 8; trees when asked, with no band", defaults_and_trees)
     return results.finish()
 
 
