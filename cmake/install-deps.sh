@@ -12,6 +12,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev         # formatting and summary.json
   libabsl-dev libxxhash-dev             # flat hash maps, string hashing
   libssl-dev                            # keyed cryptographic PRF for noise
+  libsqlite3-dev                        # the budget ledger (transactional admission)
   python3                               # independent reference computations in tests
   slurm-wlm munge                       # the local SLURM cluster of the SLURM test (slurm/local-cluster.sh)
   python3-matplotlib                    # scaling plots (slurm/plot_scaling.py)

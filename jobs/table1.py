@@ -7,7 +7,8 @@ micro-batches, each configuration run several times, evaluated against the true 
   python3 jobs/table1.py --bin build/src/dpstream --out table1-out            # the full table
   python3 jobs/table1.py --triggers 100 --runs 1 --users 1000000 --out quick  # a quick look
 
-Configurations (--configs): dp (DP-SQLP, one zCDP ledger), dp-basic (DP-SQLP with the paper's
+Configurations (--configs): dp (DP-SQLP, one zCDP ledger, banded counters), dp-tree (the same with the
+paper's binary trees), dp-basic (DP-SQLP with the paper's
 split accounting), b1-zcdp / b1-optimal (baseline 1: repeated one-shot query, zCDP or the paper's
 optimal composition), b2-zcdp / b2-optimal (baseline 2: one-shot query per micro-batch).
 Run r uses the noise seed r ([privacy] seed: reproducible, not private); --os-secret draws fresh

@@ -230,6 +230,7 @@ constexpr SpecField kSpecFields[] = {
     {"privacy.value_counter", MustMatch, BandedCounters,
      [](const JobConfig& c) { return to_string(c.privacy.value_counter); }},
     {"privacy.counter_band", MustMatch, BandedCounters, [](const JobConfig& c) { return str(c.privacy.counter_band); }},
+    {"privacy.ledger", MayChange},  // a resume is not charged again (the run id, src/ledger.hpp)
     {"query.aggregations", MustMatch, All,
      [](const JobConfig& c) {
        return std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") +
@@ -391,6 +392,13 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
     pr.fail("epsilon", fmt::format("must be > 0, got {}", c.privacy.epsilon));
   if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
     pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
+  c.privacy.ledger = pr.string("ledger", "");
+  if (pr.has("ledger") && !dp)
+    pr.fail("ledger", "charges privacy budget, and mode = \"none\" spends none: remove it or set a private mode");
+  if (pr.has("ledger") && c.stream.windows_from_input)
+    pr.fail("ledger",
+            "needs the windows before any record is read: set [stream] first_window and windows (the windows "
+            "found in the data would depend on it)");
   for (const char* key : {"mu", "beta", "selection_counter", "value_counter", "counter_band"})
     if (is_baseline(c.privacy.mode) && pr.has(key))
       pr.fail(key, fmt::format("is a DP-SQLP parameter; mode = \"{}\" thresholds each one-shot release by its own rule "

@@ -70,6 +70,7 @@ class Engine {
   // DP noise and keyed CSV ids need the job's secret (kept in the checkpoint); other jobs have none.
   bool needs_secret() const { return dp_ || config_.input.kind == InputKind::Csv; }
   noise::Secret job_secret() const;
+  void admit_to_ledger(const noise::Secret& secret);
   void open_output();
   void open_input(const noise::Secret& secret);
   void create_state();

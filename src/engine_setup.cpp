@@ -13,6 +13,7 @@
 #include "src/elapsed.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
+#include "src/ledger.hpp"
 #include "src/workload.hpp"
 
 namespace dpstream {
@@ -31,6 +32,7 @@ bool Engine::set_up() {
   if (!open_checkpoint()) return false;
 
   noise::Secret secret = job_secret();
+  admit_to_ledger(secret);
   releaser_ = make_releaser(config_.privacy.mode, plan_, secret, config_.engine.key_scan);
   open_output();
   open_input(secret);
@@ -55,6 +57,43 @@ noise::Secret Engine::job_secret() const {
   });
   comm_.broadcast(secret.data(), secret.size());
   return secret;
+}
+
+// [privacy] ledger: rank 0 asks for the job's budget on every window it will read, before any record
+// is read (src/ledger.hpp); a refusal stops every rank (exit 2). The run id is a PRF of the secret and
+// the job's identity: a resume (same secret, same identity) is not charged again, a new secret is.
+void Engine::admit_to_ledger(const noise::Secret& secret) {
+  if (config_.privacy.ledger.empty()) return;
+  shuffle::on_all_ranks<ConfigError>(comm_, [&] {
+    if (!root_) return;
+    ledger::Ledger book(config_.privacy.ledger);
+    if (book.ceiling().block_seconds != config_.stream.window_seconds)
+      throw ConfigError(fmt::format(
+          "ledger {}: its blocks are windows of {} s and this job's windows are {} s: set [stream] window_seconds = {}",
+          config_.privacy.ledger, book.ceiling().block_seconds, config_.stream.window_seconds,
+          book.ceiling().block_seconds));
+    const LedgerCharge charge = ledger_charge(plan_);
+    ledger::Request request{.run_id = "",
+                            .job = config_.name,
+                            .mechanism = charge.mechanism,
+                            .zcdp = charge.zcdp,
+                            .rho = charge.rho,
+                            .delta_extra = charge.delta_extra,
+                            .coupled = charge.coupled,
+                            .epsilon = charge.epsilon,
+                            .delta = charge.delta,
+                            .blocks = {}};
+    for (std::uint32_t w = 0; w < config_.stream.windows; ++w)
+      request.blocks.push_back(config_.stream.first_window + w);
+    const auto identity = identity_.empty() ? checkpoint::identity_fields(config_, "") : identity_;
+    request.run_id = ledger::run_id(secret.data(), secret.size(), checkpoint::fingerprint(identity));
+    const ledger::Admission admission = book.admit(request);
+    if (admission.outcome == ledger::Outcome::Refused) throw ConfigError(admission.message);
+    std::fprintf(stderr, "dpstream: ledger %s: %s windows %lld..%lld (run %s)\n", config_.privacy.ledger.c_str(),
+                 admission.outcome == ledger::Outcome::Admitted ? "charged" : "already charged for",
+                 static_cast<long long>(request.blocks.front()), static_cast<long long>(request.blocks.back()),
+                 request.run_id.c_str());
+  });
 }
 
 // Rank 0's output directory, created and checked before any data is read, and its releases.csv writer.

@@ -1,4 +1,4 @@
-// dpstream command line: run | bench | generate | budget | evaluate. Runs under mpirun / srun.
+// dpstream command line: run | bench | generate | budget | evaluate | choose-c | ledger. Runs under mpirun / srun.
 // Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint,
 // 5 stopped cleanly by SIGTERM / SIGUSR1 (resume with --resume).
 #include <fmt/format.h>
@@ -23,6 +23,7 @@
 #include "tools/bench_result.hpp"
 #include "tools/choose_c.hpp"
 #include "tools/evaluate.hpp"
+#include "tools/ledger_report.hpp"
 
 namespace {
 
@@ -256,6 +257,58 @@ struct ChooseCCommand {
   }
 };
 
+// dpstream ledger init | show | explain | retire: the budget ledger shared by jobs (src/ledger.hpp).
+struct LedgerCommand {
+  std::string path;
+  dpstream::ledger::Ceiling ceiling{0, 0, 86400};
+  std::int64_t through = 0;
+  bool as_json = false;
+  CLI::App *cmd = nullptr, *init = nullptr, *show = nullptr, *explain = nullptr, *retire = nullptr;
+  void add(CLI::App& app) {
+    cmd = app.add_subcommand("ledger",
+                             "A privacy budget ledger shared by the jobs that read a stream: a ceiling per block "
+                             "(event-time window), charged by every job with [privacy] ledger (docs/LEDGER.md)");
+    cmd->require_subcommand(1);
+    init = cmd->add_subcommand("init", "Create a ledger: the ceiling (epsilon, delta) of every block");
+    init->add_option("path", path, "The ledger file (SQLite), e.g. /shared/stream.ledger")->required();
+    init->add_option("--epsilon", ceiling.epsilon, "Ceiling epsilon per block (> 0)")->required();
+    init->add_option("--delta", ceiling.delta, "Ceiling delta per block, in (0, 1)")->required();
+    init->add_option("--block-seconds", ceiling.block_seconds,
+                     "Block length: the jobs' [stream] window_seconds (default 86400)");
+    show = cmd->add_subcommand("show", "Per block: what was spent and what remains");
+    explain = cmd->add_subcommand("explain", "Per block: every charge (job, time, mechanism, rho or epsilon/delta)");
+    retire = cmd->add_subcommand("retire", "Retire every block up to a window: no job may read it again");
+    for (auto* sub : {show, explain, retire}) sub->add_option("path", path, "The ledger file")->required();
+    for (auto* sub : {show, explain}) sub->add_flag("--json", as_json, "Print one JSON object instead of text");
+    retire->add_option("--through", through, "The last window retired")->required();
+  }
+  int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) {
+    if (!root) return 0;  // one process touches the file
+    try {
+      if (init->parsed()) {
+        dpstream::ledger::init(path, ceiling);
+        std::printf("dpstream: ledger %s created: ceiling per block (epsilon, delta) = (%g, %g), blocks of %lld s\n",
+                    path.c_str(), ceiling.epsilon, ceiling.delta, static_cast<long long>(ceiling.block_seconds));
+        return 0;
+      }
+      dpstream::ledger::Ledger book(path);
+      if (retire->parsed()) {
+        book.retire_through(through);
+        std::printf("dpstream: ledger %s: every block <= %lld is retired\n", path.c_str(),
+                    static_cast<long long>(through));
+        return 0;
+      }
+      const bool every_charge = explain->parsed();
+      print_result(
+          as_json, [&] { return dpstream::ledger_json(path, book, every_charge); },
+          [&] { return dpstream::ledger_text(path, book, every_charge); });
+      return 0;
+    } catch (const std::exception& e) {  // a bad ledger or option: what to change
+      throw dpstream::ConfigError(e.what());
+    }
+  }
+};
+
 struct Commands {
   RunCommand run;
   BenchCommand bench;
@@ -263,9 +316,11 @@ struct Commands {
   BudgetCommand budget;
   EvaluateCommand evaluate;
   ChooseCCommand choose_c;
+  LedgerCommand ledger;
   // In the order of `dpstream --help`.
   void add(CLI::App& app) {
-    run.add(app), bench.add(app), generate.add(app), budget.add(app), evaluate.add(app), choose_c.add(app);
+    run.add(app), bench.add(app), generate.add(app), budget.add(app), evaluate.add(app), choose_c.add(app),
+        ledger.add(app);
   }
   int exec(const dpstream::shuffle::Comm& comm, bool root) {
     if (*run.cmd) return run.exec(comm, root);
@@ -274,6 +329,7 @@ struct Commands {
     if (*evaluate.cmd) return evaluate.exec(comm, root);
     if (*choose_c.cmd) return choose_c.exec(comm, root);
     if (*generate.cmd) return generate.exec(comm, root);
+    if (*ledger.cmd) return ledger.exec(comm, root);
     return 0;
   }
 };

@@ -233,6 +233,29 @@ SelectionThresholds banded_selection_thresholds(const kernels::banded::BandedPla
   });
 }
 
+LedgerCharge ledger_charge(const PrivacyPlan& p) {
+  LedgerCharge charge;
+  charge.zcdp = p.composition == Composition::Zcdp;
+  charge.epsilon = p.eps_total;
+  charge.delta = p.delta_total;
+  double rho_used = p.selection.rho;
+  for (const auto& f : p.aggregation) rho_used += f.rho;
+  if (is_baseline(p.mode)) {
+    charge.rho = rho_used * p.baseline.releases_composed;  // one user pays this many releases
+    charge.delta_extra = p.baseline.delta_threshold;
+    charge.mechanism =
+        fmt::format("{}, composition {}, T = {}, C = {}", to_string(p.mode), to_string(p.composition), p.T, p.C);
+  } else {
+    charge.rho = rho_used;
+    charge.coupled = static_cast<double>(p.C) * p.T * p.beta;  // delta_beta = (e^eps + 1) C T beta
+    charge.mechanism =
+        fmt::format("dp (DP-SQLP), composition {}, counters {}/{}, T = {}, C = {}", to_string(p.composition),
+                    to_string(p.selection_counter), to_string(p.value_counter), p.T, p.C);
+  }
+  if (!charge.zcdp) charge.rho = charge.delta_extra = charge.coupled = 0;
+  return charge;
+}
+
 PrivacyPlan make_privacy_plan(const JobConfig& c) {
   const auto& pc = c.privacy;
   if (!is_private(pc.mode))

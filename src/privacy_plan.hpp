@@ -94,6 +94,18 @@ SelectionThresholds banded_selection_thresholds(const kernels::banded::BandedPla
 // Throws ConfigError when the job is invalid for DP or would exceed its budget.
 PrivacyPlan make_privacy_plan(const JobConfig& config);
 
+// What the job costs each window it reads, for a budget ledger (src/ledger.hpp): under composition
+// "zcdp", rho (every noise family it uses), the failure mass `coupled` that may occur on both
+// neighbours (DP-SQLP: C T beta, charged (e^eps + 1) times at the block's eps) and `delta_extra` on
+// one side only (the baselines' singleton keys); else only its (epsilon, delta). Both state what it
+// guarantees alone.
+struct LedgerCharge {
+  bool zcdp = false;
+  double rho = 0, delta_extra = 0, coupled = 0, epsilon = 0, delta = 0;
+  std::string mechanism;
+};
+LedgerCharge ledger_charge(const PrivacyPlan& plan);
+
 // What the release kernel needs from the plan (noise scales, thresholds, columns).
 kernels::DpParams release_params(const PrivacyPlan& plan);
 kernels::BaselineParams baseline_params(const PrivacyPlan& plan);

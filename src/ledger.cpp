@@ -1,0 +1,477 @@
+#include "src/ledger.hpp"
+
+#include <fmt/format.h>
+#include <openssl/hmac.h>
+#include <sqlite3.h>
+#include <sys/vfs.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <stdexcept>
+
+#include "src/accounting.hpp"
+
+namespace dpstream::ledger {
+
+namespace {
+constexpr const char* kFormat = "dpstream-ledger";
+constexpr int kVersion = 1;
+constexpr int kBusyMs = 120000;   // a job waits this long for another's admission to finish
+constexpr double kSlack = 1e-12;  // relative: floating-point noise of the conversions, never more
+
+// SQLite's locking needs POSIX advisory locks that work: local file systems, and the cluster file
+// systems whose locks are coherent across nodes. NFS and SMB locks are known to be unreliable
+// (sqlite.org/faq.html#q5): refused.
+struct FsType {
+  long magic;
+  const char* name;
+};
+constexpr FsType kSupported[] = {{0xEF53, "ext2/3/4"},  {0x58465342, "xfs"},       {0x9123683E, "btrfs"},
+                                 {0x01021994, "tmpfs"}, {0x794C7630, "overlayfs"}, {0x2FC12FC1, "zfs"},
+                                 {0x47504653, "gpfs"},  {0x0BD00BD0, "lustre"}};
+
+void check_file_system(const std::filesystem::path& path) {
+  const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0)
+    throw std::runtime_error(fmt::format("ledger {}: cannot stat the file system of {}", path.string(), dir.string()));
+  for (const auto& t : kSupported)
+    if (static_cast<long>(fs.f_type) == t.magic) return;
+  throw std::runtime_error(fmt::format(
+      "ledger {}: its file system (type 0x{:X}) is not supported: the ledger's atomic admission needs POSIX locks "
+      "that work (supported: ext4, xfs, btrfs, tmpfs, overlayfs, zfs, GPFS, Lustre mounted with -o flock; not NFS "
+      "or SMB); put the ledger on one of those, reachable by every job's rank 0",
+      path.string(), static_cast<unsigned long>(fs.f_type)));
+}
+
+std::string now_utc() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// A row's digest: XXH3 of its fields in a canonical text (floats as %a): detects a row edited or
+// damaged outside dpstream (not an adversary who recomputes it: the ledger is trusted storage).
+std::string digest(const Charge& c) {
+  const std::string text =
+      fmt::format("{}|{}|{}|{}|{}|{}|{:a}|{:a}|{:a}|{:a}|{:a}", c.run_id, c.block, c.job, c.at, c.mechanism,
+                  c.zcdp ? "zcdp" : "approx", c.rho, c.delta_extra, c.coupled, c.epsilon, c.delta);
+  return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
+}
+
+std::string hex_double(double v) { return fmt::format("{:a}", v); }
+double parse_double(const std::string& s) {
+  std::size_t used = 0;
+  const double v = std::stod(s, &used);
+  if (used != s.size()) throw std::invalid_argument(s);
+  return v;
+}
+}  // namespace
+
+// ---- SQLite, minimally wrapped -------------------------------------------------------------
+
+namespace {
+void exec_sql(sqlite3* db, const std::string& path, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    throw std::runtime_error(fmt::format("ledger {}: {}: {}", path, sql, msg));
+  }
+}
+}  // namespace
+
+struct Ledger::Db {
+  sqlite3* handle = nullptr;
+  std::string path;
+  void exec(const char* sql) const { exec_sql(handle, path, sql); }
+};
+
+namespace {
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql, const std::string& path) : db_(db), path_(path) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK)
+      throw std::runtime_error(fmt::format("ledger {}: {}: {}", path, sql, sqlite3_errmsg(db)));
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  Statement& bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Statement& bind(int i, std::int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  bool step() {  // true: a row
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw std::runtime_error(fmt::format("ledger {}: {}", path_, sqlite3_errmsg(db_)));
+  }
+  std::string text(int col) const {
+    const auto* p = sqlite3_column_text(stmt_, col);
+    return p ? reinterpret_cast<const char*>(p) : "";
+  }
+  std::int64_t integer(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  const std::string& path_;
+};
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE charges(
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  run_id TEXT NOT NULL, block INTEGER NOT NULL, job TEXT NOT NULL, at TEXT NOT NULL, mechanism TEXT NOT NULL,
+  accounting TEXT NOT NULL CHECK (accounting IN ('zcdp', 'approx')),
+  rho TEXT NOT NULL, delta_extra TEXT NOT NULL, coupled TEXT NOT NULL, epsilon TEXT NOT NULL, delta TEXT NOT NULL,
+  digest TEXT NOT NULL,
+  UNIQUE (run_id, block));
+CREATE INDEX charges_by_block ON charges(block);
+)sql";
+
+sqlite3* open_db(const std::string& path, int flags) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
+    const std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    throw std::runtime_error(fmt::format("ledger {}: cannot open: {}", path, msg));
+  }
+  sqlite3_busy_timeout(db, kBusyMs);
+  sqlite3_extended_result_codes(db, 1);
+  return db;
+}
+
+std::vector<Charge> read_charges(sqlite3* db, const std::string& path, const char* where = "", std::int64_t block = 0) {
+  const std::string sql = std::string(
+                              "SELECT seq, run_id, block, job, at, mechanism, accounting, rho, delta_extra, coupled, "
+                              "epsilon, delta, digest FROM charges ") +
+                          where + " ORDER BY seq";
+  Statement s(db, sql.c_str(), path);
+  if (*where) s.bind(1, block);
+  std::vector<Charge> out;
+  while (s.step()) {
+    Charge c;
+    c.seq = s.integer(0);
+    c.run_id = s.text(1);
+    c.block = s.integer(2);
+    c.job = s.text(3);
+    c.at = s.text(4);
+    c.mechanism = s.text(5);
+    c.zcdp = s.text(6) == "zcdp";
+    try {
+      c.rho = parse_double(s.text(7));
+      c.delta_extra = parse_double(s.text(8));
+      c.coupled = parse_double(s.text(9));
+      c.epsilon = parse_double(s.text(10));
+      c.delta = parse_double(s.text(11));
+    } catch (const std::exception&) {
+      throw std::runtime_error(
+          fmt::format("ledger {}: charge {} has an unreadable number: the ledger is corrupt; "
+                      "restore it from a backup",
+                      path, c.seq));
+    }
+    if (s.text(12) != digest(c))
+      throw std::runtime_error(
+          fmt::format("ledger {}: charge {} (block {}, job '{}') fails its digest: the ledger "
+                      "was modified outside dpstream or is corrupt; restore it from a backup",
+                      path, c.seq, c.block, c.job));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+}  // namespace
+
+std::string run_id(const unsigned char* key, std::size_t key_bytes, const std::string& fingerprint) {
+  const std::string msg = "dpstream ledger run" + fingerprint;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), key, static_cast<int>(key_bytes), reinterpret_cast<const unsigned char*>(msg.data()),
+            msg.size(), mac, &len))
+    throw std::runtime_error("ledger: HMAC failed");
+  std::string hex;
+  for (unsigned i = 0; i < 16; ++i) hex += fmt::format("{:02x}", mac[i]);
+  return hex;
+}
+
+// ---- accounting ------------------------------------------------------------------------------
+
+namespace {
+// delta a zCDP block needs at eps: zcdp_delta(rho, eps) + delta_extra + (e^eps + 1) coupled.
+double needed_delta(const BlockSpend& b, double eps) {
+  return (b.rho > 0 ? accounting::zcdp_delta(b.rho, eps) : 0.0) + b.delta_extra + (std::exp(eps) + 1) * b.coupled;
+}
+}  // namespace
+
+namespace {
+// need() is convex in eps (a convex falling term plus a convex rising one): the point of [0, hi]
+// where it is least, by golden-section search.
+template <class F>
+double argmin_convex(F&& f, double hi) {
+  const double r = (std::sqrt(5.0) - 1) / 2;
+  double a = 0, b = hi;
+  for (int i = 0; i < 200 && b - a > 1e-13 * hi; ++i) {
+    const double c = b - r * (b - a), d = a + r * (b - a);
+    (f(c) <= f(d) ? b : a) = f(c) <= f(d) ? d : c;
+  }
+  return (a + b) / 2;
+}
+}  // namespace
+
+BlockSpend account(std::int64_t block, std::vector<Charge> charges, const Ceiling& g) {
+  BlockSpend b;
+  b.block = block;
+  b.zcdp = std::all_of(charges.begin(), charges.end(), [](const Charge& c) { return c.zcdp; });
+  if (b.zcdp) {
+    for (const auto& c : charges) b.rho += c.rho, b.delta_extra += c.delta_extra, b.coupled += c.coupled;
+    const auto need = [&](double eps) { return needed_delta(b, eps); };
+    // The block is (eps, delta_g)-DP for every eps with need(eps) <= delta_g: an interval, since need
+    // is convex. Within its ceiling iff the interval reaches [0, eps_g]; spent: its lower end.
+    const double best = argmin_convex(need, g.epsilon);
+    b.delta_left = g.delta - need(best);
+    if (charges.empty()) {
+      b.epsilon = b.delta = 0;
+    } else if (need(best) <= g.delta) {
+      double lo = 0, hi = best;  // need falls on [0, best]: bisect for the first feasible eps
+      for (int i = 0; i < 200 && hi - lo > 1e-13 * g.epsilon; ++i) {
+        const double mid = (lo + hi) / 2;
+        (need(mid) <= g.delta ? hi : lo) = mid;
+      }
+      b.epsilon = hi;
+      b.delta = g.delta;
+    } else {
+      b.epsilon = INFINITY;  // beyond the ceiling (never admitted)
+      b.delta = g.delta;
+    }
+    b.epsilon_left = g.epsilon - b.epsilon;
+    // rho another charge with no failure mass could add: the best over eps <= eps_g of
+    // rho_tight(eps, delta_g - one-sided - (e^eps + 1) coupled) - rho (a grid: a lower bound).
+    for (int i = 1; i <= 256; ++i) {
+      const double eps = g.epsilon * i / 256;
+      const double room = g.delta - b.delta_extra - (std::exp(eps) + 1) * b.coupled;
+      if (room > 0) b.rho_left = std::max(b.rho_left, accounting::zcdp_rho_tight(eps, room) - b.rho);
+    }
+  } else {
+    for (const auto& c : charges) b.epsilon += c.epsilon, b.delta += c.delta;
+    b.epsilon_left = g.epsilon - b.epsilon;
+    b.delta_left = g.delta - b.delta;
+    b.rho_left = 0;
+  }
+  b.charges = std::move(charges);
+  return b;
+}
+
+namespace {
+bool within(const BlockSpend& b, const Ceiling& g) {
+  return b.epsilon <= g.epsilon * (1 + kSlack) && b.delta <= g.delta * (1 + kSlack);
+}
+
+std::string describe_ask(const Request& r) {
+  return r.zcdp ? fmt::format(
+                      "rho {:.6g}, failure mass {:.3g} coupled and {:.3g} one-sided (alone: (epsilon, delta) = "
+                      "({:.6g}, {:.3g}))",
+                      r.rho, r.coupled, r.delta_extra, r.epsilon, r.delta)
+                : fmt::format("(epsilon, delta) = ({:.6g}, {:.3g})", r.epsilon, r.delta);
+}
+
+std::string describe_left(const BlockSpend& b) {
+  if (b.zcdp)
+    return fmt::format(
+        "it has spent epsilon {:.6g} of its ceiling under zCDP (rho {:.6g}); left: rho {:.6g} for a job "
+        "with no failure mass",
+        b.epsilon, b.rho, b.rho_left);
+  return fmt::format("it has spent (epsilon, delta) = ({:.6g}, {:.3g}) by basic composition; left: ({:.6g}, {:.3g})",
+                     b.epsilon, b.delta, std::max(0.0, b.epsilon_left), std::max(0.0, b.delta_left));
+}
+}  // namespace
+
+// ---- the ledger ------------------------------------------------------------------------------
+
+void init(const std::string& path, const Ceiling& g) {
+  if (!(g.epsilon > 0) || !std::isfinite(g.epsilon))
+    throw std::invalid_argument(fmt::format("ledger init: --epsilon must be > 0, got {}", g.epsilon));
+  if (!(g.delta > 0 && g.delta < 1))
+    throw std::invalid_argument(fmt::format("ledger init: --delta must be in (0, 1), got {}", g.delta));
+  if (g.block_seconds < 1)
+    throw std::invalid_argument(fmt::format("ledger init: --block-seconds must be >= 1, got {}", g.block_seconds));
+  if (std::filesystem::exists(path))
+    throw std::invalid_argument(
+        fmt::format("ledger init: {} exists; a ledger is never re-initialized (its charges would be lost): choose "
+                    "another path",
+                    path));
+  check_file_system(std::filesystem::absolute(path));
+  sqlite3* db = open_db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  try {
+    exec_sql(db, path, "PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;");
+    exec_sql(db, path, "BEGIN IMMEDIATE");
+    exec_sql(db, path, kSchema);
+    const std::pair<std::string, std::string> meta[] = {{"format", kFormat},
+                                                        {"version", std::to_string(kVersion)},
+                                                        {"epsilon", hex_double(g.epsilon)},
+                                                        {"delta", hex_double(g.delta)},
+                                                        {"block_seconds", std::to_string(g.block_seconds)},
+                                                        {"created", now_utc()}};
+    for (const auto& [k, v] : meta) {
+      Statement s(db, "INSERT INTO meta(key, value) VALUES (?, ?)", path);
+      s.bind(1, k).bind(2, v).step();
+    }
+    exec_sql(db, path, "COMMIT");
+  } catch (...) {
+    sqlite3_close(db);
+    std::filesystem::remove(path);
+    throw;
+  }
+  sqlite3_close(db);
+}
+
+Ledger::Ledger(const std::string& path) {
+  if (!std::filesystem::is_regular_file(path))
+    throw std::runtime_error(fmt::format(
+        "ledger {}: no such file; create it with dpstream ledger init {} --epsilon E --delta D", path, path));
+  check_file_system(std::filesystem::absolute(path));
+  db_ = new Db{open_db(path, SQLITE_OPEN_READWRITE), path};
+  try {
+    db_->exec("PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;");
+    {
+      Statement check(db_->handle, "PRAGMA quick_check", path);
+      if (!check.step() || check.text(0) != "ok")
+        throw std::runtime_error(
+            fmt::format("ledger {}: SQLite finds it damaged ({}); restore it from a backup", path, check.text(0)));
+    }
+    std::map<std::string, std::string> meta;
+    {
+      Statement s(db_->handle, "SELECT key, value FROM meta", path);
+      while (s.step()) meta[s.text(0)] = s.text(1);
+    }
+    if (meta["format"] != kFormat) throw std::runtime_error(fmt::format("ledger {}: not a dpstream ledger", path));
+    if (meta["version"] != std::to_string(kVersion))
+      throw std::runtime_error(
+          fmt::format("ledger {}: version {} (this dpstream reads version {})", path, meta["version"], kVersion));
+    ceiling_.epsilon = parse_double(meta.at("epsilon"));
+    ceiling_.delta = parse_double(meta.at("delta"));
+    ceiling_.block_seconds = std::stoll(meta.at("block_seconds"));
+    read_charges(db_->handle, path);  // every digest
+  } catch (...) {
+    sqlite3_close(db_->handle);
+    delete db_;
+    throw;
+  }
+}
+
+Ledger::~Ledger() {
+  sqlite3_close(db_->handle);
+  delete db_;
+}
+
+std::optional<std::int64_t> Ledger::retired_through() const {
+  Statement s(db_->handle, "SELECT value FROM meta WHERE key = 'retired_through'", db_->path);
+  if (!s.step()) return std::nullopt;
+  return std::stoll(s.text(0));
+}
+
+std::vector<BlockSpend> Ledger::blocks(const std::vector<std::int64_t>& extra) const {
+  std::map<std::int64_t, std::vector<Charge>> by_block;
+  for (auto& c : read_charges(db_->handle, db_->path)) by_block[c.block].push_back(std::move(c));
+  for (const std::int64_t b : extra) by_block[b];
+  const auto retired = retired_through();
+  std::vector<BlockSpend> out;
+  for (auto& [block, charges] : by_block) {
+    out.push_back(account(block, std::move(charges), ceiling_));
+    out.back().retired = retired && block <= *retired;
+  }
+  return out;
+}
+
+Admission Ledger::admit(const Request& r) {
+  if (r.blocks.empty()) throw std::invalid_argument("ledger: a request names no block");
+  db_->exec("BEGIN IMMEDIATE");  // the write lock first: nobody else admits until COMMIT
+  try {
+    const auto retired = retired_through();
+    std::size_t already = 0;
+    for (const std::int64_t block : r.blocks) {
+      auto charges = read_charges(db_->handle, db_->path, "WHERE block = ?", block);
+      if (std::any_of(charges.begin(), charges.end(), [&](const Charge& c) { return c.run_id == r.run_id; })) {
+        ++already;
+        continue;
+      }
+      if (retired && block <= *retired) {
+        db_->exec("ROLLBACK");
+        return {Outcome::Refused, fmt::format("ledger {}: block {} is retired (every block <= {} is): its data may "
+                                              "not be read again; read newer windows",
+                                              db_->path, block, *retired)};
+      }
+      const BlockSpend before = account(block, charges, ceiling_);
+      Charge c;
+      c.run_id = r.run_id, c.block = block, c.job = r.job, c.mechanism = r.mechanism, c.zcdp = r.zcdp;
+      c.rho = r.rho, c.delta_extra = r.delta_extra, c.coupled = r.coupled, c.epsilon = r.epsilon, c.delta = r.delta;
+      charges.push_back(c);
+      if (!within(account(block, std::move(charges), ceiling_), ceiling_)) {
+        db_->exec("ROLLBACK");
+        return {Outcome::Refused,
+                fmt::format("ledger {}: block {} (event time [{}, {}) s) cannot admit job '{}': it asks {}; {}; the "
+                            "ceiling per block is (epsilon, delta) = ({:.6g}, {:.3g}). Lower [privacy] epsilon, "
+                            "or read other windows",
+                            db_->path, block, block * ceiling_.block_seconds, (block + 1) * ceiling_.block_seconds,
+                            r.job, describe_ask(r), describe_left(before), ceiling_.epsilon, ceiling_.delta)};
+      }
+    }
+    if (already == r.blocks.size()) {
+      db_->exec("ROLLBACK");
+      return {Outcome::AlreadyAdmitted, ""};
+    }
+    if (already != 0)
+      throw std::runtime_error(
+          fmt::format("ledger {}: run {} was admitted on some of these blocks only", db_->path, r.run_id));
+    const std::string at = now_utc();
+    for (const std::int64_t block : r.blocks) {
+      Charge c;
+      c.run_id = r.run_id, c.block = block, c.job = r.job, c.at = at, c.mechanism = r.mechanism, c.zcdp = r.zcdp;
+      c.rho = r.rho, c.delta_extra = r.delta_extra, c.coupled = r.coupled, c.epsilon = r.epsilon, c.delta = r.delta;
+      Statement s(db_->handle,
+                  "INSERT INTO charges(run_id, block, job, at, mechanism, accounting, rho, delta_extra, coupled, "
+                  "epsilon, delta, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                  db_->path);
+      s.bind(1, c.run_id).bind(2, c.block).bind(3, c.job).bind(4, c.at).bind(5, c.mechanism);
+      s.bind(6, std::string(c.zcdp ? "zcdp" : "approx")).bind(7, hex_double(c.rho)).bind(8, hex_double(c.delta_extra));
+      s.bind(9, hex_double(c.coupled)).bind(10, hex_double(c.epsilon)).bind(11, hex_double(c.delta));
+      s.bind(12, digest(c));
+      s.step();
+    }
+    db_->exec("COMMIT");  // durable (synchronous = FULL) before any record is read
+    return {Outcome::Admitted, ""};
+  } catch (...) {
+    sqlite3_exec(db_->handle, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+void Ledger::retire_through(std::int64_t through) {
+  db_->exec("BEGIN IMMEDIATE");
+  try {
+    const auto now = retired_through();
+    if (!now || through > *now) {
+      Statement s(db_->handle, "INSERT OR REPLACE INTO meta(key, value) VALUES ('retired_through', ?)", db_->path);
+      s.bind(1, std::to_string(through)).step();
+    }
+    db_->exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_->handle, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+}  // namespace dpstream::ledger

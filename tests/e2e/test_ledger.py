@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""End-to-end test of the budget ledger (src/ledger.hpp, docs/LEDGER.md): `dpstream ledger` and
+jobs with [privacy] ledger, against an independent computation of the block accounting.
+
+1. Accounting: jobs of several kinds (DP-SQLP zcdp, DP-SQLP basic, baseline optimal) on overlapping
+   windows; after each, `ledger show --json` per block equals the accounting recomputed here from each
+   job's own `dpstream budget --json` (rho = key selection + columns, delta outside zCDP = delta_beta)
+   with dp_reference.eps_tight (zCDP blocks), or the plain sums of (epsilon, delta) (mixed blocks).
+2. Refusal: the job that would exceed a block's ceiling exits 2 naming the block, what it asks and
+   what is left; the ledger is unchanged, the job wrote no releases.
+3. Racing: 8 jobs started at once on one ledger; exactly as many are admitted as the independent
+   computation allows, and no block exceeds its ceiling.
+4. Resume: a job stopped after its first trigger (SIGTERM at a fault point) and resumed is charged
+   once; a crash after admission and before any commit leaves its charge.
+5. Damage: an edited charge row, a truncated file, a file that is not a ledger: refused (exit 2).
+6. Refusals before any record is read: mode none, windows from the input, other window length,
+   retired block, missing ledger, re-init.
+
+Usage: test_ledger.py --ranks N [--bin build/src/dpstream] [--keep]
+"""
+
+import concurrent.futures
+import json
+import math
+import os
+import sqlite3
+import sys
+
+import harness
+
+sys.dont_write_bytecode = True  # keep the source tree clean
+import dp_reference  # noqa: E402
+
+CEILING_EPS, CEILING_DELTA = 10.0, 1e-6
+DAY = 86400
+
+
+def job_toml(name, ledger, *, eps=3.0, mode="dp", composition="zcdp", windows=1, first_window=0, window_seconds=DAY,
+             triggers=6, every=None, extra=""):
+    return f"""[job]
+name = "{name}"
+[input]
+kind = "synthetic"
+users = 3000
+keys = 200
+seed = 5
+[stream]
+window_seconds = {window_seconds}
+triggers = {triggers}
+windows = {windows}
+first_window = {first_window}
+[privacy]
+mode = "{mode}"
+composition = "{composition}"
+max_records_per_user = 8
+epsilon = {eps}
+delta = 1e-9
+ledger = "{ledger}"
+{extra}
+[query]
+aggregations = ["count"]
+{f"[checkpoint]{chr(10)}every = {every}" if every is not None else "[checkpoint]" + chr(10) + "every = 0"}
+[output]
+progress = "never"
+"""
+
+
+def charge_of(budget, C=8, T=6):
+    """A job's charge from its own budget JSON: zCDP jobs give rho (key selection + columns) and the
+    threshold failure mass C T beta, paid (e^eps + 1) times at the block's eps (docs/LEDGER.md)."""
+    total = budget["total"]
+    zcdp = budget["composition"] == "zcdp" and budget["mode"] == "dp"
+    if not zcdp:
+        return {"zcdp": False, "epsilon": total["epsilon"], "delta": total["delta"]}
+    rho = budget["key_selection"]["tree"]["rho"] + sum(c["rho"] for c in budget["aggregation"]["columns"])
+    return {"zcdp": True, "rho": rho, "coupled": C * T * budget["key_selection"]["beta_per_test"],
+            "epsilon": total["epsilon"], "delta": total["delta"]}
+
+
+def needed_delta(rho, coupled, eps):
+    return (dp_reference.cks_delta(rho, eps) if rho > 0 else 0.0) + (math.exp(eps) + 1) * coupled
+
+
+def expected_block(charges, ceiling_eps=CEILING_EPS, ceiling_delta=CEILING_DELTA):
+    """The block's accounting, recomputed: zCDP when every charge is (need is convex in eps: its least
+    value on [0, eps_g] by ternary search, then the smallest eps with need <= delta_g by bisection),
+    else basic composition."""
+    if all(c["zcdp"] for c in charges):
+        rho = sum(c["rho"] for c in charges)
+        coupled = sum(c["coupled"] for c in charges)
+        a, b = 0.0, ceiling_eps
+        for _ in range(300):
+            m1, m2 = a + (b - a) / 3, b - (b - a) / 3
+            if needed_delta(rho, coupled, m1) <= needed_delta(rho, coupled, m2):
+                b = m2
+            else:
+                a = m1
+        best = (a + b) / 2
+        if needed_delta(rho, coupled, best) > ceiling_delta:
+            return {"accounting": "zcdp", "epsilon": math.inf, "rho": rho, "coupled": coupled}
+        lo, hi = 0.0, best
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            if needed_delta(rho, coupled, mid) <= ceiling_delta:
+                hi = mid
+            else:
+                lo = mid
+        return {"accounting": "zcdp", "epsilon": hi, "rho": rho, "coupled": coupled}
+    return {"accounting": "basic", "epsilon": sum(c["epsilon"] for c in charges),
+            "delta": sum(c["delta"] for c in charges)}
+
+
+def between(one, n):
+    """A ceiling epsilon that admits n charges `one` on a block and not n + 1 (by bisection here)."""
+    lo, hi = 0.01, 100.0
+    for _ in range(100):  # the smallest ceiling admitting n
+        mid = (lo + hi) / 2
+        if expected_block([one] * n, mid)["epsilon"] <= mid:
+            hi = mid
+        else:
+            lo = mid
+    fits_n = hi
+    lo, hi = fits_n, 100.0
+    for _ in range(100):  # the smallest ceiling admitting n + 1
+        mid = (lo + hi) / 2
+        if expected_block([one] * (n + 1), mid)["epsilon"] <= mid:
+            hi = mid
+        else:
+            lo = mid
+    assert hi > fits_n * 1.01, "test setup: n and n + 1 charges need distinct ceilings"
+    return (fits_n + hi) / 2
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
+
+
+def main():
+    args = harness.parse_args(__doc__.splitlines()[0])
+    dp = harness.Dpstream(args)
+    results = harness.Results("e2e ledger")
+    with harness.TempDir(args.keep, "dpstream-ledger-") as tmp:
+        def path(name):
+            return os.path.join(tmp, name)
+
+        def init(name, eps=CEILING_EPS, delta=CEILING_DELTA, block=DAY):
+            r = dp.run_with("ledger", "init", path(name), "--epsilon", eps, "--delta", delta, "--block-seconds", block,
+                            ranks=1)
+            assert r.returncode == 0, r.describe()
+            return path(name)
+
+        def show(ledger):
+            r = dp.run_with("ledger", "show", ledger, "--json", ranks=1)
+            assert r.returncode == 0, r.describe()
+            return {b["block"]: b for b in json.loads(r.stdout)["blocks"]}
+
+        def write(name, text):
+            p = path(name + ".toml")
+            harness.write_job(p, text)
+            return p
+
+        def budget_of(spec):
+            r = dp.run_with("budget", spec, "--json", ranks=1)
+            assert r.returncode == 0, r.describe()
+            return json.loads(r.stdout)
+
+        # 1. Accounting against the independent computation.
+        def accounting():
+            ledger = init("acct.db")
+            jobs = [("a", dict(eps=3.0, windows=2)),                        # blocks 0, 1: zcdp
+                    ("b", dict(eps=2.0, first_window=1, windows=2)),        # blocks 1, 2: zcdp
+                    ("c", dict(eps=1.0, composition="basic", first_window=2)),  # block 2 becomes basic
+                    ("d", dict(eps=1.0, mode="baseline-batch", composition="optimal", first_window=3))]
+            charged = {}
+            for name, kw in jobs:
+                spec = write(name, job_toml(name, ledger, **kw))
+                r = dp.run_with("run", spec, "--out", path("out-" + name))
+                assert r.returncode == 0, r.describe()
+                assert "charged windows" in r.stderr, r.describe()
+                c = charge_of(budget_of(spec))
+                first = kw.get("first_window", 0)
+                for w in range(first, first + kw.get("windows", 1)):
+                    charged.setdefault(w, []).append(c)
+                blocks = show(ledger)
+                assert sorted(blocks) == sorted(charged), (blocks.keys(), charged.keys())
+                for w, cs in charged.items():
+                    want, got = expected_block(cs), blocks[w]
+                    assert got["accounting"] == want["accounting"], (w, got, want)
+                    assert got["charges"] == len(cs)
+                    if want["accounting"] == "zcdp":
+                        assert close(got["epsilon_spent"], want["epsilon"], 1e-7), (w, got, want)
+                        assert close(got["rho_spent"], want["rho"]) and close(got["failure_coupled"], want["coupled"])
+                        # rho_left: a lower bound of the most another charge could add (a grid of eps <= eps_g)
+                        rooms = [(CEILING_EPS * i / 64, CEILING_DELTA - (math.exp(CEILING_EPS * i / 64) + 1) *
+                                  want["coupled"]) for i in range(1, 65)]
+                        best_left = max(dp_reference.rho_tight(e, r) for e, r in rooms if r > 0) - want["rho"]
+                        assert 0 <= got["rho_left"] <= best_left * (1 + 1e-3) + 1e-9 and \
+                            got["rho_left"] >= best_left * 0.99, (got, best_left)
+                    else:
+                        assert close(got["epsilon_spent"], want["epsilon"]), (w, got, want)
+                        assert close(got["delta_spent"], want["delta"]), (w, got, want)
+                    assert got["epsilon_spent"] <= CEILING_EPS * (1 + 1e-12)
+            r = dp.run_with("ledger", "explain", ledger, ranks=1)
+            assert r.returncode == 0 and "job 'c'" in r.stdout and "basic composition" in r.stdout, r.describe()
+        results.check("accounting: every block as recomputed from the jobs' own budgets (zcdp and mixed)", accounting)
+
+        # 2. Refusal: a fourth eps-3 job on a block holding three; nothing written, ledger unchanged.
+        def refusal():
+            specs = [write(f"r{i}", job_toml(f"r{i}", path("refuse.db"))) for i in range(4)]
+            one = charge_of(budget_of(specs[0]))
+            # A ceiling between the zCDP total of three and of four such charges (computed here).
+            ceiling = between(one, 3)
+            ledger = init("refuse.db", eps=ceiling)
+            for i in range(3):
+                r = dp.run_with("run", specs[i], "--out", path(f"out-r{i}"))
+                assert r.returncode == 0, r.describe()
+            before = show(ledger)
+            r = dp.run_with("run", specs[3], "--out", path("out-r3"))
+            assert r.returncode == 2, r.describe()
+            for part in ("block 0", "asks", "left", "Lower [privacy] epsilon"):
+                assert part in r.stderr, (part, r.stderr)
+            assert show(ledger) == before
+            assert not os.path.exists(os.path.join(path("out-r3"), "releases.csv"))
+        results.check("refusal: exit 2 naming block, ask and what is left; nothing charged or written", refusal)
+
+        # 3. Racing starts.
+        def racing():
+            specs = [write(f"race{i}", job_toml(f"race{i}", path("race.db"), eps=2.0, extra=f"seed = {i + 1}"))
+                     for i in range(8)]
+            one = charge_of(budget_of(specs[0]))
+            fit = 3  # the ceiling lies between the zCDP totals of 3 and 4 charges
+            ledger = init("race.db", eps=between(one, fit))
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                runs = list(pool.map(lambda i: dp.run_with("run", specs[i], "--out", path(f"out-race{i}"), ranks=1,
+                                                           timeout=300), range(8)))
+            codes = sorted(r.returncode for r in runs)
+            assert codes == [0] * fit + [2] * (8 - fit), [r.describe() for r in runs if r.returncode not in (0, 2)] or codes
+            block = show(ledger)[0]
+            assert block["charges"] == fit and block["epsilon_left"] >= 0, block
+        results.check("racing: 8 concurrent jobs, exactly the independent count admitted, ceiling kept", racing)
+
+        # 4. Resume and crash.
+        def resume_and_crash():
+            ledger = init("resume.db")
+            spec = write("res", job_toml("res", ledger, every=1, triggers=8))
+            stop = {"DPSTREAM_FAULT": "committed@2:0:TERM"}
+            r = dp.run_with("run", spec, "--out", path("out-res"), env=stop)
+            assert r.returncode == 5, r.describe()
+            r = dp.run_with("run", spec, "--out", path("out-res"), "--resume")
+            assert r.returncode == 0 and "already charged" in r.stderr, r.describe()
+            assert show(ledger)[0]["charges"] == 1
+            crash = write("crash", job_toml("crash", ledger, every=1))
+            r = dp.run_with("run", crash, "--out", path("out-crash"), env={"DPSTREAM_FAULT": "ingest@1:0"})
+            assert r.returncode != 0, r.describe()
+            assert show(ledger)[0]["charges"] == 2, "the crashed job's charge must stay"
+        results.check("resume: charged once; a crash after admission keeps its charge", resume_and_crash)
+
+        # 5. Damage.
+        def damage():
+            ledger = init("damage.db")
+            r = dp.run_with("run", write("dmg", job_toml("dmg", ledger)), "--out", path("out-dmg"))
+            assert r.returncode == 0, r.describe()
+            with sqlite3.connect(ledger) as db:
+                db.execute("UPDATE charges SET rho = '0x1p-20'")
+            r = dp.run_with("ledger", "show", ledger, ranks=1)
+            assert r.returncode == 2 and "digest" in r.stderr, r.describe()
+            r = dp.run_with("run", path("dmg.toml"), "--out", path("out-dmg2"))
+            assert r.returncode == 2 and "digest" in r.stderr, r.describe()
+            other = init("trunc.db")
+            with open(other, "r+b") as f:
+                f.truncate(1000)
+            r = dp.run_with("ledger", "show", other, ranks=1)
+            assert r.returncode == 2, r.describe()
+            with sqlite3.connect(path("foreign.db")) as db:
+                db.execute("CREATE TABLE meta(key TEXT, value TEXT)")
+            r = dp.run_with("ledger", "show", path("foreign.db"), ranks=1)
+            assert r.returncode == 2 and "not a dpstream ledger" in r.stderr, r.describe()
+        results.check("damage: an edited row, a truncated file, a foreign database: refused", damage)
+
+        # 6. Refusals before data.
+        def refusals():
+            ledger = init("ref.db")
+            cases = [("none", job_toml("n", ledger, mode="none").replace("epsilon = 3.0", "").replace(
+                         "delta = 1e-9", "").replace('composition = "zcdp"', ""), "mode"),
+                     ("other length", job_toml("w", ledger, window_seconds=3600), "window_seconds = 86400"),
+                     ("missing", job_toml("m", path("nope.db")), "ledger init")]
+            for label, text, needle in cases:
+                r = dp.run_with("run", write("ref-" + label.replace(" ", "-"), text), "--out", path("out-ref"))
+                assert r.returncode == 2 and needle in r.stderr, (label, r.describe())
+            csv = path("in.csv")
+            with open(csv, "w") as f:
+                f.write("user_id,key,value,timestamp\n1,a,1,5\n")
+            text = (f'[input]\nkind = "csv"\npath = "{csv}"\n[stream]\nwindow_seconds = {DAY}\ntriggers = 2\n'
+                    f'[privacy]\nmode = "dp"\nmax_records_per_user = 8\nepsilon = 1.0\ndelta = 1e-9\nledger = "{ledger}"\n')
+            r = dp.run_with("run", write("ref-csv", text), "--out", path("out-ref-csv"))
+            assert r.returncode == 2 and "first_window" in r.stderr, r.describe()
+            r = dp.run_with("ledger", "retire", ledger, "--through", 0, ranks=1)
+            assert r.returncode == 0, r.describe()
+            r = dp.run_with("run", write("ret", job_toml("ret", ledger)), "--out", path("out-ret"))
+            assert r.returncode == 2 and "retired" in r.stderr, r.describe()
+            r = dp.run_with("ledger", "init", ledger, "--epsilon", 1, "--delta", 1e-6, ranks=1)
+            assert r.returncode == 2 and "never re-initialized" in r.stderr, r.describe()
+            assert show(ledger) == {}
+        results.check("refusals before any record: mode none, CSV windows, window length, retired, missing, re-init",
+                      refusals)
+    return results.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
