@@ -315,134 +315,140 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
         return noise::node_noise(prf, {key, family, round, level, index}, dg);
       };
     };
+    const auto keep_first_error = [&](const char* what) {
+#pragma omp critical(dp_release_error)
+      if (error.empty()) error = what;
+    };
 #pragma omp for schedule(dynamic, 4)
-    for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) {
-      if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
-      auto& cache = caches[s];
-      auto& values = values_[s];
-      auto& calendar = calendar_[s];
-      std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
+    for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) try {  // an exception may not leave the loop
+        if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
+        auto& cache = caches[s];
+        auto& values = values_[s];
+        auto& calendar = calendar_[s];
+        std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
 
-      // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
-      // on, the simulation of its next steps with no new user, which schedules its next visit.
-      // `known`: the key's cache entry when the caller has found it already.
-      auto visit = [&](std::uint64_t key, KeyState st, bool touched,
-                       NoiseCache<typename Selection::Noise>* known = nullptr) {
-        ++visited;
-        const std::int64_t round_users = st.users - st.round_base_users;
-        if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
-        const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
-        auto& c = known ? *known : cache[key];
-        if (c.selection_round != st.round || c.selection.at() > step) {
-          c.selection.reset();
-          c.lookahead.reset();
-          c.selection_round = st.round;
-        }
-        if (scan_all || c.selection.at() == 0) ++above;  // first test of its round (users only grow in a round)
-        if (c.next_visit != kNoVisit && c.next_visit != trigger) ++discarded;  // new records came first (case 1)
-        const bool due = !touched && c.next_visit == trigger;                  // visited for its prediction alone
-        c.next_visit = kNoVisit;
-        if (c.lookahead.at() == step) std::swap(c.selection, c.lookahead);  // simulated up to here: no redraw
-        selection.advance(c.selection, key, st.round, step);
-        if (passes(selection.prefix(c.selection, key, st.round), round_users, step)) {
-          KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
-          ValueNoise& v = values[key];
-          if (count_noise_) {
-            v.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
-            r.count = int128{st.count} * kOne + v.count.prefix_noise(kOne);
+        // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
+        // on, the simulation of its next steps with no new user, which schedules its next visit.
+        // `known`: the key's cache entry when the caller has found it already.
+        auto visit = [&](std::uint64_t key, KeyState st, bool touched,
+                         NoiseCache<typename Selection::Noise>* known = nullptr) {
+          ++visited;
+          const std::int64_t round_users = st.users - st.round_base_users;
+          if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
+          const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
+          auto& c = known ? *known : cache[key];
+          if (c.selection_round != st.round || c.selection.at() > step) {
+            c.selection.reset();
+            c.lookahead.reset();
+            c.selection_round = st.round;
           }
-          if (count_band_)
-            r.count = int128{st.count} * kOne + banded_value_noise(v.banded_count, *count_band_, prf, key,
-                                                                   noise::Family::BandedCount, leaf, kOne, draws);
-          if (sum_noise_) {
-            v.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
-            r.sum = st.sum + v.sum.prefix_noise(params_.sum_quantum);
+          if (scan_all || c.selection.at() == 0) ++above;  // first test of its round (users only grow in a round)
+          if (c.next_visit != kNoVisit && c.next_visit != trigger) ++discarded;  // new records came first (case 1)
+          const bool due = !touched && c.next_visit == trigger;                  // visited for its prediction alone
+          c.next_visit = kNoVisit;
+          if (c.lookahead.at() == step) std::swap(c.selection, c.lookahead);  // simulated up to here: no redraw
+          selection.advance(c.selection, key, st.round, step);
+          if (passes(selection.prefix(c.selection, key, st.round), round_users, step)) {
+            KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
+            ValueNoise& v = values[key];
+            if (count_noise_) {
+              v.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
+              r.count = int128{st.count} * kOne + v.count.prefix_noise(kOne);
+            }
+            if (count_band_)
+              r.count = int128{st.count} * kOne + banded_value_noise(v.banded_count, *count_band_, prf, key,
+                                                                     noise::Family::BandedCount, leaf, kOne, draws);
+            if (sum_noise_) {
+              v.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
+              r.sum = st.sum + v.sum.prefix_noise(params_.sum_quantum);
+            }
+            if (sum_band_)
+              r.sum = st.sum + banded_value_noise(v.banded_sum, *sum_band_, prf, key, noise::Family::BandedSum, leaf,
+                                                  params_.sum_quantum, draws);
+            out[s].push_back(r);
+            if (keys.journal) keys.changed_keys[s].push_back(key);
+            ++shard_released;
+            predicted += due;
+            // The next round counts users new to the key after this trigger, in a fresh tree; the key is
+            // visited again when it gets records (case 2 of Algorithm 4).
+            ++st.round;
+            st.round_start = trigger + 1;
+            st.round_base_users = st.users;
+            keys.put(key, st);
+            c.selection.reset();
+            c.lookahead.reset();
+            c.selection_round = st.round;
+            c.horizon = 0;
+            return;
           }
-          if (sum_band_)
-            r.sum = st.sum + banded_value_noise(v.banded_sum, *sum_band_, prf, key, noise::Family::BandedSum, leaf,
-                                                params_.sum_quantum, draws);
-          out[s].push_back(r);
-          if (keys.journal) keys.changed_keys[s].push_back(key);
-          ++shard_released;
-          predicted += due;
-          // The next round counts users new to the key after this trigger, in a fresh tree; the key is
-          // visited again when it gets records (case 2 of Algorithm 4).
-          ++st.round;
-          st.round_start = trigger + 1;
-          st.round_base_users = st.users;
-          keys.put(key, st);
-          c.selection.reset();
-          c.lookahead.reset();
-          c.selection_round = st.round;
-          c.horizon = 0;
-          return;
-        }
-        if (!predict) return;
-        const std::uint32_t last = params_.triggers - st.round_start;  // the round's last step in the window
-        if (step >= last) return;
-        // Look ahead twice as far as last time, at most kMaxHorizon: new records that pass the
-        // quiet bound make the steps simulated past them a redraw (touched keys included: most new
-        // records stay quiet; one step after new records visited 1.5x the keys for 0.2% fewer draws).
-        c.horizon = std::min({std::max(c.horizon, 1u) * 2, last, kMaxHorizon});
-        const std::uint32_t until = std::min(last, step + c.horizon);
-        c.lookahead = c.selection;
-        selection.begin_ahead(c.lookahead, key, st.round, until);
-        c.quiet_users = std::numeric_limits<std::int64_t>::max();
-        std::uint32_t q = step;
-        while (q < until) {
-          ++q;
-          ++simulated;
-          const int128 noise_total = selection.step_ahead(c.lookahead, q, key, st.round);  // the test's noise
-          if (passes(noise_total, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
-          if (q < until) lower_quiet_bound(c.quiet_users, noise_total, q);
-        }
-        c.next_visit = st.round_start + q - 1;
-        calendar[c.next_visit].push_back(key);
-        ++scheduled;
-      };
-
-      if (scan_all) {
-        keys.for_each_in(s, [&](std::uint64_t key, const KeyState& st) { visit(key, st, false); });
-      } else {
-        // Lookups a few keys ahead: the key and cache entries are DRAM misses, independent per key.
-        constexpr std::size_t kAhead = 8;
-        const auto ahead = [&](const std::vector<std::uint64_t>& list, std::size_t i) {
-          if (i + kAhead < list.size()) keys.prefetch(list[i + kAhead]), cache.prefetch(list[i + kAhead]);
+          if (!predict) return;
+          const std::uint32_t last = params_.triggers - st.round_start;  // the round's last step in the window
+          if (step >= last) return;
+          // Look ahead twice as far as last time, at most kMaxHorizon: new records that pass the
+          // quiet bound make the steps simulated past them a redraw (touched keys included: most new
+          // records stay quiet; one step after new records visited 1.5x the keys for 0.2% fewer draws).
+          c.horizon = std::min({std::max(c.horizon, 1u) * 2, last, kMaxHorizon});
+          const std::uint32_t until = std::min(last, step + c.horizon);
+          c.lookahead = c.selection;
+          selection.begin_ahead(c.lookahead, key, st.round, until);
+          c.quiet_users = std::numeric_limits<std::int64_t>::max();
+          std::uint32_t q = step;
+          while (q < until) {
+            ++q;
+            ++simulated;
+            const int128 noise_total = selection.step_ahead(c.lookahead, q, key, st.round);  // the test's noise
+            if (passes(noise_total, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
+            if (q < until) lower_quiet_bound(c.quiet_users, noise_total, q);
+          }
+          c.next_visit = st.round_start + q - 1;
+          calendar[c.next_visit].push_back(key);
+          ++scheduled;
         };
-        const auto& touched = keys.touched[s];
-        for (std::size_t i = 0; i < touched.size(); ++i) {
-          ahead(touched, i);
-          const std::uint64_t key = touched[i];
-          const KeyState st = keys.at(key);
-          if (static_cast<double>(st.users - st.round_base_users) <= params_.mu) {
-            ++visited;  // never tested (as visit() finds first)
-            continue;
+
+        if (scan_all) {
+          keys.for_each_in(s, [&](std::uint64_t key, const KeyState& st) { visit(key, st, false); });
+        } else {
+          // Lookups a few keys ahead: the key and cache entries are DRAM misses, independent per key.
+          constexpr std::size_t kAhead = 8;
+          const auto ahead = [&](const std::vector<std::uint64_t>& list, std::size_t i) {
+            if (i + kAhead < list.size()) keys.prefetch(list[i + kAhead]), cache.prefetch(list[i + kAhead]);
+          };
+          const auto& touched = keys.touched[s];
+          for (std::size_t i = 0; i < touched.size(); ++i) {
+            ahead(touched, i);
+            const std::uint64_t key = touched[i];
+            const KeyState st = keys.at(key);
+            if (static_cast<double>(st.users - st.round_base_users) <= params_.mu) {
+              ++visited;  // never tested (as visit() finds first)
+              continue;
+            }
+            const auto it = cache.find(key);
+            // New records that leave the round's users within the quiet bound change no test before
+            // the scheduled visit (every one of those steps fails for any count up to the bound), so the
+            // schedule and its simulated nodes stay valid: no visit now.
+            if (it != cache.end() && it->second.next_visit != kNoVisit && it->second.next_visit != trigger &&
+                it->second.selection_round == st.round && st.users - st.round_base_users <= it->second.quiet_users) {
+              ++quiet;
+              continue;
+            }
+            visit(key, st, true, it != cache.end() ? &it->second : nullptr);
           }
-          const auto it = cache.find(key);
-          // New records that leave the round's users within the quiet bound change no test before
-          // the scheduled visit (every one of those steps fails for any count up to the bound), so the
-          // schedule and its simulated nodes stay valid: no visit now.
-          if (it != cache.end() && it->second.next_visit != kNoVisit && it->second.next_visit != trigger &&
-              it->second.selection_round == st.round && st.users - st.round_base_users <= it->second.quiet_users) {
-            ++quiet;
-            continue;
+          if (auto due = calendar.extract(trigger)) {
+            const auto& list = due.mapped();
+            for (std::size_t i = 0; i < list.size(); ++i) {
+              ahead(list, i);
+              const std::uint64_t key = list[i];
+              const auto it = cache.find(key);  // skip entries whose key was visited since (rescheduled or released)
+              if (it != cache.end() && it->second.next_visit == trigger) visit(key, keys.at(key), false, &it->second);
+            }
           }
-          visit(key, st, true, it != cache.end() ? &it->second : nullptr);
         }
-        if (auto due = calendar.extract(trigger)) {
-          const auto& list = due.mapped();
-          for (std::size_t i = 0; i < list.size(); ++i) {
-            ahead(list, i);
-            const std::uint64_t key = list[i];
-            const auto it = cache.find(key);  // skip entries whose key was visited since (rescheduled or released)
-            if (it != cache.end() && it->second.next_visit == trigger) visit(key, keys.at(key), false, &it->second);
-          }
-        }
+        tested += above;  // every key above mu is tested at every trigger, visited or not
+        above_mu_[s] = above - shard_released;
+        released += shard_released;
+      } catch (const std::exception& e) {
+        keep_first_error(e.what());
       }
-      tested += above;  // every key above mu is tested at every trigger, visited or not
-      above_mu_[s] = above - shard_released;
-      released += shard_released;
-    }
     draws += selection.draws;
   } catch (const std::exception& e) {
 #pragma omp critical(dp_release_error)

@@ -59,16 +59,20 @@ const PackedSlots::Slot* PackedSlots::find(std::uint64_t key, std::uint64_t hash
   }
 }
 
+// Only a new key may grow the table: a key already held is updated in place, so a caller iterating
+// the shard (key selection's full scan puts a released key's new round) never sees it reallocated.
 PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t hash) {
-  if (table_full(size_, slots_.size())) grow();  // a free slot always ends a probe
-  for (std::size_t i = home(hash);; i = next_slot(i, slots_.size())) {
-    Slot& s = slots_[i];
-    if (s.count == kFree) {
-      ++size_;
-      return s = Slot{key, 0, 0};
+  if (!slots_.empty())
+    for (std::size_t i = home(hash);; i = next_slot(i, slots_.size())) {
+      if (slots_[i].count == kFree) break;
+      if (slots_[i].key == key) return slots_[i];
     }
-    if (s.key == key) return s;
-  }
+  if (table_full(size_, slots_.size())) grow();  // a free slot always ends a probe
+  for (std::size_t i = home(hash);; i = next_slot(i, slots_.size()))
+    if (slots_[i].count == kFree) {
+      ++size_;
+      return slots_[i] = Slot{key, 0, 0};
+    }
 }
 
 void PackedSlots::grow() {

@@ -295,3 +295,40 @@ TEST(KeyAccumulate, PackedTableStaysDenseThroughGrowth) {
     for (std::uint64_t k = 0; k < inserted; k += 997) EXPECT_EQ(table.at(k * 0x9E3779B97F4A7C15ull).count, 1);
   }
 }
+
+// Key selection's full scan puts a released key's new round while it iterates the key's shard: a put
+// of a key already held must never reallocate the shard, even when the shard is exactly at its growth
+// threshold (the bug: a release at that moment freed the slots under the scan, and the engine aborted
+// on "key not tracked" at 10M users and C = 1). Every shard is filled key by key and, at each size,
+// every key is put back with a round state in the middle of a scan: the scan must see each key once,
+// with the state it had.
+TEST(KeyAccumulate, PutOfAHeldKeyDuringAScanNeverReallocates) {
+  kernels::KeyStateTable table;
+  const std::size_t shard = kernels::KeyStateTable::shard_of(1);
+  std::vector<std::uint64_t> keys;
+  for (std::uint64_t k = 1; keys.size() < 200; ++k)
+    if (kernels::KeyStateTable::shard_of(k) == shard) keys.push_back(k);
+  std::size_t scans = 0;
+  for (std::size_t n = 1; n <= keys.size(); ++n) {
+    kernels::KeyState st;
+    st.count = st.users = static_cast<std::int64_t>(n);
+    table.put(keys[n - 1], st);
+    std::map<std::uint64_t, std::int64_t> seen;
+    table.for_each_in(shard, [&](std::uint64_t key, const kernels::KeyState& s) {
+      EXPECT_TRUE(seen.emplace(key, s.count).second) << "key " << key << " seen twice with " << n << " keys";
+      kernels::KeyState released = s;
+      released.round = 1, released.round_start = 3, released.round_base_users = s.users;  // goes full width
+      table.put(key, released);
+    });
+    ASSERT_EQ(seen.size(), n) << "the scan must see every key once";
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto s = table.find(keys[i]);
+      ASSERT_TRUE(s.has_value()) << "key not tracked after the scan, " << n << " keys";
+      EXPECT_EQ(s->round, 1u);
+      EXPECT_EQ(seen.at(keys[i]), s->count);
+    }
+    // Back to packed state for the next size (a key with round state stays wide; start each size fresh).
+    ++scans;
+  }
+  EXPECT_EQ(scans, keys.size());
+}
