@@ -246,6 +246,8 @@ struct ChooseCCommand {
     cmd->add_option("--max-c", opts.max_c, "Largest C considered, 1..1000000 (default 1000)");
     cmd->add_option("--window", opts.window, "Window measured (default: the job's first window)");
     cmd->add_option("--seed", opts.seed, "Noise secret from this seed: tests only, the output is NOT private");
+    cmd->add_option("--ledger", opts.ledger,
+                    "Charge this budget ledger for the window before reading it (docs/LEDGER.md)");
     cmd->add_flag("--json", as_json, "Print one JSON object instead of text");
   }
   int exec(const dpstream::shuffle::Comm& comm, bool root) const {

@@ -6,6 +6,7 @@
 #include <openssl/crypto.h>
 
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -18,6 +19,7 @@
 #include "src/accounting.hpp"
 #include "src/csv_input.hpp"
 #include "src/errors.hpp"
+#include "src/ledger.hpp"
 #include "src/record_source.hpp"
 #include "src/workload.hpp"
 
@@ -135,6 +137,40 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
     });
     comm.broadcast(secret.data(), secret.size());
   }
+
+  // A ledger (docs/LEDGER.md): the window is charged rho before any record is read. The window must
+  // be known without the data (--window, or the job's own windows).
+  if (!options.ledger.empty())
+    shuffle::on_all_ranks<ConfigError>(comm, [&] {
+      if (config.stream.windows_from_input && !options.window)
+        throw ConfigError("choose-c --ledger needs the window before any record is read: give --window W");
+      if (!root) return;
+      ledger::Ledger book(options.ledger);
+      if (book.ceiling().block_seconds != config.stream.window_seconds)
+        throw ConfigError(fmt::format("ledger {}: its blocks are windows of {} s and the job's are {} s",
+                                      options.ledger, book.ceiling().block_seconds, config.stream.window_seconds));
+      const std::int64_t block = options.window.value_or(config.stream.first_window);
+      ledger::Request request{.run_id = "",
+                              .job = config.name + " (choose-c)",
+                              .mechanism = fmt::format("choose-c: discrete Gaussian histogram of per-user counts, "
+                                                       "quantile {}, max C {}",
+                                                       options.quantile, options.max_c),
+                              .zcdp = true,
+                              .rho = rho_budget,
+                              .delta_extra = 0,
+                              .coupled = 0,
+                              .epsilon = options.epsilon,
+                              .delta = options.delta,
+                              .blocks = {block}};
+      request.run_id =
+          ledger::run_id(secret.data(), secret.size(),
+                         fmt::format("choose-c|{}|{}|{:a}|{:a}", config.name, block, options.epsilon, options.delta));
+      const auto admission = book.admit(request);
+      if (admission.outcome == ledger::Outcome::Refused) throw ConfigError(admission.message);
+      std::fprintf(stderr, "dpstream: ledger %s: %s window %lld (run %s)\n", options.ledger.c_str(),
+                   admission.outcome == ledger::Outcome::Admitted ? "charged" : "already charged for",
+                   static_cast<long long>(block), request.run_id.c_str());
+    });
 
   // 1. This rank's records of the window, exactly as the job reads them; only counts per user kept.
   std::unique_ptr<RecordSource> source;

@@ -36,6 +36,7 @@ struct ChooseCOptions {
   std::int64_t max_c = 1000;           // in [1, 1e6]; bin max_c + 1 = "more than max_c"
   std::optional<std::int64_t> window;  // default: the job's first window
   std::optional<std::uint64_t> seed;   // test mode: noise secret from the seed (not private)
+  std::string ledger;                  // a budget ledger charged for the window before it is read
 };
 
 inline constexpr std::int64_t kChooseCMaxC = 1'000'000;

@@ -15,6 +15,7 @@ jobs with [privacy] ledger, against an independent computation of the block acco
 5. Damage: an edited charge row, a truncated file, a file that is not a ledger: refused (exit 2).
 6. Refusals before any record is read: mode none, windows from the input, other window length,
    retired block, missing ledger, re-init.
+7. choose-c --ledger: charged per window, refused beyond the ceiling (the count recomputed here).
 
 Usage: test_ledger.py --ranks N [--bin build/src/dpstream] [--keep]
 """
@@ -303,6 +304,24 @@ def main():
             assert show(ledger) == {}
         results.check("refusals before any record: mode none, CSV windows, window length, retired, missing, re-init",
                       refusals)
+        # 7. choose-c charges its window like a job, and is refused once the block is spent.
+        def choose_c():
+            ledger = init("choose.db", eps=2.0)
+            spec = write("cc", job_toml("cc", ledger))
+            codes = []
+            for _ in range(8):
+                r = dp.run_with("choose-c", spec, "--epsilon", 1, "--delta", 1e-7, "--ledger", ledger, "--json",
+                                ranks=1)
+                codes.append(r.returncode)
+                assert r.returncode in (0, 2), r.describe()
+                if r.returncode == 2:
+                    assert "block 0" in r.stderr, r.describe()
+            rho = dp_reference.rho_tight(1.0, 1e-7)
+            one = {"zcdp": True, "rho": rho, "coupled": 0.0}
+            fit = max(n for n in range(1, 9) if expected_block([one] * n, 2.0)["epsilon"] <= 2.0)
+            assert codes == [0] * fit + [2] * (8 - fit), (codes, fit)
+            assert show(ledger)[0]["charges"] == fit
+        results.check("choose-c: charged per window like a job, refused beyond the ceiling", choose_c)
     return results.finish()
 
 
