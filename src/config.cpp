@@ -230,7 +230,9 @@ constexpr SpecField kSpecFields[] = {
     {"privacy.value_counter", MustMatch, BandedCounters,
      [](const JobConfig& c) { return to_string(c.privacy.value_counter); }},
     {"privacy.counter_band", MustMatch, BandedCounters, [](const JobConfig& c) { return str(c.privacy.counter_band); }},
-    {"privacy.ledger", MayChange},  // a resume is not charged again (the run id, src/ledger.hpp)
+    // A resume is not charged again (the run id) and may not add, drop or change the ledger: the
+    // charge is made before the first record is read, never after.
+    {"privacy.ledger", MustMatch, Ledger, [](const JobConfig& c) { return c.privacy.ledger; }},
     {"query.aggregations", MustMatch, All,
      [](const JobConfig& c) {
        return std::string(c.query.count ? "count" : "") + (c.query.count && c.query.sum ? "," : "") +
@@ -275,6 +277,8 @@ bool in_identity(const SpecField& field, const JobConfig& c) {
       return c.input.kind == InputKind::Csv;
     case AppliesTo::Private:
       return is_private(c.privacy.mode);
+    case AppliesTo::Ledger:
+      return !c.privacy.ledger.empty();
     case AppliesTo::BandedCounters:
       return c.privacy.mode == PrivacyMode::Dp &&  // the baselines have no continual counters
              (c.privacy.selection_counter == CounterKind::Banded || c.privacy.value_counter == CounterKind::Banded);
@@ -393,6 +397,8 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   if (pr.has("delta") && !(c.privacy.delta > 0 && c.privacy.delta < 1))
     pr.fail("delta", fmt::format("must be in (0, 1), got {}", c.privacy.delta));
   c.privacy.ledger = pr.string("ledger", "");
+  if (pr.has("ledger") && c.privacy.ledger.empty())
+    pr.fail("ledger", "is empty: give the ledger's path (dpstream ledger init PATH ...) or remove the key");
   if (pr.has("ledger") && !dp)
     pr.fail("ledger", "charges privacy budget, and mode = \"none\" spends none: remove it or set a private mode");
   if (pr.has("ledger") && c.stream.windows_from_input)

@@ -211,7 +211,7 @@ enum class OnResume { MustMatch, MayChange };
 // The jobs for which a MustMatch field is recorded (it has no effect on the others).
 // BandedCounters: private jobs with a banded counter (absent otherwise, so that the identity of jobs on
 // trees, and their earlier checkpoints, stay as they were).
-enum class AppliesTo { All, Synthetic, Csv, Private, BandedCounters };
+enum class AppliesTo { All, Synthetic, Csv, Private, BandedCounters, Ledger };
 
 struct SpecField {
   std::string_view name;  // "section.key", as in the TOML and in --set

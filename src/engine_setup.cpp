@@ -32,9 +32,9 @@ bool Engine::set_up() {
   if (!open_checkpoint()) return false;
 
   noise::Secret secret = job_secret();
-  admit_to_ledger(secret);
   releaser_ = make_releaser(config_.privacy.mode, plan_, secret, config_.engine.key_scan);
   open_output();
+  admit_to_ledger(secret);  // after the output is known to be writable, before any record is read
   open_input(secret);
   create_state();
   start_checkpoint(secret);
@@ -65,6 +65,18 @@ noise::Secret Engine::job_secret() const {
 void Engine::admit_to_ledger(const noise::Secret& secret) {
   if (config_.privacy.ledger.empty()) return;
   shuffle::on_all_ranks<ConfigError>(comm_, [&] {
+    if (!plan_.private_run)
+      throw ConfigError(
+          fmt::format("ledger {}: [privacy] seed makes this run a test whose output is not private (two "
+                      "seeded jobs may share noise); a ledger accounts private releases: remove seed "
+                      "or the ledger",
+                      config_.privacy.ledger));
+    if (!threshold_proven(plan_))
+      throw ConfigError(
+          fmt::format("ledger {}: threshold = \"gaussian-quantile\" with tree key selection has no "
+                      "proven failure probability to charge: use threshold = \"subgaussian\" or "
+                      "selection_counter = \"banded\"",
+                      config_.privacy.ledger));
     if (!root_) return;
     ledger::Ledger book(config_.privacy.ledger);
     if (book.ceiling().block_seconds != config_.stream.window_seconds)

@@ -1,10 +1,14 @@
 #include "src/ledger.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/hmac.h>
 #include <sqlite3.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 #include <xxhash.h>
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <chrono>
@@ -21,8 +25,7 @@ namespace dpstream::ledger {
 namespace {
 constexpr const char* kFormat = "dpstream-ledger";
 constexpr int kVersion = 1;
-constexpr int kBusyMs = 120000;   // a job waits this long for another's admission to finish
-constexpr double kSlack = 1e-12;  // relative: floating-point noise of the conversions, never more
+constexpr int kBusyMs = 120000;  // a job waits this long for another's admission to finish
 
 // SQLite's locking needs POSIX advisory locks that work: local file systems, and the cluster file
 // systems whose locks are coherent across nodes. NFS and SMB locks are known to be unreliable
@@ -58,14 +61,29 @@ std::string now_utc() {
   return buf;
 }
 
-// A row's digest: XXH3 of its fields in a canonical text (floats as %a): detects a row edited or
-// damaged outside dpstream (not an adversary who recomputes it: the ledger is trusted storage).
-std::string digest(const Charge& c) {
-  const std::string text =
-      fmt::format("{}|{}|{}|{}|{}|{}|{:a}|{:a}|{:a}|{:a}|{:a}", c.run_id, c.block, c.job, c.at, c.mechanism,
-                  c.zcdp ? "zcdp" : "approx", c.rho, c.delta_extra, c.coupled, c.epsilon, c.delta);
+// A row's digest: XXH3 of its fields in a canonical text (floats as %a) and the previous row's
+// digest, a chain whose last link is kept in meta ('head'): an edited, inserted or deleted row breaks
+// it. It detects accidents and careless edits, not an adversary who recomputes it (the ledger is
+// trusted storage, like the checkpoints).
+std::string digest(const Charge& c, const std::string& previous) {
+  const std::string text = fmt::format("{}|{}|{}|{}|{}|{}|{}|{:a}|{:a}|{:a}|{:a}|{:a}|{}", c.seq, c.run_id, c.block,
+                                       c.job, c.at, c.mechanism, c.zcdp ? "zcdp" : "approx", c.rho, c.delta_extra,
+                                       c.coupled, c.epsilon, c.delta, previous);
   return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
 }
+
+// The digest of the ledger's settings (the ceiling, the block length, the retirement): the chain's
+// first link, refreshed when blocks are retired.
+std::string meta_digest(const std::map<std::string, std::string>& meta) {
+  std::string text;
+  for (const char* k : {"format", "version", "epsilon", "delta", "block_seconds", "created", "retired_through"})
+    text += std::string(k) + "=" + (meta.count(k) ? meta.at(k) : "") + "|";
+  return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
+}
+
+constexpr const char* kCorrupt =
+    "dpstream refuses it. Never replace a ledger by an older copy (the charges made since would be "
+    "forgotten and blocks spent twice): repair it only from a copy that holds every charge";
 
 std::string hex_double(double v) { return fmt::format("{:a}", v); }
 double parse_double(const std::string& s) {
@@ -173,6 +191,7 @@ std::vector<Charge> read_charges(sqlite3* db, const std::string& path, const cha
     c.at = s.text(4);
     c.mechanism = s.text(5);
     c.zcdp = s.text(6) == "zcdp";
+    c.stored_digest = s.text(12);
     try {
       c.rho = parse_double(s.text(7));
       c.delta_extra = parse_double(s.text(8));
@@ -180,19 +199,48 @@ std::vector<Charge> read_charges(sqlite3* db, const std::string& path, const cha
       c.epsilon = parse_double(s.text(10));
       c.delta = parse_double(s.text(11));
     } catch (const std::exception&) {
-      throw std::runtime_error(
-          fmt::format("ledger {}: charge {} has an unreadable number: the ledger is corrupt; "
-                      "restore it from a backup",
-                      path, c.seq));
+      throw std::runtime_error(fmt::format("ledger {}: charge {} has an unreadable number: the ledger is damaged; {}",
+                                           path, c.seq, kCorrupt));
     }
-    if (s.text(12) != digest(c))
-      throw std::runtime_error(
-          fmt::format("ledger {}: charge {} (block {}, job '{}') fails its digest: the ledger "
-                      "was modified outside dpstream or is corrupt; restore it from a backup",
-                      path, c.seq, c.block, c.job));
     out.push_back(std::move(c));
   }
   return out;
+}
+
+std::map<std::string, std::string> read_meta(sqlite3* db, const std::string& path) {
+  std::map<std::string, std::string> meta;
+  Statement s(db, "SELECT key, value FROM meta", path);
+  while (s.step()) meta[s.text(0)] = s.text(1);
+  return meta;
+}
+
+// Every charge in order, the chain from the settings' digest to meta's head: throws when broken.
+void verify_chain(sqlite3* db, const std::string& path) {
+  const auto meta = read_meta(db, path);
+  std::string link = meta_digest(meta);
+  if (!meta.count("settings_digest") || meta.at("settings_digest") != link)
+    throw std::runtime_error(
+        fmt::format("ledger {}: its settings (ceiling, block length, retirement) fail their digest: the ledger was "
+                    "modified outside dpstream or is damaged; {}",
+                    path, kCorrupt));
+  std::int64_t expected_seq = 1;
+  for (const Charge& c : read_charges(db, path)) {
+    if (c.seq != expected_seq || c.stored_digest != digest(c, link))
+      throw std::runtime_error(
+          fmt::format("ledger {}: charge {} (block {}, job '{}') breaks the chain of digests (a row edited, inserted "
+                      "or removed outside dpstream, or damage); {}",
+                      path, c.seq, c.block, c.job, kCorrupt));
+    link = c.stored_digest;
+    ++expected_seq;
+  }
+  if (!meta.count("head") || meta.at("head") != link)
+    throw std::runtime_error(fmt::format(
+        "ledger {}: its last charges are missing (the chain ends before its recorded head); {}", path, kCorrupt));
+}
+
+void put_meta(sqlite3* db, const std::string& path, const std::string& key, const std::string& value) {
+  Statement s(db, "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", path);
+  s.bind(1, key).bind(2, value).step();
 }
 }  // namespace
 
@@ -213,40 +261,47 @@ std::string run_id(const unsigned char* key, std::size_t key_bytes, const std::s
 namespace {
 // delta a zCDP block needs at eps: zcdp_delta(rho, eps) + delta_extra + (e^eps + 1) coupled.
 double needed_delta(const BlockSpend& b, double eps) {
-  return (b.rho > 0 ? accounting::zcdp_delta(b.rho, eps) : 0.0) + b.delta_extra + (std::exp(eps) + 1) * b.coupled;
+  return (b.rho > 0 ? accounting::zcdp_delta(b.rho, eps) : 0.0) + b.delta_extra +
+         (b.coupled > 0 ? (std::exp(eps) + 1) * b.coupled : 0.0);
 }
 }  // namespace
 
 namespace {
-// need() is convex in eps (a convex falling term plus a convex rising one): the point of [0, hi]
-// where it is least, by golden-section search.
+// A low point of need() on [0, hi] by golden-section search, or hi itself if lower: need falls then
+// rises but is not convex everywhere, so this is a good point, not always the least; callers use only
+// that it qualifies (docs/LEDGER.md: a miss can only refuse).
 template <class F>
-double argmin_convex(F&& f, double hi) {
+double low_point(F&& f, double hi) {
   const double r = (std::sqrt(5.0) - 1) / 2;
   double a = 0, b = hi;
+  double c = b - r * (b - a), d = a + r * (b - a), fc = f(c), fd = f(d);
   for (int i = 0; i < 200 && b - a > 1e-13 * hi; ++i) {
-    const double c = b - r * (b - a), d = a + r * (b - a);
-    (f(c) <= f(d) ? b : a) = f(c) <= f(d) ? d : c;
+    if (fc <= fd) {
+      b = d, d = c, fd = fc, c = b - r * (b - a), fc = f(c);
+    } else {
+      a = c, c = d, fc = fd, d = a + r * (b - a), fd = f(d);
+    }
   }
-  return (a + b) / 2;
+  const double mid = (a + b) / 2;
+  return f(hi) < f(mid) ? hi : mid;
 }
 }  // namespace
 
-BlockSpend account(std::int64_t block, std::vector<Charge> charges, const Ceiling& g) {
+BlockSpend account(std::int64_t block, std::vector<Charge> charges, const Ceiling& g, bool with_rho_left) {
   BlockSpend b;
   b.block = block;
   b.zcdp = std::all_of(charges.begin(), charges.end(), [](const Charge& c) { return c.zcdp; });
   if (b.zcdp) {
     for (const auto& c : charges) b.rho += c.rho, b.delta_extra += c.delta_extra, b.coupled += c.coupled;
     const auto need = [&](double eps) { return needed_delta(b, eps); };
-    // The block is (eps, delta_g)-DP for every eps with need(eps) <= delta_g: an interval, since need
-    // is convex. Within its ceiling iff the interval reaches [0, eps_g]; spent: its lower end.
-    const double best = argmin_convex(need, g.epsilon);
+    // The block is (eps, delta_g)-DP for every eps with need(eps) <= delta_g. Within its ceiling when
+    // a low point of need on [0, eps_g] qualifies; spent: a bisection towards 0 that keeps qualifying.
+    const double best = low_point(need, g.epsilon);
     b.delta_left = g.delta - need(best);
     if (charges.empty()) {
       b.epsilon = b.delta = 0;
     } else if (need(best) <= g.delta) {
-      double lo = 0, hi = best;  // need falls on [0, best]: bisect for the first feasible eps
+      double lo = 0, hi = best;  // hi always qualifies: the reported eps is a guarantee
       for (int i = 0; i < 200 && hi - lo > 1e-13 * g.epsilon; ++i) {
         const double mid = (lo + hi) / 2;
         (need(mid) <= g.delta ? hi : lo) = mid;
@@ -260,9 +315,9 @@ BlockSpend account(std::int64_t block, std::vector<Charge> charges, const Ceilin
     b.epsilon_left = g.epsilon - b.epsilon;
     // rho another charge with no failure mass could add: the best over eps <= eps_g of
     // rho_tight(eps, delta_g - one-sided - (e^eps + 1) coupled) - rho (a grid: a lower bound).
-    for (int i = 1; i <= 256; ++i) {
+    for (int i = 1; with_rho_left && i <= 256; ++i) {
       const double eps = g.epsilon * i / 256;
-      const double room = g.delta - b.delta_extra - (std::exp(eps) + 1) * b.coupled;
+      const double room = g.delta - b.delta_extra - (b.coupled > 0 ? (std::exp(eps) + 1) * b.coupled : 0.0);
       if (room > 0) b.rho_left = std::max(b.rho_left, accounting::zcdp_rho_tight(eps, room) - b.rho);
     }
   } else {
@@ -276,9 +331,7 @@ BlockSpend account(std::int64_t block, std::vector<Charge> charges, const Ceilin
 }
 
 namespace {
-bool within(const BlockSpend& b, const Ceiling& g) {
-  return b.epsilon <= g.epsilon * (1 + kSlack) && b.delta <= g.delta * (1 + kSlack);
-}
+bool within(const BlockSpend& b, const Ceiling& g) { return b.epsilon <= g.epsilon && b.delta <= g.delta; }
 
 std::string describe_ask(const Request& r) {
   return r.zcdp ? fmt::format(
@@ -308,13 +361,20 @@ void init(const std::string& path, const Ceiling& g) {
     throw std::invalid_argument(fmt::format("ledger init: --delta must be in (0, 1), got {}", g.delta));
   if (g.block_seconds < 1)
     throw std::invalid_argument(fmt::format("ledger init: --block-seconds must be >= 1, got {}", g.block_seconds));
-  if (std::filesystem::exists(path))
-    throw std::invalid_argument(
-        fmt::format("ledger init: {} exists; a ledger is never re-initialized (its charges would be lost): choose "
-                    "another path",
-                    path));
+  if (g.epsilon > 100)
+    throw std::invalid_argument(fmt::format("ledger init: --epsilon {} is above 100: not a privacy budget", g.epsilon));
   check_file_system(std::filesystem::absolute(path));
-  sqlite3* db = open_db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  // Created exclusively: two inits racing on one path cannot both succeed, and a failed init removes
+  // only the file it created.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0)
+    throw std::invalid_argument(
+        errno == EEXIST ? fmt::format("ledger init: {} exists; a ledger is never re-initialized (its charges would be "
+                                      "lost): choose another path",
+                                      path)
+                        : fmt::format("ledger init: cannot create {}: {}", path, std::strerror(errno)));
+  ::close(fd);
+  sqlite3* db = open_db(path, SQLITE_OPEN_READWRITE);
   try {
     exec_sql(db, path, "PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;");
     exec_sql(db, path, "BEGIN IMMEDIATE");
@@ -325,10 +385,13 @@ void init(const std::string& path, const Ceiling& g) {
                                                         {"delta", hex_double(g.delta)},
                                                         {"block_seconds", std::to_string(g.block_seconds)},
                                                         {"created", now_utc()}};
+    std::map<std::string, std::string> settings;
     for (const auto& [k, v] : meta) {
-      Statement s(db, "INSERT INTO meta(key, value) VALUES (?, ?)", path);
-      s.bind(1, k).bind(2, v).step();
+      put_meta(db, path, k, v);
+      settings[k] = v;
     }
+    put_meta(db, path, "settings_digest", meta_digest(settings));
+    put_meta(db, path, "head", meta_digest(settings));  // no charge yet: the chain starts at the settings
     exec_sql(db, path, "COMMIT");
   } catch (...) {
     sqlite3_close(db);
@@ -350,21 +413,25 @@ Ledger::Ledger(const std::string& path) {
       Statement check(db_->handle, "PRAGMA quick_check", path);
       if (!check.step() || check.text(0) != "ok")
         throw std::runtime_error(
-            fmt::format("ledger {}: SQLite finds it damaged ({}); restore it from a backup", path, check.text(0)));
+            fmt::format("ledger {}: SQLite finds it damaged ({}); {}", path, check.text(0), kCorrupt));
     }
-    std::map<std::string, std::string> meta;
-    {
-      Statement s(db_->handle, "SELECT key, value FROM meta", path);
-      while (s.step()) meta[s.text(0)] = s.text(1);
+    const auto meta = read_meta(db_->handle, path);
+    if (!meta.count("format") || meta.at("format") != kFormat)
+      throw std::runtime_error(fmt::format("ledger {}: not a dpstream ledger", path));
+    if (meta.at("format") == kFormat && (!meta.count("version") || meta.at("version") != std::to_string(kVersion)))
+      throw std::runtime_error(fmt::format("ledger {}: version {} (this dpstream reads version {})", path,
+                                           meta.count("version") ? meta.at("version") : "?", kVersion));
+    try {
+      ceiling_.epsilon = parse_double(meta.at("epsilon"));
+      ceiling_.delta = parse_double(meta.at("delta"));
+      ceiling_.block_seconds = std::stoll(meta.at("block_seconds"));
+    } catch (const std::exception&) {
+      throw std::runtime_error(fmt::format("ledger {}: its ceiling is missing or unreadable; {}", path, kCorrupt));
     }
-    if (meta["format"] != kFormat) throw std::runtime_error(fmt::format("ledger {}: not a dpstream ledger", path));
-    if (meta["version"] != std::to_string(kVersion))
-      throw std::runtime_error(
-          fmt::format("ledger {}: version {} (this dpstream reads version {})", path, meta["version"], kVersion));
-    ceiling_.epsilon = parse_double(meta.at("epsilon"));
-    ceiling_.delta = parse_double(meta.at("delta"));
-    ceiling_.block_seconds = std::stoll(meta.at("block_seconds"));
-    read_charges(db_->handle, path);  // every digest
+    if (!(ceiling_.epsilon > 0 && ceiling_.epsilon <= 100) || !(ceiling_.delta > 0 && ceiling_.delta < 1) ||
+        ceiling_.block_seconds < 1)
+      throw std::runtime_error(fmt::format("ledger {}: its ceiling is invalid; {}", path, kCorrupt));
+    verify_chain(db_->handle, path);  // every row, in order, to the recorded head
   } catch (...) {
     sqlite3_close(db_->handle);
     delete db_;
@@ -400,34 +467,36 @@ Admission Ledger::admit(const Request& r) {
   if (r.blocks.empty()) throw std::invalid_argument("ledger: a request names no block");
   db_->exec("BEGIN IMMEDIATE");  // the write lock first: nobody else admits until COMMIT
   try {
+    verify_chain(db_->handle, db_->path);  // as of this transaction, not as of the open
+    const auto refuse = [&](std::string message) {
+      db_->exec("ROLLBACK");
+      return Admission{Outcome::Refused, std::move(message)};
+    };
     const auto retired = retired_through();
     std::size_t already = 0;
     for (const std::int64_t block : r.blocks) {
+      if (retired && block <= *retired)  // a resume too: retired data is never read again
+        return refuse(
+            fmt::format("ledger {}: block {} is retired (every block <= {} is): its data may not be read "
+                        "again; read newer windows",
+                        db_->path, block, *retired));
       auto charges = read_charges(db_->handle, db_->path, "WHERE block = ?", block);
       if (std::any_of(charges.begin(), charges.end(), [&](const Charge& c) { return c.run_id == r.run_id; })) {
         ++already;
         continue;
       }
-      if (retired && block <= *retired) {
-        db_->exec("ROLLBACK");
-        return {Outcome::Refused, fmt::format("ledger {}: block {} is retired (every block <= {} is): its data may "
-                                              "not be read again; read newer windows",
-                                              db_->path, block, *retired)};
-      }
-      const BlockSpend before = account(block, charges, ceiling_);
       Charge c;
       c.run_id = r.run_id, c.block = block, c.job = r.job, c.mechanism = r.mechanism, c.zcdp = r.zcdp;
       c.rho = r.rho, c.delta_extra = r.delta_extra, c.coupled = r.coupled, c.epsilon = r.epsilon, c.delta = r.delta;
-      charges.push_back(c);
-      if (!within(account(block, std::move(charges), ceiling_), ceiling_)) {
-        db_->exec("ROLLBACK");
-        return {Outcome::Refused,
-                fmt::format("ledger {}: block {} (event time [{}, {}) s) cannot admit job '{}': it asks {}; {}; the "
-                            "ceiling per block is (epsilon, delta) = ({:.6g}, {:.3g}). Lower [privacy] epsilon, "
-                            "or read other windows",
-                            db_->path, block, block * ceiling_.block_seconds, (block + 1) * ceiling_.block_seconds,
-                            r.job, describe_ask(r), describe_left(before), ceiling_.epsilon, ceiling_.delta)};
-      }
+      auto with_request = charges;
+      with_request.push_back(c);
+      if (!within(account(block, std::move(with_request), ceiling_, false), ceiling_))
+        return refuse(fmt::format(
+            "ledger {}: block {} (event time [{}, {}) s) cannot admit job '{}': it asks {}; {}; the ceiling per block "
+            "is (epsilon, delta) = ({:.6g}, {:.3g}). Lower [privacy] epsilon, or read other windows",
+            db_->path, block, block * ceiling_.block_seconds, (block + 1) * ceiling_.block_seconds, r.job,
+            describe_ask(r), describe_left(account(block, std::move(charges), ceiling_)), ceiling_.epsilon,
+            ceiling_.delta));
     }
     if (already == r.blocks.size()) {
       db_->exec("ROLLBACK");
@@ -437,20 +506,30 @@ Admission Ledger::admit(const Request& r) {
       throw std::runtime_error(
           fmt::format("ledger {}: run {} was admitted on some of these blocks only", db_->path, r.run_id));
     const std::string at = now_utc();
+    std::string link = read_meta(db_->handle, db_->path).at("head");
+    std::int64_t seq = 0;
+    {
+      Statement last(db_->handle, "SELECT COALESCE(MAX(seq), 0) FROM charges", db_->path);
+      last.step();
+      seq = last.integer(0);
+    }
     for (const std::int64_t block : r.blocks) {
       Charge c;
+      c.seq = ++seq;
       c.run_id = r.run_id, c.block = block, c.job = r.job, c.at = at, c.mechanism = r.mechanism, c.zcdp = r.zcdp;
       c.rho = r.rho, c.delta_extra = r.delta_extra, c.coupled = r.coupled, c.epsilon = r.epsilon, c.delta = r.delta;
+      link = digest(c, link);
       Statement s(db_->handle,
-                  "INSERT INTO charges(run_id, block, job, at, mechanism, accounting, rho, delta_extra, coupled, "
-                  "epsilon, delta, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                  "INSERT INTO charges(seq, run_id, block, job, at, mechanism, accounting, rho, delta_extra, coupled, "
+                  "epsilon, delta, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                   db_->path);
-      s.bind(1, c.run_id).bind(2, c.block).bind(3, c.job).bind(4, c.at).bind(5, c.mechanism);
-      s.bind(6, std::string(c.zcdp ? "zcdp" : "approx")).bind(7, hex_double(c.rho)).bind(8, hex_double(c.delta_extra));
-      s.bind(9, hex_double(c.coupled)).bind(10, hex_double(c.epsilon)).bind(11, hex_double(c.delta));
-      s.bind(12, digest(c));
+      s.bind(1, c.seq).bind(2, c.run_id).bind(3, c.block).bind(4, c.job).bind(5, c.at).bind(6, c.mechanism);
+      s.bind(7, std::string(c.zcdp ? "zcdp" : "approx")).bind(8, hex_double(c.rho)).bind(9, hex_double(c.delta_extra));
+      s.bind(10, hex_double(c.coupled)).bind(11, hex_double(c.epsilon)).bind(12, hex_double(c.delta));
+      s.bind(13, link);
       s.step();
     }
+    put_meta(db_->handle, db_->path, "head", link);
     db_->exec("COMMIT");  // durable (synchronous = FULL) before any record is read
     return {Outcome::Admitted, ""};
   } catch (...) {
@@ -462,10 +541,20 @@ Admission Ledger::admit(const Request& r) {
 void Ledger::retire_through(std::int64_t through) {
   db_->exec("BEGIN IMMEDIATE");
   try {
+    verify_chain(db_->handle, db_->path);
     const auto now = retired_through();
     if (!now || through > *now) {
-      Statement s(db_->handle, "INSERT OR REPLACE INTO meta(key, value) VALUES ('retired_through', ?)", db_->path);
-      s.bind(1, std::to_string(through)).step();
+      put_meta(db_->handle, db_->path, "retired_through", std::to_string(through));
+      const auto meta = read_meta(db_->handle, db_->path);
+      // The chain starts at the settings' digest: re-link every row to the new one.
+      put_meta(db_->handle, db_->path, "settings_digest", meta_digest(meta));
+      std::string link = meta_digest(meta);
+      for (const Charge& c : read_charges(db_->handle, db_->path)) {
+        link = digest(c, link);
+        Statement s(db_->handle, "UPDATE charges SET digest = ? WHERE seq = ?", db_->path);
+        s.bind(1, link).bind(2, c.seq).step();
+      }
+      put_meta(db_->handle, db_->path, "head", link);
     }
     db_->exec("COMMIT");
   } catch (...) {

@@ -41,11 +41,12 @@ struct Charge {
   std::string run_id, job, at, mechanism;
   bool zcdp = false;
   double rho = 0, delta_extra = 0, coupled = 0, epsilon = 0, delta = 0;
+  std::string stored_digest;  // the row's link in the chain of digests
 };
 
 // A block's spending. Every charge zCDP: the block is (eps, delta_g)-DP whenever
 //   need(eps) = zcdp_delta(sum rho, eps) + sum delta_extra + (e^eps + 1) sum coupled <= delta_g
-// (docs/LEDGER.md); within its ceiling iff some eps <= eps_g qualifies; `epsilon` is the smallest.
+// (docs/LEDGER.md); within its ceiling when a search finds a qualifying eps <= eps_g; `epsilon` qualifies.
 // Otherwise basic composition of each charge's own (epsilon, delta).
 struct BlockSpend {
   std::int64_t block = 0;
@@ -95,7 +96,8 @@ class Ledger {
   Ceiling ceiling_;
 };
 
-// The spending of a block with `charges` under `ceiling` (the admission rule, exposed for tests).
-BlockSpend account(std::int64_t block, std::vector<Charge> charges, const Ceiling& ceiling);
+// The spending of a block with `charges` under `ceiling` (the admission rule, exposed for tests);
+// rho_left is computed only when asked (256 conversions: kept out of the admission's lock).
+BlockSpend account(std::int64_t block, std::vector<Charge> charges, const Ceiling& ceiling, bool with_rho_left = true);
 
 }  // namespace dpstream::ledger

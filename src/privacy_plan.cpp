@@ -233,6 +233,11 @@ SelectionThresholds banded_selection_thresholds(const kernels::banded::BandedPla
   });
 }
 
+bool threshold_proven(const PrivacyPlan& p) {
+  return p.threshold == ThresholdTail::Subgaussian ||
+         (!is_baseline(p.mode) && p.selection_counter == CounterKind::Banded);
+}
+
 LedgerCharge ledger_charge(const PrivacyPlan& p) {
   LedgerCharge charge;
   charge.zcdp = p.composition == Composition::Zcdp;
@@ -429,7 +434,7 @@ nlohmann::json baseline_json(const PrivacyPlan& p) {
   j["mode"] = to_string(p.mode);
   j["composition"] = to_string(p.composition);
   j["private"] = p.private_run;
-  j["threshold_proven"] = p.threshold == ThresholdTail::Subgaussian;
+  j["threshold_proven"] = threshold_proven(p);
   j["releases"] = {{"triggers", p.T}, {"releases_composed", b.releases_composed}, {"C", p.C}};
   j["per_release"] = {{"rho", p.selection.rho + p.rho_aggregation}, {"eps0", b.eps0}, {"delta0", b.delta0}};
   nlohmann::json fams = nlohmann::json::array();
@@ -502,7 +507,7 @@ nlohmann::json budget_json(const PrivacyPlan& p, bool thresholds_table) {
   j["mode"] = "dp";
   j["composition"] = to_string(p.composition);
   j["private"] = p.private_run;
-  j["threshold_proven"] = p.threshold == ThresholdTail::Subgaussian || p.selection_counter == CounterKind::Banded;
+  j["threshold_proven"] = threshold_proven(p);
   j["trees"] = {{"triggers", p.T}, {"levels", p.levels}};
   nlohmann::json band = nlohmann::json::array();
   for (const std::int64_t m : p.band) band.push_back(std::ldexp(static_cast<double>(m), -kernels::banded::kCoefBits));

@@ -105,6 +105,9 @@ struct LedgerCharge {
   std::string mechanism;
 };
 LedgerCharge ledger_charge(const PrivacyPlan& plan);
+// Whether the thresholds' failure probability beta is a proven bound (subgaussian tail, or the exact
+// Gaussian tail of banded key selection), not the paper's Gaussian-quantile approximation.
+bool threshold_proven(const PrivacyPlan& plan);
 
 // What the release kernel needs from the plan (noise scales, thresholds, columns).
 kernels::DpParams release_params(const PrivacyPlan& plan);

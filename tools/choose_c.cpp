@@ -162,9 +162,10 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
                               .epsilon = options.epsilon,
                               .delta = options.delta,
                               .blocks = {block}};
-      request.run_id =
-          ledger::run_id(secret.data(), secret.size(),
-                         fmt::format("choose-c|{}|{}|{:a}|{:a}", config.name, block, options.epsilon, options.delta));
+      request.run_id = ledger::run_id(
+          secret.data(), secret.size(),
+          fmt::format("choose-c|{}|{}|{}|{}|{:a}|{:a}|{:a}|{}", config.name, to_string(config.input.kind),
+                      config.input.path, block, options.epsilon, options.delta, options.quantile, options.max_c));
       const auto admission = book.admit(request);
       if (admission.outcome == ledger::Outcome::Refused) throw ConfigError(admission.message);
       std::fprintf(stderr, "dpstream: ledger %s: %s window %lld (run %s)\n", options.ledger.c_str(),

@@ -11,7 +11,8 @@ jobs with [privacy] ledger, against an independent computation of the block acco
 3. Racing: 8 jobs started at once on one ledger; exactly as many are admitted as the independent
    computation allows, and no block exceeds its ceiling.
 4. Resume: a job stopped after its first trigger (SIGTERM at a fault point) and resumed is charged
-   once; a crash after admission and before any commit leaves its charge.
+   once; a job killed at its first ingest (after admission) keeps its charge and a fresh re-run (a new
+   secret: a new release) is charged again; a seeded job is refused (its output is not private).
 5. Damage: an edited charge row, a truncated file, a file that is not a ledger: refused (exit 2).
 6. Refusals before any record is read: mode none, windows from the input, other window length,
    retired block, missing ledger, re-init.
@@ -67,19 +68,22 @@ progress = "never"
 
 
 def charge_of(budget, C=8, T=6):
-    """A job's charge from its own budget JSON: zCDP jobs give rho (key selection + columns) and the
-    threshold failure mass C T beta, paid (e^eps + 1) times at the block's eps (docs/LEDGER.md)."""
+    """A job's charge from its own budget JSON. zCDP jobs: rho and the failure masses, DP-SQLP's
+    threshold failure C T beta paid (e^eps + 1) times at the block's eps ("coupled"), the baselines'
+    singleton-key probability paid once ("one-sided"); other jobs: their (epsilon, delta)."""
     total = budget["total"]
-    zcdp = budget["composition"] == "zcdp" and budget["mode"] == "dp"
-    if not zcdp:
+    if budget["composition"] != "zcdp":
         return {"zcdp": False, "epsilon": total["epsilon"], "delta": total["delta"]}
-    rho = budget["key_selection"]["tree"]["rho"] + sum(c["rho"] for c in budget["aggregation"]["columns"])
-    return {"zcdp": True, "rho": rho, "coupled": C * T * budget["key_selection"]["beta_per_test"],
+    if budget["mode"] == "dp":
+        rho = budget["key_selection"]["tree"]["rho"] + sum(c["rho"] for c in budget["aggregation"]["columns"])
+        return {"zcdp": True, "rho": rho, "coupled": C * T * budget["key_selection"]["beta_per_test"], "one_sided": 0.0,
+                "epsilon": total["epsilon"], "delta": total["delta"]}
+    return {"zcdp": True, "rho": total["rho"], "coupled": 0.0, "one_sided": budget["threshold"]["delta"],
             "epsilon": total["epsilon"], "delta": total["delta"]}
 
 
-def needed_delta(rho, coupled, eps):
-    return (dp_reference.cks_delta(rho, eps) if rho > 0 else 0.0) + (math.exp(eps) + 1) * coupled
+def needed_delta(rho, coupled, eps, one_sided=0.0):
+    return (dp_reference.cks_delta(rho, eps) if rho > 0 else 0.0) + one_sided + (math.exp(eps) + 1) * coupled
 
 
 def expected_block(charges, ceiling_eps=CEILING_EPS, ceiling_delta=CEILING_DELTA):
@@ -89,24 +93,28 @@ def expected_block(charges, ceiling_eps=CEILING_EPS, ceiling_delta=CEILING_DELTA
     if all(c["zcdp"] for c in charges):
         rho = sum(c["rho"] for c in charges)
         coupled = sum(c["coupled"] for c in charges)
+        one_sided = sum(c.get("one_sided", 0.0) for c in charges)
+
+        def need(e):
+            return needed_delta(rho, coupled, e, one_sided)
         a, b = 0.0, ceiling_eps
         for _ in range(300):
             m1, m2 = a + (b - a) / 3, b - (b - a) / 3
-            if needed_delta(rho, coupled, m1) <= needed_delta(rho, coupled, m2):
+            if need(m1) <= need(m2):
                 b = m2
             else:
                 a = m1
         best = (a + b) / 2
-        if needed_delta(rho, coupled, best) > ceiling_delta:
-            return {"accounting": "zcdp", "epsilon": math.inf, "rho": rho, "coupled": coupled}
+        if need(best) > ceiling_delta:
+            return {"accounting": "zcdp", "epsilon": math.inf, "rho": rho, "coupled": coupled, "one_sided": one_sided}
         lo, hi = 0.0, best
         for _ in range(200):
             mid = (lo + hi) / 2
-            if needed_delta(rho, coupled, mid) <= ceiling_delta:
+            if need(mid) <= ceiling_delta:
                 hi = mid
             else:
                 lo = mid
-        return {"accounting": "zcdp", "epsilon": hi, "rho": rho, "coupled": coupled}
+        return {"accounting": "zcdp", "epsilon": hi, "rho": rho, "coupled": coupled, "one_sided": one_sided}
     return {"accounting": "basic", "epsilon": sum(c["epsilon"] for c in charges),
             "delta": sum(c["delta"] for c in charges)}
 
@@ -171,7 +179,8 @@ def main():
             jobs = [("a", dict(eps=3.0, windows=2)),                        # blocks 0, 1: zcdp
                     ("b", dict(eps=2.0, first_window=1, windows=2)),        # blocks 1, 2: zcdp
                     ("c", dict(eps=1.0, composition="basic", first_window=2)),  # block 2 becomes basic
-                    ("d", dict(eps=1.0, mode="baseline-batch", composition="optimal", first_window=3))]
+                    ("d", dict(eps=1.0, mode="baseline-batch", composition="optimal", first_window=3)),
+                    ("e", dict(eps=1.0, mode="baseline-repeated", composition="zcdp", windows=1))]  # block 0
             charged = {}
             for name, kw in jobs:
                 spec = write(name, job_toml(name, ledger, **kw))
@@ -191,9 +200,10 @@ def main():
                     if want["accounting"] == "zcdp":
                         assert close(got["epsilon_spent"], want["epsilon"], 1e-7), (w, got, want)
                         assert close(got["rho_spent"], want["rho"]) and close(got["failure_coupled"], want["coupled"])
+                        assert close(got["failure_one_sided"], want["one_sided"]), (got, want)
                         # rho_left: a lower bound of the most another charge could add (a grid of eps <= eps_g)
-                        rooms = [(CEILING_EPS * i / 64, CEILING_DELTA - (math.exp(CEILING_EPS * i / 64) + 1) *
-                                  want["coupled"]) for i in range(1, 65)]
+                        rooms = [(CEILING_EPS * i / 64, CEILING_DELTA - want["one_sided"] - (
+                            math.exp(CEILING_EPS * i / 64) + 1) * want["coupled"]) for i in range(1, 65)]
                         best_left = max(dp_reference.rho_tight(e, r) for e, r in rooms if r > 0) - want["rho"]
                         assert 0 <= got["rho_left"] <= best_left * (1 + 1e-3) + 1e-9 and \
                             got["rho_left"] >= best_left * 0.99, (got, best_left)
@@ -226,8 +236,7 @@ def main():
 
         # 3. Racing starts.
         def racing():
-            specs = [write(f"race{i}", job_toml(f"race{i}", path("race.db"), eps=2.0, extra=f"seed = {i + 1}"))
-                     for i in range(8)]
+            specs = [write(f"race{i}", job_toml(f"race{i}", path("race.db"), eps=2.0)) for i in range(8)]
             one = charge_of(budget_of(specs[0]))
             fit = 3  # the ceiling lies between the zCDP totals of 3 and 4 charges
             ledger = init("race.db", eps=between(one, fit))
@@ -236,6 +245,8 @@ def main():
                                                            timeout=300), range(8)))
             codes = sorted(r.returncode for r in runs)
             assert codes == [0] * fit + [2] * (8 - fit), [r.describe() for r in runs if r.returncode not in (0, 2)] or codes
+            for r in runs:  # a refusal, not a time-out or another error
+                assert r.returncode == 0 or "cannot admit" in r.stderr, r.describe()
             block = show(ledger)[0]
             assert block["charges"] == fit and block["epsilon_left"] >= 0, block
         results.check("racing: 8 concurrent jobs, exactly the independent count admitted, ceiling kept", racing)
@@ -254,6 +265,16 @@ def main():
             r = dp.run_with("run", crash, "--out", path("out-crash"), env={"DPSTREAM_FAULT": "ingest@1:0"})
             assert r.returncode != 0, r.describe()
             assert show(ledger)[0]["charges"] == 2, "the crashed job's charge must stay"
+            r = dp.run_with("run", crash, "--out", path("out-crash"), "--fresh")
+            assert r.returncode == 0 and "charged windows" in r.stderr, r.describe()
+            assert show(ledger)[0]["charges"] == 3, "a fresh run is a new release"
+            r = dp.run_with("run", write("seeded", job_toml("seeded", ledger, extra="seed = 7")), "--out",
+                            path("out-seeded"))
+            assert r.returncode == 2 and "not private" in r.stderr, r.describe()
+            r = dp.run_with("run", crash, "--out", path("out-crash2"), "--set", 'privacy.ledger=""')
+            assert r.returncode == 2 and "is empty" in r.stderr, r.describe()
+            r = dp.run_with("run", spec, "--out", path("out-res"), "--resume", "--set", f'privacy.ledger="{path("x.db")}"')
+            assert r.returncode != 0 and "ledger" in r.stderr, r.describe()
         results.check("resume: charged once; a crash after admission keeps its charge", resume_and_crash)
 
         # 5. Damage.
@@ -264,9 +285,22 @@ def main():
             with sqlite3.connect(ledger) as db:
                 db.execute("UPDATE charges SET rho = '0x1p-20'")
             r = dp.run_with("ledger", "show", ledger, ranks=1)
-            assert r.returncode == 2 and "digest" in r.stderr, r.describe()
+            assert r.returncode == 2 and "chain" in r.stderr, r.describe()
             r = dp.run_with("run", path("dmg.toml"), "--out", path("out-dmg2"))
-            assert r.returncode == 2 and "digest" in r.stderr, r.describe()
+            assert r.returncode == 2 and "chain" in r.stderr, r.describe()
+            for label, sql in (("a removed charge", "DELETE FROM charges WHERE seq = 1"),
+                               ("a raised ceiling", "UPDATE meta SET value = '0x1.8p+3' WHERE key = 'epsilon'"),
+                               ("an undone retirement", "DELETE FROM meta WHERE key = 'retired_through'")):
+                copy = init("damage-" + label.replace(" ", "-") + ".db")
+                for i in range(2):
+                    r = dp.run_with("run", write(f"dm{i}", job_toml(f"dm{i}", copy)), "--out", path(f"out-dm-{label}{i}"))
+                    assert r.returncode == 0, r.describe()
+                r = dp.run_with("ledger", "retire", copy, "--through", -5, ranks=1)
+                assert r.returncode == 0, r.describe()
+                with sqlite3.connect(copy) as db:
+                    db.execute(sql)
+                r = dp.run_with("ledger", "show", copy, ranks=1)
+                assert r.returncode == 2 and ("digest" in r.stderr or "chain" in r.stderr), (label, r.describe())
             other = init("trunc.db")
             with open(other, "r+b") as f:
                 f.truncate(1000)
@@ -276,13 +310,14 @@ def main():
                 db.execute("CREATE TABLE meta(key TEXT, value TEXT)")
             r = dp.run_with("ledger", "show", path("foreign.db"), ranks=1)
             assert r.returncode == 2 and "not a dpstream ledger" in r.stderr, r.describe()
-        results.check("damage: an edited row, a truncated file, a foreign database: refused", damage)
+        results.check("damage: an edited or removed row, a raised ceiling, an undone retirement, a truncated file, a "
+                      "foreign database: refused", damage)
 
         # 6. Refusals before data.
         def refusals():
             ledger = init("ref.db")
             cases = [("none", job_toml("n", ledger, mode="none").replace("epsilon = 3.0", "").replace(
-                         "delta = 1e-9", "").replace('composition = "zcdp"', ""), "mode"),
+                         "delta = 1e-9", "").replace('composition = "zcdp"', ""), "spends none"),
                      ("other length", job_toml("w", ledger, window_seconds=3600), "window_seconds = 86400"),
                      ("missing", job_toml("m", path("nope.db")), "ledger init")]
             for label, text, needle in cases:
