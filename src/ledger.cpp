@@ -8,7 +8,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 #include <cerrno>
-#include <cstring>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <stdexcept>
+#include <system_error>
 
 #include "src/accounting.hpp"
 
@@ -372,7 +372,8 @@ void init(const std::string& path, const Ceiling& g) {
         errno == EEXIST ? fmt::format("ledger init: {} exists; a ledger is never re-initialized (its charges would be "
                                       "lost): choose another path",
                                       path)
-                        : fmt::format("ledger init: cannot create {}: {}", path, std::strerror(errno)));
+                        : fmt::format("ledger init: cannot create {}: {}", path,
+                                      std::error_code(errno, std::generic_category()).message()));
   ::close(fd);
   sqlite3* db = open_db(path, SQLITE_OPEN_READWRITE);
   try {
