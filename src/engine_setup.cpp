@@ -78,12 +78,6 @@ void Engine::admit_to_ledger(const noise::Secret& secret) {
                       "selection_counter = \"banded\"",
                       config_.privacy.ledger));
     if (!root_) return;
-    ledger::Ledger book(config_.privacy.ledger);
-    if (book.ceiling().block_seconds != config_.stream.window_seconds)
-      throw ConfigError(fmt::format(
-          "ledger {}: its blocks are windows of {} s and this job's windows are {} s: set [stream] window_seconds = {}",
-          config_.privacy.ledger, book.ceiling().block_seconds, config_.stream.window_seconds,
-          book.ceiling().block_seconds));
     const LedgerCharge charge = ledger_charge(plan_);
     ledger::Request request{.run_id = "",
                             .job = config_.name,
@@ -99,12 +93,7 @@ void Engine::admit_to_ledger(const noise::Secret& secret) {
       request.blocks.push_back(config_.stream.first_window + w);
     const auto identity = identity_.empty() ? checkpoint::identity_fields(config_, "") : identity_;
     request.run_id = ledger::run_id(secret.data(), secret.size(), checkpoint::fingerprint(identity));
-    const ledger::Admission admission = book.admit(request);
-    if (admission.outcome == ledger::Outcome::Refused) throw ConfigError(admission.message);
-    std::fprintf(stderr, "dpstream: ledger %s: %s windows %lld..%lld (run %s)\n", config_.privacy.ledger.c_str(),
-                 admission.outcome == ledger::Outcome::Admitted ? "charged" : "already charged for",
-                 static_cast<long long>(request.blocks.front()), static_cast<long long>(request.blocks.back()),
-                 request.run_id.c_str());
+    ledger::charge_or_refuse(config_.privacy.ledger, config_.stream.window_seconds, request);
   });
 }
 

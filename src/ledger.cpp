@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -432,7 +433,6 @@ Ledger::Ledger(const std::string& path) {
     if (!(ceiling_.epsilon > 0 && ceiling_.epsilon <= 100) || !(ceiling_.delta > 0 && ceiling_.delta < 1) ||
         ceiling_.block_seconds < 1)
       throw std::runtime_error(fmt::format("ledger {}: its ceiling is invalid; {}", path, kCorrupt));
-    verify_chain(db_->handle, path);  // every row, in order, to the recorded head
   } catch (...) {
     sqlite3_close(db_->handle);
     delete db_;
@@ -452,6 +452,7 @@ std::optional<std::int64_t> Ledger::retired_through() const {
 }
 
 std::vector<BlockSpend> Ledger::blocks(const std::vector<std::int64_t>& extra) const {
+  verify_chain(db_->handle, db_->path);  // every row, in order, to the recorded head
   std::map<std::int64_t, std::vector<Charge>> by_block;
   for (auto& c : read_charges(db_->handle, db_->path)) by_block[c.block].push_back(std::move(c));
   for (const std::int64_t b : extra) by_block[b];
@@ -537,6 +538,21 @@ Admission Ledger::admit(const Request& r) {
     sqlite3_exec(db_->handle, "ROLLBACK", nullptr, nullptr, nullptr);
     throw;
   }
+}
+
+Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request) {
+  Ledger book(path);
+  if (book.ceiling().block_seconds != window_seconds)
+    throw std::runtime_error(fmt::format(
+        "ledger {}: its blocks are windows of {} s and this job's windows are {} s: set [stream] window_seconds = {}",
+        path, book.ceiling().block_seconds, window_seconds, book.ceiling().block_seconds));
+  const Admission admission = book.admit(request);
+  if (admission.outcome == Outcome::Refused) throw std::runtime_error(admission.message);
+  std::fprintf(stderr, "dpstream: ledger %s: %s windows %lld..%lld (run %s)\n", path.c_str(),
+               admission.outcome == Outcome::Admitted ? "charged" : "already charged for",
+               static_cast<long long>(request.blocks.front()), static_cast<long long>(request.blocks.back()),
+               request.run_id.c_str());
+  return admission.outcome;
 }
 
 void Ledger::retire_through(std::int64_t through) {

@@ -69,6 +69,11 @@ struct Admission {
 // job's noise secret as key, a resume has the same id and another secret (a new release) another.
 std::string run_id(const unsigned char* key, std::size_t key_bytes, const std::string& fingerprint);
 
+// What a job or tool does with its request: opens the ledger at `path`, checks that its blocks are
+// windows of `window_seconds`, admits and charges, and says so on stderr; throws std::runtime_error
+// with what to change on a refusal (called by rank 0 before any record is read).
+Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request);
+
 // Creates a new ledger at `path` (refuses an existing file).
 void init(const std::string& path, const Ceiling& ceiling);
 

@@ -145,10 +145,6 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
       if (config.stream.windows_from_input && !options.window)
         throw ConfigError("choose-c --ledger needs the window before any record is read: give --window W");
       if (!root) return;
-      ledger::Ledger book(options.ledger);
-      if (book.ceiling().block_seconds != config.stream.window_seconds)
-        throw ConfigError(fmt::format("ledger {}: its blocks are windows of {} s and the job's are {} s",
-                                      options.ledger, book.ceiling().block_seconds, config.stream.window_seconds));
       const std::int64_t block = options.window.value_or(config.stream.first_window);
       ledger::Request request{.run_id = "",
                               .job = config.name + " (choose-c)",
@@ -166,11 +162,7 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
           secret.data(), secret.size(),
           fmt::format("choose-c|{}|{}|{}|{}|{:a}|{:a}|{:a}|{}", config.name, to_string(config.input.kind),
                       config.input.path, block, options.epsilon, options.delta, options.quantile, options.max_c));
-      const auto admission = book.admit(request);
-      if (admission.outcome == ledger::Outcome::Refused) throw ConfigError(admission.message);
-      std::fprintf(stderr, "dpstream: ledger %s: %s window %lld (run %s)\n", options.ledger.c_str(),
-                   admission.outcome == ledger::Outcome::Admitted ? "charged" : "already charged for",
-                   static_cast<long long>(block), request.run_id.c_str());
+      ledger::charge_or_refuse(options.ledger, config.stream.window_seconds, request);
     });
 
   // 1. This rank's records of the window, exactly as the job reads them; only counts per user kept.
