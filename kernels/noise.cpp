@@ -424,6 +424,58 @@ std::array<std::uint64_t, 3> DiscreteGaussian::table_entry(std::size_t m) const 
   return {table_->hi[m], table_->lo[m][0], table_->lo[m][1]};
 }
 
+// ---------------------------------------------------------------------------------------------
+namespace {
+constexpr std::uint64_t kMaxLaplace = std::uint64_t{1} << 62;  // |Y| beyond needs V > 2^21: probability < exp(-2^21)
+
+// b = m 2^(ex-53), m in [2^52, 2^53), rounded up to n 2^-k with n = ceil(m / 2) in [2^51, 2^52).
+void round_scale(double b, std::uint64_t& n, int& k) {
+  if (!(b >= std::ldexp(1.0, -10) && b <= std::ldexp(1.0, 40)))
+    throw std::invalid_argument("DiscreteLaplace: scale must be in [2^-10, 2^40]");
+  int ex = 0;
+  const double f = std::frexp(b, &ex);                           // b = f 2^ex, f in [1/2, 1)
+  const auto m = static_cast<std::uint64_t>(std::ldexp(f, 53));  // exact
+  n = (m >> 1) + (m & 1);                                        // round up: n 2^-k >= b
+  k = 52 - ex;                                                   // in [11, 61] for b in [2^-10, 2^40]
+  if (n == (std::uint64_t{1} << 52)) n >>= 1, --k;
+}
+}  // namespace
+
+double DiscreteLaplace::rounded_scale(double scale) {
+  std::uint64_t n = 0;
+  int k = 0;
+  round_scale(scale, n, k);
+  return std::ldexp(static_cast<double>(n), -k);  // exact: n has 52 bits
+}
+
+DiscreteLaplace::DiscreteLaplace(double scale) {
+  round_scale(scale, n_, k_);
+  scale_ = std::ldexp(static_cast<double>(n_), -k_);
+}
+
+// CKS20 Algorithm 2 with t = n, s = 2^k: X = U + n V has P[X = x] ~ exp(-x/n) on x >= 0, so Y = floor(X / 2^k)
+// has P[Y = y] ~ exp(-y 2^k / n) = exp(-y / b); a sign bit, rejecting -0, makes it two-sided.
+std::int64_t DiscreteLaplace::sample(NodeStream& rng) const {
+  for (;;) {
+    const std::uint64_t u = rng.uniform_below(n_);
+    if (!bernoulli_exp_unit<std::uint64_t>(rng, u, n_)) continue;  // Bernoulli(exp(-u/n))
+    std::uint64_t v = 0;                                           // geometric: P[V >= j] = exp(-j)
+    while (bernoulli_exp1(rng)) ++v;
+    const u128 y = (u + u128{n_} * v) >> k_;  // X < 2^52 (v + 1) < 2^117
+    if (y > kMaxLaplace) continue;            // keeps Y in int64; unreachable in practice (see kMaxLaplace)
+    const bool neg = rng.next_bit();
+    if (neg && y == 0) continue;  // so that 0 is not counted twice
+    return neg ? -static_cast<std::int64_t>(y) : static_cast<std::int64_t>(y);
+  }
+}
+
+// Sum over x >= m of q^x (1 - q) / (1 + q) = q^m / (1 + q), q = exp(-1/b); symmetry for m <= 0.
+long double DiscreteLaplace::upper_tail(std::int64_t m) const {
+  if (m <= 0) return m < -(std::int64_t{1} << 62) ? 1.0L : 1 - upper_tail(1 - m);
+  const long double b = std::ldexp(static_cast<long double>(n_), -k_);
+  return std::exp(-static_cast<long double>(m) / b) / (1 + std::exp(-1 / b));
+}
+
 void node_noises(WindowPrf& prf, const NodeId* ids, std::size_t n, const DiscreteGaussian& dg, std::int64_t* out) {
   const std::uint32_t per_node = dg.tabulated() ? 1 : NodeStream::kFirstBlocks;  // as node_noise
   constexpr std::size_t kChunk = 32;

@@ -31,7 +31,10 @@ enum class Family : std::uint32_t {
   BaselineSum = 5,
   BandedSelection = 6,  // banded-inverse counters (kernels/banded_counter.hpp): level 0, index = step - 1
   BandedCount = 7,
-  BandedSum = 8
+  BandedSum = 8,
+  SqlSelection = 9,   // the SQL operator's partition selection: one stream per group (sql/selection.hpp)
+  SqlAggregate = 10,  // the SQL operator's aggregate noise: one stream per (group, aggregate)
+  SqlQuantile = 11    // the SQL operator's quantile trees (ANON_MEDIAN, ANON_NTILE)
 };
 
 struct NodeId {
@@ -159,6 +162,26 @@ class DiscreteGaussian {
   std::uint64_t t_, cut_;  // cut_ = 2^11 t
   u128 cd_, d_, e_, n2_;
   std::shared_ptr<const CdfTable> table_;  // shared by copies: immutable
+};
+
+// DLap(b): P(x) proportional to exp(-|x| / b) on the integers, exact (CKS20, arXiv 2004.00010, Algorithm 2),
+// with b rounded up to n / 2^k exactly (n in [2^51, 2^52)), like DiscreteGaussian's sigma^2.
+class DiscreteLaplace {
+ public:
+  explicit DiscreteLaplace(double scale);         // scale in [2^-10, 2^40]; else std::invalid_argument
+  static double rounded_scale(double scale);      // the rounding, without building anything
+  double scale() const { return scale_; }         // n / 2^k >= requested
+  std::uint64_t scale_num() const { return n_; }  // b = scale_num() * 2^-scale_exp()
+  int scale_exp() const { return k_; }
+  std::int64_t sample(NodeStream& rng) const;
+  // P[X >= m] for m >= 1: exp(-m/b) / (1 + exp(-1/b)), in long double (for thresholds and tests);
+  // for m <= 0, 1 - P[X >= 1 - m] by symmetry.
+  long double upper_tail(std::int64_t m) const;
+
+ private:
+  double scale_;
+  std::uint64_t n_;
+  int k_;
 };
 
 std::int64_t node_noise(WindowPrf& prf, const NodeId& id, const DiscreteGaussian& dg);

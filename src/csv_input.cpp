@@ -9,6 +9,7 @@
 #include <absl/container/flat_hash_set.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -45,9 +46,14 @@ Columns parse_header(const std::string& path, std::string_view header) {
   return Columns{idx[0], idx[1], idx[2], idx[3], fields.size()};
 }
 
-// The byte range [begin, end) of the file whose lines this rank parses: the lines whose first byte
-// lies in its equal share of the body (after the header line).
-std::pair<std::size_t, std::size_t> share_of(std::string_view all, std::size_t header_end, int rank, int ranks) {
+bool parse_timestamp(std::string_view text, std::int64_t& ts) {
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), ts);
+  return ec == std::errc() && p == text.data() + text.size() && !text.empty();
+}
+
+}  // namespace
+
+std::pair<std::size_t, std::size_t> csv_share_of(std::string_view all, std::size_t header_end, int rank, int ranks) {
   const std::size_t body = std::min(header_end + 1, all.size());
   const std::size_t span = all.size() - body;
   std::size_t begin = body + span * static_cast<std::size_t>(rank) / static_cast<std::size_t>(ranks);
@@ -59,30 +65,40 @@ std::pair<std::size_t, std::size_t> share_of(std::string_view all, std::size_t h
   return {begin, end};
 }
 
-// Calls fn(offset, line) for every non-blank line (line break and trailing CR removed) starting in [begin, end).
-template <class Fn>
-void for_each_line(std::string_view all, std::size_t begin, std::size_t end, Fn&& fn) {
-  for (std::size_t pos = begin; pos < end && pos < all.size();) {
-    const std::size_t nl = std::min(all.find('\n', pos), all.size());
-    std::string_view line = all.substr(pos, nl - pos);
-    const std::size_t offset = pos;
-    pos = nl + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (!line.empty()) fn(offset, line);  // blank lines carry no record
-  }
-}
-
-bool parse_timestamp(std::string_view text, std::int64_t& ts) {
-  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), ts);
-  return ec == std::errc() && p == text.data() + text.size() && !text.empty();
-}
-
 std::size_t line_number_of(std::string_view file, std::size_t offset) {
   return 1 +
          static_cast<std::size_t>(std::count(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
 }
 
-}  // namespace
+NumberCheck parse_finite_number(const std::string& text, double& value) {
+  // from_chars takes no leading '+', strtod does: skip one before a digit or a point.
+  const char* first = text.data();
+  if (text.size() > 1 && text[0] == '+' && (std::isdigit(static_cast<unsigned char>(text[1])) || text[1] == '.'))
+    ++first;
+  const auto [p, ec] = std::from_chars(first, text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range && p == text.data() + text.size()) {
+    // Too large is infinite; too small (1e-400) is a finite value that rounds to 0.
+    value = std::strtod(text.c_str(), nullptr);
+    if (std::isinf(value)) return NumberCheck::Overflows;
+  } else if (ec != std::errc() || p != text.data() + text.size() || first == text.data() + text.size()) {
+    return NumberCheck::NotANumber;
+  }
+  return std::isfinite(value) ? NumberCheck::Ok : NumberCheck::NotFinite;
+}
+
+const char* number_problem(NumberCheck c) {
+  switch (c) {
+    case NumberCheck::Ok:
+      return "is a number";
+    case NumberCheck::NotANumber:
+      return "is not a number";
+    case NumberCheck::Overflows:
+      return "overflows a double";
+    case NumberCheck::NotFinite:
+      return "is not finite";
+  }
+  return "is not a number";
+}
 
 MappedFile::MappedFile(const std::string& path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -189,7 +205,7 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
   const std::size_t header_end = std::min(all.find('\n'), all.size());
   const Columns cols = parse_header(path, all.substr(0, header_end));
 
-  const auto [begin, end] = share_of(all, header_end, rank, ranks);
+  const auto [begin, end] = csv_share_of(all, header_end, rank, ranks);
 
   // Windows from the input: any window a job may have (the span is resolved once every rank has parsed).
   const bool any_window = config.stream.windows_from_input;
@@ -206,7 +222,7 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
                       line_number_of(all, offset), why, line.substr(0, 200)));
   };
 
-  for_each_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
+  for_each_csv_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
     ++stats_.rows;
     if (!split_csv_line(line, fields)) {
       bad(stats_.malformed, offset, line, "unbalanced quotes");
@@ -225,20 +241,9 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
       return;
     }
     double value = 0;
-    const auto [vp, vec] = std::from_chars(vtext.data(), vtext.data() + vtext.size(), value);
-    if (vec == std::errc::result_out_of_range && vp == vtext.data() + vtext.size()) {
-      // Too large is infinite; too small (1e-400) is a finite value that rounds to 0.
-      value = std::strtod(vtext.c_str(), nullptr);
-      if (std::isinf(value)) {
-        bad(stats_.non_finite, offset, line, fmt::format("value '{}' overflows a double", vtext));
-        return;
-      }
-    } else if (vec != std::errc() || vp != vtext.data() + vtext.size() || vtext.empty()) {
-      bad(stats_.malformed, offset, line, fmt::format("value '{}' is not a number", vtext));
-      return;
-    }
-    if (!std::isfinite(value)) {
-      bad(stats_.non_finite, offset, line, fmt::format("value '{}' is not finite", vtext));
+    if (const NumberCheck c = parse_finite_number(vtext, value); c != NumberCheck::Ok) {
+      bad(c == NumberCheck::NotANumber ? stats_.malformed : stats_.non_finite, offset, line,
+          fmt::format("value '{}' {}", vtext, number_problem(c)));
       return;
     }
     std::int64_t ts = 0;

@@ -4,8 +4,10 @@
 // contain line breaks. Ids are keyed PRF values of the strings (src/id_prf.hpp, docs/PRIVACY.md section 9).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shuffle/comm.hpp"
@@ -68,6 +70,32 @@ std::string unescape(const CsvField& f);
 // Splits one CSV line (without its line break) into unescaped fields; false if quoting is malformed or a quote
 // stands in an unquoted field.
 bool split_csv_line(std::string_view line, std::vector<std::string>& fields);
+
+// The byte range [begin, end) of the file whose lines this rank parses: the lines whose first byte
+// lies in its equal share of the body (after the header line ending at header_end).
+std::pair<std::size_t, std::size_t> csv_share_of(std::string_view all, std::size_t header_end, int rank, int ranks);
+
+// Calls fn(offset, line) for every non-blank line (line break and trailing CR removed) starting in [begin, end).
+template <class Fn>
+void for_each_csv_line(std::string_view all, std::size_t begin, std::size_t end, Fn&& fn) {
+  for (std::size_t pos = begin; pos < end && pos < all.size();) {
+    const std::size_t nl = std::min(all.find('\n', pos), all.size());
+    std::string_view line = all.substr(pos, nl - pos);
+    const std::size_t offset = pos;
+    pos = nl + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (!line.empty()) fn(offset, line);  // blank lines carry no record
+  }
+}
+
+// The 1-based line number of the byte at `offset` (for error messages).
+std::size_t line_number_of(std::string_view file, std::size_t offset);
+
+// A number field: decimal or scientific notation with an optional sign (std::from_chars, plus one leading +),
+// finite (too small rounds to 0); no hexadecimal, no surrounding spaces.
+enum class NumberCheck { Ok, NotANumber, Overflows, NotFinite };
+NumberCheck parse_finite_number(const std::string& text, double& value);
+const char* number_problem(NumberCheck c);  // e.g. "is not a number"
 
 // Checks that the file exists, is readable and has the required header columns; throws
 // InputError saying what is wrong. Cheap: every rank calls it before the first collective.

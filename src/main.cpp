@@ -1,6 +1,6 @@
-// dpstream command line: run | bench | generate | budget | evaluate | choose-c | ledger. Runs under mpirun / srun.
-// Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint,
-// 5 stopped cleanly by SIGTERM / SIGUSR1 (resume with --resume).
+// dpstream command line: run | bench | generate | budget | evaluate | choose-c | ledger | query. Runs under mpirun /
+// srun. Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint, 5 stopped
+// cleanly by SIGTERM / SIGUSR1 (resume with --resume).
 #include <fmt/format.h>
 #include <malloc.h>
 #include <omp.h>
@@ -13,6 +13,8 @@
 
 #include "dpstream_version.hpp"
 #include "shuffle/comm.hpp"
+#include "sql/operator.hpp"
+#include "sql/query.hpp"
 #include "src/config.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
@@ -311,6 +313,97 @@ struct LedgerCommand {
   }
 };
 
+// dpstream query: one SELECT WITH ANONYMIZATION over a CSV table (sql/, docs/SQL.md).
+struct QueryCommand {
+  std::string text, input, out, public_groups, bad_rows = "skip", selection = "gaussian", noise = "gaussian";
+  dpstream::sql::QueryOptions opts;
+  std::optional<std::uint64_t> seed;
+  bool explain = false;
+  CLI::App* cmd = nullptr;
+  void add(CLI::App& app) {
+    cmd = app.add_subcommand("query",
+                             "Run a DP SQL query (SELECT WITH ANONYMIZATION ... FROM input GROUP BY ...) over a CSV "
+                             "table: DIR/result.csv and DIR/report.json (docs/SQL.md)");
+    cmd->add_option("sql", text,
+                    "The query, e.g. \"SELECT WITH ANONYMIZATION region, ANON_COUNT(*) AS n FROM input "
+                    "GROUP BY region\"")
+        ->required();
+    cmd->add_option("--input", input, "The table: a CSV file with a header")->required();
+    cmd->add_option("--user-column", opts.user_column, "The column that identifies the user (the privacy unit)")
+        ->required();
+    cmd->add_option("--epsilon", opts.epsilon, "Epsilon of the whole query (> 0)")->required();
+    cmd->add_option("--delta", opts.delta, "Delta of the whole query, in [0, 1)")->required();
+    cmd->add_option("--max-groups-per-user", opts.max_groups_per_user,
+                    "k: groups a user may contribute to (the seed's C_u); more are sampled away (default 1)");
+    cmd->add_option("--max-rows-per-group", opts.max_rows_per_group,
+                    "U of ANON_COUNT(*) without a bound: rows of a user counted per group (default 1)");
+    cmd->add_option("--selection", selection, "Partition selection: gaussian (default) | laplace | magic | public")
+        ->check(CLI::IsMember({"gaussian", "laplace", "magic", "public"}));
+    cmd->add_option("--public-groups", public_groups, "With --selection public: a CSV of the groups to release");
+    cmd->add_option("--noise", noise, "Noise of the aggregates: gaussian (zCDP, default) | laplace (pure epsilon)")
+        ->check(CLI::IsMember({"gaussian", "laplace"}));
+    cmd->add_option("--selection-share", opts.selection_share,
+                    "Share of the budget spent on partition selection, in (0, 1) (default 0.5)");
+    cmd->add_option("--window-column", opts.window_column,
+                    "Release per event-time window of this integer-seconds column (privacy unit: user x window)");
+    cmd->add_option("--window-seconds", opts.window_seconds, "Window length with --window-column (default 86400)");
+    cmd->add_option("--bad-rows", bad_rows, "Rows that do not parse: skip (count them, default) | fail")
+        ->check(CLI::IsMember({"skip", "fail"}));
+    cmd->add_option("--seed", seed, "Noise secret from this seed: tests only, the output is NOT private");
+    cmd->add_option("--out", out, "Output directory (result.csv, report.json; never overwritten)")->required();
+    cmd->add_flag("--explain", explain, "Print the plan (noise and budget of every aggregate) and exit");
+  }
+  dpstream::sql::QueryJob job() const {
+    using namespace dpstream::sql;
+    QueryOptions o = opts;
+    o.selection = selection == "laplace"  ? SelectionKind::Laplace
+                  : selection == "magic"  ? SelectionKind::Magic
+                  : selection == "public" ? SelectionKind::Public
+                                          : SelectionKind::Gaussian;
+    o.noise = noise == "laplace" ? NoiseKind::Laplace : NoiseKind::Gaussian;
+    try {
+      return QueryJob{text,  plan_query(parse_query(text), o),
+                      input, bad_rows == "fail" ? dpstream::BadRowPolicy::Fail : dpstream::BadRowPolicy::Skip,
+                      seed,  public_groups,
+                      out};
+    } catch (const QueryError& e) {
+      throw dpstream::ConfigError(fmt::format("query: {}", e.what()));
+    } catch (const std::invalid_argument& e) {
+      throw dpstream::ConfigError(e.what());
+    }
+  }
+  int exec(const dpstream::shuffle::Comm& comm, bool root) const {
+    dpstream::sql::QueryJob j;
+    // Every rank plans and checks the same job before the first collective; all fail alike, with the
+    // first failing rank's message and kind (2: the query or an option, 3: the input).
+    std::string err;
+    try {
+      j = job();
+      dpstream::sql::check_query_job(j);
+    } catch (const dpstream::sql::QueryError& e) {
+      err = fmt::format("2query: {}", e.what());
+    } catch (const dpstream::InputError& e) {
+      err = fmt::format("3{}", e.what());
+    } catch (const std::exception& e) {
+      err = fmt::format("2{}", e.what());
+    }
+    if (err = comm.agree_on_error(err); !err.empty()) {
+      if (err[0] == '3') throw dpstream::InputError(err.substr(1));
+      throw dpstream::ConfigError(err.substr(1));
+    }
+    if (explain) {
+      if (root) std::fputs(dpstream::sql::plan_text(j.plan).c_str(), stdout);
+      return 0;
+    }
+    const auto c = dpstream::sql::run_query(j, comm);
+    if (root)
+      std::printf("dpstream: query released %llu groups to %s (rows read %llu, bad %llu; raw counts, not DP)\n",
+                  static_cast<unsigned long long>(c.groups_released), j.out_dir.c_str(),
+                  static_cast<unsigned long long>(c.rows), static_cast<unsigned long long>(c.bad));
+    return 0;
+  }
+};
+
 struct Commands {
   RunCommand run;
   BenchCommand bench;
@@ -319,10 +412,11 @@ struct Commands {
   EvaluateCommand evaluate;
   ChooseCCommand choose_c;
   LedgerCommand ledger;
+  QueryCommand query;
   // In the order of `dpstream --help`.
   void add(CLI::App& app) {
     run.add(app), bench.add(app), generate.add(app), budget.add(app), evaluate.add(app), choose_c.add(app),
-        ledger.add(app);
+        ledger.add(app), query.add(app);
   }
   int exec(const dpstream::shuffle::Comm& comm, bool root) {
     if (*run.cmd) return run.exec(comm, root);
@@ -332,6 +426,7 @@ struct Commands {
     if (*choose_c.cmd) return choose_c.exec(comm, root);
     if (*generate.cmd) return generate.exec(comm, root);
     if (*ledger.cmd) return ledger.exec(comm, root);
+    if (*query.cmd) return query.exec(comm, root);
     return 0;
   }
 };

@@ -8,6 +8,7 @@ Layers bottom-up (docs/DESIGN-NOTES.md, "Layers"):
     shuffle/    the MPI data exchange                         common/, partition/
     kernels/    OpenMP compute: bounding, accumulation, noise common/, partition/
     src/        engine, job spec, I/O, checkpoints            common/, partition/, shuffle/, kernels/
+    sql/        the DP SQL operator (dpstream query)         any layer below tools/
     tools/      offline tools: evaluate, choose-c, naive      any layer below
                 reference, the benchmark's RESULT line
     src/main.cpp, the command line, is the top: it may include tools/ (the one file of src/ that may).
@@ -33,10 +34,11 @@ ALLOWED = {
     "shuffle": {"common", "partition"},
     "kernels": {"common", "partition"},
     "src": {"common", "partition", "shuffle", "kernels", "generated"},
+    "sql": {"common", "partition", "shuffle", "kernels", "src", "generated"},
     "tools": {"common", "partition", "shuffle", "kernels", "src", "generated"},
 }
 # Files above their folder's layer: the command line links the engine and the offline tools.
-ALLOWED_FILES = {"src/main.cpp": ALLOWED["src"] | {"tools"}}
+ALLOWED_FILES = {"src/main.cpp": ALLOWED["src"] | {"tools", "sql"}}
 CLI_LINK = re.compile(r"^\s*target_link_libraries\(dpstream\s")
 # Project folders an include path can start with; "tests" sits above every layer.
 PROJECT_FOLDERS = set(ALLOWED) | {"tests"}
@@ -49,6 +51,7 @@ LIBRARIES = {
     "dpstream_shuffle": "shuffle",
     "dpstream_kernels": "kernels",
     "dpstream_core": "src",
+    "dpstream_sql": "sql",
     "dpstream_tools": "tools",
 }
 SOURCE_EXT = (".hpp", ".cpp", ".h", ".cc", ".hh", ".ipp", ".inl")

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
@@ -550,4 +551,160 @@ TEST(Noise, BenchmarkNsPerSample) {
                   ns, double(blocks) / kN, static_cast<long long>(sink));
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DiscreteLaplace (CKS20 Algorithm 2 with b = n / 2^k).
+namespace {
+
+std::vector<std::int64_t> draw_laplace(const DiscreteLaplace& dl, std::uint64_t seed, std::size_t count) {
+  std::vector<std::int64_t> out(count);
+#pragma omp parallel
+  {
+    WindowPrf prf(secret_from_seed(seed), 0);
+#pragma omp for schedule(static)
+    for (std::size_t i = 0; i < count; ++i) {
+      NodeStream s(prf, node(i));
+      out[i] = dl.sample(s);
+    }
+  }
+  return out;
+}
+
+// Exact DLap(b) pmf (1 - q) / (1 + q) q^|y|, q = exp(-1/b), on [-ymax, ymax]; the mass beyond is < exp(-40).
+struct LaplacePmf {
+  std::int64_t ymax;
+  std::vector<double> p;  // p[y + ymax]
+  explicit LaplacePmf(const DiscreteLaplace& dl) : ymax(static_cast<std::int64_t>(40 * dl.scale()) + 3) {
+    const long double q = std::exp(-1.0L / dl.scale()), c = (1 - q) / (1 + q);
+    p.resize(2 * ymax + 1);
+    for (std::int64_t y = -ymax; y <= ymax; ++y) p[y + ymax] = static_cast<double>(c * std::pow(q, std::abs(y)));
+  }
+  double at(std::int64_t y) const { return y < -ymax || y > ymax ? 0.0 : p[y + ymax]; }
+};
+
+// Chi-square p-value of `ys` against `pmf` on bins of w integers, merged left to right to >= 20 expected each.
+double laplace_chi2_pvalue(const std::vector<std::int64_t>& ys, const LaplacePmf& pmf, std::int64_t w) {
+  auto group = [&](std::int64_t y) { return (std::clamp(y, -pmf.ymax, pmf.ymax) + pmf.ymax) / w; };
+  const std::int64_t groups = group(pmf.ymax) + 1;
+  std::vector<double> gp(groups);
+  for (std::int64_t y = -pmf.ymax; y <= pmf.ymax; ++y) gp[group(y)] += pmf.at(y);
+  std::vector<int> bin_of(groups);
+  std::vector<double> expect;
+  double acc = 0;
+  const double n = double(ys.size());
+  for (std::int64_t g = 0; g < groups; ++g) {
+    bin_of[g] = static_cast<int>(expect.size());
+    acc += gp[g] * n;
+    if (acc >= 20) expect.push_back(acc), acc = 0;
+  }
+  if (expect.empty()) return 0;      // fewer than 20 samples: no test
+  expect[expect.size() - 1] += acc;  // the right tail joins the last full bin
+  for (auto& b : bin_of) b = std::min(b, static_cast<int>(expect.size()) - 1);
+  std::vector<double> seen(expect.size());
+  for (auto y : ys) ++seen[bin_of[group(y)]];
+  double stat = 0;
+  for (std::size_t b = 0; b < expect.size(); ++b) stat += (seen[b] - expect[b]) * (seen[b] - expect[b]) / expect[b];
+  std::printf("DLap chi2 %.1f df %zu\n", stat, expect.size() - 1);
+  return chi2_pvalue(stat, double(expect.size()) - 1);
+}
+
+}  // namespace
+
+TEST(DiscreteLaplace, Parameters) {
+  for (double b : {std::ldexp(1.0, -10), 0.3, 1.0 / 3, 1.0, 4.5, 40.0, 1e4, 123456.789, std::ldexp(1.0, 40),
+                   std::nextafter(std::ldexp(1.0, 40), 0.0), 0.1 + 0.2}) {
+    const DiscreteLaplace dl(b);
+    EXPECT_GE(dl.scale(), b);
+    EXPECT_LE(dl.scale(), b * (1 + std::ldexp(1.0, -50))) << b;
+    EXPECT_EQ(DiscreteLaplace::rounded_scale(b), dl.scale());
+    EXPECT_GE(dl.scale_num(), 1ULL << 51);
+    EXPECT_LT(dl.scale_num(), 1ULL << 52);
+    EXPECT_EQ(std::ldexp(static_cast<double>(dl.scale_num()), -dl.scale_exp()), dl.scale());
+  }
+  EXPECT_EQ(DiscreteLaplace(1.0).scale(), 1.0);
+  EXPECT_EQ(DiscreteLaplace(4.5).scale(), 4.5);
+  EXPECT_GT(DiscreteLaplace(0.3).scale(), 0.3);  // 0.3 has 53 significant bits (odd mantissa): rounded up
+  for (double bad : {0.0, -1.0, std::ldexp(1.0, -11), std::nextafter(std::ldexp(1.0, -10), 0.0),
+                     std::ldexp(1.0, 40) * (1 + 1e-15), double(NAN), double(INFINITY)}) {
+    EXPECT_THROW(DiscreteLaplace{bad}, std::invalid_argument) << bad;
+    EXPECT_THROW(DiscreteLaplace::rounded_scale(bad), std::invalid_argument) << bad;
+  }
+}
+
+TEST(DiscreteLaplace, UpperTailClosedForm) {
+  // Against direct summation of the pmf in long double; symmetry for m <= 0.
+  for (double b : {0.3, 1.0, 4.5, 40.0}) {
+    const DiscreteLaplace dl(b);
+    const long double q = std::exp(-1.0L / dl.scale()), c = (1 - q) / (1 + q);
+    for (std::int64_t m : {-3, 0, 1, 2, 5, 17}) {
+      long double tail = 0;
+      for (std::int64_t x = m; x < m + static_cast<std::int64_t>(200 * b) + 200; ++x)
+        tail += c * std::pow(q, std::abs(x));
+      EXPECT_NEAR(static_cast<double>(dl.upper_tail(m) / tail), 1.0, 1e-15) << b << " " << m;
+    }
+  }
+}
+
+// 200k samples per scale from distinct nodes. Chi-square and symmetry thresholds p > 1e-6 (false failure 1e-6
+// each), sign and mean tests at 5 standard errors (false failure < 6e-7 each).
+class LaplaceStats : public testing::TestWithParam<double> {};
+
+TEST_P(LaplaceStats, MatchesExactPmf) {
+  const DiscreteLaplace dl(GetParam());
+  constexpr std::size_t kN = 200000;
+  const auto ys = draw_laplace(dl, 2000 + static_cast<std::uint64_t>(GetParam() * 10), kN);
+  const LaplacePmf pmf(dl);
+  const std::int64_t w = std::max<std::int64_t>(1, static_cast<std::int64_t>(dl.scale() / 16));
+  EXPECT_GT(laplace_chi2_pvalue(ys, pmf, w), 1e-6) << "b " << dl.scale();
+  // Mean 0 with Var = 2 q / (1 - q)^2.
+  const long double q = std::exp(-1.0L / dl.scale());
+  const double var = static_cast<double>(2 * q / ((1 - q) * (1 - q)));
+  long double s1 = 0;
+  double pos = 0, neg = 0;
+  for (auto y : ys) s1 += y, pos += y > 0, neg += y < 0;
+  EXPECT_LT(std::fabs(double(s1 / kN)), 5 * std::sqrt(var / kN)) << "mean";
+  // Symmetry: the counts of +y and -y over groups of |y| split as Binomial(., 1/2).
+  std::map<std::int64_t, std::pair<double, double>> pm;
+  for (auto y : ys)
+    if (y != 0) (y > 0 ? pm[(y - 1) / w].first : pm[(-y - 1) / w].second) += 1;
+  double sym = 0, used = 0, rp = 0, rn = 0;
+  for (const auto& [g, pr] : pm) {
+    rp += pr.first, rn += pr.second;
+    if (rp + rn < 40) continue;  // merge small groups into the next one
+    sym += (rp - rn) * (rp - rn) / (rp + rn), used += 1, rp = rn = 0;
+  }
+  if (used > 0) {
+    EXPECT_GT(chi2_pvalue(sym, used), 1e-6) << "symmetry chi2 " << sym << " over " << used;
+  }
+  EXPECT_LT(std::fabs(pos - neg), 5 * std::sqrt(pos + neg) + 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Scales, LaplaceStats, testing::Values(0.3, 1.0, 4.5, 40.0, 1e4));
+
+TEST(DiscreteLaplace, TinyScaleIsZero) {
+  // b = 2^-10: P[Y != 0] = 2 exp(-1024) / (1 + exp(-1024)), never observed.
+  const auto ys = draw_laplace(DiscreteLaplace(std::ldexp(1.0, -10)), 11, 20000);
+  EXPECT_TRUE(std::all_of(ys.begin(), ys.end(), [](std::int64_t y) { return y == 0; }));
+}
+
+TEST(DiscreteLaplace, Deterministic) {
+  const DiscreteLaplace dl(4.5);
+  WindowPrf a(secret_from_seed(3), 1), b(secret_from_seed(3), 1);
+  std::vector<std::int64_t> seq;
+  for (std::uint32_t i = 0; i < 2000; ++i) {
+    const NodeId id{i, Family::SqlSelection, 0, 0, 0};
+    NodeStream sa(a, id), sb(b, id);
+    seq.push_back(dl.sample(sa));
+    ASSERT_EQ(seq.back(), dl.sample(sb)) << i;
+  }
+  EXPECT_GT(std::set<std::int64_t>(seq.begin(), seq.end()).size(), 10u);  // distinct nodes, distinct noise
+  EXPECT_EQ(draw_laplace(dl, 4, 500), draw_laplace(dl, 4, 500));          // threads agree with themselves
+  // Regression pin (not an independent check): released selection noise must survive a restart.
+  std::vector<std::int64_t> got;
+  for (std::uint32_t i = 0; i < 8; ++i) {
+    NodeStream s(a, NodeId{5, Family::SqlSelection, 0, 0, i});
+    got.push_back(dl.sample(s));
+  }
+  EXPECT_EQ(got, (std::vector<std::int64_t>{-1, -8, 2, 19, 4, -1, 7, -2}));
 }

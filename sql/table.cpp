@@ -1,0 +1,336 @@
+#include "sql/table.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <optional>
+
+#include "partition/hash.hpp"
+#include "sql/plan.hpp"
+#include "src/csv_input.hpp"
+#include "src/errors.hpp"
+
+namespace dpstream::sql {
+
+namespace {
+
+std::size_t column_index(const std::vector<std::string>& header, const std::string& name, const std::string& path,
+                         std::size_t pos, const char* role) {
+  const auto it = std::find(header.begin(), header.end(), name);
+  if (it == header.end())
+    throw QueryError(fmt::format("column {} ('{}'): {} has no column {} (its header: {}); name one of its columns", pos,
+                                 name, path, name, fmt::join(header, ",")),
+                     pos);
+  (void)role;
+  return static_cast<std::size_t>(it - header.begin());
+}
+
+// Columns a WHERE compares with a number: typed numeric like the value columns.
+void numeric_where_columns(const Condition& c, std::vector<std::string>& out) {
+  for (const Condition& ch : c.children) numeric_where_columns(ch, out);
+  if (c.kind == Condition::Kind::And || c.kind == Condition::Kind::Or || c.kind == Condition::Kind::Not) return;
+  if (std::any_of(c.values.begin(), c.values.end(), [](const Literal& l) { return !l.is_string; }) &&
+      std::find(out.begin(), out.end(), c.column) == out.end())
+    out.push_back(c.column);
+}
+
+// A WHERE condition bound to field indices.
+struct BoundCondition {
+  const Condition* c = nullptr;
+  std::size_t field = 0;
+  std::vector<BoundCondition> children;
+};
+
+BoundCondition bind(const Condition& c, const std::vector<std::string>& header, const std::string& path) {
+  BoundCondition b{&c, 0, {}};
+  for (const Condition& ch : c.children) b.children.push_back(bind(ch, header, path));
+  if (!c.column.empty()) b.field = column_index(header, c.column, path, c.column_pos, "WHERE");
+  return b;
+}
+
+// One row's fields: text, and the number of each numeric field (nullopt when NULL or not numeric).
+struct RowView {
+  const std::vector<std::string>* text;
+  const std::vector<std::optional<double>>* number;
+};
+
+// -1, 0, 1 comparing the field with a literal; nullopt when a number comparison meets NULL.
+std::optional<int> compare(const RowView& row, std::size_t field, const Literal& lit) {
+  if (lit.is_string) {
+    const int r = (*row.text)[field].compare(lit.text);
+    return (r > 0) - (r < 0);
+  }
+  const auto& v = (*row.number)[field];
+  if (!v) return std::nullopt;
+  return (*v > lit.number) - (*v < lit.number);
+}
+
+bool holds(CmpOp op, int r) {
+  switch (op) {
+    case CmpOp::Eq:
+      return r == 0;
+    case CmpOp::Ne:
+      return r != 0;
+    case CmpOp::Lt:
+      return r < 0;
+    case CmpOp::Le:
+      return r <= 0;
+    case CmpOp::Gt:
+      return r > 0;
+    case CmpOp::Ge:
+      return r >= 0;
+  }
+  return false;
+}
+
+// Two-valued: a comparison with NULL is false (docs/SQL.md).
+bool eval(const BoundCondition& b, const RowView& row) {
+  const Condition& c = *b.c;
+  switch (c.kind) {
+    case Condition::Kind::And:
+      return std::all_of(b.children.begin(), b.children.end(), [&](const auto& ch) { return eval(ch, row); });
+    case Condition::Kind::Or:
+      return std::any_of(b.children.begin(), b.children.end(), [&](const auto& ch) { return eval(ch, row); });
+    case Condition::Kind::Not:
+      return !eval(b.children[0], row);
+    case Condition::Kind::Compare: {
+      const auto r = compare(row, b.field, c.values[0]);
+      return r && holds(c.op, *r);
+    }
+    case Condition::Kind::In: {
+      const bool in = std::any_of(c.values.begin(), c.values.end(), [&](const Literal& l) {
+        const auto r = compare(row, b.field, l);
+        return r && *r == 0;
+      });
+      return in != c.negated;
+    }
+    case Condition::Kind::Between: {
+      const auto lo = compare(row, b.field, c.values[0]), hi = compare(row, b.field, c.values[1]);
+      if (!lo || !hi) return false;
+      return (*lo >= 0 && *hi <= 0) != c.negated;
+    }
+  }
+  return false;
+}
+
+void put_le32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// floor(ts / seconds) of an integer timestamp field; nullopt when the field is not an integer.
+std::optional<std::int64_t> window_of(const std::string& text, std::int64_t seconds) {
+  std::int64_t ts = 0;
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), ts);
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) return std::nullopt;
+  return ts / seconds - (ts % seconds < 0 ? 1 : 0);
+}
+
+// Per (user, group) partial aggregation of this rank's rows, keyed by the 128-bit ids before separation.
+class PartialBuilder {
+ public:
+  explicit PartialBuilder(std::size_t value_columns) { partials_.value_columns = value_columns; }
+
+  void add(const Id128& user, const Id128& group, const std::vector<std::optional<double>>& values) {
+    const auto [it, fresh] = index_.try_emplace({user, group}, partials_.size());
+    if (fresh) {
+      partials_.words.resize(partials_.words.size() + partials_.stride(), 0);
+      users_.push_back(user), groups_.push_back(group);
+    }
+    std::uint64_t* p = partials_.words.data() + it->second * partials_.stride();
+    ++p[2];
+    for (std::size_t j = 0; j < values.size(); ++j) {
+      if (!values[j]) continue;
+      std::uint64_t* col = p + 3 + 3 * j;
+      ++col[0];
+      const int128 sum = from_words(col[1], static_cast<std::int64_t>(col[2])) + to_fixed(*values[j]);
+      col[1] = low_word(sum), col[2] = static_cast<std::uint64_t>(high_word(sum));
+    }
+  }
+
+  // Moves colliding ids apart (collective) and writes the final 64-bit ids into the partials.
+  Partials finish(const shuffle::Comm& comm, absl::flat_hash_map<Id128, std::string>& names_by_id,
+                  absl::flat_hash_map<std::uint64_t, std::string>& names) {
+    const auto user_moves = separate_colliding_ids(distinct(users_), partition::kUserSalt, comm);
+    const auto group_moves = separate_colliding_ids(distinct(groups_), partition::kKeySalt, comm);
+    for (std::size_t i = 0; i < users_.size(); ++i) {
+      partials_.words[i * partials_.stride()] = moved(users_[i], user_moves);
+      partials_.words[i * partials_.stride() + 1] = moved(groups_[i], group_moves);
+    }
+    for (auto& [id, name] : names_by_id) names.emplace(moved(id, group_moves), std::move(name));
+    return std::move(partials_);
+  }
+
+ private:
+  static std::vector<Id128> distinct(std::vector<Id128> v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  }
+  static std::uint64_t moved(const Id128& id, const absl::flat_hash_map<Id128, std::uint64_t>& moves) {
+    const auto it = moves.find(id);
+    return it == moves.end() ? id.id : it->second;
+  }
+
+  Partials partials_;
+  absl::flat_hash_map<std::pair<Id128, Id128>, std::size_t> index_;
+  std::vector<Id128> users_, groups_;
+};
+
+}  // namespace
+
+std::vector<std::string> read_header(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    throw InputError(
+        fmt::format("cannot open input file {}: {}; give --input an existing CSV file", path, errno_text(errno)));
+  std::string line;
+  if (!std::getline(f, line))
+    throw InputError(fmt::format("{}: the file is empty; it needs a header naming its columns", path));
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  std::vector<std::string> header;
+  if (!split_csv_line(line, header))
+    throw InputError(fmt::format("{}: the header line is not valid CSV (unbalanced quotes)", path));
+  return header;
+}
+
+TableLayout table_layout(const std::string& path, const Query& query, const std::string& user_column,
+                         const std::vector<std::string>& value_columns, const std::string& window_column,
+                         std::int64_t window_seconds) {
+  TableLayout t;
+  t.header = read_header(path);
+  t.fields = t.header.size();
+  const auto it = std::find(t.header.begin(), t.header.end(), user_column);
+  if (it == t.header.end())
+    throw InputError(
+        fmt::format("{} has no column {} for --user-column (its header: {}); name the column that "
+                    "identifies the user",
+                    path, user_column, fmt::join(t.header, ",")));
+  t.user = static_cast<std::size_t>(it - t.header.begin());
+  for (const std::string& g : query.group_by) {
+    std::size_t pos = 0;
+    for (const SelectItem& s : query.select)
+      if (!s.is_aggregate && s.column == g) pos = s.column_pos;
+    t.groups.push_back(column_index(t.header, g, path, pos, "GROUP BY"));
+  }
+  for (const std::string& v : value_columns) {
+    std::size_t pos = 0;
+    for (const Aggregate& a : query.aggregates)
+      if (a.column == v && pos == 0) pos = a.column_pos;
+    t.values.push_back(column_index(t.header, v, path, pos, "aggregate"));
+  }
+  if (query.where) bind(*query.where, t.header, path);  // every WHERE column exists
+  if (!window_column.empty()) {
+    const auto w = std::find(t.header.begin(), t.header.end(), window_column);
+    if (w == t.header.end())
+      throw InputError(fmt::format("{} has no column {} for --window-column (its header: {})", path, window_column,
+                                   fmt::join(t.header, ",")));
+    t.window = static_cast<std::size_t>(w - t.header.begin());
+    t.window_seconds = window_seconds;
+  }
+  return t;
+}
+
+std::string encode_group(const std::vector<std::string_view>& fields) {
+  std::string out;
+  for (std::string_view f : fields) {
+    put_le32(out, static_cast<std::uint32_t>(f.size()));
+    out.append(f);
+  }
+  return out;
+}
+
+std::vector<std::string> decode_group(std::string_view encoded) {
+  std::vector<std::string> out;
+  while (encoded.size() >= 4) {
+    std::uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n |= static_cast<std::uint32_t>(static_cast<unsigned char>(encoded[i])) << (8 * i);
+    out.emplace_back(encoded.substr(4, n));
+    encoded.remove_prefix(std::min<std::size_t>(encoded.size(), 4 + std::size_t{n}));
+  }
+  return out;
+}
+
+LocalTable read_local_table(const std::string& path, const Query& query, const TableLayout& layout, BadRowPolicy policy,
+                            IdPrf& ids, const shuffle::Comm& comm) {
+  MappedFile file(path);
+  const std::string_view all = file.view();
+  const std::size_t header_end = std::min(all.find('\n'), all.size());
+  const auto [begin, end] = csv_share_of(all, header_end, comm.rank(), comm.size());
+
+  std::vector<std::string> numeric_names;
+  if (query.where) numeric_where_columns(*query.where, numeric_names);
+  std::vector<std::size_t> numeric = layout.values;
+  for (const std::string& n : numeric_names)
+    numeric.push_back(
+        static_cast<std::size_t>(std::find(layout.header.begin(), layout.header.end(), n) - layout.header.begin()));
+  std::optional<BoundCondition> where;
+  if (query.where) where = bind(*query.where, layout.header, path);
+
+  LocalTable out;
+  PartialBuilder builder(layout.values.size());
+  absl::flat_hash_map<std::string, Id128> group_ids;
+  absl::flat_hash_map<Id128, std::string> names_by_id;
+  std::vector<std::string> fields;
+  std::vector<std::optional<double>> number(layout.fields), values(layout.values.size());
+  std::vector<std::string_view> group_fields;
+  auto bad = [&](std::size_t offset, std::string_view line, const std::string& why) {
+    ++out.stats.bad;
+    if (policy == BadRowPolicy::Fail)
+      throw InputError(fmt::format("{}:{}: {} in row '{}' (use --bad-rows skip to count and skip such rows)", path,
+                                   line_number_of(all, offset), why, line.substr(0, 200)));
+  };
+  std::string error;
+  try {
+    for_each_csv_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
+      ++out.stats.rows;
+      if (!split_csv_line(line, fields)) return bad(offset, line, "unbalanced quotes");
+      if (fields.size() != layout.fields)
+        return bad(offset, line, fmt::format("{} fields where the header has {}", fields.size(), layout.fields));
+      if (fields[layout.user].empty()) return bad(offset, line, fmt::format("empty {}", layout.header[layout.user]));
+      for (std::size_t f : numeric) {
+        number[f].reset();
+        if (fields[f].empty()) continue;  // NULL
+        double v = 0;
+        if (const NumberCheck c = parse_finite_number(fields[f], v); c != NumberCheck::Ok)
+          return bad(offset, line, fmt::format("{} '{}' {}", layout.header[f], fields[f], number_problem(c)));
+        number[f] = v;
+      }
+      std::string window_text, user = fields[layout.user];
+      if (layout.window) {  // the privacy unit is (window, user): its id is that of LE64(window) || user
+        const auto w = window_of(fields[*layout.window], layout.window_seconds);
+        if (!w)
+          return bad(offset, line,
+                     fmt::format("{} '{}' is not an integer number of seconds", layout.header[*layout.window],
+                                 fields[*layout.window]));
+        window_text = std::to_string(*w);
+        std::string unit(8, '\0');
+        for (std::size_t i = 0; i < 8; ++i)
+          unit[i] = static_cast<char>((static_cast<std::uint64_t>(*w) >> (8 * i)) & 0xff);
+        user = unit + user;
+      }
+      if (where && !eval(*where, RowView{&fields, &number})) return void(++out.stats.filtered_out);
+      ++out.stats.kept;
+      group_fields.clear();
+      if (layout.window) group_fields.push_back(window_text);
+      for (std::size_t g : layout.groups) group_fields.push_back(fields[g]);
+      std::string enc = encode_group(group_fields);
+      auto known = group_ids.find(enc);
+      if (known == group_ids.end()) {
+        known = group_ids.emplace(enc, ids(IdDomain::Key, enc)).first;
+        names_by_id.try_emplace(known->second, std::move(enc));
+      }
+      for (std::size_t j = 0; j < layout.values.size(); ++j) values[j] = number[layout.values[j]];
+      builder.add(ids(IdDomain::User, user), known->second, values);
+    });
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (error = comm.agree_on_error(error); !error.empty()) throw InputError(error);
+  out.partials = builder.finish(comm, names_by_id, out.group_names);
+  return out;
+}
+
+}  // namespace dpstream::sql

@@ -1,0 +1,697 @@
+#!/usr/bin/env python3
+"""End-to-end test of `dpstream query` (DP SQL, docs/SQL.md) against the independent Python reference
+sql_reference.py (noise-free values of every aggregate, the k-group sampling by the keyed sample rank).
+
+  (a) exactness at a huge budget: every aggregate kind, WHERE with AND / OR / IN / NOT, aliases, NULLs,
+      negative and out-of-bound values, bad rows skipped, users sampled down to k groups; released
+      groups = the reference's groups with users >= the reported threshold;
+  (b) rank invariance: result.csv byte-identical at --ranks N and at 1 rank (2 when N = 1);
+  (c) noise scale: standardized errors of ANON_SUM / ANON_COUNT have mean 0 and variance 1 (z-test and
+      a chi-square-type test, each with false-failure probability <= 1e-6), Gaussian and Laplace noise;
+  (d) an adversarial user in 10^3 groups with 10^2 rows each changes at most k groups, each by at most
+      the per-group bound (differential run without the user);
+  (e) selection: public groups (listed empty group released, unlisted never); a one-user group never
+      released by laplace / gaussian / magic selection over 30 seeds at delta = 1e-10;
+  (f) bad queries refused before reading data: exit code 2, the message names the token, no output;
+  and value fields in strtod syntax ('+7', '.5', '12.') read as numbers, non-finite ones bad.
+
+Usage: test_sql.py --ranks N [--bin build/src/dpstream] [--keep]
+"""
+
+import concurrent.futures
+import csv
+import json
+import math
+import os
+import random
+import sys
+
+sys.dont_write_bytecode = True  # keep the source tree clean
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import sql_reference as ref  # noqa: E402
+
+SEED = 20251126
+HUGE = ["--epsilon", "1e5", "--delta", "1e-3"]  # noise negligible next to every tolerance below
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+def write_rows(path, header, rows):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        for r in rows:
+            w.writerow([r[c] for c in header])
+    return path
+
+
+def load_result(out_dir):
+    """(header, rows as lists of strings, report dict)."""
+    path = os.path.join(out_dir, "result.csv")
+    assert os.path.exists(path), f"no {path}"
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert rows, f"{path} is empty (no header)"
+    rpath = os.path.join(out_dir, "report.json")
+    assert os.path.exists(rpath), f"no {rpath}"
+    with open(rpath, encoding="utf-8") as f:
+        report = json.load(f)
+    return rows[0], rows[1:], report
+
+
+def field(d, dotted, what="report.json"):
+    cur = d
+    for part in dotted.split("."):
+        if isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        elif isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            raise AssertionError(f"{what} has no field {dotted} (needed by the test)")
+    return cur
+
+
+def noise_scales(report, n_aggs):
+    """[list of noise standard deviations] per aggregate, in SELECT order."""
+    aggs = field(report, "aggregates")
+    assert isinstance(aggs, list) and len(aggs) == n_aggs, \
+        f"report.json aggregates: {len(aggs) if isinstance(aggs, list) else aggs!r} entries, expected {n_aggs}"
+    out = []
+    for i, a in enumerate(aggs):
+        s = field(a, "noise_scale", f"report.json aggregates[{i}]")
+        s = s if isinstance(s, list) else [s]
+        assert s and all(isinstance(x, (int, float)) and x >= 0 and math.isfinite(x) for x in s), \
+            f"aggregates[{i}].noise_scale = {s!r}"
+        out.append([float(x) for x in s])
+    return out
+
+
+def is_int_text(s):
+    return s.lstrip("-").isdigit()
+
+
+class Query:
+    """One SQL text with its reference description (group columns, aggregates, WHERE predicate)."""
+
+    def __init__(self, sql, groups, aggregates, names, where=None, where_numeric=()):
+        self.sql = " ".join(sql.split())
+        self.groups = groups  # GROUP BY columns (= the leading SELECT items, same order)
+        self.aggregates = aggregates
+        self.names = names  # expected output header (None: any name, e.g. the call text)
+        self.where = where
+        self.where_numeric = where_numeric
+
+
+def result_by_group(header, rows, q):
+    g = len(q.groups)
+    assert len(header) == g + len(q.aggregates), f"header {header} has {len(header)} columns, expected " \
+                                                  f"{g + len(q.aggregates)}"
+    for want, got in zip(q.names, header):
+        assert want is None or want == got, f"header {header}: expected column {want!r}, got {got!r}"
+    out = {}
+    for r in rows:
+        assert len(r) == len(header), f"row {r} has {len(r)} fields, header {len(header)}"
+        key = tuple(r[:g])
+        assert key not in out, f"group {key} appears twice in result.csv"
+        vals = []
+        for a, text in zip(q.aggregates, r[g:]):
+            if a["kind"] in ("count", "count_distinct"):
+                assert is_int_text(text), f"group {key}: count {text!r} is not printed as an integer"
+                vals.append(int(text))
+            else:
+                vals.append(float(text))
+        out[key] = vals
+    keys = [tuple(r[:g]) for r in rows]
+    assert keys == sorted(keys, key=ref.sort_key), "result.csv rows are not sorted by the group fields (bytes)"
+    return out
+
+
+def tolerance(a, ref_value, users, sd):
+    """Allowed |released - noise-free| for one aggregate at a huge budget, from its noise sd (the
+    largest of its DP quantities, conservative) propagated through the result formula."""
+    n = max(1, users)
+    kind = a["kind"]
+    if kind in ("count", "count_distinct"):
+        return 6 * sd + 1e-6
+    if kind == "sum":
+        return 1e-9 * abs(ref_value) + 1e-6 + 6 * sd
+    lo, hi = float(a.get("lower", 0)), float(a.get("upper", 0))
+    m = (lo + hi) / 2
+    h = ((hi - lo) / 2) ** 2
+    if kind == "avg":
+        return 1e-9 * max(abs(lo), abs(hi)) + 1e-6 + 6 * sd * (1 + abs(ref_value - m)) / n
+    if kind in ("var", "stddev"):
+        tv = 1e-9 * h + 1e-6 + 6 * sd * (1 + 2 * math.sqrt(h) + 3 * h) / n
+        return tv if kind == "var" else math.sqrt(tv) + 1e-9 * math.sqrt(h)
+    if kind == "ntile":
+        return (hi - lo) / 65536 + 1e-9 * max(1.0, abs(lo), abs(hi))
+    raise ValueError(kind)
+
+
+def compare_groups(label, q, got, want, scales, sel_tau=None):
+    """Values of every group in both; returns a list of problems."""
+    problems = []
+    for g, vals in sorted(got.items(), key=lambda kv: ref.sort_key(kv[0])):
+        if g not in want:
+            continue  # an empty group: only public selection releases it (the caller checks)
+        exp = want[g]
+        for i, (a, v) in enumerate(zip(q.aggregates, vals)):
+            e = exp["values"][i]
+            tol = tolerance(a, e, exp["users"], max(scales[i]))
+            if not abs(v - e) <= tol:
+                problems.append(f"{label}: group {g} ({exp['users']} users) {q.names[len(q.groups) + i] or i}: "
+                                f"dpstream {v!r}, reference {e!r} (tolerance {tol:.3g})")
+    return problems
+
+
+class Env:
+    def __init__(self, args, tmp):
+        self.args = args
+        self.dp = harness.Dpstream(args)
+        self.tmp = tmp
+        self.dirs = harness.CaseDirs(tmp)
+
+    def query(self, q, csv_path, out_dir, *extra, ranks=None, user="uid"):
+        return self.dp.run_with("query", q.sql, "--input", csv_path, "--user-column", user, *extra, "--out", out_dir,
+                                ranks=ranks)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a), (b): exactness at a huge budget and rank invariance
+
+REGIONS = ["north", "south", "east", "west", "Nord\u00e9"]
+TIERS = ["a", "b", "a,b", 'q"x', "B"]
+HEADER_A = ["extra", "tier", "uid", "price", "region", "qty", "note"]
+
+
+def price_text(rng):
+    r = rng.random()
+    if r < 0.10:
+        return ""  # NULL
+    if r < 0.112:
+        return rng.choice(["1e300", "-1e16", "123456.75", "-40", "99", "1e-30", "-0", "12.", ".5", "-.5"])
+    return f"{rng.uniform(-6, 16):.2f}"
+
+
+def qty_text(rng):
+    r = rng.random()
+    if r < 0.06:
+        return ""
+    if r < 0.10:
+        return str(rng.randint(-3, -1))
+    if r < 0.13:
+        return rng.choice(["15", "100", "7.5", "3e0", "8", "0.25"])
+    return str(rng.randint(0, 9))
+
+
+def generate_a(rng):
+    rows = []
+
+    def add(uid, region, tier, price=None, qty=None):
+        rows.append({"extra": rng.choice(["", "x,y", "z"]), "tier": tier, "uid": uid,
+                     "price": price_text(rng) if price is None else price, "region": region,
+                     "qty": qty_text(rng) if qty is None else qty,
+                     "note": "vip" if rng.random() < 0.05 else rng.choice(["", "regular"])})
+
+    combos = [(r, t) for r in REGIONS for t in TIERS]
+    for i in range(300):
+        uid = {7: "u,7", 8: 'u"8', 9: "\u00fc9"}.get(i, f"u{i:03d}")
+        if i % 25 == 3:  # heavy: rows in many groups, so k = 3 sampling bites
+            groups = rng.sample(combos, rng.randint(8, 15))
+            for _ in range(rng.randint(30, 50)):
+                add(uid, *rng.choice(groups))
+        else:
+            groups = [rng.choice(combos[: 6 + i % 19]) for _ in range(rng.randint(1, 2))]
+            for _ in range(rng.randint(6, 24)):
+                add(uid, *rng.choice(groups))
+    # groups of exactly j users (rows always kept by WHERE): around any threshold
+    for j in range(1, 11):
+        for u in range(j):
+            for _ in range(rng.randint(1, 3)):
+                add(f"r{j}_{u}", "rare", f"t{j:02d}", qty=str(rng.randint(0, 9)))
+    # a group whose first user has only NULL qty and price (kept by NOT price < 3): such a user counts in
+    # the N of ANON_AVG / ANON_VAR (docs/SQL.md: N is the selection's user count) but adds nothing else
+    for u in range(6):
+        for _ in range(2):
+            add(f"z{u}", "rare", "t11", price="" if u == 0 else None, qty="" if u == 0 else str(rng.randint(0, 9)))
+    rng.shuffle(rows)
+    bad = [dict(rows[0], price="abc"), dict(rows[1], qty="1.2.3"), dict(rows[2], qty="nan"), dict(rows[3], uid="")]
+    for i, b in enumerate(bad):
+        rows.insert(100 + 997 * i, b)
+    return rows, len(bad)
+
+
+def where_a(r):
+    q, p = ref.parse_number(r["qty"]), ref.parse_number(r["price"])
+    return ((r["region"] in ("north", "south", "east", "rare") and q is not None and q >= -1)
+            or r["note"] == "vip" or not (p is not None and p < 3))
+
+
+QUERY_A = Query(
+    """SELECT WITH ANONYMIZATION region, tier AS t,
+         ANON_COUNT(*) AS n_rows, ANON_COUNT(*, 3) AS n3, ANON_COUNT(qty, 2) AS n_qty,
+         ANON_COUNT(DISTINCT uid) AS users, ANON_SUM(price, -5, 20) AS total, ANON_AVG(price, -2, 10) AS avg_price,
+         ANON_VAR(qty, 0, 8), ANON_STDDEV(qty, 0, 8) sd_qty, ANON_NTILE(price, 0.9, -4, 12) AS p90,
+         ANON_MIN(qty, 0, 8) AS mn, ANON_MAX(qty, 0, 8) AS mx, ANON_MEDIAN(price, -4, 12) AS med
+       FROM orders
+       WHERE (region IN ('north', 'south', 'east', 'rare') AND qty >= -1) OR note = 'vip' OR NOT price < 3
+       GROUP BY region, tier""",
+    ["region", "tier"],
+    [{"kind": "count", "column": None, "upper": None},
+     {"kind": "count", "column": None, "upper": 3},
+     {"kind": "count", "column": "qty", "upper": 2},
+     {"kind": "count_distinct"},
+     {"kind": "sum", "column": "price", "lower": -5, "upper": 20},
+     {"kind": "avg", "column": "price", "lower": -2, "upper": 10},
+     {"kind": "var", "column": "qty", "lower": 0, "upper": 8},
+     {"kind": "stddev", "column": "qty", "lower": 0, "upper": 8},
+     {"kind": "ntile", "column": "price", "p": 0.9, "lower": -4, "upper": 12},
+     {"kind": "ntile", "column": "qty", "p": 0.0, "lower": 0, "upper": 8},
+     {"kind": "ntile", "column": "qty", "p": 1.0, "lower": 0, "upper": 8},
+     {"kind": "ntile", "column": "price", "p": 0.5, "lower": -4, "upper": 12}],
+    ["region", "t", "n_rows", "n3", "n_qty", "users", "total", "avg_price", None, "sd_qty", "p90", "mn", "mx",
+     "med"],
+    where=where_a, where_numeric=("qty", "price"))
+K_A, R_A, SEED_A = 3, 2, 7
+
+
+def args_a(seed=SEED_A):
+    return [*HUGE, "--max-groups-per-user", K_A, "--max-rows-per-group", R_A, "--seed", seed, "--bad-rows", "skip"]
+
+
+def check_exactness(env, state):
+    rng = random.Random(SEED)
+    rows, n_bad = generate_a(rng)
+    d = env.dirs("exactness")
+    csv_path = write_rows(os.path.join(d, "orders.csv"), HEADER_A, rows)
+    st = ref.RefStats()
+    want = ref.reference(rows, "uid", QUERY_A.groups, QUERY_A.aggregates, QUERY_A.where, K_A, R_A, SEED_A,
+                         QUERY_A.where_numeric, stats=st)
+    assert st.rows_bad == n_bad, f"reference sees {st.rows_bad} bad rows, generator wrote {n_bad}"
+    assert st.sampled_away > 0, "the data does not exercise the k-group sampling"
+    out = os.path.join(d, "out")
+    run = env.query(QUERY_A, csv_path, out, *args_a())
+    print(f"     dpstream query at {env.args.ranks} rank(s): {run.seconds:.1f} s, {len(rows)} rows, "
+          f"{len(want)} reference groups, {st.sampled_away} (user, group) pairs sampled away")
+    assert run.returncode == 0, "dpstream query failed\n  " + run.describe()
+    header, out_rows, report = load_result(out)
+    state["a"] = dict(csv=csv_path, out=out, rows=rows, want=want, stats=st)
+    got = result_by_group(header, out_rows, QUERY_A)
+    scales = noise_scales(report, len(QUERY_A.aggregates))
+    tau = field(report, "selection.threshold")
+    assert isinstance(tau, int) and tau >= 1, f"selection.threshold = {tau!r}"
+    problems = []
+    # released groups vs the threshold (noise at this budget is far below one user)
+    for g, e in want.items():
+        if abs(e["users"] - tau) < 2:
+            continue
+        if e["users"] >= tau and g not in got:
+            problems.append(f"group {g} with {e['users']} users >= threshold {tau} not released")
+        if e["users"] < tau and g in got:
+            problems.append(f"group {g} with {e['users']} users < threshold {tau} released")
+    extra = sorted(set(got) - set(want))
+    if extra:
+        problems.append(f"groups released without any user in the reference: {extra}")
+    problems += compare_groups("(a)", QUERY_A, got, want, scales)
+    if problems:
+        problems += diagnose_a(rows, got, scales)
+    # counters (not DP)
+    for name, exp in (("not_dp.rows_bad", st.rows_bad), ("not_dp.groups_released", len(out_rows))):
+        v = field(report, name)
+        if v != exp:
+            problems.append(f"report {name} = {v}, expected {exp}")
+    rr = field(report, "not_dp.rows_read")
+    if rr not in (st.rows_read, st.rows_read - st.rows_bad):
+        problems.append(f"report not_dp.rows_read = {rr}, expected {st.rows_read} (or {st.rows_read - st.rows_bad} "
+                        f"without the bad rows)")
+    for key in ("accounting.epsilon", "accounting.delta", "selection.kind"):
+        field(report, key)
+    assert not problems, f"{len(problems)} problems:\n  " + "\n  ".join(problems[:40])
+    print(f"     {len(got)} groups released (threshold {tau}), all values within tolerance of the reference")
+
+
+def diagnose_a(rows, got, scales):
+    """On a mismatch: which documented alternative the engine matches (messages only)."""
+    notes = []
+    alt = ref.reference(rows, "uid", QUERY_A.groups, QUERY_A.aggregates, QUERY_A.where, K_A, R_A, SEED_A,
+                        QUERY_A.where_numeric, null_users_in_n=False)
+    if not compare_groups("alt", QUERY_A, got, alt, scales):
+        notes.append("DIAGNOSIS: the engine matches the reference with N = users having a non-NULL value in "
+                     "ANON_AVG / ANON_VAR (docs/SQL.md: N = the group's users, shared with selection)")
+    ex = ref.reference(rows, "uid", QUERY_A.groups, QUERY_A.aggregates, QUERY_A.where, K_A, R_A, SEED_A,
+                       QUERY_A.where_numeric, exact_ntile=True)
+    if not compare_groups("exact", QUERY_A, got, ex, scales):
+        notes.append("DIAGNOSIS: the engine matches the reference when the NTILE descent is computed in exact "
+                     "rationals (a double-rounding tie at a child boundary)")
+    nosample = ref.reference(rows, "uid", QUERY_A.groups, QUERY_A.aggregates, QUERY_A.where, 10**9, R_A, SEED_A,
+                             QUERY_A.where_numeric)
+    if not compare_groups("nosample", QUERY_A, got, nosample, scales):
+        notes.append("DIAGNOSIS: the engine matches the reference WITHOUT the k-group sampling")
+    return notes
+
+
+def check_rank_invariance(env, state):
+    assert "a" in state, "needs the output of (a)"
+    other = 1 if env.args.ranks != 1 else 2
+    out = os.path.join(env.dirs(f"ranks-{other}"), "out")
+    run = env.query(QUERY_A, state["a"]["csv"], out, *args_a(), ranks=other)
+    assert run.returncode == 0, f"dpstream query at {other} rank(s) failed\n  " + run.describe()
+    a = harness.read_bytes(os.path.join(state["a"]["out"], "result.csv"))
+    b = harness.read_bytes(os.path.join(out, "result.csv"))
+    assert a == b, (f"result.csv differs between {env.args.ranks} and {other} rank(s) at byte "
+                    f"{harness.first_difference(a, b)}")
+    ra, rb = (json.load(open(os.path.join(o, "report.json"), encoding="utf-8")) for o in (state["a"]["out"], out))
+    for key in ("selection", "aggregates", "accounting", "not_dp"):
+        assert ra.get(key) == rb.get(key), f"report.json {key} differs between {env.args.ranks} and {other} rank(s)"
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) noise scale
+
+N_GROUPS_C = 2000
+USERS_C = 8
+QUERY_C = Query("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 3) AS n, ANON_SUM(v, 0, 10) AS s FROM t GROUP BY g",
+                ["g"], [{"kind": "count", "column": None, "upper": 3},
+                        {"kind": "sum", "column": "v", "lower": 0, "upper": 10}], ["g", "n", "s"])
+# Thresholds (n = 2000 groups; z_i = (released - reference) / sd, independent across groups):
+#  mean: sqrt(n) * mean(z) ~ N(0, 1) (CLT; kurtosis-free); |.| > 5.0 has probability 5.7e-7.
+#  variance: mean(z^2) has mean 1 and variance (kappa - 1) / n, kappa = 3 (Gaussian), 6 (Laplace).
+#   Gaussian: n mean(z^2) ~ chi-square(n); +-5.5 sd is, by Wilson-Hilferty, 9e-8 above and 3e-9 below.
+#   Laplace (|X| / b exponential, z^2 = E^2 / 2, skewness of mean(z^2) = 0.15): 7 sd above
+#   (Cornish-Fisher puts the 1e-6 quantile near 5.3 sd), 5.5 sd below (lighter tail) -> <= 1e-6 each.
+Z_MEAN = 5.0
+VAR_BOUNDS = {"gaussian": (3.0, 5.5, 5.5), "laplace": (6.0, 5.5, 7.0)}  # kappa, sd below, sd above
+
+
+def generate_c(rng):
+    rows = []
+    for gi in range(N_GROUPS_C):
+        for u in range(USERS_C):
+            uid = f"c{gi}_{u}"
+            for _ in range(rng.randint(1, 4)):
+                rows.append({"uid": uid, "g": f"g{gi:04d}", "v": str(rng.randint(-8, 60) / 4)})
+    return rows
+
+
+def check_noise_scale(env, state):
+    rng = random.Random(SEED + 3)
+    rows = generate_c(rng)
+    d = env.dirs("noise-scale")
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "g", "v"], rows)
+    public = os.path.join(d, "public.csv")
+    write_rows(public, ["g"], [{"g": f"g{gi:04d}"} for gi in range(N_GROUPS_C)])
+    want = ref.reference(rows, "uid", ["g"], QUERY_C.aggregates, None, 1, 1, 11)
+    assert len(want) == N_GROUPS_C
+    problems, lines = [], []
+    for noise in ("gaussian", "laplace"):
+        out = os.path.join(d, f"out-{noise}")
+        run = env.query(QUERY_C, csv_path, out, "--epsilon", "1", "--delta", "1e-5", "--max-groups-per-user", "1",
+                        "--selection", "public", "--public-groups", public, "--noise", noise, "--seed", "11")
+        assert run.returncode == 0, f"dpstream query --noise {noise} failed\n  " + run.describe()
+        header, out_rows, report = load_result(out)
+        got = result_by_group(header, out_rows, QUERY_C)
+        assert set(got) == set(want), f"--noise {noise}: public selection released {len(got)} groups, " \
+                                      f"expected all {N_GROUPS_C}"
+        scales = noise_scales(report, 2)
+        kappa, below, above = VAR_BOUNDS[noise]
+        for i, name in enumerate(("ANON_COUNT", "ANON_SUM")):
+            assert len(scales[i]) == 1, f"{name} reports {len(scales[i])} noise scales, expected 1"
+            sd = scales[i][0]
+            assert sd > 1.0, f"--noise {noise} {name}: noise sd {sd} too small for this test"
+            z = [(got[g][i] - want[g]["values"][i]) / sd for g in want]
+            n = len(z)
+            mean = sum(z) / n
+            m2 = sum(x * x for x in z) / n
+            zm = mean * math.sqrt(n)
+            zv = (m2 - 1) / math.sqrt((kappa - 1) / n)
+            lines.append(f"--noise {noise} {name}: sd {sd:.4g}, mean z {mean:+.4f} (z {zm:+.2f}), "
+                         f"mean z^2 {m2:.4f} ({zv:+.2f} sd)")
+            if abs(zm) > Z_MEAN:
+                problems.append(f"--noise {noise} {name}: mean standardized error {mean:+.4f} is {zm:+.2f} sd "
+                                f"from 0 (bound {Z_MEAN})")
+            if not -below <= zv <= above:
+                problems.append(f"--noise {noise} {name}: mean squared standardized error {m2:.4f} ({zv:+.2f} sd "
+                                f"from 1; bounds -{below}, +{above}): the reported noise_scale {sd:.4g} is not the "
+                                f"noise's standard deviation (empirical sd {sd * math.sqrt(m2):.4g})")
+    for line in lines:
+        print("     " + line)
+    assert not problems, "\n  ".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) adversarial user. The issue's attacker has 10^4 groups x 10^5 rows; here 10^3 x 10^2 (10^5 rows)
+# keeps CI fast and exercises the same bound (k = 5 groups, each clamped).
+
+N_GROUPS_D = 1000
+ROWS_D = 100
+K_D = 5
+QUERY_D = Query("SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 5) AS n, ANON_SUM(v, -10, 10) AS s, "
+                "ANON_COUNT(DISTINCT uid) AS users FROM t GROUP BY g",
+                ["g"], [{"kind": "count", "column": None, "upper": 5},
+                        {"kind": "sum", "column": "v", "lower": -10, "upper": 10},
+                        {"kind": "count_distinct"}], ["g", "n", "s", "users"])
+PER_GROUP_BOUND_D = [5, 10, 1]
+
+
+def check_adversary(env, state):
+    rng = random.Random(SEED + 4)
+    rows = []
+    for gi in range(N_GROUPS_D):
+        for u in range(3):
+            for _ in range(2):
+                rows.append({"uid": f"d{gi}_{u}", "g": f"a{gi:04d}", "v": str(rng.randint(-12, 12))})
+    adversary = [{"uid": "mallory", "g": f"a{gi:04d}", "v": "10"} for gi in range(N_GROUPS_D) for _ in range(ROWS_D)]
+    full = rows + adversary
+    random.Random(SEED + 5).shuffle(full)
+    d = env.dirs("adversary")
+    public = write_rows(os.path.join(d, "public.csv"), ["g"], [{"g": f"a{gi:04d}"} for gi in range(N_GROUPS_D)])
+    results = {}
+    refs = {}
+    for label, data in (("with", full), ("without", rows)):
+        csv_path = write_rows(os.path.join(d, f"{label}.csv"), ["uid", "g", "v"], data)
+        out = os.path.join(d, f"out-{label}")
+        run = env.query(QUERY_D, csv_path, out, *HUGE, "--max-groups-per-user", K_D, "--selection", "public",
+                        "--public-groups", public, "--seed", "5")
+        assert run.returncode == 0, f"dpstream query ({label} the adversary) failed\n  " + run.describe()
+        header, out_rows, report = load_result(out)
+        results[label] = result_by_group(header, out_rows, QUERY_D)
+        st = ref.RefStats()
+        refs[label] = ref.reference(data, "uid", ["g"], QUERY_D.aggregates, None, K_D, 1, 5, stats=st)
+        if label == "with":
+            chosen = sorted(g for (g,) in st.user_groups["mallory"])
+            scales = noise_scales(report, 3)
+        problems = compare_groups(f"(d) {label}", QUERY_D, results[label], refs[label], scales)
+        assert not problems, "\n  ".join(problems[:20])
+        assert len(results[label]) == N_GROUPS_D, f"{label}: {len(results[label])} groups, expected {N_GROUPS_D}"
+    assert len(chosen) == K_D
+    # differential: only the adversary's k sampled groups change, each by at most the per-group bound
+    changed, totals = [], [0.0, 0.0, 0.0]
+    for (g,), a in results["with"].items():
+        b = results["without"][(g,)]
+        diff = [x - y for x, y in zip(a, b)]
+        for i in range(3):
+            totals[i] += diff[i]
+            tol = 6 * max(scales[i]) + 1e-6
+            assert abs(diff[i]) <= PER_GROUP_BOUND_D[i] + tol, \
+                f"group {g}: the adversary changes {QUERY_D.names[1 + i]} by {diff[i]} > bound {PER_GROUP_BOUND_D[i]}"
+        if any(diff):
+            changed.append(g)
+    for i in range(3):
+        assert abs(totals[i]) <= K_D * PER_GROUP_BOUND_D[i] + 6 * N_GROUPS_D * max(scales[i]) + 1e-6, \
+            f"the adversary changes the total {QUERY_D.names[1 + i]} by {totals[i]} > k * bound"
+    assert changed == chosen, (f"groups changed by the adversary {changed[:10]} ({len(changed)}) != its k = {K_D} "
+                               f"groups of smallest sample rank {chosen}")
+    print(f"     adversary ({N_GROUPS_D} groups x {ROWS_D} rows) changes exactly its {K_D} sampled groups; "
+          f"totals change by {[round(t, 6) for t in totals]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# (e) selection
+
+QUERY_E = Query("SELECT WITH ANONYMIZATION g, ANON_COUNT(*) AS n FROM t GROUP BY g", ["g"],
+                [{"kind": "count", "column": None, "upper": None}], ["g", "n"])
+SEEDS_E = 30
+SINGLETONS_E = 100
+DELTA_E = 1e-10
+
+
+def check_public_groups(env, state):
+    rng = random.Random(SEED + 6)
+    listed = ["p1", "p2", "p,3", 'p"4', "p5"]
+    rows = [{"uid": f"{g}-{u}", "g": g} for g in listed for u in range(20)]
+    rows += [{"uid": f"x{u}", "g": "unlisted"} for u in range(60)]
+    rng.shuffle(rows)
+    d = env.dirs("public")
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "g"], rows)
+    public = write_rows(os.path.join(d, "public.csv"), ["g"], [{"g": g} for g in listed + ["empty1"]])
+    out = os.path.join(d, "out")
+    run = env.query(QUERY_E, csv_path, out, "--epsilon", "1", "--delta", "1e-5", "--max-groups-per-user", "1",
+                    "--selection", "public", "--public-groups", public, "--seed", "3")
+    assert run.returncode == 0, "dpstream query --selection public failed\n  " + run.describe()
+    header, out_rows, report = load_result(out)
+    got = result_by_group(header, out_rows, QUERY_E)
+    want = sorted([(g,) for g in listed + ["empty1"]], key=ref.sort_key)
+    assert sorted(got, key=ref.sort_key) == want, f"public selection released {sorted(got)}, expected {want}"
+    sd = noise_scales(report, 1)[0][0]
+    for g in listed:
+        assert abs(got[(g,)][0] - 20) <= 6 * sd + 1e-6, f"group {g}: count {got[(g,)][0]}, 20 +- 6 * {sd}"
+    assert abs(got[("empty1",)][0]) <= 6 * sd + 1e-6, f"empty group: count {got[('empty1',)][0]}, 0 +- 6 * {sd}"
+    assert field(report, "selection.kind") == "public", f"selection.kind = {field(report, 'selection.kind')!r}"
+    print(f"     listed empty group released with count {got[('empty1',)][0]} (noise sd {sd:.3g}); unlisted absent")
+
+
+def check_single_user_groups(env, state):
+    # 5 big groups (300 users) and SINGLETONS_E groups of one user; each singleton is released with
+    # probability <= delta_k = 1e-10 per run (sql/selection.hpp), so <= 90 * 100 * 1e-10 < 1e-6 in all.
+    rows = [{"uid": f"b{g}-{u}", "g": f"big{g}"} for g in range(5) for u in range(300)]
+    rows += [{"uid": f"s{i}", "g": f"s{i:03d}"} for i in range(SINGLETONS_E)]
+    random.Random(SEED + 7).shuffle(rows)
+    d = env.dirs("singletons")
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "g"], rows)
+    jobs = [(kind, seed) for kind in ("laplace", "gaussian", "magic") for seed in range(1, SEEDS_E + 1)]
+
+    def one(job):
+        kind, seed = job
+        out = os.path.join(d, f"out-{kind}-{seed}")
+        run = env.query(QUERY_E, csv_path, out, "--epsilon", "1", "--delta", DELTA_E, "--max-groups-per-user", "1",
+                        "--selection", kind, "--seed", seed, ranks=1)
+        assert run.returncode == 0, f"--selection {kind} --seed {seed} failed\n  " + run.describe()
+        header, out_rows, _report = load_result(out)
+        got = result_by_group(header, out_rows, QUERY_E)
+        return kind, seed, sorted(g for (g,) in got)
+
+    problems, big_missing = [], 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        for kind, seed, groups in pool.map(one, jobs):
+            single = [g for g in groups if g.startswith("s")]
+            if single:
+                problems.append(f"--selection {kind} --seed {seed}: one-user groups released: {single}")
+            big_missing += 5 - sum(1 for g in groups if g.startswith("big"))
+    assert not problems, "\n  ".join(problems)
+    # 300 users are far above every threshold here (tau ~ 25-40 at eps 1, delta 1e-10)
+    assert big_missing == 0, f"{big_missing} releases of the 300-user groups missing over {len(jobs)} runs"
+    print(f"     {len(jobs)} runs x {SINGLETONS_E} one-user groups: none released; every 300-user group released")
+
+
+# ---------------------------------------------------------------------------------------------
+# (f) bad queries
+
+BAD_QUERIES = [
+    ("typo FORM", "SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FORM t GROUP BY region", "FORM"),
+    ("bare column not in GROUP BY", "SELECT WITH ANONYMIZATION region, tier, ANON_COUNT(*) FROM t GROUP BY region",
+     "tier"),
+    ("unknown column", "SELECT WITH ANONYMIZATION region, ANON_SUM(pricee, 0, 10) FROM t GROUP BY region", "pricee"),
+    ("COUNT(DISTINCT) of another column",
+     "SELECT WITH ANONYMIZATION region, ANON_COUNT(DISTINCT tier) FROM t GROUP BY region", "tier"),
+    ("unknown GROUP BY column", "SELECT WITH ANONYMIZATION regio, ANON_COUNT(*) FROM t GROUP BY regio", "regio"),
+    ("L > U", "SELECT WITH ANONYMIZATION region, ANON_AVG(price, 5, 1) FROM t GROUP BY region",
+     ("ANON_AVG", "('1')", "column 54")),
+]
+
+
+def check_bad_queries(env, state):
+    d = env.dirs("bad-queries")
+    # The second line is a bad row: a run that read the data with --bad-rows fail would stop on it
+    # (and say so) instead of naming the query's token.
+    rows = [{"uid": "u1", "region": "r", "tier": "t", "price": "BADFIELD", "qty": "1"}]
+    rows += [{"uid": f"u{i}", "region": "r", "tier": "t", "price": "1", "qty": "1"} for i in range(50)]
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region", "tier", "price", "qty"], rows)
+    problems = []
+    for i, (label, sql, token) in enumerate(BAD_QUERIES):
+        out = os.path.join(d, f"out{i}")
+        run = env.query(Query(sql, [], [], []), csv_path, out, *HUGE, "--bad-rows", "fail", "--seed", "1")
+        msg = run.stderr + run.stdout
+        if run.returncode != 2:
+            problems.append(f"{label}: exit code {run.returncode}, expected 2\n    {run.describe()}")
+        tokens = token if isinstance(token, tuple) else (token,)
+        if not any(t in msg for t in tokens):
+            problems.append(f"{label}: the message does not name {' or '.join(map(repr, tokens))}: "
+                            f"{msg.strip()[:300]!r}")
+        else:
+            state.setdefault("messages", []).append(f"{label}: {msg.strip().splitlines()[0][:160]}")
+        if "BADFIELD" in msg:
+            problems.append(f"{label}: the data was read before the query was refused: {msg.strip()[:300]!r}")
+        if os.path.exists(out) and os.listdir(out):
+            problems.append(f"{label}: output written: {sorted(os.listdir(out))}")
+    assert not problems, "\n  ".join(problems)
+    for m in state.get("messages", []):
+        print("     " + m)
+
+
+# ---------------------------------------------------------------------------------------------
+# Number syntax of value fields: docs/SQL.md says "a finite number (strtod syntax)".
+
+NUMBER_FORMS = [("+7", 7.0), ("+.5", 0.5), ("12.", 12.0), (".5", 0.5), ("-.5", -0.5), ("1E2", 100.0),
+                ("5e-1", 0.5), ("-0", 0.0), ("007", 7.0), ("1e-30", 0.0), ("1e300", 100.0), ("-1e300", -100.0),
+                ("2.5e+1", 25.0)]
+BAD_NUMBER_FORMS = ["1e400", "nan", "inf", "1,5", "seven", "1.2.3", "--1"]  # not finite / not a number
+QUERY_N = Query("SELECT WITH ANONYMIZATION g, ANON_SUM(v, -100, 100) AS s, ANON_COUNT(v, 1) AS n FROM t GROUP BY g",
+                ["g"], [{"kind": "sum", "column": "v", "lower": -100, "upper": 100},
+                        {"kind": "count", "column": "v", "upper": 1}], ["g", "s", "n"])
+
+
+def check_number_syntax(env, state):
+    rows = [{"uid": f"n{i}", "g": f"f{i:02d}", "v": text} for i, (text, _v) in enumerate(NUMBER_FORMS)]
+    rows += [{"uid": f"b{i}", "g": f"bad{i:02d}", "v": text} for i, text in enumerate(BAD_NUMBER_FORMS)]
+    d = env.dirs("number-syntax")
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "g", "v"], rows)
+    public = write_rows(os.path.join(d, "public.csv"), ["g"], [{"g": r["g"]} for r in rows])
+    st = ref.RefStats()
+    want = ref.reference(rows, "uid", ["g"], QUERY_N.aggregates, None, 1, 1, 2, stats=st)
+    assert st.rows_bad == len(BAD_NUMBER_FORMS), f"reference: {st.rows_bad} bad rows: {st.bad_reasons}"
+    for i, (text, v) in enumerate(NUMBER_FORMS):
+        assert want[(f"f{i:02d}",)]["values"] == [v, 1], (text, want[(f"f{i:02d}",)])
+    out = os.path.join(d, "out")
+    run = env.query(QUERY_N, csv_path, out, *HUGE, "--selection", "public", "--public-groups", public, "--seed", "2")
+    assert run.returncode == 0, "dpstream query failed\n  " + run.describe()
+    header, out_rows, report = load_result(out)
+    got = result_by_group(header, out_rows, QUERY_N)
+    scales = noise_scales(report, 2)
+    problems = []
+    for i, (text, v) in enumerate(NUMBER_FORMS):
+        s, n = got[(f"f{i:02d}",)]
+        if abs(n - 1) > 6 * scales[1][0] + 1e-6 or abs(s - v) > 6 * scales[0][0] + 1e-6:
+            problems.append(f"value field {text!r} (strtod: {v}): released sum {s}, count {n}: the row was "
+                            f"{'rejected as bad' if abs(n) < 0.5 else 'read differently'}")
+    for i, text in enumerate(BAD_NUMBER_FORMS):
+        s, n = got[(f"bad{i:02d}",)]
+        if abs(n) > 6 * scales[1][0] + 1e-6:
+            problems.append(f"value field {text!r} should make the row bad, but it was counted (sum {s})")
+    bad = field(report, "not_dp.rows_bad")
+    if bad != len(BAD_NUMBER_FORMS):
+        problems.append(f"not_dp.rows_bad = {bad}, expected {len(BAD_NUMBER_FORMS)} ({BAD_NUMBER_FORMS})")
+    assert not problems, "\n  ".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main():
+    args = harness.parse_args(__doc__)
+    results = harness.Results(f"test_sql (ranks={args.ranks})")
+    with harness.TempDir(args.keep, "dpstream-e2e-sql-") as tmp:
+        env = Env(args, tmp)
+        state = {}
+        results.check("reference self-check (SipHash, ids, secret, fixed point)", ref.self_check)
+        results.check("(a) exactness at a huge budget: every aggregate vs the reference",
+                      lambda: check_exactness(env, state))
+        results.check(f"(b) result.csv identical at {args.ranks} and {1 if args.ranks != 1 else 2} rank(s)",
+                      lambda: check_rank_invariance(env, state))
+        results.check("(c) noise scale: standardized errors have mean 0, variance 1",
+                      lambda: check_noise_scale(env, state))
+        results.check("(d) adversarial user changes at most k groups by the per-group bound",
+                      lambda: check_adversary(env, state))
+        results.check("(e) public groups: listed empty group released, unlisted never",
+                      lambda: check_public_groups(env, state))
+        results.check("(e) one-user groups never released (laplace, gaussian, magic; 30 seeds each)",
+                      lambda: check_single_user_groups(env, state))
+        results.check("value fields in strtod syntax ('+7', '.5', '12.', '1e300' clamped; '1e400', 'nan' bad)",
+                      lambda: check_number_syntax(env, state))
+        results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
+                      lambda: check_bad_queries(env, state))
+    return results.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
