@@ -19,6 +19,7 @@
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
 #include "src/id_prf.hpp"
+#include "src/ledger.hpp"
 
 namespace dpstream::sql {
 
@@ -344,7 +345,7 @@ std::vector<std::string> read_public_groups(const std::string& path, const Query
     if (it == header.end())
       throw InputError(
           fmt::format("{}: no column {} in the public groups' header ({}); it needs the GROUP BY columns "
-                      "(and a column window, the window numbers, with --window-column)",
+                      "(and a column window, the window numbers, with --per-window)",
                       path, g, fmt::join(header, ",")));
     idx.push_back(static_cast<std::size_t>(it - header.begin()));
   }
@@ -413,7 +414,7 @@ struct SortedRow {
 void write_outputs(const QueryJob& job, const std::vector<SortedRow>& rows, const nlohmann::json& report) {
   std::string csv;
   std::vector<std::string> names;
-  if (!job.plan.options.window_column.empty()) names.emplace_back("window");
+  if (job.plan.options.windows.per_window) names.emplace_back("window");
   for (const SelectItem& s : job.plan.query.select) names.push_back(csv_field(s.name));
   csv += fmt::format("{}\n", fmt::join(names, ","));
   for (const auto& r : rows) csv += r.line;
@@ -422,20 +423,64 @@ void write_outputs(const QueryJob& job, const std::vector<SortedRow>& rows, cons
   write_file_atomically(fs::path(job.out_dir) / "report.json", report.dump(2) + "\n");
 }
 
+// The ledger's charge for the query on each window it reads (Sage's block composition: a query over the
+// union of blocks is (eps, delta)-DP for one user's rows in any one block). Gaussian-only plans charge
+// zCDP: rho, plus the selection's delta on one side only (a group of the added user alone released).
+ledger::Request ledger_request(const QueryJob& job, const noise::Secret& secret) {
+  const QueryPlan& p = job.plan;
+  const WindowSpec& w = p.options.windows;
+  ledger::Request r;
+  r.job = "query";
+  r.mechanism =
+      fmt::format("dpstream query (DP SQL): selection {}, noise {}, k = {}, {}", p.selection.describe(),
+                  p.options.noise == NoiseKind::Gaussian ? "gaussian" : "laplace", p.options.max_groups_per_user,
+                  w.per_window ? "per window" : "one release over the windows");
+  r.zcdp = p.eps_pure == 0;
+  r.rho = r.zcdp ? p.rho_total : 0;
+  r.delta_extra = r.zcdp ? p.delta_threshold : 0;
+  r.epsilon = p.eps_total, r.delta = p.delta_total;
+  for (std::int64_t b = *w.first; b <= *w.last; ++b) r.blocks.push_back(b);
+  const std::string fingerprint =
+      fmt::format("query\n{}\n{}\n{}\n{}", job.text, job.input, plan_json(p).dump(), w.per_window);
+  r.run_id = ledger::run_id(secret.data(), secret.size(), fingerprint);
+  return r;
+}
+
+// Rank 0 charges the ledger before any record is read; a refusal stops every rank (exit 2).
+void charge_ledger(const QueryJob& job, const noise::Secret& secret, const shuffle::Comm& comm) {
+  if (job.ledger.empty()) return;
+  std::string error;
+  if (comm.rank() == 0) try {
+      ledger::charge_or_refuse(job.ledger, job.plan.options.windows.seconds, ledger_request(job, secret));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  if (error = comm.agree_on_error(error); !error.empty()) throw ConfigError(error);
+}
+
 }  // namespace
 
 void check_query_job(const QueryJob& job) {
   const auto& plan = job.plan;
-  table_layout(job.input, plan.query, plan.options.user_column, plan.value_columns, plan.options.window_column,
-               plan.options.window_seconds);
+  table_layout(job.input, plan.query, plan.options.user_column, plan.value_columns, plan.options.windows);
   if (plan.options.selection == SelectionKind::Public) {
     if (job.public_groups.empty())
       throw ConfigError("--selection public needs --public-groups FILE: a CSV listing the groups to release");
-    read_public_groups(job.public_groups, plan.query, !plan.options.window_column.empty());
+    read_public_groups(job.public_groups, plan.query, plan.options.windows.per_window);
   } else if (!job.public_groups.empty()) {
     throw ConfigError("--public-groups is only for --selection public");
   }
   if (job.out_dir.empty()) throw ConfigError("--out DIR is required: where result.csv and report.json go");
+  if (!job.ledger.empty()) {
+    const WindowSpec& w = plan.options.windows;
+    if (!w.active() || !w.first)
+      throw ConfigError(
+          "--ledger needs --window-column and --windows A:B: the blocks charged are declared before "
+          "reading, never found in the data");
+    if (job.seed)
+      throw ConfigError("--ledger with --seed: a seeded query is not private (its noise is known); drop one of them");
+    if (*w.last - *w.first >= 100000) throw ConfigError("--windows A:B spans more than 100000 windows");
+  }
   for (const char* f : {"result.csv", "report.json"})
     if (fs::exists(fs::path(job.out_dir) / f))
       throw ConfigError(fmt::format("{} exists already; remove it or choose another --out (nothing is overwritten)",
@@ -446,9 +491,10 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
   const QueryPlan& plan = job.plan;
   const int P = comm.size();
   const noise::Secret secret = job_secret(job, comm);
+  charge_ledger(job, secret, comm);
   IdPrf ids(secret);
-  const TableLayout layout = table_layout(job.input, plan.query, plan.options.user_column, plan.value_columns,
-                                          plan.options.window_column, plan.options.window_seconds);
+  const TableLayout layout =
+      table_layout(job.input, plan.query, plan.options.user_column, plan.value_columns, plan.options.windows);
   LocalTable local = read_local_table(job.input, plan.query, layout, job.bad_rows, ids, comm);
   QueryCounters counters;
   counters.rows = local.stats.rows, counters.bad = local.stats.bad, counters.filtered_out = local.stats.filtered_out;
@@ -458,7 +504,7 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
   const bool is_public = plan.options.selection == SelectionKind::Public;
   absl::flat_hash_map<std::uint64_t, std::string> listed;
   if (is_public)
-    for (std::string& enc : read_public_groups(job.public_groups, plan.query, !plan.options.window_column.empty()))
+    for (std::string& enc : read_public_groups(job.public_groups, plan.query, plan.options.windows.per_window))
       listed.try_emplace(ids(IdDomain::Key, enc).id, std::move(enc));
 
   // Stage 1: to the user's owner, merge, (public: drop unlisted groups), bound.
@@ -505,7 +551,7 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
     const std::string& enc = owned.names.at(gid);
     std::vector<std::string> line;
     auto fields = decode_group(enc);
-    if (!plan.options.window_column.empty()) {  // the window leads the group's fields and the row
+    if (plan.options.windows.per_window) {  // the window leads the group's fields and the row
       line.push_back(fields.front());
       fields.erase(fields.begin());
     }
@@ -534,7 +580,7 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
       shuffle::ByteReader r(all.data(), all.size());
       while (!r.done()) {
         auto fields = decode_group(r.get_string());
-        const bool windowed = !plan.options.window_column.empty();
+        const bool windowed = plan.options.windows.per_window;
         const std::int64_t window = windowed ? std::stoll(fields.front()) : 0;
         if (windowed) fields.erase(fields.begin());
         sorted.push_back({window, std::move(fields), r.get_string()});

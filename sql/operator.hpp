@@ -22,6 +22,7 @@ struct QueryJob {
   std::optional<std::uint64_t> seed;  // test mode: a fixed secret (the output is not private)
   std::string public_groups;          // CSV of the listed groups (selection public)
   std::string out_dir;
+  std::string ledger;  // charge this budget ledger for every window read, before reading (docs/LEDGER.md)
 };
 
 // Checks on this rank what can be checked before reading data (input header, columns, public groups file,

@@ -22,6 +22,17 @@ double to_double(int128 v) { return static_cast<double>(static_cast<long double>
 
 int128 max_abs(int128 a, int128 b) { return std::max(a < 0 ? -a : a, b < 0 ? -b : b); }
 
+void check_windows(const WindowSpec& w) {
+  if (!w.active()) {
+    if (w.per_window || w.first || w.last)
+      throw std::invalid_argument("--per-window and --windows need --window-column: the table's time column");
+    return;
+  }
+  if (w.seconds <= 0) throw std::invalid_argument(fmt::format("--window-seconds {} must be > 0", w.seconds));
+  if (w.first.has_value() != w.last.has_value() || (w.first && *w.first > *w.last))
+    throw std::invalid_argument("--windows A:B needs A <= B (window numbers, floor(time / window-seconds))");
+}
+
 void check_options(const QueryOptions& o) {
   if (!(o.epsilon > 0 && o.epsilon <= kMaxEpsilon))
     throw std::invalid_argument(fmt::format("--epsilon {} must be in (0, {:g}]", o.epsilon, kMaxEpsilon));
@@ -32,8 +43,7 @@ void check_options(const QueryOptions& o) {
     throw std::invalid_argument(fmt::format("--max-rows-per-group must be in [1, {}]", kMaxK));
   if (!(o.selection_share > 0 && o.selection_share < 1))
     throw std::invalid_argument(fmt::format("--selection-share {} must be in (0, 1)", o.selection_share));
-  if (!o.window_column.empty() && o.window_seconds <= 0)
-    throw std::invalid_argument(fmt::format("--window-seconds {} must be > 0", o.window_seconds));
+  check_windows(o.windows);
   if (o.user_column.empty()) throw std::invalid_argument("--user-column is required: the column naming the user");
   const bool needs_delta = o.selection != SelectionKind::Public || o.noise == NoiseKind::Gaussian;
   if (needs_delta && o.delta == 0)
@@ -259,6 +269,14 @@ void account(QueryPlan& p, const Split& s) {
                                        p.delta_total, p.options.epsilon, p.options.delta));
 }
 
+std::string privacy_unit(const WindowSpec& w) {
+  if (!w.active()) return "user";
+  const std::string range = w.first ? fmt::format(", windows {}..{}", *w.first, *w.last) : "";
+  return w.per_window
+             ? fmt::format("user x window ({} / {} s{})", w.column, w.seconds, range)
+             : fmt::format("user (one release over the windows read: {} / {} s{})", w.column, w.seconds, range);
+}
+
 const char* what_name(What w) {
   switch (w) {
     case What::Count:
@@ -363,10 +381,7 @@ nlohmann::json plan_json(const QueryPlan& p) {
             {"max_rows_per_group", p.options.max_rows_per_group},
             {"noise", p.options.noise == NoiseKind::Gaussian ? "gaussian" : "laplace"},
             {"selection_share", p.options.selection_share},
-            {"privacy_unit",
-             p.options.window_column.empty()
-                 ? "user"
-                 : fmt::format("user x window ({} / {} s)", p.options.window_column, p.options.window_seconds)}}},
+            {"privacy_unit", privacy_unit(p.options.windows)}}},
           {"selection",
            {{"kind", selection_name(sel.kind())},
             {"threshold", sel.threshold()},

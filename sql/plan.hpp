@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,18 @@ struct AggregateSlots {
   std::int64_t count_cap = 0;               // U of a count
 };
 
+// Event-time windows of the table (docs/SQL.md "Windows"): an integer-seconds column cut into windows of
+// `seconds` (the ledger's blocks). per_window: one release per window, privacy unit user x window;
+// else one release over every window read, privacy unit the user. `first`..`last` (inclusive) restricts
+// the rows read to those windows (required with a ledger: the blocks charged are declared, not found).
+struct WindowSpec {
+  std::string column;
+  std::int64_t seconds = 86400;
+  bool per_window = false;
+  std::optional<std::int64_t> first, last;
+  bool active() const { return !column.empty(); }
+};
+
 struct QueryOptions {
   double epsilon = 0, delta = 0;
   std::uint32_t max_groups_per_user = 1;  // k (the seed's C_u)
@@ -74,10 +87,7 @@ struct QueryOptions {
   NoiseKind noise = NoiseKind::Gaussian;
   double selection_share = 0.5;  // of eps (or rho) spent on selection when it costs anything
   std::string user_column;
-  // Per window (optional): one release per event-time window of this integer-seconds column; the
-  // privacy unit is then one user's rows in one window, as in `run` (docs/SQL.md "Windows").
-  std::string window_column;
-  std::int64_t window_seconds = 86400;
+  WindowSpec windows;
 };
 
 struct QueryPlan {

@@ -52,18 +52,18 @@ enum class AggKind {
 
 struct Aggregate {
   AggKind kind = AggKind::Count;
-  std::string column;      // empty for ANON_COUNT(*); the user column for CountDistinct
-  bool has_bounds = false;  // false only for ANON_COUNT(*) without U (the query option applies)
-  double lower = 0;        // L (0 for counts)
-  double upper = 0;        // U
-  double p = 0;            // Ntile: the quantile in [0, 1]
-  std::string text;        // the call as normalized text, e.g. "ANON_SUM(price, 0, 100)"
+  std::string column;          // empty for ANON_COUNT(*); the user column for CountDistinct
+  bool has_bounds = false;     // false only for ANON_COUNT(*) without U (the query option applies)
+  double lower = 0;            // L (0 for counts)
+  double upper = 0;            // U
+  double p = 0;                // Ntile: the quantile in [0, 1]
+  std::string text;            // the call as normalized text, e.g. "ANON_SUM(price, 0, 100)"
   std::size_t column_pos = 0;  // 1-based column of the call in the query (for messages)
 };
 
 struct Literal {
   bool is_string = false;
-  std::string text;  // the string's value, or the number as written
+  std::string text;   // the string's value, or the number as written
   double number = 0;  // when !is_string
 };
 
@@ -98,10 +98,10 @@ struct Option {
 struct Query {
   std::vector<SelectItem> select;
   std::vector<Aggregate> aggregates;
-  std::string table;                    // the FROM name (any identifier; the input is given by --input)
+  std::string table;  // the FROM name (any identifier; the input is given by --input)
   std::optional<Condition> where;
-  std::vector<std::string> group_by;    // may be empty: one group holding every row
-  std::vector<Option> options;          // OPTIONS(...) in order
+  std::vector<std::string> group_by;  // may be empty: one group holding every row
+  std::vector<Option> options;        // OPTIONS(...) in order
 };
 
 // Parses and checks `text`; throws QueryError. Rules beyond the grammar, all checked here:

@@ -197,8 +197,7 @@ std::vector<std::string> read_header(const std::string& path) {
 }
 
 TableLayout table_layout(const std::string& path, const Query& query, const std::string& user_column,
-                         const std::vector<std::string>& value_columns, const std::string& window_column,
-                         std::int64_t window_seconds) {
+                         const std::vector<std::string>& value_columns, const WindowSpec& windows) {
   TableLayout t;
   t.header = read_header(path);
   t.fields = t.header.size();
@@ -222,13 +221,13 @@ TableLayout table_layout(const std::string& path, const Query& query, const std:
     t.values.push_back(column_index(t.header, v, path, pos, "aggregate"));
   }
   if (query.where) bind(*query.where, t.header, path);  // every WHERE column exists
-  if (!window_column.empty()) {
-    const auto w = std::find(t.header.begin(), t.header.end(), window_column);
+  if (windows.active()) {
+    const auto w = std::find(t.header.begin(), t.header.end(), windows.column);
     if (w == t.header.end())
-      throw InputError(fmt::format("{} has no column {} for --window-column (its header: {})", path, window_column,
+      throw InputError(fmt::format("{} has no column {} for --window-column (its header: {})", path, windows.column,
                                    fmt::join(t.header, ",")));
     t.window = static_cast<std::size_t>(w - t.header.begin());
-    t.window_seconds = window_seconds;
+    t.windows = windows;
   }
   return t;
 }
@@ -299,22 +298,26 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
         number[f] = v;
       }
       std::string window_text, user = fields[layout.user];
-      if (layout.window) {  // the privacy unit is (window, user): its id is that of LE64(window) || user
-        const auto w = window_of(fields[*layout.window], layout.window_seconds);
+      if (layout.window) {
+        const WindowSpec& ws = layout.windows;
+        const auto w = window_of(fields[*layout.window], ws.seconds);
         if (!w)
           return bad(offset, line,
                      fmt::format("{} '{}' is not an integer number of seconds", layout.header[*layout.window],
                                  fields[*layout.window]));
-        window_text = std::to_string(*w);
-        std::string unit(8, '\0');
-        for (std::size_t i = 0; i < 8; ++i)
-          unit[i] = static_cast<char>((static_cast<std::uint64_t>(*w) >> (8 * i)) & 0xff);
-        user = unit + user;
+        if (ws.first && (*w < *ws.first || *w > *ws.last)) return void(++out.stats.filtered_out);
+        if (ws.per_window) {  // the privacy unit is (window, user): its id is that of LE64(window) || user
+          window_text = std::to_string(*w);
+          std::string unit(8, '\0');
+          for (std::size_t i = 0; i < 8; ++i)
+            unit[i] = static_cast<char>((static_cast<std::uint64_t>(*w) >> (8 * i)) & 0xff);
+          user = unit + user;
+        }
       }
       if (where && !eval(*where, RowView{&fields, &number})) return void(++out.stats.filtered_out);
       ++out.stats.kept;
       group_fields.clear();
-      if (layout.window) group_fields.push_back(window_text);
+      if (layout.windows.per_window) group_fields.push_back(window_text);
       for (std::size_t g : layout.groups) group_fields.push_back(fields[g]);
       std::string enc = encode_group(group_fields);
       auto known = group_ids.find(enc);

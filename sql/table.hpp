@@ -14,6 +14,7 @@
 
 #include "common/int128.hpp"
 #include "shuffle/comm.hpp"
+#include "sql/plan.hpp"
 #include "sql/query.hpp"
 #include "src/config.hpp"
 #include "src/id_prf.hpp"
@@ -27,18 +28,17 @@ struct TableLayout {
   std::vector<std::size_t> groups;  // GROUP BY, in order
   std::vector<std::size_t> values;  // QueryPlan::value_columns, in order
   std::vector<std::string> header;
-  std::optional<std::size_t> window;  // the window column, when the query runs per window
-  std::int64_t window_seconds = 0;
+  std::optional<std::size_t> window;  // the window column, when the query reads windows
+  WindowSpec windows;
 };
 
 // The header's columns for the query; throws QueryError naming a column the file lacks and listing the header.
 TableLayout table_layout(const std::string& path, const Query& query, const std::string& user_column,
-                         const std::vector<std::string>& value_columns, const std::string& window_column = {},
-                         std::int64_t window_seconds = 0);
+                         const std::vector<std::string>& value_columns, const WindowSpec& windows = {});
 // Reads only the header line (cheap: every rank checks before the first collective).
 std::vector<std::string> read_header(const std::string& path);
 
-// Per window, the group's first field is the window (decimal) and the user's id is the keyed id of
+// With per-window releases, the group's first field is the window (decimal) and the user's id is the keyed id of
 // LE64(window) || user text: a user in two windows is two privacy units.
 // The group of a row: for each GROUP BY field, LE32(byte length) || bytes (docs/SQL.md). Decoded for output.
 std::string encode_group(const std::vector<std::string_view>& fields);

@@ -316,6 +316,7 @@ struct LedgerCommand {
 // dpstream query: one SELECT WITH ANONYMIZATION over a CSV table (sql/, docs/SQL.md).
 struct QueryCommand {
   std::string text, input, out, public_groups, bad_rows = "skip", selection = "gaussian", noise = "gaussian";
+  std::string windows, ledger;
   dpstream::sql::QueryOptions opts;
   std::optional<std::uint64_t> seed;
   bool explain = false;
@@ -344,9 +345,14 @@ struct QueryCommand {
         ->check(CLI::IsMember({"gaussian", "laplace"}));
     cmd->add_option("--selection-share", opts.selection_share,
                     "Share of the budget spent on partition selection, in (0, 1) (default 0.5)");
-    cmd->add_option("--window-column", opts.window_column,
-                    "Release per event-time window of this integer-seconds column (privacy unit: user x window)");
-    cmd->add_option("--window-seconds", opts.window_seconds, "Window length with --window-column (default 86400)");
+    cmd->add_option("--window-column", opts.windows.column,
+                    "The table's event time (integer seconds), cut into windows (the ledger's blocks)");
+    cmd->add_option("--window-seconds", opts.windows.seconds, "Window length with --window-column (default 86400)");
+    cmd->add_flag("--per-window", opts.windows.per_window,
+                  "One release per window (privacy unit: user x window); else one release over the windows read");
+    cmd->add_option("--windows", windows, "Read only windows A..B (inclusive), e.g. 20:26; required with --ledger");
+    cmd->add_option("--ledger", ledger,
+                    "Charge this budget ledger on every window read, before reading (docs/LEDGER.md)");
     cmd->add_option("--bad-rows", bad_rows, "Rows that do not parse: skip (count them, default) | fail")
         ->check(CLI::IsMember({"skip", "fail"}));
     cmd->add_option("--seed", seed, "Noise secret from this seed: tests only, the output is NOT private");
@@ -361,11 +367,22 @@ struct QueryCommand {
                   : selection == "public" ? SelectionKind::Public
                                           : SelectionKind::Gaussian;
     o.noise = noise == "laplace" ? NoiseKind::Laplace : NoiseKind::Gaussian;
+    if (!windows.empty()) {
+      long long a = 0, b = 0;
+      char extra = 0;
+      if (std::sscanf(windows.c_str(), "%lld:%lld%c", &a, &b, &extra) != 2)
+        throw dpstream::ConfigError(fmt::format("--windows {}: write A:B, two window numbers, e.g. 20:26", windows));
+      o.windows.first = a, o.windows.last = b;
+    }
     try {
-      return QueryJob{text,  plan_query(parse_query(text), o),
-                      input, bad_rows == "fail" ? dpstream::BadRowPolicy::Fail : dpstream::BadRowPolicy::Skip,
-                      seed,  public_groups,
-                      out};
+      return QueryJob{.text = text,
+                      .plan = plan_query(parse_query(text), o),
+                      .input = input,
+                      .bad_rows = bad_rows == "fail" ? dpstream::BadRowPolicy::Fail : dpstream::BadRowPolicy::Skip,
+                      .seed = seed,
+                      .public_groups = public_groups,
+                      .out_dir = out,
+                      .ledger = ledger};
     } catch (const QueryError& e) {
       throw dpstream::ConfigError(fmt::format("query: {}", e.what()));
     } catch (const std::invalid_argument& e) {

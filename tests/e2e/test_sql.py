@@ -30,6 +30,7 @@ sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import sql_reference as ref  # noqa: E402
+import dp_reference  # noqa: E402
 
 SEED = 20251126
 HUGE = ["--epsilon", "1e5", "--delta", "1e-3"]  # noise negligible next to every tolerance below
@@ -667,6 +668,113 @@ def check_number_syntax(env, state):
 
 # ---------------------------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------------------------
+# (g) windows: per-window releases, one release over several windows, and the budget ledger
+
+DAY = 86400
+QUERY_G = Query("SELECT WITH ANONYMIZATION g, ANON_COUNT(DISTINCT uid) AS users FROM t GROUP BY g", ["g"],
+                [{"kind": "count_distinct"}], ["g", "users"])
+
+
+def windows_table(d):
+    """60 users over windows 0..5: user u has rows in windows u % 6 and (u + 1) % 6, groups by u % 3."""
+    rows = []
+    for u in range(60):
+        for w in (u % 6, (u + 1) % 6):
+            for j in range(2):
+                rows.append({"uid": f"u{u}", "g": f"g{u % 3}", "ts": str(w * DAY + 100 * u + j)})
+    return write_rows(os.path.join(d, "t.csv"), ["uid", "g", "ts"], rows), rows
+
+
+def distinct_users(rows, windows, per_window):
+    """Users per (window, group) or per group over `windows` (the reference of ANON_COUNT(DISTINCT uid))."""
+    out = {}
+    for r in rows:
+        w = int(r["ts"]) // DAY
+        if w not in windows:
+            continue
+        key = (str(w), r["g"]) if per_window else (r["g"],)
+        out.setdefault(key, set()).add(r["uid"])
+    return {k: len(v) for k, v in out.items()}
+
+
+def check_windows(env, state):
+    d = env.dirs("windows")
+    csv_path, rows = windows_table(d)
+    common = ["--window-column", "ts", "--max-groups-per-user", "10", "--seed", "5", *HUGE]
+    for per_window, extra, windows in ((True, ["--per-window"], range(6)),
+                                       (False, ["--windows", "1:3"], range(1, 4))):
+        out = os.path.join(d, f"out-{per_window}")
+        run = env.query(QUERY_G, csv_path, out, *common, *extra)
+        assert run.returncode == 0, "windowed query failed\n  " + run.describe()
+        header, out_rows, report = load_result(out)
+        tau = field(report, "selection.threshold")
+        want = {k: v for k, v in distinct_users(rows, set(windows), per_window).items() if v >= tau}
+        lead = ["window"] if per_window else []
+        assert header == lead + ["g", "users"], f"header {header}"
+        got = {tuple(r[:-1]): int(r[-1]) for r in out_rows}
+        assert got == want, f"per_window={per_window}: released {got}, reference {want}"
+        if per_window:
+            order = [(int(r[0]), r[1]) for r in out_rows]
+            assert order == sorted(order), f"rows not sorted by (window, group): {order}"
+    print(f"     per window: {len(distinct_users(rows, set(range(6)), True))} (window, group) cells exact; "
+          "windows 1..3 combined: per-group distinct users over the three windows exact")
+
+
+def block_epsilon(rho, one_sided, ceiling_eps, ceiling_delta):
+    """Least eps <= ceiling with cks_delta(rho, eps) + one_sided <= ceiling_delta (None if none): the ledger's
+    zCDP block accounting recomputed independently (need(eps) is searched on a grid, then refined)."""
+    need = lambda e: dp_reference.cks_delta(rho, e) + one_sided  # noqa: E731
+    grid = [ceiling_eps * i / 2000 for i in range(2001)]
+    ok = [e for e in grid if need(e) <= ceiling_delta]
+    return min(ok) if ok else None
+
+
+def check_ledger(env, state):
+    d = env.dirs("ledger")
+    csv_path, _ = windows_table(d)
+    book = os.path.join(d, "budget.ledger")
+    ceiling_eps, ceiling_delta = 1.5, 1e-5
+    run = env.dp.run_with("ledger", "init", book, "--epsilon", ceiling_eps, "--delta", ceiling_delta, ranks=1)
+    assert run.returncode == 0, run.describe()
+    args = ["--window-column", "ts", "--windows", "2:4", "--ledger", book, "--epsilon", "0.5", "--delta", "1e-6",
+            "--max-groups-per-user", "2"]
+    seeded = env.query(QUERY_G, csv_path, os.path.join(d, "seeded"), *args, "--seed", "1")
+    assert seeded.returncode == 2 and "seed" in seeded.stderr, "a seeded query was not refused\n  " + seeded.describe()
+    no_range = env.query(QUERY_G, csv_path, os.path.join(d, "norange"), "--window-column", "ts", "--ledger", book,
+                         "--epsilon", "0.5", "--delta", "1e-6")
+    assert no_range.returncode == 2 and "--windows" in no_range.stderr, no_range.describe()
+    admitted, report = 0, None
+    for i in range(12):
+        out = os.path.join(d, f"q{i}")
+        run = env.query(QUERY_G, csv_path, out, *args)
+        if run.returncode != 0:
+            assert run.returncode == 2 and "block 2" in run.stderr, "refusal not as expected\n  " + run.describe()
+            assert not os.path.exists(os.path.join(out, "result.csv")), "a refused query wrote its result"
+            break
+        admitted += 1
+        report = load_result(out)[2]
+    assert report is not None, "no query was admitted"
+    # Independent: the selection is the only noise (COUNT(DISTINCT) reuses it): rho = k / (2 sigma^2).
+    sigma, k = field(report, "selection.noise_scale"), 2
+    rho = field(report, "accounting.rho_total")
+    assert abs(rho - k / (2 * sigma * sigma)) <= 1e-12 * rho, f"rho_total {rho} != k / (2 sigma^2) = {k / (2 * sigma * sigma)}"
+    one_sided = field(report, "accounting.delta_threshold")
+    fits = [n for n in range(1, 13) if block_epsilon(n * rho, n * one_sided, ceiling_eps, ceiling_delta) is not None]
+    expected = max(fits) if fits else 0
+    assert admitted == expected, f"{admitted} queries admitted, the block accounting admits {expected}"
+    shown = env.dp.run_with("ledger", "explain", book, "--json", ranks=1)
+    assert shown.returncode == 0, shown.describe()
+    blocks = {b["block"]: b for b in json.loads(shown.stdout)["blocks"]}
+    assert sorted(blocks) == [2, 3, 4], f"charged blocks {sorted(blocks)}, expected [2, 3, 4]"
+    for b in blocks.values():
+        assert b["charges"] == admitted, f"block {b['block']}: {b['charges']} charges, {admitted} admitted"
+        for c in b["charge_list"]:
+            assert c["accounting"] == "zcdp" and abs(c["rho"] - rho) <= 1e-12 * rho, f"charge {c} != rho {rho}"
+    print(f"     ceiling ({ceiling_eps}, {ceiling_delta}): {admitted} queries of (0.5, 1e-6) admitted on blocks 2..4 "
+          f"(zCDP: rho {rho:.4g} each; basic composition would admit {int(ceiling_eps / 0.5)}), the next refused")
+
+
 def main():
     args = harness.parse_args(__doc__)
     results = harness.Results(f"test_sql (ranks={args.ranks})")
@@ -690,6 +798,10 @@ def main():
                       lambda: check_number_syntax(env, state))
         results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
                       lambda: check_bad_queries(env, state))
+        results.check("(g) windows: per-window and multi-window releases against the reference",
+                      lambda: check_windows(env, state))
+        results.check("(g) ledger: a multi-window query charges each block; admissions match the block accounting",
+                      lambda: check_ledger(env, state))
     return results.finish()
 
 
