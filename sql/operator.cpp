@@ -1,8 +1,11 @@
 #include "sql/operator.hpp"
 
 #include <fmt/format.h>
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
@@ -11,12 +14,14 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 
 #include "partition/hash.hpp"
 #include "sql/table.hpp"
 #include "src/csv_input.hpp"
 #include "src/durable_io.hpp"
+#include "src/elapsed.hpp"
 #include "src/errors.hpp"
 #include "src/id_prf.hpp"
 #include "src/ledger.hpp"
@@ -27,6 +32,11 @@ namespace {
 
 using What = Component::What;
 namespace fs = std::filesystem;
+
+template <class T>
+void release(std::vector<T>& v) {
+  std::vector<T>().swap(v);  // clear() keeps the capacity
+}
 
 int128 words_to_int128(const std::uint64_t* w) { return from_words(w[0], static_cast<std::int64_t>(w[1])); }
 void int128_to_words(int128 v, std::uint64_t* w) {
@@ -51,15 +61,17 @@ std::vector<std::uint64_t> by_destination(const std::vector<std::uint64_t>& word
 
 // Partials of one (user, group) merged at the user's owner, sorted by (user, group).
 std::vector<std::uint64_t> merge_partials(const std::vector<std::uint64_t>& words, std::size_t s) {
-  const std::size_t n = words.size() / s;
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return std::tie(words[a * s], words[a * s + 1]) < std::tie(words[b * s], words[b * s + 1]);
-  });
+  struct Key {
+    std::uint64_t user, group, index;
+    bool operator<(const Key& o) const { return std::tie(user, group) < std::tie(o.user, o.group); }
+  };
+  std::vector<Key> keys(words.size() / s);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = {words[i * s], words[i * s + 1], i};
+  std::sort(keys.begin(), keys.end());  // the keys themselves: no indirect reads while sorting
   std::vector<std::uint64_t> out;
-  for (std::size_t i : order) {
-    const std::uint64_t* p = &words[i * s];
+  out.reserve(words.size());
+  for (const Key& k : keys) {
+    const std::uint64_t* p = &words[k.index * s];
     if (!out.empty() && out[out.size() - s] == p[0] && out[out.size() - s + 1] == p[1]) {
       std::uint64_t* q = &out[out.size() - s];
       q[2] += p[2];
@@ -74,32 +86,46 @@ std::vector<std::uint64_t> merge_partials(const std::vector<std::uint64_t>& word
   return out;
 }
 
-// K_s = HMAC-SHA256(secret, "dpstream sql sample"); r(u, g) = LE64 of HMAC-SHA256(K_s, LE64(u) || LE64(g))[0..8).
+// K_s = HMAC-SHA256(secret, "dpstream sql sample")[0..16); r(u, g) = LE64 of SipHash-2-4-128(K_s, LE64(u) ||
+// LE64(g))[0..8): a PRF (SipHash, as for the ids) at ~40 ns a pair, one keyed context reused.
 class SampleRank {
  public:
   explicit SampleRank(const noise::Secret& secret) {
     static constexpr char kLabel[] = "dpstream sql sample";
+    std::array<unsigned char, 32> key{};
     unsigned len = 0;
     if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-              reinterpret_cast<const unsigned char*>(kLabel), sizeof kLabel - 1, key_.data(), &len))
+              reinterpret_cast<const unsigned char*>(kLabel), sizeof kLabel - 1, key.data(), &len))
       throw std::runtime_error("HMAC-SHA256 failed while deriving the sample key");
+    EVP_MAC* alg = EVP_MAC_fetch(nullptr, "SIPHASH", nullptr);
+    if (!alg) throw std::runtime_error("OpenSSL has no SIPHASH MAC");
+    ctx_.reset(EVP_MAC_CTX_new(alg));
+    EVP_MAC_free(alg);
+    std::size_t out_size = 16;
+    const OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &out_size),
+                                 OSSL_PARAM_construct_end()};
+    const bool ok = ctx_ && EVP_MAC_init(ctx_.get(), key.data(), 16, params) == 1;
+    OPENSSL_cleanse(key.data(), key.size());
+    if (!ok) throw std::runtime_error("cannot key SipHash-2-4-128 for the group sample");
   }
   std::uint64_t operator()(std::uint64_t user, std::uint64_t group) const {
-    std::array<unsigned char, 16> msg{};
-    for (int i = 0; i < 8; ++i)
-      msg[static_cast<std::size_t>(i)] = static_cast<unsigned char>(user >> (8 * i)),
-      msg[8 + static_cast<std::size_t>(i)] = static_cast<unsigned char>(group >> (8 * i));
-    std::array<unsigned char, 32> mac{};
-    unsigned len = 0;
-    if (!HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()), msg.data(), msg.size(), mac.data(), &len))
-      throw std::runtime_error("HMAC-SHA256 failed while ranking a group");
+    std::array<unsigned char, 16> msg{}, mac{};
+    for (std::size_t i = 0; i < 8; ++i)
+      msg[i] = static_cast<unsigned char>(user >> (8 * i)), msg[8 + i] = static_cast<unsigned char>(group >> (8 * i));
+    std::size_t len = 0;
+    if (EVP_MAC_init(ctx_.get(), nullptr, 0, nullptr) != 1 || EVP_MAC_update(ctx_.get(), msg.data(), msg.size()) != 1 ||
+        EVP_MAC_final(ctx_.get(), mac.data(), &len, mac.size()) != 1 || len != mac.size())
+      throw std::runtime_error("SipHash failed while ranking a group");
     std::uint64_t r = 0;
     for (int i = 7; i >= 0; --i) r = (r << 8) | mac[static_cast<std::size_t>(i)];
     return r;
   }
 
  private:
-  std::array<unsigned char, 32> key_{};
+  struct Free {
+    void operator()(EVP_MAC_CTX* c) const { EVP_MAC_CTX_free(c); }
+  };
+  std::unique_ptr<EVP_MAC_CTX, Free> ctx_;
 };
 
 // Public selection: only the listed groups' partials go on (counted as unlisted (user, group) pairs).
@@ -369,10 +395,13 @@ noise::Secret job_secret(const QueryJob& job, const shuffle::Comm& comm) {
   return secret;
 }
 
-struct OwnedGroups {
-  absl::flat_hash_map<std::uint64_t, GroupAcc> acc;
-  absl::flat_hash_map<std::uint64_t, std::string> names;
-};
+constexpr std::size_t kNoContribution = ~std::size_t{0};  // a listed group's entry in the release order
+
+void reset(GroupAcc& g) {
+  g.users = 0;
+  std::fill(g.sums.begin(), g.sums.end(), 0);
+  for (auto& l : g.leaves) l.clear();
+}
 
 GroupAcc empty_acc(const QueryPlan& plan) {
   GroupAcc g;
@@ -382,8 +411,8 @@ GroupAcc empty_acc(const QueryPlan& plan) {
 }
 
 // Every (gid, name) to the group's owner.
-void ship_names(const absl::flat_hash_map<std::uint64_t, std::string>& local, OwnedGroups& owned,
-                const shuffle::Comm& comm) {
+void ship_names(const absl::flat_hash_map<std::uint64_t, std::string>& local,
+                absl::flat_hash_map<std::uint64_t, std::string>& owned, const shuffle::Comm& comm) {
   const int P = comm.size();
   std::vector<shuffle::ByteWriter> to(static_cast<std::size_t>(P));
   for (const auto& [gid, name] : local) {
@@ -399,7 +428,7 @@ void ship_names(const absl::flat_hash_map<std::uint64_t, std::string>& local, Ow
   shuffle::ByteReader r(bytes.data(), bytes.size());
   while (!r.done()) {
     const auto gid = r.get<std::uint64_t>();
-    owned.names.try_emplace(gid, r.get_string());
+    owned.try_emplace(gid, r.get_string());
   }
 }
 
@@ -490,6 +519,12 @@ void check_query_job(const QueryJob& job) {
 QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
   const QueryPlan& plan = job.plan;
   const int P = comm.size();
+  const auto start = SteadyClock::now();
+  auto lap = [t = start]() mutable {
+    const double s = seconds_since(t);
+    t = SteadyClock::now();
+    return s;
+  };
   const noise::Secret secret = job_secret(job, comm);
   charge_ledger(job, secret, comm);
   IdPrf ids(secret);
@@ -497,6 +532,7 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
       table_layout(job.input, plan.query, plan.options.user_column, plan.value_columns, plan.options.windows);
   LocalTable local = read_local_table(job.input, plan.query, layout, job.bad_rows, ids, comm);
   QueryCounters counters;
+  counters.read_s = lap();
   counters.rows = local.stats.rows, counters.bad = local.stats.bad, counters.filtered_out = local.stats.filtered_out;
   counters.kept = local.stats.kept;
 
@@ -507,38 +543,52 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
     for (std::string& enc : read_public_groups(job.public_groups, plan.query, plan.options.windows.per_window))
       listed.try_emplace(ids(IdDomain::Key, enc).id, std::move(enc));
 
-  // Stage 1: to the user's owner, merge, (public: drop unlisted groups), bound.
+  // Stage 1: to the user's owner, merge, (public: drop unlisted groups), bound. Each buffer is freed as
+  // soon as the next stage holds its data (peak memory: about two copies of the partials).
   const std::size_t s = local.partials.stride();
   std::vector<std::uint64_t> offsets;
   auto send = by_destination(
       local.partials.words, s, P, [&](const std::uint64_t* p) { return partition::user_owner(p[0], P); }, offsets);
-  local.partials.words.clear();
-  auto merged = merge_partials(comm.alltoallv(send, offsets), s);
+  release(local.partials.words);
+  auto received = comm.alltoallv(send, offsets);
+  release(send);
+  auto merged = merge_partials(received, s);
+  release(received);
   if (is_public) merged = keep_listed(merged, s, listed, counters);
-  const auto bounded = bound_users(merged, s, plan.options.max_groups_per_user, SampleRank(secret), counters);
+  counters.by_user_s = lap();
+  auto bounded = bound_users(merged, s, plan.options.max_groups_per_user, SampleRank(secret), counters);
+  release(merged);
+  counters.bound_s = lap();
 
   // Stage 2: to the group's owner, aggregate.
   const std::size_t cs = s - 1;
   send = by_destination(
       bounded, cs, P, [&](const std::uint64_t* p) { return partition::key_owner(p[0], P); }, offsets);
+  release(bounded);
   const auto contribs = comm.alltoallv(send, offsets);
-  OwnedGroups owned;
-  ship_names(local.group_names, owned, comm);
+  release(send);
+  absl::flat_hash_map<std::uint64_t, std::string> names;  // of the groups this rank owns
+  ship_names(local.group_names, names, comm);
+  std::vector<std::pair<std::uint64_t, std::size_t>> order;  // (gid, offset) of every contribution, then listed groups
+  order.reserve(contribs.size() / cs);
+  for (std::size_t i = 0; i < contribs.size(); i += cs) order.emplace_back(contribs[i], i);
   for (const auto& [gid, enc] : listed) {
     if (partition::key_owner(gid, P) != comm.rank()) continue;
-    owned.names.try_emplace(gid, enc);
-    owned.acc.try_emplace(gid, empty_acc(plan));
+    names.try_emplace(gid, enc);
+    order.emplace_back(gid, kNoContribution);  // released even when empty
   }
-  for (std::size_t i = 0; i < contribs.size(); i += cs) {
-    auto [it, fresh] = owned.acc.try_emplace(contribs[i], GroupAcc{});
-    if (fresh) it->second = empty_acc(plan);
-    accumulate(plan, &contribs[i], it->second);
-  }
+  std::sort(order.begin(), order.end());
+  counters.by_group_s = lap();
 
-  // Selection and release, group by group.
+  // Aggregation, selection and release, one group at a time in gid order (one accumulator, reused).
   noise::WindowPrf prf(secret, 0);
   shuffle::ByteWriter rows;
-  for (auto& [gid, g] : owned.acc) {
+  GroupAcc g = empty_acc(plan);
+  for (std::size_t i = 0; i < order.size();) {
+    const std::uint64_t gid = order[i].first;
+    reset(g);
+    for (; i < order.size() && order[i].first == gid; ++i)
+      if (order[i].second != kNoContribution) accumulate(plan, &contribs[order[i].second], g);
     if (g.users > 0) ++counters.groups;
     for (auto& l : g.leaves) std::sort(l.begin(), l.end());
     noise::NodeStream rng(prf, noise::NodeId{gid, noise::Family::SqlSelection, 0, 0, 0});
@@ -548,7 +598,7 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
     if (!decision.keep) continue;
     ++counters.groups_released;
     const auto values = release_group(plan, gid, g, decision.noisy_count, prf);
-    const std::string& enc = owned.names.at(gid);
+    const std::string& enc = names.at(gid);
     std::vector<std::string> line;
     auto fields = decode_group(enc);
     if (plan.options.windows.per_window) {  // the window leads the group's fields and the row
@@ -567,13 +617,18 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
     rows.put_string(fmt::format("{}\n", fmt::join(line, ",")));
   }
 
+  counters.release_s = lap();
+
   // Rank 0 sorts the rows by their group values and writes both files.
   const auto all = comm.gather_bytes_to_root(rows.bytes());
   const auto sums =
       comm.sum(std::vector<std::uint64_t>{counters.rows, counters.bad, counters.filtered_out, counters.kept,
                                           counters.user_groups, counters.user_groups_dropped, counters.users,
                                           counters.groups, counters.groups_released, counters.user_groups_unlisted});
+  const QueryCounters times = counters;
   counters = QueryCounters{sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[7], sums[8], sums[9]};
+  counters.read_s = times.read_s, counters.by_user_s = times.by_user_s, counters.bound_s = times.bound_s;
+  counters.by_group_s = times.by_group_s, counters.release_s = times.release_s;
   std::string error;
   if (comm.rank() == 0) try {
       std::vector<SortedRow> sorted;
@@ -600,6 +655,16 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
                           {"user_groups_not_listed", counters.user_groups_unlisted},
                           {"groups", counters.groups},
                           {"groups_released", counters.groups_released}};
+      counters.write_s = lap();
+      counters.total_s = seconds_since(start);
+      report["timings_seconds"] = {{"read", counters.read_s},
+                                   {"exchange_by_user", counters.by_user_s},
+                                   {"bound", counters.bound_s},
+                                   {"exchange_by_group", counters.by_group_s},
+                                   {"release", counters.release_s},
+                                   {"gather_and_sort", counters.write_s},
+                                   {"total_before_write", counters.total_s},
+                                   {"ranks", comm.size()}};
       write_outputs(job, sorted, report);
     } catch (const std::exception& e) {
       error = e.what();

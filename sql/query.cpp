@@ -274,9 +274,9 @@ std::string_view dp_counterpart(std::string_view upper_name) {
 
 // Reserved words: a name spelled like one must be quoted ("from"), so that clauses stay unambiguous.
 bool is_reserved(std::string_view upper_word) {
-  static constexpr std::array<std::string_view, 15> kKeywords = {
-      "SELECT", "WITH", "ANONYMIZATION", "OPTIONS", "FROM",    "WHERE",   "GROUP", "BY", "AS",
-      "AND",    "OR",   "NOT",           "IN",      "BETWEEN", "DISTINCT"};
+  static constexpr std::array<std::string_view, 16> kKeywords = {
+      "SELECT", "WITH", "ANONYMIZATION", "OPTIONS", "FROM",    "WHERE", "GROUP",   "BY", "AS",
+      "AND",    "OR",   "NOT",           "IN",      "BETWEEN", "IS",    "DISTINCT"};
   return std::find(kKeywords.begin(), kKeywords.end(), upper_word) != kKeywords.end() ||
          find_function(upper_word) != nullptr;
 }
@@ -713,13 +713,30 @@ class Parser {
     Condition c;
     c.column = col.value;
     c.column_pos = col.column;
+    if (at_keyword("IS")) return is_null(std::move(c), col);
     c.negated = at_keyword("NOT");
     if (c.negated) next();
     if (at_keyword("IN")) return in_list(std::move(c));
     if (at_keyword("BETWEEN")) return between(std::move(c));
+    if (c.negated && (at_keyword("NULL") || at_keyword("IS")))
+      fail(peek(), "expected IN or BETWEEN after NOT", fmt::format("to test for NULL write {} IS NOT NULL", col.src));
     if (c.negated)
       fail(peek(), "expected IN or BETWEEN after NOT", "write col NOT IN (...) or col NOT BETWEEN a AND b");
     return comparison(std::move(c), col);
+  }
+
+  // col IS [NOT] NULL: IS is the current token.
+  Condition is_null(Condition c, const Token& col) {
+    next();
+    c.kind = Condition::Kind::IsNull;
+    c.negated = at_keyword("NOT");
+    if (c.negated) next();
+    if (!at_keyword("NULL"))
+      fail(peek(), c.negated ? "expected NULL after IS NOT" : "expected NULL or NOT NULL after IS",
+           c.negated ? fmt::format("write {} IS NOT NULL", col.src)
+                     : fmt::format("write {0} IS NULL or {0} IS NOT NULL", col.src));
+    next();
+    return c;
   }
 
   Condition comparison(Condition c, const Token& col) {
@@ -728,8 +745,10 @@ class Parser {
                                                            {">=", CmpOp::Ge}};
     const Token& t = peek();
     const auto it = t.kind == Token::Kind::Symbol ? kOps.find(t.src) : kOps.end();
+    if (it == kOps.end() && is_keyword(t, "NULL"))
+      fail(t, "expected IS before NULL", fmt::format("write {} IS NULL", col.src));
     if (it == kOps.end())
-      fail(t, fmt::format("expected =, !=, <>, <, <=, >, >=, IN or BETWEEN after {}", col.src),
+      fail(t, fmt::format("expected =, !=, <>, <, <=, >, >=, IN, BETWEEN or IS after {}", col.src),
            fmt::format("write e.g. {} = 1", col.src));
     next();
     c.kind = Condition::Kind::Compare;
@@ -765,6 +784,8 @@ class Parser {
     if (t.kind == Token::Kind::QuotedName)
       fail(t, fmt::format("{} is a quoted name, not a string", t.src),
            fmt::format("write text between single quotes, e.g. '{}'", t.value));
+    if (is_keyword(t, "NULL"))
+      fail(t, "NULL is not a value to compare with", "to test for NULL write col IS NULL or col IS NOT NULL");
     if (t.kind != Token::Kind::Number && t.kind != Token::Kind::String)
       fail(t, "expected a number or a 'string'", "compare a column with a literal, e.g. price < 10 or region = 'EU'");
     next();
@@ -876,6 +897,8 @@ std::string to_string(const Condition& c) {
     case Condition::Kind::Between:
       return fmt::format("{}{} BETWEEN {} AND {}", name_text(c.column), c.negated ? " NOT" : "",
                          literal_text(c.values.at(0)), literal_text(c.values.at(1)));
+    case Condition::Kind::IsNull:
+      return fmt::format("{} IS {}NULL", name_text(c.column), c.negated ? "NOT " : "");
   }
   return "";
 }

@@ -12,11 +12,12 @@
 //               | ANON_NTILE '(' ident ',' number ',' number ',' number ')'   -- (col, p, L, U)
 //   cond       := conj (OR conj)*          conj := neg (AND neg)*
 //   neg        := NOT neg | '(' cond ')' | ident cmp literal | ident [NOT] IN '(' literal (',' literal)* ')'
-//               | ident [NOT] BETWEEN literal AND literal
+//               | ident [NOT] BETWEEN literal AND literal | ident IS [NOT] NULL
 //   cmp        := '=' | '!=' | '<>' | '<' | '<=' | '>' | '>='
 //   literal    := number | string            number := ['-' | '+'] digits ['.' digits] [e ['-'|'+'] digits]
 //   string     := '...' ('' escapes a quote)  ident := [A-Za-z_][A-Za-z0-9_]* | "..." (quoted, any text)
 // Keywords are case-insensitive; identifiers keep their case. Comments: -- to the end of the line.
+// NULL is a keyword only after IS (it is not reserved: elsewhere it is a name, e.g. a column "null").
 #pragma once
 
 #include <cstddef>
@@ -69,14 +70,15 @@ struct Literal {
 
 enum class CmpOp { Eq, Ne, Lt, Le, Gt, Ge };
 
-// A WHERE condition on the raw (non-aggregated) columns of a row.
+// A WHERE condition on the raw (non-aggregated) columns of a row. IsNull is `column IS NULL`, or
+// `column IS NOT NULL` when negated (NOT column IS NULL is instead a Not over a plain IsNull).
 struct Condition {
-  enum class Kind { And, Or, Not, Compare, In, Between } kind = Kind::Compare;
+  enum class Kind { And, Or, Not, Compare, In, Between, IsNull } kind = Kind::Compare;
   std::vector<Condition> children;  // And, Or: two or more; Not: one
-  std::string column;               // Compare, In, Between
+  std::string column;               // Compare, In, Between, IsNull
   CmpOp op = CmpOp::Eq;             // Compare
-  std::vector<Literal> values;      // Compare: 1; In: 1 or more; Between: 2 (low, high)
-  bool negated = false;             // NOT IN, NOT BETWEEN
+  std::vector<Literal> values;      // Compare: 1; In: 1 or more; Between: 2 (low, high); IsNull: none
+  bool negated = false;             // NOT IN, NOT BETWEEN, IS NOT NULL
   std::size_t column_pos = 0;       // 1-based column of the column name in the query
 };
 

@@ -1,5 +1,6 @@
 #include "sql/table.hpp"
 
+#include <absl/strings/string_view.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -107,6 +108,8 @@ bool eval(const BoundCondition& b, const RowView& row) {
       });
       return in != c.negated;
     }
+    case Condition::Kind::IsNull:
+      return (*row.text)[b.field].empty() != c.negated;  // NULL is the empty field
     case Condition::Kind::Between: {
       const auto lo = compare(row, b.field, c.values[0]), hi = compare(row, b.field, c.values[1]);
       if (!lo || !hi) return false;
@@ -128,16 +131,41 @@ std::optional<std::int64_t> window_of(const std::string& text, std::int64_t seco
   return ts / seconds - (ts % seconds < 0 ? 1 : 0);
 }
 
-// Per (user, group) partial aggregation of this rank's rows, keyed by the 128-bit ids before separation.
+// Per (user, group) partial aggregation of this rank's rows. Users and groups get dense local indices
+// (one hash probe each on a 128-bit id or the group text), and a partial is found by the 64-bit pair of
+// indices: small slots, and the distinct ids for the collision check come for free.
 class PartialBuilder {
  public:
   explicit PartialBuilder(std::size_t value_columns) { partials_.value_columns = value_columns; }
+  // Room for about `partials` partials up front: no rehash of a large table while reading.
+  void reserve(std::size_t partials) {
+    index_.reserve(partials);
+    keys_.reserve(partials);
+    partials_.words.reserve(partials * partials_.stride());
+  }
 
-  void add(const Id128& user, const Id128& group, const std::vector<std::optional<double>>& values) {
-    const auto [it, fresh] = index_.try_emplace({user, group}, partials_.size());
+  std::uint32_t user(const Id128& id) {
+    const auto [it, fresh] = user_index_.try_emplace(id, static_cast<std::uint32_t>(users_.size()));
+    if (fresh) users_.push_back(id);
+    return it->second;
+  }
+  // The group of an encoding; `ids` maps a new one (the encoding is copied only then).
+  std::uint32_t group(std::string_view encoded, IdPrf& ids) {
+    auto it = group_index_.find(absl::string_view(encoded.data(), encoded.size()));  // no copy
+    if (it == group_index_.end()) {
+      it = group_index_.emplace(std::string(encoded), static_cast<std::uint32_t>(groups_.size())).first;
+      groups_.push_back(ids(IdDomain::Key, encoded));
+      group_names_.emplace_back(encoded);
+    }
+    return it->second;
+  }
+
+  void add(std::uint32_t user, std::uint32_t group, const std::vector<std::optional<double>>& values) {
+    const std::uint64_t key = (std::uint64_t{user} << 32) | group;
+    const auto [it, fresh] = index_.try_emplace(key, partials_.size());
     if (fresh) {
       partials_.words.resize(partials_.words.size() + partials_.stride(), 0);
-      users_.push_back(user), groups_.push_back(group);
+      keys_.push_back(key);
     }
     std::uint64_t* p = partials_.words.data() + it->second * partials_.stride();
     ++p[2];
@@ -151,32 +179,35 @@ class PartialBuilder {
   }
 
   // Moves colliding ids apart (collective) and writes the final 64-bit ids into the partials.
-  Partials finish(const shuffle::Comm& comm, absl::flat_hash_map<Id128, std::string>& names_by_id,
-                  absl::flat_hash_map<std::uint64_t, std::string>& names) {
-    const auto user_moves = separate_colliding_ids(distinct(users_), partition::kUserSalt, comm);
-    const auto group_moves = separate_colliding_ids(distinct(groups_), partition::kKeySalt, comm);
-    for (std::size_t i = 0; i < users_.size(); ++i) {
-      partials_.words[i * partials_.stride()] = moved(users_[i], user_moves);
-      partials_.words[i * partials_.stride() + 1] = moved(groups_[i], group_moves);
+  Partials finish(const shuffle::Comm& comm, absl::flat_hash_map<std::uint64_t, std::string>& names) {
+    const auto user_moves = separate_colliding_ids(users_, partition::kUserSalt, comm);
+    const auto group_moves = separate_colliding_ids(groups_, partition::kKeySalt, comm);
+    std::vector<std::uint64_t> user_ids(users_.size()), group_ids(groups_.size());
+    for (std::size_t i = 0; i < users_.size(); ++i) user_ids[i] = moved(users_[i], user_moves);
+    for (std::size_t i = 0; i < groups_.size(); ++i) {
+      group_ids[i] = moved(groups_[i], group_moves);
+      names.emplace(group_ids[i], std::move(group_names_[i]));
     }
-    for (auto& [id, name] : names_by_id) names.emplace(moved(id, group_moves), std::move(name));
+    for (std::size_t i = 0; i < keys_.size(); ++i) {
+      partials_.words[i * partials_.stride()] = user_ids[keys_[i] >> 32];
+      partials_.words[i * partials_.stride() + 1] = group_ids[keys_[i] & 0xffffffffu];
+    }
     return std::move(partials_);
   }
 
  private:
-  static std::vector<Id128> distinct(std::vector<Id128> v) {
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-    return v;
-  }
   static std::uint64_t moved(const Id128& id, const absl::flat_hash_map<Id128, std::uint64_t>& moves) {
     const auto it = moves.find(id);
     return it == moves.end() ? id.id : it->second;
   }
 
   Partials partials_;
-  absl::flat_hash_map<std::pair<Id128, Id128>, std::size_t> index_;
+  absl::flat_hash_map<Id128, std::uint32_t> user_index_;
+  absl::flat_hash_map<std::string, std::uint32_t> group_index_;
+  absl::flat_hash_map<std::uint64_t, std::size_t> index_;  // (user index, group index) -> partial
+  std::vector<std::uint64_t> keys_;                        // of each partial
   std::vector<Id128> users_, groups_;
+  std::vector<std::string> group_names_;
 };
 
 }  // namespace
@@ -232,12 +263,25 @@ TableLayout table_layout(const std::string& path, const Query& query, const std:
   return t;
 }
 
+// Rows in [begin, end) estimated from the mean length of its first lines.
+std::size_t estimated_rows(std::string_view all, std::size_t begin, std::size_t end) {
+  std::size_t lines = 0, pos = begin;
+  while (lines < 256 && pos < end) {
+    const std::size_t nl = all.find('\n', pos);
+    if (nl == std::string_view::npos) break;
+    ++lines, pos = nl + 1;
+  }
+  return lines == 0 || pos == begin ? 0 : (end - begin) / ((pos - begin) / lines);
+}
+
+void append_group_field(std::string& encoded, std::string_view field) {
+  put_le32(encoded, static_cast<std::uint32_t>(field.size()));
+  encoded.append(field);
+}
+
 std::string encode_group(const std::vector<std::string_view>& fields) {
   std::string out;
-  for (std::string_view f : fields) {
-    put_le32(out, static_cast<std::uint32_t>(f.size()));
-    out.append(f);
-  }
+  for (std::string_view f : fields) append_group_field(out, f);
   return out;
 }
 
@@ -270,17 +314,16 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
 
   LocalTable out;
   PartialBuilder builder(layout.values.size());
-  absl::flat_hash_map<std::string, Id128> group_ids;
-  absl::flat_hash_map<Id128, std::string> names_by_id;
   std::vector<std::string> fields;
   std::vector<std::optional<double>> number(layout.fields), values(layout.values.size());
-  std::vector<std::string_view> group_fields;
+  std::string encoded;  // the row's group, reused
   auto bad = [&](std::size_t offset, std::string_view line, const std::string& why) {
     ++out.stats.bad;
     if (policy == BadRowPolicy::Fail)
       throw InputError(fmt::format("{}:{}: {} in row '{}' (use --bad-rows skip to count and skip such rows)", path,
                                    line_number_of(all, offset), why, line.substr(0, 200)));
   };
+  builder.reserve(estimated_rows(all, begin, end) / 2);  // rows of a (user, group): usually 1-3
   std::string error;
   try {
     for_each_csv_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
@@ -316,23 +359,17 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
       }
       if (where && !eval(*where, RowView{&fields, &number})) return void(++out.stats.filtered_out);
       ++out.stats.kept;
-      group_fields.clear();
-      if (layout.windows.per_window) group_fields.push_back(window_text);
-      for (std::size_t g : layout.groups) group_fields.push_back(fields[g]);
-      std::string enc = encode_group(group_fields);
-      auto known = group_ids.find(enc);
-      if (known == group_ids.end()) {
-        known = group_ids.emplace(enc, ids(IdDomain::Key, enc)).first;
-        names_by_id.try_emplace(known->second, std::move(enc));
-      }
+      encoded.clear();
+      if (layout.windows.per_window) append_group_field(encoded, window_text);
+      for (std::size_t g : layout.groups) append_group_field(encoded, fields[g]);
       for (std::size_t j = 0; j < layout.values.size(); ++j) values[j] = number[layout.values[j]];
-      builder.add(ids(IdDomain::User, user), known->second, values);
+      builder.add(builder.user(ids(IdDomain::User, user)), builder.group(encoded, ids), values);
     });
   } catch (const std::exception& e) {
     error = e.what();
   }
   if (error = comm.agree_on_error(error); !error.empty()) throw InputError(error);
-  out.partials = builder.finish(comm, names_by_id, out.group_names);
+  out.partials = builder.finish(comm, out.group_names);
   return out;
 }
 

@@ -42,6 +42,7 @@ std::vector<std::string> read_header(const std::string& path);
 // LE64(window) || user text: a user in two windows is two privacy units.
 // The group of a row: for each GROUP BY field, LE32(byte length) || bytes (docs/SQL.md). Decoded for output.
 std::string encode_group(const std::vector<std::string_view>& fields);
+void append_group_field(std::string& encoded, std::string_view field);  // one field of encode_group
 std::vector<std::string> decode_group(std::string_view encoded);
 
 // Partials as flat words: [uid, gid, rows, (non-NULL count, sum low, sum high) per value column].

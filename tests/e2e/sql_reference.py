@@ -144,12 +144,12 @@ _SAMPLE_KEYS = {}
 
 
 def sample_rank(secret, uid, gid):
-    """r(u, g) = first 8 bytes LE of HMAC-SHA256(K_s, LE64(uid) || LE64(gid)),
-    K_s = HMAC-SHA256(secret, "dpstream sql sample")."""
+    """r(u, g) = first 8 bytes LE of SipHash-2-4-128(K_s, LE64(uid) || LE64(gid)),
+    K_s = HMAC-SHA256(secret, "dpstream sql sample")[0:16]."""
     ks = _SAMPLE_KEYS.get(secret)
     if ks is None:
-        ks = _SAMPLE_KEYS[secret] = hmac.new(secret, b"dpstream sql sample", hashlib.sha256).digest()
-    mac = hmac.new(ks, uid.to_bytes(8, "little") + gid.to_bytes(8, "little"), hashlib.sha256).digest()
+        ks = _SAMPLE_KEYS[secret] = hmac.new(secret, b"dpstream sql sample", hashlib.sha256).digest()[:16]
+    mac = siphash128(ks, uid.to_bytes(8, "little") + gid.to_bytes(8, "little"))
     return int.from_bytes(mac[:8], "little")
 
 

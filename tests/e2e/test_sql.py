@@ -775,6 +775,32 @@ def check_ledger(env, state):
           f"(zCDP: rho {rho:.4g} each; basic composition would admit {int(ceiling_eps / 0.5)}), the next refused")
 
 
+def check_is_null(env, state):
+    """WHERE col IS NULL / IS NOT NULL: rows counted per group against a direct count (huge budget)."""
+    rng = random.Random(SEED + 9)
+    rows = [{"uid": f"u{rng.randrange(80)}", "g": f"g{rng.randrange(3)}",
+             "price": "" if rng.random() < 0.3 else f"{rng.uniform(0, 9):.2f}"} for _ in range(3000)]
+    d = env.dirs("isnull")
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "g", "price"], rows)
+    for negated in (False, True):
+        q = Query(f"SELECT WITH ANONYMIZATION g, ANON_COUNT(*, 1000) AS n FROM t WHERE price IS "
+                  f"{'NOT ' if negated else ''}NULL GROUP BY g", ["g"],
+                  [{"kind": "count", "column": None, "upper": 1000}], ["g", "n"])
+        out = os.path.join(d, f"out-{negated}")
+        run = env.query(q, csv_path, out, *HUGE, "--seed", "2", "--max-groups-per-user", "3")
+        assert run.returncode == 0, run.describe()
+        header, out_rows, report = load_result(out)
+        sd = noise_scales(report, 1)[0][0]  # U = 1000 leaves some noise even at this budget
+        want = {}
+        for r in rows:
+            if (r["price"] == "") != negated:
+                want[r["g"]] = want.get(r["g"], 0) + 1
+        got = {r[0]: int(r[1]) for r in out_rows}
+        assert sorted(got) == sorted(want) and all(abs(got[g] - want[g]) <= 6 * sd + 0.5 for g in want), \
+            f"IS {'NOT ' if negated else ''}NULL: released {got}, direct count {want} (noise sd {sd:.3g})"
+    print(f"     IS NULL and IS NOT NULL row counts within noise of a direct count on {len(rows)} rows")
+
+
 def main():
     args = harness.parse_args(__doc__)
     results = harness.Results(f"test_sql (ranks={args.ranks})")
@@ -798,6 +824,7 @@ def main():
                       lambda: check_number_syntax(env, state))
         results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
                       lambda: check_bad_queries(env, state))
+        results.check("WHERE col IS NULL / IS NOT NULL against a direct count", lambda: check_is_null(env, state))
         results.check("(g) windows: per-window and multi-window releases against the reference",
                       lambda: check_windows(env, state))
         results.check("(g) ledger: a multi-window query charges each block; admissions match the block accounting",

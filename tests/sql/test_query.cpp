@@ -378,6 +378,74 @@ TEST(QueryWhere, BetweenAndNotBetween) {
   EXPECT_EQ(s.values[1].text, "2024-12-31");
 }
 
+TEST(QueryWhere, IsNullAndIsNotNull) {
+  const Condition w = where("price IS NULL");
+  EXPECT_EQ(w.kind, Condition::Kind::IsNull);
+  EXPECT_EQ(w.column, "price");
+  EXPECT_FALSE(w.negated);
+  EXPECT_TRUE(w.values.empty());
+  EXPECT_TRUE(w.children.empty());
+  EXPECT_EQ(to_string(w), "price IS NULL");
+  const Condition n = where("Price is not null");  // keywords in any case, the column keeps its case
+  EXPECT_EQ(n.kind, Condition::Kind::IsNull);
+  EXPECT_EQ(n.column, "Price");
+  EXPECT_TRUE(n.negated);
+  EXPECT_TRUE(n.values.empty());
+  EXPECT_EQ(to_string(n), "Price IS NOT NULL");
+  const std::string text = kHead + "ANON_COUNT(*) FROM t WHERE a = 1 AND\n  bee IS NOT NULL";
+  const Query q = parse_query(text);
+  ASSERT_TRUE(q.where.has_value());
+  ASSERT_EQ(q.where->children.size(), 2U);
+  EXPECT_EQ(q.where->children[1].column_pos, col(text, "bee"));
+}
+
+TEST(QueryWhere, IsNullWithAndOrNot) {
+  const Condition w = where("a IS NULL OR b IS NOT NULL AND NOT c IS NULL");
+  ASSERT_EQ(w.kind, Condition::Kind::Or);
+  ASSERT_EQ(w.children.size(), 2U);
+  EXPECT_EQ(w.children[0].kind, Condition::Kind::IsNull);
+  EXPECT_EQ(w.children[0].column, "a");
+  EXPECT_FALSE(w.children[0].negated);
+  const Condition& conj = w.children[1];
+  ASSERT_EQ(conj.kind, Condition::Kind::And);
+  ASSERT_EQ(conj.children.size(), 2U);
+  EXPECT_EQ(conj.children[0].kind, Condition::Kind::IsNull);
+  EXPECT_EQ(conj.children[0].column, "b");
+  EXPECT_TRUE(conj.children[0].negated);
+  ASSERT_EQ(conj.children[1].kind, Condition::Kind::Not);
+  ASSERT_EQ(conj.children[1].children.size(), 1U);
+  EXPECT_EQ(conj.children[1].children[0].kind, Condition::Kind::IsNull);
+  EXPECT_EQ(conj.children[1].children[0].column, "c");
+  EXPECT_EQ(to_string(w), "(a IS NULL OR (b IS NOT NULL AND NOT c IS NULL))");
+  const Condition p = where("(x = 1 OR y IS NULL) AND z IN (2)");
+  ASSERT_EQ(p.kind, Condition::Kind::And);
+  ASSERT_EQ(p.children[0].kind, Condition::Kind::Or);
+  EXPECT_EQ(p.children[0].children[1].kind, Condition::Kind::IsNull);
+  EXPECT_EQ(to_string(p), "((x = 1 OR y IS NULL) AND z IN (2))");
+}
+
+// NOT applies to the whole predicate: NOT x IS NULL is NOT (x IS NULL), not x IS NOT NULL.
+TEST(QueryWhere, NotOfIsNullVersusIsNotNull) {
+  const Condition w = where("NOT x IS NULL");
+  ASSERT_EQ(w.kind, Condition::Kind::Not);
+  ASSERT_EQ(w.children.size(), 1U);
+  EXPECT_EQ(w.children[0].kind, Condition::Kind::IsNull);
+  EXPECT_EQ(w.children[0].column, "x");
+  EXPECT_FALSE(w.children[0].negated);
+  EXPECT_EQ(to_string(w), "NOT x IS NULL");
+  const Condition n = where("NOT x IS NOT NULL");
+  ASSERT_EQ(n.kind, Condition::Kind::Not);
+  EXPECT_TRUE(n.children[0].negated);
+  EXPECT_EQ(to_string(n), "NOT x IS NOT NULL");
+}
+
+TEST(QueryWhere, NullIsAKeywordOnlyAfterIs) {
+  const Condition w = where("null IS NULL");  // a column named null
+  EXPECT_EQ(w.kind, Condition::Kind::IsNull);
+  EXPECT_EQ(w.column, "null");
+  EXPECT_EQ(to_string(where(R"("is" IS NOT NULL)")), R"("is" IS NOT NULL)");  // IS is reserved: quoted
+}
+
 TEST(QueryWhere, ColumnPositions) {
   const std::string text = kHead + "ANON_COUNT(*) FROM t WHERE a = 1 AND\n  bee IN (2)";
   const Query q = parse_query(text);
@@ -399,6 +467,10 @@ TEST(QueryWhere, RoundTrip) {
       "((a = 1 AND b = 2) AND c = 3) OR (d < 4)",
       R"("select" = 1 AND "my col" != 'v' AND "quote""d" > +1 AND "9lives" <= 9)",
       "NOT NOT NOT x IN ('')",
+      "price IS NULL",
+      "price is not null",
+      "NOT x IS NULL AND (y IS NOT NULL OR z = 1)",
+      R"("is" IS NULL OR "my col" IS NOT NULL OR null IS NULL)",
   };
   for (const char* c : conditions) {
     const std::string once = to_string(where(c));
@@ -621,6 +693,40 @@ TEST(QueryErrors, Where) {
   expect_refused(bad(q + "x IN 1, 2", "1", "write IN (value, ...)"));
   expect_refused(bad_end(q + "x IN (1, 2", "expected ',' or ')' in the IN list"));
   expect_refused(bad(q + "AND x = 1", "AND", "or write \"AND\" if it is a name"));
+}
+
+TEST(QueryErrors, IsNull) {
+  const std::string q = kHead + "ANON_COUNT(*) FROM t WHERE ";
+  expect_refused(
+      bad_end(q + "price IS", "expected NULL or NOT NULL after IS; write price IS NULL or price IS NOT NULL"));
+  expect_refused(bad_end(q + "price IS NOT", "expected NULL after IS NOT; write price IS NOT NULL"));
+  expect_refused(bad(q + "price IS 5", "5", "expected NULL or NOT NULL after IS"));
+  expect_refused(bad(q + "price IS NUL", "NUL", "expected NULL or NOT NULL after IS"));
+  expect_refused(bad(q + "price IS NOT 'x'", "'x'", "expected NULL after IS NOT"));
+  expect_refused(bad(q + "price IS NULL NULL", "NULL", "the query ends after FROM <table>", 1));
+  expect_refused(bad(q + "price NULL", "NULL", "expected IS before NULL; write price IS NULL"));
+  expect_refused(
+      bad(q + "price NOT NULL", "NULL", "expected IN or BETWEEN after NOT; to test for NULL write price IS NOT NULL"));
+  expect_refused(bad(q + "price NOT IS NULL", "IS", "write price IS NOT NULL"));
+  expect_refused(
+      bad(q + "price = NULL", "NULL", "NULL is not a value to compare with; to test for NULL write col IS NULL"));
+  expect_refused(bad(q + "x IN (1, null)", "null", "NULL is not a value to compare with"));
+  expect_refused(bad(q + "IS NULL", "IS", "expected a condition, found the keyword IS"));
+  expect_refused(bad(q + "x LIKE 'a'", "LIKE", "expected =, !=, <>, <, <=, >, >=, IN, BETWEEN or IS after x"));
+  expect_refused(bad(kHead + "ANON_COUNT(*) FROM is", "is", "or write \"is\" if it is a name"));
+}
+
+// The brief's example: the offending token's column, what was expected, what to write.
+TEST(QueryErrors, IsNullBriefExample) {
+  const std::string text = "SELECT WITH ANONYMIZATION ANON_COUNT(*) FROM t WHERE price IS NUL";
+  try {
+    parse_query(text);
+    ADD_FAILURE() << "accepted";
+  } catch (const QueryError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "column 63 ('NUL'): expected NULL or NOT NULL after IS; write price IS NULL or price IS NOT NULL");
+    EXPECT_EQ(e.column(), 63U);
+  }
 }
 
 TEST(QueryErrors, Lexical) {
