@@ -15,6 +15,7 @@
 #include "shuffle/comm.hpp"
 #include "sql/operator.hpp"
 #include "sql/query.hpp"
+#include "sql/query_spec.hpp"
 #include "src/config.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
@@ -316,7 +317,7 @@ struct LedgerCommand {
 // dpstream query: one SELECT WITH ANONYMIZATION over a CSV table (sql/, docs/SQL.md).
 struct QueryCommand {
   std::string text, input, out, public_groups, bad_rows = "skip", selection = "gaussian", noise = "gaussian";
-  std::string windows, ledger;
+  std::string windows, ledger, spec;
   dpstream::sql::QueryOptions opts;
   std::optional<std::uint64_t> seed;
   bool explain = false;
@@ -327,13 +328,13 @@ struct QueryCommand {
                              "table: DIR/result.csv and DIR/report.json (docs/SQL.md)");
     cmd->add_option("sql", text,
                     "The query, e.g. \"SELECT WITH ANONYMIZATION region, ANON_COUNT(*) AS n FROM input "
-                    "GROUP BY region\"")
-        ->required();
-    cmd->add_option("--input", input, "The table: a CSV file with a header")->required();
-    cmd->add_option("--user-column", opts.user_column, "The column that identifies the user (the privacy unit)")
-        ->required();
-    cmd->add_option("--epsilon", opts.epsilon, "Epsilon of the whole query (> 0)")->required();
-    cmd->add_option("--delta", opts.delta, "Delta of the whole query, in [0, 1)")->required();
+                    "GROUP BY region\"");
+    cmd->add_option("--job", spec, "A job spec whose [query] table gives these options (the command line wins)");
+    cmd->add_option("--input", input, "The table: a CSV file with a header (required)");
+    cmd->add_option("--user-column", opts.user_column,
+                    "The column that identifies the user, the privacy unit (required)");
+    cmd->add_option("--epsilon", opts.epsilon, "Epsilon of the whole query, > 0 (required)");
+    cmd->add_option("--delta", opts.delta, "Delta of the whole query, in [0, 1) (required)");
     cmd->add_option("--max-groups-per-user", opts.max_groups_per_user,
                     "k: groups a user may contribute to (the seed's C_u); more are sampled away (default 1)");
     cmd->add_option("--max-rows-per-group", opts.max_rows_per_group,
@@ -356,8 +357,26 @@ struct QueryCommand {
     cmd->add_option("--bad-rows", bad_rows, "Rows that do not parse: skip (count them, default) | fail")
         ->check(CLI::IsMember({"skip", "fail"}));
     cmd->add_option("--seed", seed, "Noise secret from this seed: tests only, the output is NOT private");
-    cmd->add_option("--out", out, "Output directory (result.csv, report.json; never overwritten)")->required();
+    cmd->add_option("--out", out, "Output directory (result.csv, report.json; never overwritten) (required)");
     cmd->add_flag("--explain", explain, "Print the plan (noise and budget of every aggregate) and exit");
+  }
+  // The [query] table of --job fills every option the command line left out; then the required ones must be set.
+  void apply_spec() const {
+    if (!spec.empty())
+      for (const auto& [name, value] : dpstream::sql::read_query_section(spec)) {
+        CLI::Option* opt = cmd->get_option(name);
+        if (opt->count() > 0) continue;
+        opt->add_result(value);
+        try {
+          opt->run_callback();
+        } catch (const CLI::Error& e) {
+          throw dpstream::ConfigError(fmt::format("{}: [query] {}: {}", spec, name, e.what()));
+        }
+      }
+    for (const char* name : {"sql", "--input", "--user-column", "--epsilon", "--delta", "--out"})
+      if (cmd->get_option(name)->count() == 0)
+        throw dpstream::ConfigError(fmt::format("query: {} is required (on the command line or in --job's [query])",
+                                                std::string(name) == "sql" ? "the query text" : name));
   }
   dpstream::sql::QueryJob job() const {
     using namespace dpstream::sql;
@@ -395,6 +414,7 @@ struct QueryCommand {
     // first failing rank's message and kind (2: the query or an option, 3: the input).
     std::string err;
     try {
+      apply_spec();
       j = job();
       dpstream::sql::check_query_job(j);
     } catch (const dpstream::sql::QueryError& e) {

@@ -801,6 +801,31 @@ def check_is_null(env, state):
     print(f"     IS NULL and IS NOT NULL row counts within noise of a direct count on {len(rows)} rows")
 
 
+def check_job_spec(env, state):
+    """--job FILE's [query] table gives the same release as the options; the command line wins; bad keys refused."""
+    d = env.dirs("jobspec")
+    csv_path, _ = windows_table(d)
+    spec = os.path.join(d, "q.toml")
+    with open(spec, "w", encoding="utf-8") as f:
+        f.write(f'[query]\nsql = "{QUERY_G.sql}"\ninput = "{csv_path}"\nuser_column = "uid"\nepsilon = 2.0\n'
+                f'delta = 1e-6\nmax_groups_per_user = 3\nwindow_column = "ts"\nwindows = [1, 4]\n')
+    by_spec = env.dp.run_with("query", "--job", spec, "--seed", "4", "--out", os.path.join(d, "a"))
+    by_cli = env.query(QUERY_G, csv_path, os.path.join(d, "b"), "--epsilon", "2", "--delta", "1e-6",
+                       "--max-groups-per-user", "3", "--window-column", "ts", "--windows", "1:4", "--seed", "4")
+    assert by_spec.returncode == 0 and by_cli.returncode == 0, by_spec.describe() + "\n  " + by_cli.describe()
+    a = open(os.path.join(d, "a", "result.csv"), encoding="utf-8").read()
+    b = open(os.path.join(d, "b", "result.csv"), encoding="utf-8").read()
+    assert a == b, "the spec and the same options on the command line released different results"
+    over = env.dp.run_with("query", "--job", spec, "--epsilon", "0.5", "--seed", "4", "--out", os.path.join(d, "c"))
+    assert over.returncode == 0, over.describe()
+    assert field(load_result(os.path.join(d, "c"))[2], "options.epsilon") == 0.5, "--epsilon did not win over the spec"
+    with open(spec, "a", encoding="utf-8") as f:
+        f.write("epsilom = 1\n")
+    bad = env.dp.run_with("query", "--job", spec, "--out", os.path.join(d, "e"))
+    assert bad.returncode == 2 and "epsilom" in bad.stderr, bad.describe()
+    print("     [query] spec == command line (byte-identical result.csv); --epsilon overrides; unknown key refused")
+
+
 def main():
     args = harness.parse_args(__doc__)
     results = harness.Results(f"test_sql (ranks={args.ranks})")
@@ -827,6 +852,7 @@ def main():
         results.check("WHERE col IS NULL / IS NOT NULL against a direct count", lambda: check_is_null(env, state))
         results.check("(g) windows: per-window and multi-window releases against the reference",
                       lambda: check_windows(env, state))
+        results.check("--job FILE with a [query] table", lambda: check_job_spec(env, state))
         results.check("(g) ledger: a multi-window query charges each block; admissions match the block accounting",
                       lambda: check_ledger(env, state))
     return results.finish()
