@@ -581,7 +581,7 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
   counters.by_group_s = lap();
 
   // Aggregation, selection and release, one group at a time in gid order (one accumulator, reused).
-  noise::WindowPrf prf(secret, 0);
+  noise::WindowPrf prf(secret, job.noise_stream);
   shuffle::ByteWriter rows;
   GroupAcc g = empty_acc(plan);
   for (std::size_t i = 0; i < order.size();) {

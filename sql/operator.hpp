@@ -23,6 +23,7 @@ struct QueryJob {
   std::string public_groups;          // CSV of the listed groups (selection public)
   std::string out_dir;
   std::string ledger;  // charge this budget ledger for every window read, before reading (docs/LEDGER.md)
+  std::int64_t noise_stream = 0;  // the keyed PRF's stream (releases of a schedule draw independent noise)
 };
 
 // Checks on this rank what can be checked before reading data (input header, columns, public groups file,

@@ -45,6 +45,10 @@ void check_options(const QueryOptions& o) {
     throw std::invalid_argument(fmt::format("--selection-share {} must be in (0, 1)", o.selection_share));
   check_windows(o.windows);
   if (o.user_column.empty()) throw std::invalid_argument("--user-column is required: the column naming the user");
+  if (o.release_rho && (o.noise != NoiseKind::Gaussian ||
+                        (o.selection != SelectionKind::Gaussian && o.selection != SelectionKind::Public)))
+    throw std::invalid_argument(
+        "a growing-stream schedule composes releases in zCDP: use --noise gaussian and --selection gaussian or public");
   const bool needs_delta = o.selection != SelectionKind::Public || o.noise == NoiseKind::Gaussian;
   if (needs_delta && o.delta == 0)
     throw std::invalid_argument(
@@ -187,7 +191,20 @@ struct Split {
   double delta_conversion = 0;                     // delta of the zCDP -> (eps, delta) conversion
 };
 
+// One release of a schedule: its rho and threshold delta are given.
+Split release_split(const QueryOptions& o, bool has_components) {
+  Split s;
+  const double share = has_components ? o.selection_share : 1.0;
+  const double rho = *o.release_rho;
+  if (o.selection == SelectionKind::Gaussian)
+    s.rho_sel = share * rho, s.rho_agg = rho - s.rho_sel, s.delta_sel = o.release_delta_selection;
+  else
+    s.rho_agg = rho;
+  return s;
+}
+
 Split split_budget(const QueryOptions& o, bool has_components) {
+  if (o.release_rho) return release_split(o, has_components);
   Split s;
   const double share = has_components ? o.selection_share : 1.0;
   const bool gauss_noise = o.noise == NoiseKind::Gaussian;
@@ -260,6 +277,13 @@ void account(QueryPlan& p, const Split& s) {
       break;
   }
   p.delta_threshold = s.delta_sel;
+  if (p.options.release_rho) {  // one release of a schedule: the schedule converts the sum of its rhos
+    if (p.rho_total > *p.options.release_rho * (1 + 1e-12))
+      throw std::logic_error(
+          fmt::format("internal: the release spends rho {} above its {}", p.rho_total, *p.options.release_rho));
+    p.eps_total = p.delta_total = 0;
+    return;
+  }
   p.delta_conversion = p.rho_total > 0 ? s.delta_conversion : 0;
   const double eps_z = p.rho_total > 0 ? accounting::zcdp_eps_tight(p.rho_total, p.delta_conversion) : 0;
   p.eps_total = eps_z + p.eps_pure;

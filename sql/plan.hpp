@@ -88,6 +88,10 @@ struct QueryOptions {
   double selection_share = 0.5;  // of eps (or rho) spent on selection when it costs anything
   std::string user_column;
   WindowSpec windows;
+  // One release of a schedule (sql/growing.hpp): spend exactly this zCDP rho (Gaussian noise, Gaussian or
+  // public selection) and this threshold delta; epsilon and delta are then the whole schedule's budget.
+  std::optional<double> release_rho;
+  double release_delta_selection = 0;
 };
 
 struct QueryPlan {

@@ -826,6 +826,52 @@ def check_job_spec(env, state):
     print("     [query] spec == command line (byte-identical result.csv); --epsilon overrides; unknown key refused")
 
 
+def growing_windows(gamma, first, last, first_length):
+    """The schedule's windows, recomputed: L_i = max(L_{i-1} + 1, ceil(L_0 (1 + gamma)^i)) while it fits."""
+    out, length, i = [], 0, 0
+    while True:
+        length = max(length + 1, math.ceil(first_length * (1 + gamma) ** i - 1e-9))
+        if length > last - first + 1:
+            return out
+        out.append((first, first + length - 1))
+        i += 1
+
+
+def check_growing(env, state):
+    """--growing: releases over windows A .. A + L_i - 1, rho_i = rho w_i with sum w_i = 1 (independent
+    arithmetic here), each release exact against the reference at a huge budget."""
+    d = env.dirs("growing")
+    csv_path, rows = windows_table(d)
+    gamma, eps, delta = 0.5, 1e5, 1e-3
+    out = os.path.join(d, "out")
+    run = env.query(QUERY_G, csv_path, out, "--window-column", "ts", "--windows", "0:5", "--growing", gamma,
+                    "--max-groups-per-user", "10", "--seed", "6", "--epsilon", eps, "--delta", delta)
+    assert run.returncode == 0, run.describe()
+    with open(os.path.join(out, "schedule.json"), encoding="utf-8") as f:
+        schedule = json.load(f)
+    want_windows = growing_windows(gamma, 0, 5, 1)
+    got_windows = [tuple(r["windows"]) for r in schedule["releases"]]
+    assert got_windows == want_windows, f"releases over {got_windows}, expected {want_windows}"
+    rho = schedule["rho_schedule"]
+    assert dp_reference.cks_delta(rho, eps) <= delta / 2 * (1 + 1e-9), f"rho {rho} is not ({eps}, {delta}/2)-DP"
+    x = 1 / (1 + gamma) ** 2
+    weights = [(i + 1) ** 2 * x ** i * (1 - x) ** 3 / (1 + x) for i in range(2000)]
+    assert abs(sum(weights) - 1) < 1e-9, f"the weights sum to {sum(weights)}, not 1"
+    for r in schedule["releases"]:
+        i = r["release"]
+        assert abs(r["rho"] - rho * weights[i]) <= 1e-12 * rho, f"release {i}: rho {r['rho']} != {rho * weights[i]}"
+        assert r["rho_spent"] <= r["rho"] * (1 + 1e-12), f"release {i} spends {r['rho_spent']} > {r['rho']}"
+        assert abs(r["delta_selection"] - delta / 2 / 2 ** (i + 1)) <= 1e-18, f"release {i}: delta {r}"
+        header, out_rows, report = load_result(os.path.join(out, f"release-{i}"))
+        tau = field(report, "selection.threshold")
+        lo, hi = r["windows"]
+        want = {k: v for k, v in distinct_users(rows, set(range(lo, hi + 1)), False).items() if v >= tau}
+        got = {tuple(row[:-1]): int(row[-1]) for row in out_rows}
+        assert got == want, f"release {i} over windows {lo}..{hi}: {got}, reference {want}"
+    print(f"     gamma {gamma}: {len(got_windows)} releases over {got_windows}; rho_i = rho w_i "
+          f"(w = {', '.join(f'{w:.3f}' for w in weights[:len(got_windows)])}); each release exact")
+
+
 def main():
     args = harness.parse_args(__doc__)
     results = harness.Results(f"test_sql (ranks={args.ranks})")
@@ -852,6 +898,8 @@ def main():
         results.check("WHERE col IS NULL / IS NOT NULL against a direct count", lambda: check_is_null(env, state))
         results.check("(g) windows: per-window and multi-window releases against the reference",
                       lambda: check_windows(env, state))
+        results.check("(h) growing stream: schedule, budget weights and releases against the reference",
+                      lambda: check_growing(env, state))
         results.check("--job FILE with a [query] table", lambda: check_job_spec(env, state))
         results.check("(g) ledger: a multi-window query charges each block; admissions match the block accounting",
                       lambda: check_ledger(env, state))
