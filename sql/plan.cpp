@@ -281,7 +281,10 @@ void account(QueryPlan& p, const Split& s) {
     if (p.rho_total > *p.options.release_rho * (1 + 1e-12))
       throw std::logic_error(
           fmt::format("internal: the release spends rho {} above its {}", p.rho_total, *p.options.release_rho));
-    p.eps_total = p.delta_total = 0;
+    // Alone, this run is (eps, delta)-DP with the schedule's conversion delta (a ledger's basic accounting).
+    p.delta_conversion = p.rho_total > 0 ? p.options.delta / 2 : 0;
+    p.eps_total = p.rho_total > 0 ? accounting::zcdp_eps_tight(p.rho_total, p.delta_conversion) : 0;
+    p.delta_total = p.delta_conversion + p.delta_threshold;
     return;
   }
   p.delta_conversion = p.rho_total > 0 ? s.delta_conversion : 0;

@@ -104,7 +104,8 @@ std::vector<std::pair<std::string, std::string>> read_query_section(const std::s
       throw ConfigError(fmt::format("{}: unknown table [{}]; a query spec has only [query]", path, k.str()));
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [k, node] : *section) {
-    const auto key = std::find_if(kKeys.begin(), kKeys.end(), [&](const Key& x) { return k.str() == x.name; });
+    const std::string_view name = k.str();  // a structured binding cannot be captured before C++20 in clang 14
+    const auto key = std::find_if(kKeys.begin(), kKeys.end(), [&](const Key& x) { return name == x.name; });
     if (key == kKeys.end())
       throw ConfigError(fmt::format("{}: unknown key [query] {} (known keys: {})", path, k.str(), known_keys()));
     const auto value = spelled(node, key->kind);

@@ -13,13 +13,11 @@
 
 #include "dpstream_version.hpp"
 #include "shuffle/comm.hpp"
-#include "sql/growing.hpp"
+#include "sql/schedules.hpp"
 #include "sql/operator.hpp"
 #include "sql/query.hpp"
 #include "sql/query_spec.hpp"
-#include "src/accounting.hpp"
 #include "src/config.hpp"
-#include "src/durable_io.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/omp_threads.hpp"
@@ -323,6 +321,7 @@ struct QueryCommand {
   std::string windows, ledger, spec;
   double growing = 0;
   std::int64_t growing_first = 1;
+  dpstream::sql::AccuracyTarget target{0, 100, 0.05, 4};
   dpstream::sql::QueryOptions opts;
   std::optional<std::uint64_t> seed;
   bool explain = false;
@@ -363,77 +362,19 @@ struct QueryCommand {
                     "Growing stream: re-release over all windows so far each time they grew by (1 + GAMMA), "
                     "within one budget for an unbounded number of releases (docs/SQL.md)");
     cmd->add_option("--growing-first", growing_first, "Windows covered by the first growing release (default 1)");
+    cmd->add_option("--target-error", target.relative_error,
+                    "Accuracy-targeted release: spend a small share of the budget, double it until every group "
+                    "whose noisy first ANON_COUNT is >= --target-min-count has relative error <= R (docs/SQL.md)");
+    cmd->add_option("--target-min-count", target.min_count, "Groups judged by --target-error (default 100)");
+    cmd->add_option("--target-beta", target.beta, "Failure probability of the target's claim (default 0.05)");
+    cmd->add_option("--target-first-share-log2", target.first_share_log2,
+                    "The first attempt spends 2^-N of the budget (default 4)");
     cmd->add_option("--bad-rows", bad_rows, "Rows that do not parse: skip (count them, default) | fail")
         ->check(CLI::IsMember({"skip", "fail"}));
     cmd->add_option("--seed", seed, "Noise secret from this seed: tests only, the output is NOT private");
     cmd->add_option("--out", out, "Output directory (result.csv, report.json; never overwritten) (required)");
     cmd->add_flag("--explain", explain, "Print the plan (noise and budget of every aggregate) and exit");
   }
-  // The growing-stream schedule (sql/growing.hpp): release i over windows A .. A + L_i - 1 into OUT/release-i,
-  // and OUT/schedule.json with every release's budget and the whole schedule's accounting.
-  int run_growing(const dpstream::sql::QueryJob& base, const dpstream::shuffle::Comm& comm, bool root) const {
-    using namespace dpstream::sql;
-    const QueryOptions& o = base.plan.options;
-    if (!o.windows.active() || !o.windows.first)
-      throw dpstream::ConfigError("--growing needs --window-column and --windows A:B (the stream's windows so far)");
-    if (!base.ledger.empty())
-      throw dpstream::ConfigError(
-          "--growing with --ledger: a schedule's privacy unit is the user over the whole "
-          "stream, not one block; drop --ledger");
-    const bool thresholds = o.selection != SelectionKind::Public;
-    const double delta_conversion = thresholds ? o.delta / 2 : o.delta;
-    const double rho = dpstream::accounting::zcdp_rho_tight(o.epsilon, delta_conversion);
-    std::vector<GrowingRelease> schedule;
-    try {
-      schedule = growing_schedule(growing, *o.windows.first, *o.windows.last, growing_first, rho,
-                                  thresholds ? o.delta / 2 : 0);
-    } catch (const std::invalid_argument& e) {
-      throw dpstream::ConfigError(e.what());
-    }
-    nlohmann::json releases = nlohmann::json::array();
-    for (const GrowingRelease& r : schedule) {
-      QueryOptions ro = o;
-      ro.windows.first = r.first_window, ro.windows.last = r.last_window;
-      ro.release_rho = r.rho, ro.release_delta_selection = r.delta_selection;
-      QueryJob job = base;
-      try {
-        job.plan = plan_query(base.plan.query, ro);
-      } catch (const std::invalid_argument& e) {
-        throw dpstream::ConfigError(e.what());
-      }
-      job.out_dir = fmt::format("{}/release-{}", base.out_dir, r.index);
-      job.noise_stream = r.index + 1;
-      check_query_job(job);
-      const auto c = run_query(job, comm);
-      releases.push_back({{"release", r.index},
-                          {"windows", {r.first_window, r.last_window}},
-                          {"rho", r.rho},
-                          {"weight", growing_weight(r.index, growing)},
-                          {"delta_selection", r.delta_selection},
-                          {"rho_spent", job.plan.rho_total},
-                          {"groups_released_not_dp", c.groups_released},
-                          {"dir", job.out_dir}});
-    }
-    if (root) {
-      const nlohmann::json summary = {
-          {"gamma", growing},
-          {"first_length", growing_first},
-          {"epsilon", o.epsilon},
-          {"delta", o.delta},
-          {"rho_schedule", rho},
-          {"delta_thresholds_schedule", thresholds ? o.delta / 2 : 0.0},
-          {"delta_conversion", delta_conversion},
-          {"note",
-           "the weights sum to 1 over every release i >= 0, these and all later ones: the whole "
-           "stream's releases are (epsilon, delta)-DP for each user"},
-          {"releases", releases}};
-      dpstream::write_file_atomically(std::filesystem::path(base.out_dir) / "schedule.json", summary.dump(2) + "\n");
-      std::printf("dpstream: growing stream: %zu releases to %s (schedule.json)\n", schedule.size(),
-                  base.out_dir.c_str());
-    }
-    return 0;
-  }
-
   // The [query] table of --job fills every option the command line left out; then the required ones must be set.
   void apply_spec() const {
     if (!spec.empty())
@@ -506,7 +447,21 @@ struct QueryCommand {
       if (root) std::fputs(dpstream::sql::plan_text(j.plan).c_str(), stdout);
       return 0;
     }
-    if (growing > 0) return run_growing(j, comm, root);
+    if (growing > 0) {
+      const auto schedule = dpstream::sql::run_growing(j, growing, growing_first, comm);
+      if (root)
+        std::printf("dpstream: growing stream: %zu releases to %s (schedule.json)\n", schedule["releases"].size(),
+                    j.out_dir.c_str());
+      return 0;
+    }
+    if (target.relative_error > 0) {
+      const auto a = dpstream::sql::run_adaptive(j, target, comm);
+      if (root)
+        std::printf("dpstream: accuracy-targeted release: %s; spent %.3g of rho %.3g (adaptive.json in %s)\n",
+                    a["stopped"].get<std::string>().c_str(), a["spent"]["rho"].get<double>(),
+                    a["budget"]["rho"].get<double>(), j.out_dir.c_str());
+      return 0;
+    }
     const auto c = dpstream::sql::run_query(j, comm);
     if (root)
       std::printf("dpstream: query released %llu groups to %s (rows read %llu, bad %llu; raw counts, not DP)\n",

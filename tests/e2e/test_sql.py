@@ -872,6 +872,41 @@ def check_growing(env, state):
           f"(w = {', '.join(f'{w:.3f}' for w in weights[:len(got_windows)])}); each release exact")
 
 
+def check_adaptive(env, state):
+    """--target-error: attempts double the budget until z sd / m <= r; over seeded runs the claim (every
+    released group of true count >= m within r of it) holds in at least 1 - beta of them."""
+    d = env.dirs("adaptive")
+    sizes = [150, 300, 600, 900, 1400, 2000, 3000]
+    rows = [{"uid": f"{g}-{u}", "g": f"g{g}"} for g, n in enumerate(sizes) for u in range(n)]
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "g"], rows)
+    truth = {f"g{g}": n for g, n in enumerate(sizes)}
+    r, m, beta, eps, seeds = 0.06, 600, 0.05, 1.0, 20  # met at the 4th attempt (half the budget spent)
+    failures, stops, shares = 0, {}, []
+    for seed in range(seeds):
+        out = os.path.join(d, f"out{seed}")
+        run = env.query(QUERY_G, csv_path, out, "--epsilon", eps, "--delta", "1e-6", "--seed", 100 + seed,
+                        "--target-error", r, "--target-min-count", m, "--target-beta", beta)
+        assert run.returncode == 0, run.describe()
+        with open(os.path.join(out, "adaptive.json"), encoding="utf-8") as f:
+            a = json.load(f)
+        assert a["spent"]["rho"] <= a["budget"]["rho"] * (1 + 1e-12), f"spent {a['spent']} above {a['budget']}"
+        last = a["attempts"][-1]
+        assert last["met"] == a["stopped"].startswith("target met"), f"stop reason {a['stopped']} vs {last}"
+        stops[a["stopped"]] = stops.get(a["stopped"], 0) + 1
+        shares.append(a["spent"]["share"])
+        if not last["met"]:
+            continue
+        header, out_rows, _ = load_result(last["dir"] if os.path.isabs(last["dir"]) else os.path.join(out, f"attempt-{last['attempt']}"))
+        bad = [(row[0], int(row[1])) for row in out_rows
+               if truth[row[0]] >= m and abs(int(row[1]) - truth[row[0]]) > r * truth[row[0]]]
+        failures += bool(bad)
+    # P[Binomial(20, 0.05) >= 6] < 4e-4: the claim is a union bound, failures are rarer still.
+    assert failures <= 5, f"the claim failed in {failures} of {seeds} runs (beta {beta})"
+    assert any(k.startswith("target met") for k in stops), f"the target was never met: {stops}"
+    print(f"     {seeds} seeded runs: stops {stops}; budget share spent mean {sum(shares) / len(shares):.3f}; "
+          f"claim violated in {failures} runs (allowed by beta = {beta}: <= 5)")
+
+
 def main():
     args = harness.parse_args(__doc__)
     results = harness.Results(f"test_sql (ranks={args.ranks})")
@@ -900,6 +935,8 @@ def main():
                       lambda: check_windows(env, state))
         results.check("(h) growing stream: schedule, budget weights and releases against the reference",
                       lambda: check_growing(env, state))
+        results.check("(i) accuracy-targeted release: stopping rule and claim over seeded runs",
+                      lambda: check_adaptive(env, state))
         results.check("--job FILE with a [query] table", lambda: check_job_spec(env, state))
         results.check("(g) ledger: a multi-window query charges each block; admissions match the block accounting",
                       lambda: check_ledger(env, state))

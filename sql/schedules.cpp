@@ -1,0 +1,211 @@
+#include "sql/schedules.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "sql/growing.hpp"
+#include "src/accounting.hpp"
+#include "src/csv_input.hpp"
+#include "src/durable_io.hpp"
+#include "src/errors.hpp"
+
+namespace dpstream::sql {
+
+namespace {
+
+// The whole schedule's zCDP budget: rho at delta/2 when thresholds spend the other half.
+struct ScheduleBudget {
+  double rho = 0, delta_thresholds = 0, delta_conversion = 0;
+};
+
+ScheduleBudget schedule_budget(const QueryOptions& o) {
+  const bool thresholds = o.selection != SelectionKind::Public;
+  ScheduleBudget b;
+  b.delta_conversion = thresholds ? o.delta / 2 : o.delta;
+  b.delta_thresholds = thresholds ? o.delta / 2 : 0;
+  b.rho = accounting::zcdp_rho_tight(o.epsilon, b.delta_conversion);
+  return b;
+}
+
+// One run of a schedule: the base job with its windows, rho and threshold delta, into `dir`.
+QueryJob scheduled_run(const QueryJob& base, double rho, double delta_selection, const std::string& dir,
+                       std::int64_t stream) {
+  QueryOptions o = base.plan.options;
+  o.release_rho = rho, o.release_delta_selection = delta_selection;
+  QueryJob job = base;
+  try {
+    job.plan = plan_query(base.plan.query, o);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
+  job.out_dir = dir;
+  job.noise_stream = stream;
+  check_query_job(job);
+  return job;
+}
+
+void write_json(const shuffle::Comm& comm, const std::string& dir, const char* name, const nlohmann::json& j) {
+  if (comm.rank() == 0) write_file_atomically(std::filesystem::path(dir) / name, j.dump(2) + "\n");
+}
+
+// The first ANON_COUNT / ANON_COUNT(DISTINCT): its output column and noise sd.
+struct TargetColumn {
+  std::size_t column = 0;  // in result.csv
+  double sd = 0;
+};
+
+TargetColumn target_column(const QueryPlan& plan) {
+  const auto aggs = plan_json(plan)["aggregates"];
+  std::size_t offset = plan.options.windows.per_window ? 1 : 0;
+  for (std::size_t c = 0; c < plan.query.select.size(); ++c) {
+    const SelectItem& it = plan.query.select[c];
+    if (!it.is_aggregate) continue;
+    const AggKind k = plan.query.aggregates[it.aggregate].kind;
+    if (k == AggKind::Count || k == AggKind::CountDistinct)
+      return {c + offset, aggs[it.aggregate]["noise_scale"][0].get<double>()};
+  }
+  throw ConfigError("an accuracy target needs an ANON_COUNT(...) in the query: its noisy count is what is judged");
+}
+
+// Rank 0 judges an attempt from its result.csv (DP outputs and the public noise scale only): with the
+// union bound over the G released groups, every one has |noise| <= z sd except with probability beta_j, and
+// then a group of true count >= min_count has relative error <= z sd / min_count.
+struct Judgement {
+  std::size_t released = 0, above = 0;  // groups released; of them, with noisy count >= min_count
+  double z = 0, bound = 0;              // the bound z sd / min_count
+  bool met = false;
+};
+
+Judgement judge(const std::string& dir, const TargetColumn& col, const AccuracyTarget& t, double beta_j) {
+  std::ifstream f(std::filesystem::path(dir) / "result.csv");
+  std::string line;
+  std::getline(f, line);  // header
+  Judgement j;
+  std::vector<std::string> fields;
+  while (std::getline(f, line))
+    if (split_csv_line(line, fields) && col.column < fields.size()) {
+      ++j.released;
+      if (std::stod(fields[col.column]) >= t.min_count) ++j.above;
+    }
+  j.z = accounting::normal_upper_quantile(beta_j / (2.0 * static_cast<double>(std::max<std::size_t>(1, j.released))));
+  j.bound = j.z * col.sd / t.min_count;
+  j.met = j.bound <= t.relative_error;
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json run_growing(const QueryJob& base, double gamma, std::int64_t first_length, const shuffle::Comm& comm) {
+  const QueryOptions& o = base.plan.options;
+  if (!o.windows.active() || !o.windows.first)
+    throw ConfigError("--growing needs --window-column and --windows A:B (the stream's windows so far)");
+  if (!base.ledger.empty())
+    throw ConfigError(
+        "--growing with --ledger: a schedule's privacy unit is the user over the whole stream, not "
+        "one block; drop --ledger");
+  const ScheduleBudget b = schedule_budget(o);
+  std::vector<GrowingRelease> schedule;
+  try {
+    schedule = growing_schedule(gamma, *o.windows.first, *o.windows.last, first_length, b.rho, b.delta_thresholds);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
+  nlohmann::json releases = nlohmann::json::array();
+  for (const GrowingRelease& r : schedule) {
+    QueryJob job = base;
+    job.plan.options.windows.first = r.first_window, job.plan.options.windows.last = r.last_window;
+    job =
+        scheduled_run(job, r.rho, r.delta_selection, fmt::format("{}/release-{}", base.out_dir, r.index), r.index + 1);
+    const auto c = run_query(job, comm);
+    releases.push_back({{"release", r.index},
+                        {"windows", {r.first_window, r.last_window}},
+                        {"rho", r.rho},
+                        {"weight", growing_weight(r.index, gamma)},
+                        {"delta_selection", r.delta_selection},
+                        {"rho_spent", job.plan.rho_total},
+                        {"groups_released_not_dp", c.groups_released},
+                        {"dir", job.out_dir}});
+  }
+  const nlohmann::json out = {
+      {"gamma", gamma},
+      {"first_length", first_length},
+      {"epsilon", o.epsilon},
+      {"delta", o.delta},
+      {"rho_schedule", b.rho},
+      {"delta_thresholds_schedule", b.delta_thresholds},
+      {"delta_conversion", b.delta_conversion},
+      {"note",
+       "the weights sum to 1 over every release i >= 0, these and all later ones: the whole stream's releases are "
+       "(epsilon, delta)-DP for each user"},
+      {"releases", releases}};
+  write_json(comm, base.out_dir, "schedule.json", out);
+  return out;
+}
+
+nlohmann::json run_adaptive(const QueryJob& base, const AccuracyTarget& t, const shuffle::Comm& comm) {
+  if (!(t.relative_error > 0) || !(t.beta > 0 && t.beta < 1) || !(t.min_count >= 1) || t.first_share_log2 < 0 ||
+      t.first_share_log2 > 20)
+    throw ConfigError(
+        "--target-error must be > 0, --target-beta in (0, 1), --target-min-count >= 1, "
+        "--target-first-share-log2 in [0, 20]");
+  const ScheduleBudget b = schedule_budget(base.plan.options);
+  const int n = t.first_share_log2;
+  nlohmann::json attempts = nlohmann::json::array();
+  std::string stop = "budget spent: the target was not met with the whole budget";
+  double spent = 0;
+  std::string final_dir;
+  for (int j = 0; j <= n; ++j) {
+    const double rho_j = b.rho * std::ldexp(1.0, j == 0 ? -n : -(n + 1 - j));  // cumulative: rho 2^-(n - j)
+    const double delta_j = b.delta_thresholds * std::ldexp(1.0, -(j + 1));
+    const double beta_j = t.beta * std::ldexp(1.0, -(j + 1));
+    const QueryJob job = scheduled_run(base, rho_j, delta_j, fmt::format("{}/attempt-{}", base.out_dir, j), j + 1);
+    const TargetColumn col = target_column(job.plan);
+    run_query(job, comm);
+    spent += job.plan.rho_total;
+    final_dir = job.out_dir;
+    Judgement verdict;
+    if (comm.rank() == 0) verdict = judge(job.out_dir, col, t, beta_j);
+    comm.broadcast(&verdict.met, sizeof verdict.met);
+    attempts.push_back({{"attempt", j},
+                        {"rho", rho_j},
+                        {"rho_spent_so_far", spent},
+                        {"count_noise_sd", col.sd},
+                        {"groups_released", verdict.released},
+                        {"groups_with_noisy_count_above_min", verdict.above},
+                        {"z", verdict.z},
+                        {"relative_error_bound", verdict.bound},
+                        {"met", verdict.met},
+                        {"dir", job.out_dir}});
+    if (verdict.met) {
+      stop = fmt::format("target met at attempt {}", j);
+      break;
+    }
+  }
+  const double delta_used = b.delta_conversion + b.delta_thresholds;
+  const nlohmann::json out = {
+      {"target",
+       {{"relative_error", t.relative_error},
+        {"min_count", t.min_count},
+        {"beta", t.beta},
+        {"claim",
+         "with probability >= 1 - beta, every group of the final attempt whose noisy count is >= min_count "
+         "has |released - true| <= relative_error * true (judged from DP outputs only)"}}},
+      {"budget", {{"epsilon", base.plan.options.epsilon}, {"delta", base.plan.options.delta}, {"rho", b.rho}}},
+      {"spent",
+       {{"rho", spent},
+        {"share", spent / b.rho},
+        {"epsilon", spent > 0 ? accounting::zcdp_eps_tight(spent, b.delta_conversion) : 0.0},
+        {"delta", delta_used}}},
+      {"stopped", stop},
+      {"final", final_dir},
+      {"attempts", attempts}};
+  write_json(comm, base.out_dir, "adaptive.json", out);
+  return out;
+}
+
+}  // namespace dpstream::sql
