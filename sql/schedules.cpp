@@ -131,7 +131,7 @@ nlohmann::json run_growing(const QueryJob& base, double gamma, std::int64_t firs
                         {"groups_released_not_dp", c.groups_released},
                         {"dir", job.out_dir}});
   }
-  const nlohmann::json out = {
+  nlohmann::json out = {
       {"gamma", gamma},
       {"first_length", first_length},
       {"epsilon", o.epsilon},
@@ -187,7 +187,7 @@ nlohmann::json run_adaptive(const QueryJob& base, const AccuracyTarget& t, const
     }
   }
   const double delta_used = b.delta_conversion + b.delta_thresholds;
-  const nlohmann::json out = {
+  nlohmann::json out = {
       {"target",
        {{"relative_error", t.relative_error},
         {"min_count", t.min_count},
