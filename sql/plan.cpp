@@ -294,6 +294,9 @@ void account(QueryPlan& p, const Split& s) {
   if (p.eps_total > p.options.epsilon * (1 + 1e-9) || p.delta_total > p.options.delta * (1 + 1e-12))
     throw std::logic_error(fmt::format("internal: the plan spends ({}, {}) above the budget ({}, {})", p.eps_total,
                                        p.delta_total, p.options.epsilon, p.options.delta));
+  // The split adds back what it subtracted (eps_sel + (eps - eps_sel)): an ulp over is rounding, not spending.
+  p.eps_total = std::min(p.eps_total, p.options.epsilon);
+  p.delta_total = std::min(p.delta_total, p.options.delta);
 }
 
 std::string privacy_unit(const WindowSpec& w) {

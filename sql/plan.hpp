@@ -1,7 +1,7 @@
 // The privacy plan of one DP SQL query: which noisy quantities (components) each aggregate needs, one
 // user's effect on each (its sensitivity per group), how the budget is split, the lattice and the noise
 // of every component, and the accounting that justifies them (docs/SQL.md "Noise", docs/PRIVACY.md
-// section 11). Pure: no MPI, no data.
+// section 12). Pure: no MPI, no data.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 // Partition selection of the DP SQL operator: which groups may appear in the result at all (seed 003,
 // Wilson et al., arXiv 1909.01917, section 4.2.2: "tau-thresholding"; the open libraries' variants,
-// docs/SQL.md and docs/PRIVACY.md section 11). A user is in at most k = max_groups_contributed groups
+// docs/SQL.md and docs/PRIVACY.md section 12). A user is in at most k = max_groups_contributed groups
 // and adds at most 1 to a group's distinct-user count n. A group with n = 0 is never considered.
 //
 //  - Laplace  (pure eps):  n + X >= tau, X ~ DLap(b) exact (P(x) ~ exp(-|x|/b)), b = k / eps rounded up (and

@@ -136,6 +136,8 @@ std::optional<std::int64_t> window_of(const std::string& text, std::int64_t seco
 // indices: small slots, and the distinct ids for the collision check come for free.
 class PartialBuilder {
  public:
+  static constexpr std::size_t kMaxIndex = 0xffffffffu;  // dense indices are 32-bit: never wrap (two users merged)
+
   explicit PartialBuilder(std::size_t value_columns) { partials_.value_columns = value_columns; }
   // Room for about `partials` partials up front: no rehash of a large table while reading.
   void reserve(std::size_t partials) {
@@ -145,6 +147,8 @@ class PartialBuilder {
   }
 
   std::uint32_t user(const Id128& id) {
+    if (users_.size() >= kMaxIndex)
+      throw InputError("more than 2^32 - 1 distinct users on one rank: run on more ranks");
     const auto [it, fresh] = user_index_.try_emplace(id, static_cast<std::uint32_t>(users_.size()));
     if (fresh) users_.push_back(id);
     return it->second;
@@ -153,6 +157,8 @@ class PartialBuilder {
   std::uint32_t group(std::string_view encoded, IdPrf& ids) {
     auto it = group_index_.find(absl::string_view(encoded.data(), encoded.size()));  // no copy
     if (it == group_index_.end()) {
+      if (groups_.size() >= kMaxIndex)
+        throw InputError("more than 2^32 - 1 distinct groups on one rank: run on more ranks");
       it = group_index_.emplace(std::string(encoded), static_cast<std::uint32_t>(groups_.size())).first;
       groups_.push_back(ids(IdDomain::Key, encoded));
       group_names_.emplace_back(encoded);
@@ -323,9 +329,10 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
       throw InputError(fmt::format("{}:{}: {} in row '{}' (use --bad-rows skip to count and skip such rows)", path,
                                    line_number_of(all, offset), why, line.substr(0, 200)));
   };
-  builder.reserve(estimated_rows(all, begin, end) / 2);  // rows of a (user, group): usually 1-3
   std::string error;
   try {
+    // Rows of a (user, group): usually 1-3; capped (short first lines must not reserve a huge table).
+    builder.reserve(std::min(estimated_rows(all, begin, end) / 2, (end - begin) / 16));
     for_each_csv_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
       ++out.stats.rows;
       if (!split_csv_line(line, fields)) return bad(offset, line, "unbalanced quotes");

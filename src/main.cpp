@@ -9,14 +9,15 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string_view>
 
 #include "dpstream_version.hpp"
 #include "shuffle/comm.hpp"
-#include "sql/schedules.hpp"
 #include "sql/operator.hpp"
 #include "sql/query.hpp"
 #include "sql/query_spec.hpp"
+#include "sql/schedules.hpp"
 #include "src/config.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
@@ -375,6 +376,47 @@ struct QueryCommand {
     cmd->add_option("--out", out, "Output directory (result.csv, report.json; never overwritten) (required)");
     cmd->add_flag("--explain", explain, "Print the plan (noise and budget of every aggregate) and exit");
   }
+  // OPTIONS(...) in the query text: each names an option; it fills the option when nothing else set it and
+  // must agree with it otherwise (never silently ignored).
+  void apply_query_options() const {
+    if (cmd->get_option("sql")->count() == 0) return;
+    static const std::map<std::string, std::string> kNames = {
+        {"epsilon", "--epsilon"},
+        {"delta", "--delta"},
+        {"max_groups_per_user", "--max-groups-per-user"},
+        {"max_groups_contributed", "--max-groups-per-user"},
+        {"kappa", "--max-groups-per-user"},
+        {"max_rows_per_group", "--max-rows-per-group"},
+        {"max_contributions_per_partition", "--max-rows-per-group"},
+        {"selection", "--selection"},
+        {"noise", "--noise"}};
+    dpstream::sql::Query q;
+    try {
+      q = dpstream::sql::parse_query(text);
+    } catch (const dpstream::sql::QueryError&) {
+      return;  // reported with its position when the job is planned
+    }
+    for (const auto& o : q.options) {
+      const auto it = kNames.find(o.name);
+      if (it == kNames.end())
+        throw dpstream::ConfigError(
+            fmt::format("query: column {} ('{}'): unknown option; OPTIONS takes epsilon, "
+                        "delta, max_groups_per_user, max_rows_per_group, selection, noise",
+                        o.column_pos, o.name));
+      CLI::Option* opt = cmd->get_option(it->second);
+      if (opt->count() == 0) {
+        opt->add_result(o.value.text);
+        opt->run_callback();
+        continue;
+      }
+      const std::string given = opt->as<std::string>();
+      const bool same = o.value.is_string ? given == o.value.text : std::stod(given) == o.value.number;
+      if (!same)
+        throw dpstream::ConfigError(fmt::format("query: OPTIONS({} = {}) and {} {} disagree; give it once", o.name,
+                                                o.value.text, it->second, given));
+    }
+  }
+
   // The [query] table of --job fills every option the command line left out; then the required ones must be set.
   void apply_spec() const {
     if (!spec.empty())
@@ -388,6 +430,7 @@ struct QueryCommand {
           throw dpstream::ConfigError(fmt::format("{}: [query] {}: {}", spec, name, e.what()));
         }
       }
+    apply_query_options();
     for (const char* name : {"sql", "--input", "--user-column", "--epsilon", "--delta", "--out"})
       if (cmd->get_option(name)->count() == 0)
         throw dpstream::ConfigError(fmt::format("query: {} is required (on the command line or in --job's [query])",

@@ -364,6 +364,8 @@ def check_rank_invariance(env, state):
     assert a == b, (f"result.csv differs between {env.args.ranks} and {other} rank(s) at byte "
                     f"{harness.first_difference(a, b)}")
     ra, rb = (json.load(open(os.path.join(o, "report.json"), encoding="utf-8")) for o in (state["a"]["out"], out))
+    for r in (ra, rb):
+        r.get("not_dp", {}).pop("timings_seconds", None)  # wall-clock times differ by nature
     for key in ("selection", "aggregates", "accounting", "not_dp"):
         assert ra.get(key) == rb.get(key), f"report.json {key} differs between {env.args.ranks} and {other} rank(s)"
 
@@ -721,10 +723,10 @@ def check_windows(env, state):
           "windows 1..3 combined: per-group distinct users over the three windows exact")
 
 
-def block_epsilon(rho, one_sided, ceiling_eps, ceiling_delta):
-    """Least eps <= ceiling with cks_delta(rho, eps) + one_sided <= ceiling_delta (None if none): the ledger's
-    zCDP block accounting recomputed independently (need(eps) is searched on a grid, then refined)."""
-    need = lambda e: dp_reference.cks_delta(rho, e) + one_sided  # noqa: E731
+def block_epsilon(rho, one_sided, ceiling_eps, ceiling_delta, coupled=0.0):
+    """Least eps <= ceiling with cks_delta(rho, eps) + one_sided + (e^eps + 1) coupled <= ceiling_delta (None if
+    none): the ledger's zCDP block accounting recomputed independently (need(eps) searched on a grid)."""
+    need = lambda e: dp_reference.cks_delta(rho, e) + one_sided + (math.exp(e) + 1) * coupled  # noqa: E731
     grid = [ceiling_eps * i / 2000 for i in range(2001)]
     ok = [e for e in grid if need(e) <= ceiling_delta]
     return min(ok) if ok else None
@@ -759,8 +761,11 @@ def check_ledger(env, state):
     sigma, k = field(report, "selection.noise_scale"), 2
     rho = field(report, "accounting.rho_total")
     assert abs(rho - k / (2 * sigma * sigma)) <= 1e-12 * rho, f"rho_total {rho} != k / (2 sigma^2) = {k / (2 * sigma * sigma)}"
-    one_sided = field(report, "accounting.delta_threshold")
-    fits = [n for n in range(1, 13) if block_epsilon(n * rho, n * one_sided, ceiling_eps, ceiling_delta) is not None]
+    # Windows 2..4 in one release: a block holds part of a user's rows, so each block is charged for a
+    # replacement (group privacy 2): 4 rho, and the threshold's delta on both inputs (coupled).
+    charge_rho, coupled = 4 * rho, field(report, "accounting.delta_threshold")
+    fits = [n for n in range(1, 13)
+            if block_epsilon(n * charge_rho, 0.0, ceiling_eps, ceiling_delta, n * coupled) is not None]
     expected = max(fits) if fits else 0
     assert admitted == expected, f"{admitted} queries admitted, the block accounting admits {expected}"
     shown = env.dp.run_with("ledger", "explain", book, "--json", ranks=1)
@@ -770,9 +775,12 @@ def check_ledger(env, state):
     for b in blocks.values():
         assert b["charges"] == admitted, f"block {b['block']}: {b['charges']} charges, {admitted} admitted"
         for c in b["charge_list"]:
-            assert c["accounting"] == "zcdp" and abs(c["rho"] - rho) <= 1e-12 * rho, f"charge {c} != rho {rho}"
+            assert c["accounting"] == "zcdp" and abs(c["rho"] - charge_rho) <= 1e-12 * charge_rho, \
+                f"charge {c} != 4 rho = {charge_rho}"
+            assert abs(c["failure_coupled"] - coupled) <= 1e-18 and c["failure_one_sided"] == 0, f"charge {c}"
+    rho = charge_rho
     print(f"     ceiling ({ceiling_eps}, {ceiling_delta}): {admitted} queries of (0.5, 1e-6) admitted on blocks 2..4 "
-          f"(zCDP: rho {rho:.4g} each; basic composition would admit {int(ceiling_eps / 0.5)}), the next refused")
+          f"(each charged 4 rho = {rho:.4g}, a replacement: the release spans 3 blocks), the next refused")
 
 
 def check_is_null(env, state):
@@ -819,11 +827,22 @@ def check_job_spec(env, state):
     over = env.dp.run_with("query", "--job", spec, "--epsilon", "0.5", "--seed", "4", "--out", os.path.join(d, "c"))
     assert over.returncode == 0, over.describe()
     assert field(load_result(os.path.join(d, "c"))[2], "options.epsilon") == 0.5, "--epsilon did not win over the spec"
+    # OPTIONS(...) in the text fill options too, and must agree with the command line.
+    opts_sql = QUERY_G.sql.replace("ANONYMIZATION", "ANONYMIZATION OPTIONS(epsilon = 2, max_groups_contributed = 3)")
+    by_options = env.dp.run_with("query", opts_sql, "--input", csv_path, "--user-column", "uid", "--delta", "1e-6",
+                                 "--window-column", "ts", "--windows", "1:4", "--seed", "4", "--out",
+                                 os.path.join(d, "o"))
+    assert by_options.returncode == 0, by_options.describe()
+    assert open(os.path.join(d, "o", "result.csv"), encoding="utf-8").read() == a, "OPTIONS(...) released otherwise"
+    clash = env.dp.run_with("query", opts_sql, "--input", csv_path, "--user-column", "uid", "--delta", "1e-6",
+                            "--epsilon", "1", "--out", os.path.join(d, "o2"))
+    assert clash.returncode == 2 and "disagree" in clash.stderr, clash.describe()
     with open(spec, "a", encoding="utf-8") as f:
         f.write("epsilom = 1\n")
     bad = env.dp.run_with("query", "--job", spec, "--out", os.path.join(d, "e"))
     assert bad.returncode == 2 and "epsilom" in bad.stderr, bad.describe()
-    print("     [query] spec == command line (byte-identical result.csv); --epsilon overrides; unknown key refused")
+    print("     [query] spec == OPTIONS(...) == command line (byte-identical result.csv); --epsilon overrides the "
+          "spec, a disagreeing OPTIONS is refused; unknown key refused")
 
 
 def growing_windows(gamma, first, last, first_length):
