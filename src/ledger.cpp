@@ -321,8 +321,14 @@ BlockSpend account(std::int64_t block, std::vector<Charge> charges, const Ceilin
       const double room = g.delta - b.delta_extra - (b.coupled > 0 ? (std::exp(eps) + 1) * b.coupled : 0.0);
       if (room > 0) b.rho_left = std::max(b.rho_left, accounting::zcdp_rho_tight(eps, room) - b.rho);
     }
-  } else {
-    for (const auto& c : charges) b.epsilon += c.epsilon, b.delta += c.delta;
+  }
+  // Basic composition of every charge's own (epsilon, delta) is valid whatever the charges; a zCDP block
+  // uses it when it proves a smaller epsilon (at large epsilon the coupled mass costs (e^eps + 1) each).
+  double eps_basic = 0, delta_basic = 0;
+  for (const auto& c : charges) eps_basic += c.epsilon, delta_basic += c.delta;
+  if (!b.zcdp || (!charges.empty() && delta_basic <= g.delta && eps_basic < b.epsilon)) {
+    b.zcdp = false;
+    b.epsilon = eps_basic, b.delta = delta_basic;
     b.epsilon_left = g.epsilon - b.epsilon;
     b.delta_left = g.delta - b.delta;
     b.rho_left = 0;

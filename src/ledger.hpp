@@ -47,7 +47,8 @@ struct Charge {
 // A block's spending. Every charge zCDP: the block is (eps, delta_g)-DP whenever
 //   need(eps) = zcdp_delta(sum rho, eps) + sum delta_extra + (e^eps + 1) sum coupled <= delta_g
 // (docs/LEDGER.md); within its ceiling when a search finds a qualifying eps <= eps_g; `epsilon` qualifies.
-// Otherwise basic composition of each charge's own (epsilon, delta).
+// Otherwise, or when it proves a smaller epsilon within delta_g, basic composition of each charge's own
+// (epsilon, delta).
 struct BlockSpend {
   std::int64_t block = 0;
   bool retired = false;

@@ -105,7 +105,10 @@ def expected_block(charges, ceiling_eps=CEILING_EPS, ceiling_delta=CEILING_DELTA
             else:
                 a = m1
         best = (a + b) / 2
+        basic_eps, basic_delta = sum(c["epsilon"] for c in charges), sum(c["delta"] for c in charges)
         if need(best) > ceiling_delta:
+            if basic_delta <= ceiling_delta and basic_eps < math.inf and charges:
+                return {"accounting": "basic", "epsilon": basic_eps, "delta": basic_delta}
             return {"accounting": "zcdp", "epsilon": math.inf, "rho": rho, "coupled": coupled, "one_sided": one_sided}
         lo, hi = 0.0, best
         for _ in range(200):
@@ -114,6 +117,8 @@ def expected_block(charges, ceiling_eps=CEILING_EPS, ceiling_delta=CEILING_DELTA
                 hi = mid
             else:
                 lo = mid
+        if basic_delta <= ceiling_delta and basic_eps < hi:  # basic composition proves more: it is used
+            return {"accounting": "basic", "epsilon": basic_eps, "delta": basic_delta}
         return {"accounting": "zcdp", "epsilon": hi, "rho": rho, "coupled": coupled, "one_sided": one_sided}
     return {"accounting": "basic", "epsilon": sum(c["epsilon"] for c in charges),
             "delta": sum(c["delta"] for c in charges)}
@@ -352,7 +357,7 @@ def main():
                 if r.returncode == 2:
                     assert "block 0" in r.stderr, r.describe()
             rho = dp_reference.rho_tight(1.0, 1e-7)
-            one = {"zcdp": True, "rho": rho, "coupled": 0.0}
+            one = {"zcdp": True, "rho": rho, "coupled": 0.0, "epsilon": 1.0, "delta": 1e-7}
             fit = max(n for n in range(1, 9) if expected_block([one] * n, 2.0)["epsilon"] <= 2.0)
             assert codes == [0] * fit + [2] * (8 - fit), (codes, fit)
             assert show(ledger)[0]["charges"] == fit

@@ -945,7 +945,7 @@ def main():
                       lambda: check_public_groups(env, state))
         results.check("(e) one-user groups never released (laplace, gaussian, magic; 30 seeds each)",
                       lambda: check_single_user_groups(env, state))
-        results.check("value fields in strtod syntax ('+7', '.5', '12.', '1e300' clamped; '1e400', 'nan' bad)",
+        results.check("value fields: signed decimals ('+7', '.5', '12.', '1e300' clamped; '1e400', 'nan' bad)",
                       lambda: check_number_syntax(env, state))
         results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
                       lambda: check_bad_queries(env, state))
