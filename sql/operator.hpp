@@ -22,7 +22,7 @@ struct QueryJob {
   std::optional<std::uint64_t> seed;  // test mode: a fixed secret (the output is not private)
   std::string public_groups;          // CSV of the listed groups (selection public)
   std::string out_dir;
-  std::string ledger;  // charge this budget ledger for every window read, before reading (docs/LEDGER.md)
+  std::string ledger;             // charge this budget ledger for every window read, before reading (docs/LEDGER.md)
   std::int64_t noise_stream = 0;  // the keyed PRF's stream (releases of a schedule draw independent noise)
 };
 
