@@ -779,8 +779,21 @@ def check_ledger(env, state):
                 f"charge {c} != 4 rho = {charge_rho}"
             assert abs(c["failure_coupled"] - coupled) <= 1e-18 and c["failure_one_sided"] == 0, f"charge {c}"
     rho = charge_rho
+    # At a large epsilon the coupled threshold mass costs (e^eps + 1) per query and zCDP cannot fit even one;
+    # basic composition of the queries' own (2 eps, (1 + e^eps) delta) fits two: the ledger uses it.
+    book2 = os.path.join(d, "basic.ledger")
+    run = env.dp.run_with("ledger", "init", book2, "--epsilon", 25, "--delta", 1e-3, ranks=1)
+    assert run.returncode == 0, run.describe()
+    big = ["--window-column", "ts", "--windows", "2:3", "--ledger", book2, "--epsilon", "5", "--delta", "1e-6",
+           "--max-groups-per-user", "2"]
+    codes = [env.query(QUERY_G, csv_path, os.path.join(d, f"big{i}"), *big).returncode for i in range(3)]
+    assert codes == [0, 0, 2], f"exit codes {codes}: basic composition admits 2 queries of (10, ~1.5e-4) per block"
+    shown = env.dp.run_with("ledger", "show", book2, "--json", ranks=1)
+    accounting = {b["block"]: b["accounting"] for b in json.loads(shown.stdout)["blocks"]}
+    assert accounting == {2: "basic", 3: "basic"}, f"blocks' accounting {accounting}, expected basic"
     print(f"     ceiling ({ceiling_eps}, {ceiling_delta}): {admitted} queries of (0.5, 1e-6) admitted on blocks 2..4 "
-          f"(each charged 4 rho = {rho:.4g}, a replacement: the release spans 3 blocks), the next refused")
+          f"(each charged 4 rho = {rho:.4g}, a replacement: the release spans 3 blocks), the next refused; at eps 5 "
+          "basic composition admits 2 where zCDP admits none")
 
 
 def check_is_null(env, state):
