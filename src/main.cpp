@@ -376,6 +376,17 @@ struct QueryCommand {
     cmd->add_option("--out", out, "Output directory (result.csv, report.json; never overwritten) (required)");
     cmd->add_flag("--explain", explain, "Print the plan (noise and budget of every aggregate) and exit");
   }
+  // Sets an option the command line left out, as if it had been given there (CLI11 converts and checks it);
+  // `where` names the source in the error.
+  static void fill_option(CLI::Option* opt, const std::string& value, const std::string& where) {
+    opt->add_result(value);
+    try {
+      opt->run_callback();
+    } catch (const CLI::Error& e) {
+      throw dpstream::ConfigError(fmt::format("{}: {}", where, e.what()));
+    }
+  }
+
   // OPTIONS(...) in the query text: each names an option; it fills the option when nothing else set it and
   // must agree with it otherwise (never silently ignored).
   void apply_query_options() const {
@@ -405,8 +416,7 @@ struct QueryCommand {
                         o.column_pos, o.name));
       CLI::Option* opt = cmd->get_option(it->second);
       if (opt->count() == 0) {
-        opt->add_result(o.value.text);
-        opt->run_callback();
+        fill_option(opt, o.value.text, fmt::format("query: OPTIONS({})", o.name));
         continue;
       }
       const std::string given = opt->as<std::string>();
@@ -422,13 +432,7 @@ struct QueryCommand {
     if (!spec.empty())
       for (const auto& [name, value] : dpstream::sql::read_query_section(spec)) {
         CLI::Option* opt = cmd->get_option(name);
-        if (opt->count() > 0) continue;
-        opt->add_result(value);
-        try {
-          opt->run_callback();
-        } catch (const CLI::Error& e) {
-          throw dpstream::ConfigError(fmt::format("{}: [query] {}: {}", spec, name, e.what()));
-        }
+        if (opt->count() == 0) fill_option(opt, value, fmt::format("{}: [query] {}", spec, name));
       }
     apply_query_options();
     for (const char* name : {"sql", "--input", "--user-column", "--epsilon", "--delta", "--out"})
