@@ -89,14 +89,16 @@ class UserState {
   }
 
   static std::uint32_t key_fingerprint(std::uint64_t key);
+  // The hash that places a user in its shard's table (a bijection of the id; home slots grow with it).
+  static std::uint64_t slot_hash(std::uint64_t user);
   // The user's slot in `shard`, added with kept = 0 and no fingerprint when new (second: added). The
   // pointer is valid until the next user is added to the shard.
   std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user);
-  // Loads ahead of find_or_add, to bring a batch of users' state into the cache together (the loads of
-  // a batch are independent, so their misses overlap): the user's home slot, then (once that is
-  // cached) the first word of its block, if any. The returned word only keeps the load alive.
-  std::uint32_t touch_slot(std::size_t shard, std::uint64_t user) const;
-  std::uint32_t touch_block(std::size_t shard, std::uint64_t user) const;
+  // Prefetches ahead of find_or_add, so that the misses of many users' state overlap instead of adding
+  // up: the user's home slot (from slot_hash(user)), then, once that is cached, the start of its block.
+  // Hints only: a prefetch never blocks and a stale one (the table grew since) costs nothing but a line.
+  void prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const;
+  void prefetch_block(std::size_t shard, std::uint64_t user) const;
   // Room for `more` new fingerprints (one block move at most; optional, add_pair grows too).
   void reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more);
   // Counts (user, key fingerprint) among the user's first touches; false if it was there. With the
@@ -132,7 +134,7 @@ class UserState {
     absl::flat_hash_set<UserFingerprint> overflow;  // beyond a full block of kBlockCapacity
     std::vector<UserFingerprint> overflow_journal;
     JournalSize pending;  // what drain_journal will return (its new_pairs include overflow_journal)
-    std::size_t home(std::uint64_t user) const;
+    std::size_t home_of(std::uint64_t slot_hash) const;  // monotone in the hash
     const Slot* find(std::uint64_t user) const;
     void grow();
     std::uint32_t allocate(std::uint32_t cls);

@@ -19,12 +19,13 @@ namespace {
 
 // A trigger of records with heavy users, ties in time, values outside the clamp range, and
 // the records in a scrambled order (arrival order must not matter).
-std::vector<Record> random_trigger(std::mt19937_64& rng, int trigger, std::uint64_t& position) {
+std::vector<Record> random_trigger(std::mt19937_64& rng, int trigger, std::uint64_t& position, int max_records = 400,
+                                   std::uint64_t users = 60) {
   std::vector<Record> out;
-  std::uniform_int_distribution<int> n_dist(0, 400);
+  std::uniform_int_distribution<int> n_dist(0, max_records);
   const int n = n_dist(rng);
   for (int i = 0; i < n; ++i) {
-    const std::uint64_t user = (rng() % 4 == 0) ? 7 : rng() % 60;  // user 7 is heavy
+    const std::uint64_t user = (rng() % 4 == 0) ? 7 : rng() % users;  // user 7 is heavy
     const std::uint64_t key = rng() % 25;
     const double value = std::uniform_real_distribution<double>(-3.0, 5.0)(rng);
     out.push_back(
@@ -43,22 +44,24 @@ struct Totals {
 
 }  // namespace
 
-TEST(Bounding, MatchesNaiveReferenceOverManyTriggers) {
+// Small triggers (a few records per shard: the comparison sort) and large ones (hundreds per shard: the
+// radix grouping, with many users repeated within a trigger and ties in time).
+void expect_matches_naive_reference(int max_records, std::uint64_t users, int triggers) {
   const std::uint32_t C = 6;
   const double lo = -1.0, hi = 2.5;
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
     std::mt19937_64 rng(12345);
-    kernels::UserState users;
+    kernels::UserState state;
     kernels::KeyStateTable keys;
     kernels::BoundingStats stats;
     NaiveReference naive(C, lo, hi);
     naive.begin_window();
     std::uint64_t position = 0, total = 0;
-    for (int t = 0; t < 30; ++t) {
-      auto records = random_trigger(rng, t, position);
+    for (int t = 0; t < triggers; ++t) {
+      auto records = random_trigger(rng, t, position, max_records, users);
       total += records.size();
-      auto partials = kernels::bound_and_aggregate(records, {C, lo, hi}, users, stats);
+      auto partials = kernels::bound_and_aggregate(records, {C, lo, hi}, state, stats);
       const auto got = keys.accumulate(partials);
       const auto want = naive.process(records);
       ASSERT_EQ(got.size(), want.size()) << "trigger " << t;
@@ -69,11 +72,15 @@ TEST(Bounding, MatchesNaiveReferenceOverManyTriggers) {
       }
     }
     EXPECT_EQ(stats.kept + stats.dropped, total);
-    users.for_each_user([&](std::uint64_t user, std::uint32_t kept) { EXPECT_LE(kept, C) << "user " << user; });
+    state.for_each_user([&](std::uint64_t user, std::uint32_t kept) { EXPECT_LE(kept, C) << "user " << user; });
     EXPECT_GT(stats.dropped, 0u);
     EXPECT_GT(stats.clamped, 0u);
   }
 }
+
+TEST(Bounding, MatchesNaiveReferenceOverManyTriggers) { expect_matches_naive_reference(400, 60, 30); }
+
+TEST(Bounding, MatchesNaiveReferenceWithHundredsOfRecordsPerShard) { expect_matches_naive_reference(200000, 30000, 6); }
 
 TEST(Bounding, KeepsTheFirstCInStreamOrderNotArrivalOrder) {
   kernels::UserState users;
@@ -510,8 +517,8 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
         state.reserve_pairs(c.shard, *slot, more);
       } else if (r < 800) {  // a user's first visit without keys, and the prefetch loads
         const Candidate& c = pick();
-        state.touch_slot(c.shard, c.id);
-        state.touch_block(c.shard, c.id);
+        state.prefetch_slot(c.shard, kernels::UserState::slot_hash(c.id));
+        state.prefetch_block(c.shard, c.id);
         auto [slot, added] = state.find_or_add(c.shard, c.id);
         ASSERT_EQ(added, model.users.try_emplace(c.id).second) << "user " << c.id << " at op " << op;
         model.users[c.id].shard = c.shard;
