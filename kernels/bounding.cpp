@@ -219,10 +219,7 @@ std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std:
 
 void UserState::prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const {
   const Shard& sh = shards_[shard];
-  if (sh.slots.empty()) return;
-  const Slot* home = &sh.slots[sh.home_of(slot_hash)];
-  __builtin_prefetch(home);
-  __builtin_prefetch(home + 2);  // a probe past the home slot's line (linear probing, up to 80% full)
+  if (!sh.slots.empty()) __builtin_prefetch(&sh.slots[sh.home_of(slot_hash)]);
 }
 
 void UserState::prefetch_block(std::size_t shard, std::uint64_t user) const {
