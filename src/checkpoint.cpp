@@ -994,6 +994,11 @@ CommitStats Store::commit(std::shared_ptr<Journal> journal, std::string rows, co
   next.complete = pos.complete;
   next.releases_bytes = releases_bytes;
   next.release_rows = release_rows;
+  // The job's last rows go to releases.csv before its last commit instead of through rank 0's segment:
+  // written once, not twice (0.2 s of a 2 s job that releases 4.3M rows). A crash before the manifest
+  // leaves them beyond the committed length, where the resume cuts them and derives them again.
+  std::string final_rows;
+  if (root && pos.complete) final_rows.swap(rows);
   next.staged_bytes = rows.size();
   next.counters = counters;
   if (next.privacy.contains("epsilon_per_window")) next.privacy["windows_charged"] = pos.window_index + 1;
@@ -1006,10 +1011,11 @@ CommitStats Store::commit(std::shared_ptr<Journal> journal, std::string rows, co
   try {
     io_ = std::async(std::launch::async, [this, root, previous_pending, previous = std::move(previous),
                                           previous_rows = std::move(pending_rows_), journal = std::move(journal), rows,
-                                          header, path]() mutable {
+                                          final_rows = std::move(final_rows), header, path]() mutable {
       using Clock = std::chrono::steady_clock;
       const auto t = Clock::now();
       if (root && previous_pending) make_visible(previous, previous_rows);
+      if (publish_ && !final_rows.empty()) publish_(final_rows);  // after the previous commit's rows
       fault::point("ckpt_begin");
       Written w;
       const auto t_write = Clock::now();

@@ -19,7 +19,9 @@ After each killed run: exit code non-zero (the rank was killed; a hang is a fail
 (if any) is a byte prefix of the reference and holds no row of a trigger that cannot have been
 committed yet (when the killed process was the first run of the job with every = 1: rows of the
 first h - 1 triggers at most for a kill at hit h before `committed`, exactly h triggers at
-`published`), no summary.json, every file under checkpoint/ mode 0600 and every directory 0700.
+`published`; the job's last rows are appended before its last commit, so at the last hit h they
+may be there from the commit's files on and are there from its manifest on), no summary.json, every
+file under checkpoint/ mode 0600 and every directory 0700.
 One `--resume` must then exit 0 with releases.csv byte-identical to the reference and a summary.json.
 The completed reference run's checkpoint is checked too: MANIFEST-<seq>.json (the newest two),
 segment names, sizes, ranks, modes, and `h5dump -H` on a rank-0 segment.
@@ -451,12 +453,18 @@ def main():
                                                f"uninterrupted run's {want_digest}")
             return r
 
-        def bounds_for(point, hit):
-            """(lo, hi) in triggers for a kill of the first run of an every = 1 job at point@hit."""
+        def bounds_for(job, point, hit):
+            """(lo, hi) in triggers for a kill of the first run of an every = 1 job at point@hit. The job's
+            last rows are appended before its last commit (docs/CHECKPOINTS.md): from the start of that
+            commit's files they may be there, and from its manifest on they are."""
             if point == "published":
                 return (hit, hit)
             if point == "publish_half":
                 return (hit - 1, hit)
+            if hit == job.total and point in ("manifest_before_rename", "committed"):
+                return (hit, hit)
+            if hit == job.total and point in PER_COMMIT:
+                return (None, hit)
             return (None, hit - 1)
 
         def kill_resume(job, point, hit, rank, *, ranks=None, resume_ranks=None, exact=True, resume_extra=()):
@@ -465,7 +473,7 @@ def main():
             fault = f"{point}@{hit}:{rank}"
             # The bounds hold for a rank-0 kill; for another rank rank 0 may still be publishing rows of
             # the previous commit, but never rows of a trigger not committed yet (the upper bound).
-            b = bounds_for(point, hit) if exact else None
+            b = bounds_for(job, point, hit) if exact else None
             if b and rank != 0:
                 b = (None, b[1])
             deferred = []
@@ -573,7 +581,7 @@ def main():
                 out = os.path.join(case_dir(f"ranks-{k_ranks}-{r_ranks}"), "out")
                 point, rest = fault.split("@")
                 hit, rank = map(int, rest.split(":"))
-                b = bounds_for(point, hit)
+                b = bounds_for(job, point, hit)
                 kill(job, out, fault, ranks=k_ranks, bounds=b if rank == 0 else (None, b[1]))
                 resume(job, out, ranks=r_ranks, what=f"resume at {r_ranks} rank(s)")
 
