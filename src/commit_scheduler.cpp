@@ -69,7 +69,7 @@ StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigg
                                            : end.clock_due    ? CommitCause::Seconds
                                                               : std::optional<CommitCause>();
   if (checkpointing_ && cause) {
-    ++causes_[static_cast<std::size_t>(*cause)];
+    count(*cause);
     if (wi + 1 == config_.stream.windows && window_end) {
       final_commit_pending_ = true;
     } else {
@@ -81,6 +81,10 @@ StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigg
   return end.stop;
 }
 
+void CommitScheduler::count(CommitCause cause) {
+  if (comm_.rank() == 0) ++counters_.commits_by_cause[static_cast<std::size_t>(cause)];
+}
+
 bool CommitScheduler::clock_ran_out() const { return seconds_since(last_commit_) >= config_.checkpoint.seconds; }
 
 bool CommitScheduler::journal_full() const {
@@ -89,7 +93,7 @@ bool CommitScheduler::journal_full() const {
 
 void CommitScheduler::commit_for_stop(std::uint32_t wi, std::uint32_t trigger) {
   if (!checkpointing_ || committed_now_) return;
-  ++causes_[static_cast<std::size_t>(CommitCause::Stop)];
+  count(CommitCause::Stop);
   commit(wi, uncommitted_from_, trigger + 1, false);
 }
 
@@ -112,12 +116,11 @@ nlohmann::json CommitScheduler::json(std::optional<std::uint32_t> resumed_from) 
   j["every"] = config_.checkpoint.every ? nlohmann::json(*config_.checkpoint.every) : nlohmann::json(nullptr);
   j["seconds"] = config_.checkpoint.seconds;
   j["journal_mib"] = config_.checkpoint.journal_mib;
-  const auto n = [this](CommitCause c) { return causes_[static_cast<std::size_t>(c)]; };
-  j["commits_by_cause"] = {{"window_end", n(CommitCause::WindowEnd)},
-                           {"every", n(CommitCause::Every)},
-                           {"journal", n(CommitCause::Journal)},
-                           {"seconds", n(CommitCause::Seconds)},
-                           {"stop", n(CommitCause::Stop)}};
+  // The job's, over all its runs (carried in the manifest's counters); `commits` is this run's.
+  const auto by_cause =
+      comm_.sum(std::vector<std::uint64_t>(counters_.commits_by_cause.begin(), counters_.commits_by_cause.end()));
+  j["commits_by_cause"] = nlohmann::json::object();
+  for (std::size_t c = 0; c < by_cause.size(); ++c) j["commits_by_cause"][kCommitCauseNames[c]] = by_cause[c];
   j["resumed_from_commit"] = resumed_from ? nlohmann::json(*resumed_from) : nlohmann::json(nullptr);
   return j;
 }

@@ -28,8 +28,6 @@ struct StopAgreement {
 };
 
 // Why a commit was made; when several hold at once, the first of these.
-enum class CommitCause { WindowEnd, Every, Journal, Seconds, Stop, Count };
-
 class CommitScheduler {
  public:
   using Clock = std::chrono::steady_clock;
@@ -59,8 +57,9 @@ class CommitScheduler {
 
  private:
   void commit(std::uint32_t wi, std::uint32_t first_trigger, std::uint32_t next_trigger, bool complete);
-  bool clock_ran_out() const;  // `seconds` since the last commit
-  bool journal_full() const;   // this rank's journal holds `journal_mib` MiB
+  void count(CommitCause cause);  // in the job's carried counters (rank 0)
+  bool clock_ran_out() const;     // `seconds` since the last commit
+  bool journal_full() const;      // this rank's journal holds `journal_mib` MiB
 
   const JobConfig& config_;
   const shuffle::Comm& comm_;
@@ -76,7 +75,6 @@ class CommitScheduler {
   std::uint32_t uncommitted_from_ = 0;            // first trigger of the window not yet committed
   bool committed_now_ = false;                    // end_trigger committed the trigger
   bool final_commit_pending_ = false;
-  std::array<std::uint64_t, static_cast<std::size_t>(CommitCause::Count)> causes_{};  // commits per cause
 };
 
 }  // namespace dpstream

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -26,6 +27,11 @@ struct StageTimes {
   }
 };
 
+// Why a commit was made (docs/CHECKPOINTS.md, "Cadence"); the names of summary.json's commits_by_cause.
+enum class CommitCause { WindowEnd, Every, Journal, Seconds, Stop, Count };
+inline constexpr std::array<const char*, static_cast<std::size_t>(CommitCause::Count)> kCommitCauseNames = {
+    "window_end", "every", "journal", "seconds", "stop"};
+
 struct RunCounters {
   kernels::BoundingStats bounding;
   kernels::DpStats dp;
@@ -34,6 +40,8 @@ struct RunCounters {
   std::uint64_t state_digest = 0;                       // sum over windows of the state's digest at the window's end
   std::uint64_t keys_released = 0;  // keys released at least once in their window (KeyState::round > 0)
   std::uint64_t records = 0;        // records this rank read
+  // The job's commits by cause, counted on rank 0 only (every rank decides alike), over all its runs.
+  std::array<std::uint64_t, static_cast<std::size_t>(CommitCause::Count)> commits_by_cause{};
   std::vector<std::uint64_t>
       visits_per_trigger;  // keys visited by key selection at each trigger of this run (not carried)
 
@@ -50,7 +58,10 @@ struct RunCounters {
     f("key_shuffle_bytes", key_traffic.bytes_total), f("key_shuffle_bytes_to_others", key_traffic.bytes_sent_to_others);
     f("distinct_users", distinct_users), f("distinct_keys", distinct_keys), f("state_digest", state_digest);
     f("keys_released", keys_released), f("records", records);
+    for (std::size_t c = 0; c < commits_by_cause.size(); ++c) f(commit_counter_names[c], commits_by_cause[c]);
   }
+  static constexpr std::array<const char*, static_cast<std::size_t>(CommitCause::Count)> commit_counter_names = {
+      "commits_window_end", "commits_every", "commits_journal", "commits_seconds", "commits_stop"};
 
   // At a window's end, before its state is dropped: its distinct users and keys, the state's digest,
   // and (DP modes) the keys released at least once in it (KeyState::round > 0).

@@ -695,6 +695,11 @@ def main():
             kill(job, killed, "published@3:0", "--set", "checkpoint.journal_mib=1",
                  what="journal_mib = 1, published@3:0")
             resume(job, killed, "--set", "checkpoint.journal_mib=1", what="resume of a journal_mib = 1 run")
+            with open(os.path.join(killed, "summary.json"), encoding="utf-8") as f:
+                resumed = json.load(f)["checkpoint"]
+            assert resumed["commits_by_cause"] == causes and resumed["commits"] < sum(causes.values()), \
+                (f"commits_by_cause counts the whole job across the resume (the uninterrupted run's {causes}), "
+                 f"commits this run's: {resumed}")
 
         results.check("journal_mib = 1: the journal bound commits more often than the clock, same output",
                       journal_bound)
