@@ -226,9 +226,11 @@ void UserState::prefetch_block(std::size_t shard, std::uint64_t user) const {
   const Shard& sh = shards_[shard];
   const Slot* s = sh.find(user);
   if (s == nullptr || !has_block(s->meta)) return;
-  const std::uint32_t* block = sh.words.data() + block_of(*s);
-  __builtin_prefetch(block);       // header and the first fingerprints
-  __builtin_prefetch(block + 15);  // the rest of a block of up to 16 words, wherever its line boundary falls
+  const std::size_t block = block_of(*s);
+  __builtin_prefetch(sh.words.data() + block);  // header and the first fingerprints
+  // The line after, wherever the boundary falls: all of a block of up to 16 words (most users); a larger
+  // block's later words load on use.
+  if (block + 15 < sh.words.size()) __builtin_prefetch(sh.words.data() + block + 15);
 }
 
 void UserState::reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more) {
@@ -415,7 +417,7 @@ class ShardBounder {
       std::sort(order_.begin(), order_.end(), hash_then_arrival);
       return;
     }
-    const int bits = std::bit_width(n);  // 2^bits > n buckets
+    const auto bits = static_cast<int>(std::bit_width(n));  // 2^bits > n buckets
     bucket_start_.assign((std::size_t{1} << bits) + 1, 0);
     for (const UserRecord& r : order_) ++bucket_start_[(r.slot_hash >> (64 - bits)) + 1];
     for (std::size_t b = 1; b < bucket_start_.size(); ++b) bucket_start_[b] += bucket_start_[b - 1];
@@ -424,9 +426,12 @@ class ShardBounder {
     for (const UserRecord& r : order_) scratch_[bucket_end_[r.slot_hash >> (64 - bits)]++] = r;
     order_.swap(scratch_);
     for (std::size_t b = 0; b + 1 < bucket_start_.size(); ++b)
-      if (bucket_start_[b + 1] - bucket_start_[b] > 1)
-        std::sort(order_.begin() + static_cast<std::ptrdiff_t>(bucket_start_[b]),
-                  order_.begin() + static_cast<std::ptrdiff_t>(bucket_start_[b + 1]), hash_then_arrival);
+      if (bucket_start_[b + 1] - bucket_start_[b] > 1) {
+        const auto from = order_.begin() + static_cast<std::ptrdiff_t>(bucket_start_[b]);
+        const auto to = order_.begin() + static_cast<std::ptrdiff_t>(bucket_start_[b + 1]);
+        if (!std::is_sorted(from, to, hash_then_arrival))
+          std::sort(from, to, hash_then_arrival);  // one heavy user: sorted
+      }
   }
 
   // One user's records of the trigger (order_[from, to), in stream order): keeps the first C - kept,

@@ -142,7 +142,7 @@ void CommitScheduler::commit(std::uint32_t wi, std::uint32_t first_trigger, std:
   figures_.user_bytes += journal->user_bytes();
   figures_.key_bytes += journal->key_bytes();
   std::string rows = root ? writer_->take_pending() : std::string();
-  figures_.release_bytes += complete ? 0 : rows.size();  // the job's last rows are not staged (Store::commit)
+  figures_.release_bytes += rows.size();
   const auto sums = counters_.global_sums(comm_);
   figures_.add(store_.commit(std::move(journal), std::move(rows), {wi, first_trigger, next_trigger, complete}, sums,
                              root ? writer_->bytes() : 0, root ? writer_->rows() : 0));

@@ -27,7 +27,6 @@ struct StopAgreement {
   int rank = -1;   // the first rank that received one
 };
 
-// Why a commit was made; when several hold at once, the first of these.
 class CommitScheduler {
  public:
   using Clock = std::chrono::steady_clock;

@@ -38,10 +38,11 @@ std::string csv_field(const std::string& s);
 void format_rows(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows,
                  ReleaseColumns columns, std::string& text, std::vector<std::uint64_t>& ends);
 
-// DIR/releases.csv on rank 0, grown only by rows of committed triggers (docs/CHECKPOINTS.md):
-// rows are formatted into a pending buffer, handed to the checkpoint with their commit, and
-// appended once the commit is durable (the job's last rows: just before its last commit). After a crash the file is cut back to its committed length
-// and the last commit's rows are appended again, so no row is ever lost or duplicated.
+// DIR/releases.csv on rank 0, grown by rows of committed triggers (docs/CHECKPOINTS.md): rows are
+// formatted into a pending buffer, handed to the checkpoint with their commit, and appended once the
+// commit is durable (the job's last rows: just before its last commit, which a resume undoes). After a crash the file
+// is cut back to its committed length and the last commit's rows are appended again, so no row is ever lost or
+// duplicated.
 class ReleaseWriter {
  public:
   static constexpr std::string_view kHeader = "window,trigger,key,count,sum\n";

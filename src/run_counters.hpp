@@ -27,7 +27,8 @@ struct StageTimes {
   }
 };
 
-// Why a commit was made (docs/CHECKPOINTS.md, "Cadence"); the names of summary.json's commits_by_cause.
+// Why a commit was made (docs/CHECKPOINTS.md, "Cadence"; when several hold at once, the first of
+// these); the names of summary.json's commits_by_cause.
 enum class CommitCause { WindowEnd, Every, Journal, Seconds, Stop, Count };
 inline constexpr std::array<const char*, static_cast<std::size_t>(CommitCause::Count)> kCommitCauseNames = {
     "window_end", "every", "journal", "seconds", "stop"};

@@ -463,8 +463,8 @@ def main():
                 return (hit - 1, hit)
             if hit == job.total and point in ("manifest_before_rename", "committed"):
                 return (hit, hit)
-            if hit == job.total and point in PER_COMMIT:
-                return (None, hit)
+            if hit == job.total and point in PER_COMMIT:  # rank 0 appended them before its segment
+                return (hit, hit)
             return (None, hit - 1)
 
         def kill_resume(job, point, hit, rank, *, ranks=None, resume_ranks=None, exact=True, resume_extra=()):
@@ -535,6 +535,8 @@ def main():
         for point in AFTER_COMMIT + ("manifest_before_rename",):
             def case_last(point=point):
                 have(dp_job)
+                # Rows at the last trigger, or the bounds could not tell appended from staged last rows.
+                assert dp_job.rows_at(dp_job.total - 1) > 0, "the DP job's last trigger releases no row"
                 kill_resume(dp_job, point, dp_job.total, 0)
 
             results.check(f"dp: kill {point} at the last commit -> resume completes (summary.json)", case_last)
