@@ -30,9 +30,9 @@ void skip_fabric_probing_on_one_node() {
   const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");         // NOLINT(concurrency-mt-unsafe)
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");  // NOLINT(concurrency-mt-unsafe)
   if (size == nullptr || local == nullptr || std::string_view(size) != std::string_view(local)) return;
-  if (std::getenv("OMPI_MCA_mtl") != nullptr ||
-      std::getenv("OMPI_MCA_pml") != nullptr)  // NOLINT(concurrency-mt-unsafe)
-    return;
+  const char* mtl = std::getenv("OMPI_MCA_mtl");  // NOLINT(concurrency-mt-unsafe)
+  const char* pml = std::getenv("OMPI_MCA_pml");  // NOLINT(concurrency-mt-unsafe)
+  if (mtl != nullptr || pml != nullptr) return;
   setenv("OMPI_MCA_mtl", "^ofi,psm,psm2", /*overwrite=*/0);  // NOLINT(concurrency-mt-unsafe)
 }
 

@@ -1,11 +1,6 @@
 #include "sql/operator.hpp"
 
 #include <fmt/format.h>
-#include <openssl/core_names.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/params.h>
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
@@ -88,45 +83,19 @@ std::vector<std::uint64_t> merge_partials(const std::vector<std::uint64_t>& word
 }
 
 // K_s = HMAC-SHA256(secret, "dpstream sql sample")[0..16); r(u, g) = LE64 of SipHash-2-4-128(K_s, LE64(u) ||
-// LE64(g))[0..8): a PRF (SipHash, as for the ids) at ~40 ns a pair, one keyed context reused.
+// LE64(g))[0..8): a PRF (src/id_prf.hpp's KeyedSipHash, as for the ids) at ~40 ns a pair.
 class SampleRank {
  public:
-  explicit SampleRank(const noise::Secret& secret) {
-    static constexpr char kLabel[] = "dpstream sql sample";
-    std::array<unsigned char, 32> key{};
-    unsigned len = 0;
-    if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-              reinterpret_cast<const unsigned char*>(kLabel), sizeof kLabel - 1, key.data(), &len))
-      throw std::runtime_error("HMAC-SHA256 failed while deriving the sample key");
-    EVP_MAC* alg = EVP_MAC_fetch(nullptr, "SIPHASH", nullptr);
-    if (!alg) throw std::runtime_error("OpenSSL has no SIPHASH MAC");
-    ctx_.reset(EVP_MAC_CTX_new(alg));
-    EVP_MAC_free(alg);
-    std::size_t out_size = 16;
-    const OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &out_size),
-                                 OSSL_PARAM_construct_end()};
-    const bool ok = ctx_ && EVP_MAC_init(ctx_.get(), key.data(), 16, params) == 1;
-    OPENSSL_cleanse(key.data(), key.size());
-    if (!ok) throw std::runtime_error("cannot key SipHash-2-4-128 for the group sample");
-  }
+  explicit SampleRank(const noise::Secret& secret) : mac_(secret, "dpstream sql sample") {}
   std::uint64_t operator()(std::uint64_t user, std::uint64_t group) const {
-    std::array<unsigned char, 16> msg{}, mac{};
+    std::array<unsigned char, 16> msg{};
     for (std::size_t i = 0; i < 8; ++i)
       msg[i] = static_cast<unsigned char>(user >> (8 * i)), msg[8 + i] = static_cast<unsigned char>(group >> (8 * i));
-    std::size_t len = 0;
-    if (EVP_MAC_init(ctx_.get(), nullptr, 0, nullptr) != 1 || EVP_MAC_update(ctx_.get(), msg.data(), msg.size()) != 1 ||
-        EVP_MAC_final(ctx_.get(), mac.data(), &len, mac.size()) != 1 || len != mac.size())
-      throw std::runtime_error("SipHash failed while ranking a group");
-    std::uint64_t r = 0;
-    for (int i = 7; i >= 0; --i) r = (r << 8) | mac[static_cast<std::size_t>(i)];
-    return r;
+    return mac_(msg.data(), msg.size()).first;
   }
 
  private:
-  struct Free {
-    void operator()(EVP_MAC_CTX* c) const { EVP_MAC_CTX_free(c); }
-  };
-  std::unique_ptr<EVP_MAC_CTX, Free> ctx_;
+  KeyedSipHash mac_;
 };
 
 // Public selection: only the listed groups' partials go on (counted as unlisted (user, group) pairs).

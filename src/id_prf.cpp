@@ -18,31 +18,6 @@ namespace dpstream {
 
 namespace {
 
-evp_mac_ctx_st* make_siphash(const noise::Secret& secret, IdDomain domain) {
-  // K_domain = HMAC-SHA256(secret, "dpstream ids" || domain byte)[0..16)
-  std::array<unsigned char, 13> label{'d', 'p', 's', 't', 'r', 'e', 'a', 'm', ' ', 'i', 'd', 's', 0};
-  label.back() = static_cast<unsigned char>(domain);
-  std::array<unsigned char, 32> mac{};
-  unsigned int mac_len = 0;
-  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), label.data(), label.size(), mac.data(),
-            &mac_len))
-    throw std::runtime_error("HMAC-SHA256 failed while deriving the id key");
-  EVP_MAC* alg = EVP_MAC_fetch(nullptr, "SIPHASH", nullptr);
-  if (!alg) throw std::runtime_error("OpenSSL has no SIPHASH MAC");
-  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(alg);
-  EVP_MAC_free(alg);
-  if (!ctx) throw std::runtime_error("cannot create the SipHash context");
-  size_t out_size = 16;
-  const OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &out_size), OSSL_PARAM_construct_end()};
-  const bool ok = EVP_MAC_init(ctx, mac.data(), 16, params) == 1;
-  OPENSSL_cleanse(mac.data(), mac.size());
-  if (!ok) {
-    EVP_MAC_CTX_free(ctx);
-    throw std::runtime_error("cannot key SipHash-2-4-128");
-  }
-  return ctx;
-}
-
 std::uint64_t load_le64(const unsigned char* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = v << 8 | p[i];
@@ -61,26 +36,58 @@ std::vector<std::byte> allgather_bytes(const std::vector<std::byte>& mine, const
 
 }  // namespace
 
-void IdPrf::CtxFree::operator()(evp_mac_ctx_st* ctx) const { EVP_MAC_CTX_free(ctx); }
+void KeyedSipHash::CtxFree::operator()(evp_mac_ctx_st* ctx) const { EVP_MAC_CTX_free(ctx); }
+
+KeyedSipHash::KeyedSipHash(const noise::Secret& secret, std::string_view label) {
+  std::array<unsigned char, 32> mac{};  // the key: its first 16 bytes
+  unsigned int mac_len = 0;
+  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+            reinterpret_cast<const unsigned char*>(label.data()), label.size(), mac.data(), &mac_len))
+    throw std::runtime_error("HMAC-SHA256 failed while deriving a SipHash key");
+  EVP_MAC* alg = EVP_MAC_fetch(nullptr, "SIPHASH", nullptr);
+  if (!alg) throw std::runtime_error("OpenSSL has no SIPHASH MAC");
+  ctx_.reset(EVP_MAC_CTX_new(alg));
+  EVP_MAC_free(alg);
+  size_t out_size = 16;
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &out_size), OSSL_PARAM_construct_end()};
+  const bool ok = ctx_ && EVP_MAC_init(ctx_.get(), mac.data(), 16, params) == 1;
+  OPENSSL_cleanse(mac.data(), mac.size());
+  if (!ok) throw std::runtime_error("cannot key SipHash-2-4-128");
+}
+KeyedSipHash::KeyedSipHash(KeyedSipHash&&) noexcept = default;
+KeyedSipHash& KeyedSipHash::operator=(KeyedSipHash&&) noexcept = default;
+KeyedSipHash::~KeyedSipHash() = default;
+
+std::pair<std::uint64_t, std::uint64_t> KeyedSipHash::operator()(const void* data, std::size_t size) const {
+  std::array<unsigned char, 16> out{};
+  size_t len = 0;
+  // EVP_MAC_init with no key restarts the keyed state.
+  if (EVP_MAC_init(ctx_.get(), nullptr, 0, nullptr) != 1 ||
+      EVP_MAC_update(ctx_.get(), static_cast<const unsigned char*>(data), size) != 1 ||
+      EVP_MAC_final(ctx_.get(), out.data(), &len, out.size()) != 1 || len != out.size())
+    throw std::runtime_error("SipHash-2-4-128 failed");
+  return {load_le64(out.data()), load_le64(out.data() + 8)};
+}
+
+namespace {
+std::string id_label(IdDomain domain) {  // "dpstream ids" || domain byte
+  std::string label = "dpstream ids";
+  label += static_cast<char>(domain);
+  return label;
+}
+}  // namespace
 
 IdPrf::IdPrf(const noise::Secret& secret, int id_bits)
-    : user_(make_siphash(secret, IdDomain::User)),
-      key_(make_siphash(secret, IdDomain::Key)),
+    : user_(secret, id_label(IdDomain::User)),
+      key_(secret, id_label(IdDomain::Key)),
       id_mask_(id_bits >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << std::max(id_bits, 1)) - 1) {}
 IdPrf::IdPrf(IdPrf&&) noexcept = default;
 IdPrf& IdPrf::operator=(IdPrf&&) noexcept = default;
 IdPrf::~IdPrf() = default;
 
 Id128 IdPrf::operator()(IdDomain domain, std::string_view text) {
-  EVP_MAC_CTX* ctx = domain == IdDomain::User ? user_.get() : key_.get();
-  std::array<unsigned char, 16> out{};
-  size_t len = 0;
-  // EVP_MAC_init with no key restarts the keyed state.
-  if (EVP_MAC_init(ctx, nullptr, 0, nullptr) != 1 ||
-      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(text.data()), text.size()) != 1 ||
-      EVP_MAC_final(ctx, out.data(), &len, out.size()) != 1 || len != out.size())
-    throw std::runtime_error("SipHash-2-4-128 failed");
-  return {load_le64(out.data()) & id_mask_, load_le64(out.data() + 8)};
+  const auto [id, check] = (domain == IdDomain::User ? user_ : key_)(text.data(), text.size());
+  return {id & id_mask_, check};
 }
 
 absl::flat_hash_map<Id128, std::uint64_t> separate_colliding_ids(const std::vector<Id128>& local_distinct,

@@ -32,8 +32,25 @@ struct Id128 {
 
 enum class IdDomain : std::uint8_t { User, Key };
 
-// SipHash-2-4 with 128-bit output (OpenSSL EVP_MAC "SIPHASH"), a PRF for short inputs, keyed with
-// the first 16 bytes of HMAC-SHA256(secret, "dpstream ids" || domain). Not thread-safe: one per thread.
+// SipHash-2-4 with 128-bit output (OpenSSL EVP_MAC "SIPHASH"), a PRF for short inputs, keyed with the
+// first 16 bytes of HMAC-SHA256(secret, label): one key per use, apart by label. Not thread-safe.
+class KeyedSipHash {
+ public:
+  KeyedSipHash(const noise::Secret& secret, std::string_view label);
+  KeyedSipHash(KeyedSipHash&&) noexcept;
+  KeyedSipHash& operator=(KeyedSipHash&&) noexcept;
+  ~KeyedSipHash();
+  // The MAC's two little-endian 64-bit halves.
+  std::pair<std::uint64_t, std::uint64_t> operator()(const void* data, std::size_t size) const;
+
+ private:
+  struct CtxFree {
+    void operator()(evp_mac_ctx_st* ctx) const;
+  };
+  std::unique_ptr<evp_mac_ctx_st, CtxFree> ctx_;
+};
+
+// Ids of user and key strings: KeyedSipHash under "dpstream ids" || domain byte. One per thread.
 class IdPrf {
  public:
   // id_bits < 64 keeps only the low bits of `id`: tests use it to make collisions common.
@@ -44,10 +61,7 @@ class IdPrf {
   Id128 operator()(IdDomain domain, std::string_view text);
 
  private:
-  struct CtxFree {
-    void operator()(evp_mac_ctx_st* ctx) const;
-  };
-  std::unique_ptr<evp_mac_ctx_st, CtxFree> user_, key_;
+  KeyedSipHash user_, key_;
   std::uint64_t id_mask_;
 };
 
