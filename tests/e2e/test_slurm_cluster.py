@@ -119,11 +119,12 @@ def main():
         cluster.env["DPSTREAM_BIN"] = dps.bin
         small = harness.write_job(os.path.join(tmp, "small.toml"), job_toml("slurm-small", 20000, 6))
         long = harness.write_job(os.path.join(tmp, "long.toml"), job_toml("slurm-long", 1500000, 24, every=1))
-        # Commits only at the window's end: a mid-window commit can only come from a clean stop.
+        # Commits only at the window's end: a mid-window commit can only come from a clean stop. Larger
+        # than `long`, so that its 24 triggers outlast scancel's ~1 s way to the ranks.
         long_rare = harness.write_job(os.path.join(tmp, "long-rare.toml"),
-                                      job_toml("slurm-long", 1500000, 24, every=100))
+                                      job_toml("slurm-long", 4000000, 24, every=100))
         reference = {}
-        for name, spec in (("small", small), ("long", long)):
+        for name, spec in (("small", small), ("long", long), ("long_rare", long_rare)):
             out = case_dir(f"reference-{name}")
             run = dps.run_with("run", spec, "--out", out, ranks=2)
             assert run.returncode == 0, run.describe()
@@ -209,8 +210,8 @@ def main():
                     time.sleep(0.1)
                 # Stop once the ranks run (the job's own time decides nothing: a faster engine must not
                 # finish before the signal): first trigger or later, no rows before the window's end.
-                # No pause after that: scancel takes ~1 s to reach the ranks, and the job (24 triggers) now
-                # runs in about as long once MPI is up (it finished first, with a 0.5 s pause, in one CI run).
+                # No pause after that: scancel takes ~1 s to reach the ranks (a 1.5M-user job finished
+                # first, with a 0.5 s pause, in one CI run).
                 while not ranks_running(long_rare) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 cluster.cmd("scancel", job)
@@ -231,7 +232,8 @@ def main():
                 # A clean stop committed the trigger it stopped after: the resume starts mid-window.
                 m = re.search(r"resuming job 'slurm-long' from commit 1 \(window 1 of 1, (\d+) of 24", rtext)
                 assert m and 0 < int(m.group(1)) < 24, f"no mid-window commit from a clean stop:\n{rtext[-2000:]}"
-                assert harness.read_bytes(os.path.join(out, "releases.csv")) == reference["long"], "resumed output differs"
+                assert harness.read_bytes(os.path.join(out, "releases.csv")) == reference["long_rare"], \
+                    "resumed output differs"
             results.check("plain scancel (SIGTERM to all): clean stop, not requeued, resume.sbatch: identical", scancel_sigterm_then_resume)
 
             def sweep_array():
