@@ -429,7 +429,7 @@ double write_segment_tables(hid_t root, Journal& j, const std::string& rows, con
       [&](const char* name, auto column) {
         const auto t_write = std::chrono::steady_clock::now();
         gather_seconds += std::chrono::duration<double>(t_write - t).count();
-        h5::write_dataset(root, name, column);
+        h5::write_narrowest_dataset(root, name, column);  // ids < 2^32 and small counts take 1-4 bytes
         t = std::chrono::steady_clock::now();
       },
       [&](const std::string& table) {
@@ -930,7 +930,8 @@ void Store::await_io(CommitStats& stats) {
   auto t0 = std::chrono::steady_clock::now();
   std::string err;
   Written written;
-  if (io_.valid()) {
+  const bool in_flight = io_.valid();  // false once awaited: the files are known already
+  if (in_flight) {
     try {
       written = io_.get();
     } catch (const std::exception& e) {
@@ -944,7 +945,7 @@ void Store::await_io(CommitStats& stats) {
   stats.encode_seconds = written.encode_seconds;
   stats.write_seconds = written.write_seconds;
   stats.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!pending_) return;
+  if (!pending_ || !in_flight) return;
   t0 = std::chrono::steady_clock::now();
   std::vector<std::byte> mine(2 * sizeof(std::uint64_t));
   std::memcpy(mine.data(), &written.bytes, sizeof(std::uint64_t));

@@ -197,6 +197,13 @@ class Store {
   // the commit's release rows; `releases_bytes` and `release_rows` (rank 0) count them in.
   CommitStats commit(std::shared_ptr<Journal> journal, std::string rows, const Position& position,
                      const nlohmann::json& counters, std::uint64_t releases_bytes, std::uint64_t release_rows);
+  // Collective: waits until every rank's file of the last commit is durable (its size in the stats);
+  // the commit stays invisible until finish().
+  CommitStats await_writes() {
+    CommitStats stats;
+    await_io(stats);
+    return stats;
+  }
   // Collective: makes the last commit durable and visible (end of job, clean stop); the job's
   // last commit also keeps `summary`, so that a resume can write summary.json again.
   CommitStats finish(const nlohmann::json& summary = nullptr);

@@ -101,12 +101,17 @@ void CommitScheduler::finish_stopped() {
   if (checkpointing_) figures_.add(store_.finish());
 }
 
+void CommitScheduler::write_last_commit() {
+  if (!final_commit_pending_) return;
+  commit(config_.stream.windows - 1, uncommitted_from_, config_.stream.triggers, true);
+  final_commit_pending_ = false;
+  users_.clear();
+  keys_.clear();
+  figures_.add(store_.await_writes());
+}
+
 void CommitScheduler::finish_job(const nlohmann::json& summary) {
-  if (final_commit_pending_) {
-    commit(config_.stream.windows - 1, uncommitted_from_, config_.stream.triggers, true);
-    users_.clear();
-    keys_.clear();
-  }
+  write_last_commit();
   if (checkpointing_) figures_.add(store_.finish(summary));
 }
 

@@ -45,6 +45,9 @@ class CommitScheduler {
   void commit_for_stop(std::uint32_t wi, std::uint32_t trigger);
   // Stopped: the last commit made durable and visible.
   void finish_stopped();
+  // The job's last commit written and its files awaited (collective), so that json() counts every
+  // commit's bytes; it becomes visible with the summary in finish_job.
+  void write_last_commit();
   // The job's last commit, which keeps `summary`, made durable and visible.
   void finish_job(const nlohmann::json& summary);
 

@@ -128,6 +128,7 @@ RunReport Engine::stopped() {
 // The job's end: the summary (src/run_summary.hpp), the job's last commit (it keeps the summary),
 // then summary.json: a resume after a crash in between writes the summary from the checkpoint.
 RunReport Engine::finish() {
+  commits_->write_last_commit();  // first, so that the summary counts its bytes
   const double wall = seconds_since(run_start_);
   const RunFigures run{.config = config_,
                        .plan = plan_,

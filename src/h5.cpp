@@ -97,11 +97,30 @@ void create_group(hid_t loc, const std::string& name) {
 }
 
 void write_dataset_raw(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t n) {
+  write_dataset_raw(loc, name, type, data, n, type);
+}
+
+void write_dataset_raw(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t n,
+                       hid_t file_type) {
   const hsize_t dims[1] = {n};
   Id space(H5Screate_simple(1, dims, nullptr), H5Sclose, "create a dataspace for " + name);
-  Id ds(H5Dcreate2(loc, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+  Id ds(H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
         "create dataset " + name);
   if (n > 0) check(H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "write dataset " + name);
+}
+
+hid_t narrowest_type(bool is_signed, std::int64_t lo, std::uint64_t hi) {
+  if (is_signed) {  // the width whose range [-2^(w-1), 2^(w-1)) holds both ends
+    const std::uint64_t need = lo < 0 ? std::max(hi, static_cast<std::uint64_t>(-(lo + 1))) : hi;
+    if (need < (1u << 7)) return H5T_STD_I8LE;
+    if (need < (1u << 15)) return H5T_STD_I16LE;
+    if (need < (1ull << 31)) return H5T_STD_I32LE;
+    return H5T_STD_I64LE;
+  }
+  if (hi < (1u << 8)) return H5T_STD_U8LE;
+  if (hi < (1u << 16)) return H5T_STD_U16LE;
+  if (hi < (1ull << 32)) return H5T_STD_U32LE;
+  return H5T_STD_U64LE;
 }
 
 std::size_t dataset_size(hid_t loc, const std::string& name) {
@@ -127,6 +146,17 @@ std::size_t dataset_size(hid_t loc, const std::string& name) {
 void read_dataset_raw(hid_t loc, const std::string& name, hid_t type, void* data, std::size_t n) {
   if (dataset_size(loc, name) != n) fail("read " + name + ": unexpected length");
   Id ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + name);
+  if (H5Tget_class(type) == H5T_INTEGER) {  // HDF5 would clip a value that does not fit: refuse instead
+    Id stored(H5Dget_type(ds.get()), H5Tclose, "read the type of " + name);
+    const bool fits = [&] {
+      if (H5Tget_class(stored.get()) != H5T_INTEGER) return false;
+      const std::size_t from = H5Tget_size(stored.get()), to = H5Tget_size(type);
+      const bool from_signed = H5Tget_sign(stored.get()) == H5T_SGN_2, to_signed = H5Tget_sign(type) == H5T_SGN_2;
+      if (from_signed == to_signed) return from <= to;
+      return !from_signed && from < to;  // unsigned into a wider signed type; never signed into unsigned
+    }();
+    if (!fits) fail("read " + name + ": its stored integer type does not fit the column's");
+  }
   if (n > 0) check(H5Dread(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "read dataset " + name);
 }
 

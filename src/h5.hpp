@@ -6,6 +6,7 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -44,6 +45,10 @@ hid_t native_type() {
     static_assert(sizeof(T) == 0, "no HDF5 type for T");
 }
 
+// The little-endian integer file type of 1, 2, 4 or 8 bytes, signed or not as asked, that holds every
+// value in [lo, hi] (lo < 0 only when signed): a column is stored as narrow as its values allow.
+hid_t narrowest_type(bool is_signed, std::int64_t lo, std::uint64_t hi);
+
 // A file that lives in memory until `image()` hands out its bytes.
 class MemoryFile {
  public:
@@ -73,11 +78,33 @@ void create_group(hid_t loc, const std::string& name);
 
 void write_dataset_raw(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t n);
 std::size_t dataset_size(hid_t loc, const std::string& name);  // throws when missing or not 1-D
+// Reads into memory type `type`; an integer dataset must be stored in a type whose every value it
+// holds (same width or narrower, no negative values into an unsigned type), else it throws.
 void read_dataset_raw(hid_t loc, const std::string& name, hid_t type, void* data, std::size_t n);
+
+// `file_type` may be narrower than the memory `type` when every value fits it (HDF5 converts).
+void write_dataset_raw(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t n,
+                       hid_t file_type);
 
 template <class T>
 void write_dataset(hid_t loc, const std::string& name, const std::vector<T>& v) {
   write_dataset_raw(loc, name, native_type<T>(), v.data(), v.size());
+}
+// The same column stored in the narrowest integer type that holds its values (read_dataset<T> widens
+// it back): ids below 2^32 take 4 bytes, small counts 1 or 2, an all-zero column 1.
+template <class T>
+void write_narrowest_dataset(hid_t loc, const std::string& name, const std::vector<T>& v) {
+  std::int64_t lo = 0;
+  std::uint64_t hi = 0;
+  for (const T x : v) {
+    if constexpr (std::is_signed_v<T>) {
+      lo = std::min<std::int64_t>(lo, x);
+      if (x > 0) hi = std::max<std::uint64_t>(hi, static_cast<std::uint64_t>(x));
+    } else {
+      hi = std::max<std::uint64_t>(hi, x);
+    }
+  }
+  write_dataset_raw(loc, name, native_type<T>(), v.data(), v.size(), narrowest_type(std::is_signed_v<T>, lo, hi));
 }
 template <class T>
 std::vector<T> read_dataset(hid_t loc, const std::string& name) {

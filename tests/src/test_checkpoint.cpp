@@ -141,6 +141,65 @@ TEST(H5, MemoryFileRoundTripsDatasetsAndAttributes) {
   EXPECT_THROW(h5::MemoryFile{garbage}, std::runtime_error);
 }
 
+// Segment columns are stored in the narrowest integer type that holds their values and read back
+// widened; every width boundary is checked on both sides, and a column stored wider than its reader's
+// type (or negative into an unsigned one) is refused, not clipped.
+TEST(H5, NarrowestColumnsRoundTripExactlyAndWiderOnesAreRefused) {
+  struct Case {
+    std::vector<std::int64_t> values;
+    std::size_t bytes;
+  };
+  const std::vector<Case> signed_cases = {
+      {{}, 1},
+      {{0, 0}, 1},
+      {{127, -128}, 1},
+      {{128}, 2},
+      {{-129}, 2},
+      {{32767, -32768}, 2},
+      {{32768}, 4},
+      {{-32769}, 4},
+      {{2147483647, -2147483648LL}, 4},
+      {{2147483648LL}, 8},
+      {{-2147483649LL}, 8},
+      {{INT64_MAX, INT64_MIN}, 8}};
+  const std::vector<std::pair<std::vector<std::uint64_t>, std::size_t>> unsigned_cases = {
+      {{0, 255}, 1}, {{256}, 2}, {{65535}, 2}, {{65536}, 4}, {{4294967295ULL}, 4}, {{4294967296ULL}, 8},
+      {{UINT64_MAX, 0}, 8}};
+  std::vector<std::byte> image;
+  {
+    h5::MemoryFile f;
+    for (std::size_t i = 0; i < signed_cases.size(); ++i)
+      h5::write_narrowest_dataset(f.get(), "s" + std::to_string(i), signed_cases[i].values);
+    for (std::size_t i = 0; i < unsigned_cases.size(); ++i)
+      h5::write_narrowest_dataset(f.get(), "u" + std::to_string(i), unsigned_cases[i].first);
+    h5::write_dataset(f.get(), "wide_u64", std::vector<std::uint64_t>{1, 2});
+    h5::write_dataset(f.get(), "wide_i64", std::vector<std::int64_t>{-1});
+    image = f.image();
+  }
+  h5::MemoryFile g(image);
+  auto stored_bytes = [&](const std::string& name) {
+    h5::Id ds(H5Dopen2(g.get(), name.c_str(), H5P_DEFAULT), H5Dclose, name);
+    h5::Id type(H5Dget_type(ds.get()), H5Tclose, name);
+    return H5Tget_size(type.get());
+  };
+  for (std::size_t i = 0; i < signed_cases.size(); ++i) {
+    const std::string name = "s" + std::to_string(i);
+    EXPECT_EQ(h5::read_dataset<std::int64_t>(g.get(), name), signed_cases[i].values) << name;
+    EXPECT_EQ(stored_bytes(name), signed_cases[i].bytes) << name;
+  }
+  for (std::size_t i = 0; i < unsigned_cases.size(); ++i) {
+    const std::string name = "u" + std::to_string(i);
+    EXPECT_EQ(h5::read_dataset<std::uint64_t>(g.get(), name), unsigned_cases[i].first) << name;
+    EXPECT_EQ(stored_bytes(name), unsigned_cases[i].second) << name;
+  }
+  EXPECT_EQ(h5::read_dataset<std::uint32_t>(g.get(), "u2"), (std::vector<std::uint32_t>{65535}));  // 2 -> 4 bytes
+  EXPECT_EQ(h5::read_dataset<std::int64_t>(g.get(), "u4"), (std::vector<std::int64_t>{4294967295LL}));  // 4 -> 8
+  EXPECT_THROW(h5::read_dataset<std::uint32_t>(g.get(), "wide_u64"), std::runtime_error);  // 8 bytes into 4
+  EXPECT_THROW(h5::read_dataset<std::int64_t>(g.get(), "wide_u64"), std::runtime_error);   // 2^64 - 1 would not fit
+  EXPECT_THROW(h5::read_dataset<std::uint64_t>(g.get(), "wide_i64"), std::runtime_error);  // a negative value
+  EXPECT_THROW(h5::read_dataset<std::uint32_t>(g.get(), "s1"), std::runtime_error);        // signed into unsigned
+}
+
 // Found by tests/fuzz/fuzz_checkpoint_h5: an array attribute read as one integer overran the stack,
 // a variable-length string was read as a pointer, and a dataset's extent sized a buffer unchecked.
 TEST(H5, RefusesAttributesAndDatasetsOfAnotherShape) {
