@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 
@@ -96,8 +97,10 @@ const UserState::Slot* UserState::Shard::find(std::uint64_t user) const {
   }
 }
 
-void UserState::Shard::grow() {  // kernels/table_memory.hpp
-  TableSlots<Slot> old(grown_capacity(slots.size()));
+void UserState::Shard::grow() { rehash(grown_capacity(slots.size())); }  // kernels/table_memory.hpp
+
+void UserState::Shard::rehash(std::size_t capacity) {
+  TableSlots<Slot> old(capacity);
   old.swap(slots);
   for (const Slot& s : old) {
     if (!occupied(s)) continue;
@@ -176,6 +179,16 @@ bool UserState::Shard::append_to_block(Slot& slot, std::uint64_t user, std::uint
 
 void UserState::clear() {
   for (auto& sh : shards_) sh = Shard{};
+}
+
+void UserState::reserve(std::uint64_t users) {
+  const double mean = static_cast<double>(users) / kShards;
+  const auto per_shard = static_cast<std::size_t>(mean);
+  std::size_t capacity = kMinTableCapacity;
+  while (table_full(per_shard, capacity)) capacity = grown_capacity(capacity);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (std::size_t s = 0; s < kShards; ++s)
+    if (shards_[s].slots.size() < capacity) shards_[s].rehash(capacity);
 }
 
 void UserState::clear_journal() {

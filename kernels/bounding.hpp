@@ -73,6 +73,10 @@ class UserState {
   using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
 
   void clear();  // also clears the journal
+  // Sizes every shard's table for its share of `users` users in all (hashing spreads them evenly), the
+  // capacity that growth would reach, so that it does not grow step by step while they arrive (a shard
+  // above its share grows once more); never shrinks a table. Contents stay as they are.
+  void reserve(std::uint64_t users);
   void clear_journal();
   std::uint64_t users() const;
   std::uint64_t user_key_pairs() const;
@@ -137,6 +141,7 @@ class UserState {
     std::size_t home_of(std::uint64_t slot_hash) const;  // monotone in the hash
     const Slot* find(std::uint64_t user) const;
     void grow();
+    void rehash(std::size_t capacity);
     std::uint32_t allocate(std::uint32_t cls);
     void release(std::uint32_t block, std::uint32_t cls);
     void move_to_block(Slot& slot, std::uint32_t capacity);

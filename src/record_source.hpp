@@ -39,6 +39,9 @@ class RecordSource {
   // Names of string keys read by this rank (CSV input); empty for integer keys.
   virtual const absl::flat_hash_map<std::uint64_t, std::string>& key_names() const { return no_names_; }
   virtual bool has_string_keys() const { return false; }
+  // Distinct users a window of the whole input (all ranks) holds, when known in advance (0: unknown):
+  // the user tables are sized for them at the window's start instead of growing step by step.
+  virtual std::uint64_t users_per_window() const { return 0; }
 
  private:
   absl::flat_hash_map<std::uint64_t, std::string> no_names_;

@@ -30,6 +30,8 @@ class SyntheticSource final : public RecordSource {
   std::vector<Record> take_trigger(std::int64_t window, std::uint32_t trigger) override;
   const InputStats& stats() const override { return stats_; }
   std::uint32_t triggers_per_window() const override { return clock_.triggers; }
+  // Every user has at least one record in every window.
+  std::uint64_t users_per_window() const override { return config_.input.users; }
   // Earlier windows are only counted (n_u per user), not generated.
   void skip_to(std::int64_t first_window, std::int64_t window, std::uint32_t trigger) override;
 

@@ -339,6 +339,42 @@ TEST(Bounding, UserTablesGrowAndFindEveryUserInAnyOrder) {
             ids.size() * (sizeof(kernels::UserState::Slot) * 100 / 64 + std::size_t{5} * 4) + std::size_t{256} * 8192);
 }
 
+// reserve() sizes the tables up front: users added before it are found after it with their counts and
+// fingerprints, users added after it match a state that grew step by step, and it never shrinks.
+TEST(Bounding, ReserveKeepsContentsAndMatchesGrowth) {
+  std::vector<std::uint64_t> ids(50000);
+  std::mt19937_64 rng(9);
+  for (auto& id : ids) id = rng();
+  auto add = [](kernels::UserState& users, std::uint64_t id) {
+    const std::size_t shard = id % kernels::UserState::kShards;
+    auto [slot, added] = users.find_or_add(shard, id);
+    EXPECT_TRUE(added);
+    slot->kept = static_cast<std::uint32_t>(id % 1000);
+    for (std::uint32_t k = 0; k < id % 9; ++k)
+      EXPECT_TRUE(users.add_pair(shard, id, *slot, static_cast<std::uint32_t>(id >> 32) + k));
+  };
+  kernels::UserState grown, reserved;
+  for (const std::uint64_t id : ids) add(grown, id);
+  for (std::size_t i = 0; i < ids.size() / 2; ++i) add(reserved, ids[i]);
+  const std::uint64_t half_digest = reserved.digest(5);
+  reserved.reserve(ids.size());
+  EXPECT_EQ(reserved.digest(5), half_digest);
+  const std::uint64_t reserved_bytes = reserved.memory_bytes();
+  reserved.reserve(0);  // never shrinks
+  EXPECT_EQ(reserved.memory_bytes(), reserved_bytes);
+  for (std::size_t i = ids.size() / 2; i < ids.size(); ++i) add(reserved, ids[i]);
+  EXPECT_EQ(reserved.users(), ids.size());
+  EXPECT_EQ(reserved.digest(5), grown.digest(5));
+  for (const std::uint64_t id : ids) {
+    auto [slot, added] = reserved.find_or_add(id % kernels::UserState::kShards, id);
+    ASSERT_FALSE(added);
+    EXPECT_EQ(slot->kept, id % 1000);
+  }
+  // The reserved tables are the ones growth reaches (a shard above its share grows once more).
+  EXPECT_LE(reserved.memory_bytes(), grown.memory_bytes() * 5 / 4);
+  EXPECT_GE(reserved.memory_bytes(), grown.memory_bytes() * 4 / 5);
+}
+
 namespace {
 
 // The model of one UserState: per user its shard, kept count and first-touch fingerprints, and per shard

@@ -149,22 +149,21 @@ TEST(H5, NarrowestColumnsRoundTripExactlyAndWiderOnesAreRefused) {
     std::vector<std::int64_t> values;
     std::size_t bytes;
   };
-  const std::vector<Case> signed_cases = {
-      {{}, 1},
-      {{0, 0}, 1},
-      {{127, -128}, 1},
-      {{128}, 2},
-      {{-129}, 2},
-      {{32767, -32768}, 2},
-      {{32768}, 4},
-      {{-32769}, 4},
-      {{2147483647, -2147483648LL}, 4},
-      {{2147483648LL}, 8},
-      {{-2147483649LL}, 8},
-      {{INT64_MAX, INT64_MIN}, 8}};
+  const std::vector<Case> signed_cases = {{{}, 1},
+                                          {{0, 0}, 1},
+                                          {{127, -128}, 1},
+                                          {{128}, 2},
+                                          {{-129}, 2},
+                                          {{32767, -32768}, 2},
+                                          {{32768}, 4},
+                                          {{-32769}, 4},
+                                          {{2147483647, -2147483648LL}, 4},
+                                          {{2147483648LL}, 8},
+                                          {{-2147483649LL}, 8},
+                                          {{INT64_MAX, INT64_MIN}, 8}};
   const std::vector<std::pair<std::vector<std::uint64_t>, std::size_t>> unsigned_cases = {
-      {{0, 255}, 1}, {{256}, 2}, {{65535}, 2}, {{65536}, 4}, {{4294967295ULL}, 4}, {{4294967296ULL}, 8},
-      {{UINT64_MAX, 0}, 8}};
+      {{0, 255}, 1},        {{256}, 2},           {{65535}, 2},        {{65536}, 4},
+      {{4294967295ULL}, 4}, {{4294967296ULL}, 8}, {{UINT64_MAX, 0}, 8}};
   std::vector<std::byte> image;
   {
     h5::MemoryFile f;
@@ -192,7 +191,7 @@ TEST(H5, NarrowestColumnsRoundTripExactlyAndWiderOnesAreRefused) {
     EXPECT_EQ(h5::read_dataset<std::uint64_t>(g.get(), name), unsigned_cases[i].first) << name;
     EXPECT_EQ(stored_bytes(name), unsigned_cases[i].second) << name;
   }
-  EXPECT_EQ(h5::read_dataset<std::uint32_t>(g.get(), "u2"), (std::vector<std::uint32_t>{65535}));  // 2 -> 4 bytes
+  EXPECT_EQ(h5::read_dataset<std::uint32_t>(g.get(), "u2"), (std::vector<std::uint32_t>{65535}));       // 2 -> 4 bytes
   EXPECT_EQ(h5::read_dataset<std::int64_t>(g.get(), "u4"), (std::vector<std::int64_t>{4294967295LL}));  // 4 -> 8
   EXPECT_THROW(h5::read_dataset<std::uint32_t>(g.get(), "wide_u64"), std::runtime_error);  // 8 bytes into 4
   EXPECT_THROW(h5::read_dataset<std::int64_t>(g.get(), "wide_u64"), std::runtime_error);   // 2^64 - 1 would not fit
