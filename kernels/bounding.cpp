@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <limits>
 #include <stdexcept>
 
@@ -182,10 +181,8 @@ void UserState::clear() {
 }
 
 void UserState::reserve(std::uint64_t users) {
-  const double mean = static_cast<double>(users) / kShards;
-  const auto per_shard = static_cast<std::size_t>(mean);
-  std::size_t capacity = kMinTableCapacity;
-  while (table_full(per_shard, capacity)) capacity = grown_capacity(capacity);
+  const auto per_shard = static_cast<std::size_t>(static_cast<double>(users) / kShards);
+  const std::size_t capacity = reserved_capacity(per_shard);
 #pragma omp parallel for schedule(dynamic, 8)
   for (std::size_t s = 0; s < kShards; ++s)
     if (shards_[s].slots.size() < capacity) shards_[s].rehash(capacity);

@@ -75,8 +75,14 @@ PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t 
     }
 }
 
-void PackedSlots::grow() {
-  TableSlots<Slot> old(grown_capacity(slots_.size()), Slot{0, kFree, 0});
+void PackedSlots::grow() { rehash(grown_capacity(slots_.size())); }
+
+void PackedSlots::reserve(std::size_t keys) {
+  if (const std::size_t capacity = reserved_capacity(keys); capacity > slots_.size()) rehash(capacity);
+}
+
+void PackedSlots::rehash(std::size_t capacity) {
+  TableSlots<Slot> old(capacity, Slot{0, kFree, 0});
   old.swap(slots_);
   for (const Slot& s : old) {
     if (s.count == kFree) continue;
@@ -87,6 +93,12 @@ void PackedSlots::grow() {
 }
 
 std::size_t KeyStateTable::shard_of(std::uint64_t key) { return partition::local_shard(key_hash(key), kShards); }
+
+void KeyStateTable::reserve(std::uint64_t keys) {
+  const auto per_shard = static_cast<std::size_t>(static_cast<double>(keys) / kShards);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (std::size_t s = 0; s < kShards; ++s) shards_[s].packed.reserve(per_shard);
+}
 
 void KeyStateTable::clear() {
   for (auto& sh : shards_) sh = Shard{};

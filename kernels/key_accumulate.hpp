@@ -47,6 +47,7 @@ class PackedSlots {
 
   std::size_t size() const { return size_; }
   std::size_t capacity() const { return slots_.size(); }
+  void reserve(std::size_t keys);  // the capacity growth reaches for `keys`; never shrinks
   // `hash` is the key's salted hash (partition/hash.hpp): bits 8-39 pick the home slot, independent
   // of the shard (bits 0-7) and the owner rank (the top bits).
   const Slot* find(std::uint64_t key, std::uint64_t hash) const;
@@ -63,6 +64,7 @@ class PackedSlots {
  private:
   std::size_t home(std::uint64_t hash) const { return ((hash >> 8) & 0xffffffffu) * slots_.size() >> 32; }
   void grow();
+  void rehash(std::size_t capacity);
   TableSlots<Slot> slots_;
   std::size_t size_ = 0;
 };
@@ -84,6 +86,9 @@ class KeyStateTable {
 
   void clear();  // also clears the journal
   void clear_journal();
+  // Sizes every shard's table for its share of `keys` keys in all (spread evenly by the hash), so that
+  // it does not grow step by step while they arrive (one above its share grows as before).
+  void reserve(std::uint64_t keys);
   std::uint64_t keys() const;
   std::uint64_t memory_bytes() const;
   // Order-free hash of every key's exact state under `seed` (a sum over keys mod 2^64, like

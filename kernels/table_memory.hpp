@@ -25,6 +25,14 @@ constexpr std::size_t grown_capacity(std::size_t capacity) {
   return std::max(kMinTableCapacity, capacity + capacity / (capacity < (std::size_t{1} << 16) ? 4 : 8));
 }
 
+// The capacity that growth from an empty table reaches once it holds `items`: what a table sized
+// for them up front takes (the same bytes per item as one that grew).
+constexpr std::size_t reserved_capacity(std::size_t items) {
+  std::size_t capacity = kMinTableCapacity;
+  while (table_full(items, capacity)) capacity = grown_capacity(capacity);
+  return capacity;
+}
+
 // Slot arrays of 1 MiB or more are mapped, not taken from the heap: the process keeps freed heap
 // memory (src/main.cpp's mallopt), and tables that grow in small steps would otherwise leave a trail
 // of freed smaller arrays behind. A mapped array goes back to the system when its table grows, and

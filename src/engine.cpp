@@ -48,7 +48,9 @@ void Engine::run_window(std::uint32_t wi) {
     return;
   }
   releaser_->begin_window(window);
-  users_.reserve(source_->users_per_window() / static_cast<std::uint64_t>(comm_.size()));  // hashed evenly over ranks
+  const auto ranks = static_cast<std::uint64_t>(comm_.size());  // users and keys are hashed evenly over ranks
+  users_.reserve(source_->users_per_window() / ranks);
+  keys_.reserve(source_->keys_per_window() / ranks);
   for (std::uint32_t trigger = wi == start_window_ ? start_trigger_ : 0; trigger < T && !stop_.signal; ++trigger)
     process_trigger(wi, trigger);
   if (!commits_->final_commit_pending() && !stop_.signal) {  // the next window starts empty

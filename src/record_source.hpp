@@ -42,6 +42,9 @@ class RecordSource {
   // Distinct users a window of the whole input (all ranks) holds, when known in advance (0: unknown):
   // the user tables are sized for them at the window's start instead of growing step by step.
   virtual std::uint64_t users_per_window() const { return 0; }
+  // Distinct keys a window of the whole input is expected to touch (0: unknown), likewise for the key
+  // tables; an estimate: a table above it grows as before.
+  virtual std::uint64_t keys_per_window() const { return 0; }
 
  private:
   absl::flat_hash_map<std::uint64_t, std::string> no_names_;

@@ -51,6 +51,13 @@ SyntheticSource::SyntheticSource(const JobConfig& config, int rank, int ranks)
   const auto U = static_cast<uint128>(config.input.users);
   first_user_ = static_cast<std::uint64_t>(U * static_cast<unsigned>(rank) / static_cast<unsigned>(ranks));
   last_user_ = static_cast<std::uint64_t>(U * static_cast<unsigned>(rank + 1) / static_cast<unsigned>(ranks));
+  // A window's records are independent draws of the key distribution: users x E[records per user].
+  const double records = static_cast<double>(config.input.users) *
+                         (records_per_user_.mean() + (config.input.records_per_user_min == 0 ? 1.0 : 0.0));
+  const auto K = static_cast<double>(config.input.keys);
+  keys_per_window_ = static_cast<std::uint64_t>(config.input.key_distribution == KeyDistribution::Uniform
+                                                    ? -K * std::expm1(records * std::log1p(-1.0 / K))
+                                                    : key_zipf_.expected_distinct(records));
 }
 
 std::uint64_t SyntheticSource::window_node(std::int64_t window) const {

@@ -1,5 +1,6 @@
 #include "src/zipf.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -44,6 +45,21 @@ double ZipfMandelbrot::pmf(std::uint64_t x) const {
   const double xd = static_cast<double>(x);
   if (xd < lo_ || xd > hi_) return 0.0;
   return h(xd) / normalizer();
+}
+
+double ZipfMandelbrot::expected_distinct(double draws) const {
+  // sum over runs [x, x + n): n f(x + (n - 1) / 2), n = max(1, floor(x / 1000)).
+  const auto sum_runs = [&](auto&& f) {
+    double total = 0.0;
+    for (double x = lo_; x <= hi_;) {
+      const double n = std::min(std::max(1.0, std::floor(x / 1000.0)), hi_ - x + 1.0);
+      total += n * f(x + (n - 1.0) / 2.0);
+      x += n;
+    }
+    return total;
+  };
+  const double z = sum_runs([&](double x) { return h(x); });
+  return sum_runs([&](double x) { return -std::expm1(draws * std::log1p(-h(x) / z)); });  // 1 - (1 - p)^n
 }
 
 double ZipfMandelbrot::mean() const {

@@ -30,6 +30,10 @@ class ZipfMandelbrot {
   // Exact pmf and mean by direct summation (tests and reports; O(hi - lo)).
   double pmf(std::uint64_t x) const;
   double mean() const;
+  // Expected number of distinct values among `draws` independent samples, sum_x 1 - (1 - p_x)^draws,
+  // by the midpoint rule over runs of x at most 1/1000 of x long (p varies by < 0.2% along one):
+  // within 1e-6 relative of direct summation, in O(1000 log(hi / 1000)) steps (for table sizing).
+  double expected_distinct(double draws) const;
 
   std::uint64_t lo() const { return static_cast<std::uint64_t>(lo_); }
   std::uint64_t hi() const { return static_cast<std::uint64_t>(hi_); }

@@ -296,6 +296,31 @@ TEST(KeyAccumulate, PackedTableStaysDenseThroughGrowth) {
   }
 }
 
+// reserve() sizes the key tables up front: keys held before it keep their state, and a table filled
+// after it holds what one that grew holds, in the same bytes.
+TEST(KeyAccumulate, ReserveKeepsStateAndTakesTheBytesOfGrowth) {
+  auto partials = [](std::uint64_t from, std::uint64_t to) {
+    std::vector<KeyPartial> out;
+    for (std::uint64_t k = from; k < to; ++k) out.push_back({k * 0x9E3779B97F4A7C15ull, 1 + k % 7, 0, 1});
+    return out;
+  };
+  const std::uint64_t n = 120000;
+  kernels::KeyStateTable grown(false), reserved(false);
+  grown.accumulate(partials(0, n), kernels::KeyStateTable::Report::Nothing);
+  reserved.accumulate(partials(0, n / 3), kernels::KeyStateTable::Report::Nothing);
+  const std::uint64_t third = reserved.digest(3);
+  reserved.reserve(n);
+  EXPECT_EQ(reserved.digest(3), third);
+  const std::uint64_t bytes = reserved.memory_bytes();
+  reserved.reserve(0);  // never shrinks
+  EXPECT_EQ(reserved.memory_bytes(), bytes);
+  reserved.accumulate(partials(n / 3, n), kernels::KeyStateTable::Report::Nothing);
+  EXPECT_EQ(reserved.keys(), n);
+  EXPECT_EQ(reserved.digest(3), grown.digest(3));
+  EXPECT_LE(reserved.memory_bytes(), grown.memory_bytes() * 5 / 4);
+  EXPECT_GE(reserved.memory_bytes(), grown.memory_bytes() * 4 / 5);
+}
+
 // Key selection's full scan puts a released key's new round while it iterates the key's shard: a put
 // of a key already held must never reallocate the shard, even when the shard is exactly at its growth
 // threshold (the bug: a release at that moment freed the slots under the scan, and the engine aborted

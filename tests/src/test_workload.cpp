@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -101,6 +103,24 @@ TEST(Workload, RecordsPerUserMeanAndUniformTimes) {
   double chi2 = 0;
   for (double x : per_trigger) chi2 += (x - total / 8) * (x - total / 8) / (total / 8);
   EXPECT_LT(chi2, 40.0);
+}
+
+// The sizing hints: every user has a record in every window, and the expected distinct keys is close
+// to what a window holds (Zipf keys over 500, and uniform keys over a space larger than the records).
+TEST(Workload, SizingHintsMatchAWindow) {
+  for (const char* keys : {"keys = 500\n", "key_distribution = \"uniform\"\nkeys = 100000\n"}) {
+    const auto c = parse_job("[input]\nusers = 20000\nseed = 11\n" + std::string(keys) +
+                                 "[stream]\ntriggers = 4\n[privacy]\nmax_records_per_user = 4\n",
+                             "test", {});
+    SyntheticSource s(c, 0, 1);
+    std::set<std::uint64_t> users, distinct;
+    for (std::uint32_t t = 0; t < 4; ++t)
+      for (const Record& r : s.take_trigger(0, t)) users.insert(r.user), distinct.insert(r.key);
+    EXPECT_EQ(s.users_per_window(), users.size());
+    EXPECT_NEAR(static_cast<double>(s.keys_per_window()), static_cast<double>(distinct.size()),
+                0.02 * static_cast<double>(distinct.size()) + 2)
+        << keys;
+  }
 }
 
 TEST(StreamClock, WindowsAndTriggers) {

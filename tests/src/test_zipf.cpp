@@ -5,6 +5,8 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
+#include <vector>
 
 #include "src/counter_rng.hpp"
 #include "src/zipf.hpp"
@@ -26,6 +28,22 @@ TEST(Zipf, ExactMomentsMatchReference) {
   EXPECT_NEAR(z.pmf(1), ref["P_X_eq_min"].get<double>(), 1e-12);
   const auto& first12 = ref["pmf_first_12"];
   for (std::size_t i = 0; i < first12.size(); ++i) EXPECT_NEAR(z.pmf(i + 1), first12[i].get<double>(), 1e-12);
+}
+
+// The table-sizing estimate sum_x 1 - (1 - p_x)^n, by runs, against the direct sum over every x.
+TEST(Zipf, ExpectedDistinctMatchesDirectSummation) {
+  for (const auto& [hi, q, s] :
+       {std::tuple{200'000ull, 1000.0, 1.4}, std::tuple{300'000ull, 0.0, 0.8}, std::tuple{50'000ull, 26.0, 6.738}}) {
+    const ZipfMandelbrot z(1, hi, q, s);
+    std::vector<double> p(hi + 1);
+    double total = 0;
+    for (std::uint64_t x = hi; x >= 1; --x) total += p[x] = std::pow(static_cast<double>(x) + q, -s);
+    for (const double n : {1.0, 1e3, 1e5, 1e6, 1e8}) {
+      double direct = 0;
+      for (std::uint64_t x = 1; x <= hi; ++x) direct -= std::expm1(n * std::log1p(-p[x] / total));
+      EXPECT_NEAR(z.expected_distinct(n), direct, 1e-6 * direct) << "hi " << hi << " s " << s << " n " << n;
+    }
+  }
 }
 
 TEST(Zipf, SampledRecordsPerUserMatchReference) {
