@@ -414,6 +414,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             if (i + kAhead < list.size()) keys.prefetch(list[i + kAhead]), cache.prefetch(list[i + kAhead]);
           };
           const auto& touched = keys.touched[s];
+          visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
           for (std::size_t i = 0; i < touched.size(); ++i) {
             ahead(touched, i);
             const std::uint64_t key = touched[i];

@@ -63,7 +63,7 @@ class DpReleaser {
 
   // Starts a window, or resumes one from a checkpoint: the next trigger visits every tracked key.
   void begin_window(std::int64_t window);
-  // After the trigger's accumulation (keys.touched: its keys): tests the keys that can pass and
+  // After the trigger's accumulation (keys.touched: its keys above mu): tests the keys that can pass and
   // schedules their next visits; returns the releases sorted by key.
   std::vector<KeyRelease> release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats);
   std::uint64_t cached_keys() const;

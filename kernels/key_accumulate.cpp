@@ -216,7 +216,7 @@ void KeyStateTable::put(std::uint64_t key, const KeyState& st) {
 }
 
 // Adds one key's trigger totals t to its state; t becomes its running totals if so reported.
-void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report report) {
+void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report report, double touched_above) {
   Shard& sh = shards_[s];
   Packed& packed = sh.packed.find_or_insert(t.key, hash);
   KeyState st = load(sh, packed);
@@ -226,7 +226,10 @@ void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report 
   store(sh, packed, st);
   if (journal) changed_keys[s].push_back(t.key);
   if (report == Report::RunningTotals) t = KeyTotals{t.key, st.count, st.sum, st.users};
-  touched[s].push_back(t.key);
+  if (static_cast<double>(st.users - st.round_base_users) > touched_above)
+    touched[s].push_back(t.key);
+  else
+    ++touched_below[s];
 }
 
 // Thread `thread` of `threads` owns the shards s with s * threads / S = thread, and adds
@@ -234,23 +237,24 @@ void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report 
 // the groups in sequence and prefetches the home slot of its key kAhead groups on: with a table
 // larger than the cache, a key costs one miss, and kAhead of them overlap.
 void KeyStateTable::accumulate_owned(std::vector<KeyTotals>& groups, const std::vector<std::uint64_t>& hashes,
-                                     Report report, std::size_t thread, std::size_t threads) {
+                                     Report report, double touched_above, std::size_t thread, std::size_t threads) {
   constexpr std::size_t S = kShards, kAhead = 16;
   const auto shard = [](std::uint64_t h) { return partition::local_shard(h, S); };
   const auto mine = [&](std::size_t s) { return s * threads / S == thread; };
   const auto owns = [&](std::uint64_t h) { return mine(shard(h)); };
   for (std::size_t s = 0; s < S; ++s)
-    if (mine(s)) touched[s].clear();
+    if (mine(s)) touched[s].clear(), touched_below[s] = 0;
   if (mine(S / 2)) fault::point("accumulate");
   const std::size_t n = groups.size();
   for (std::size_t i = 0; i < n; ++i) {
     if (i + kAhead < n && owns(hashes[i + kAhead]))
       shards_[shard(hashes[i + kAhead])].packed.prefetch(hashes[i + kAhead]);
-    if (owns(hashes[i])) add(shard(hashes[i]), groups[i], hashes[i], report);
+    if (owns(hashes[i])) add(shard(hashes[i]), groups[i], hashes[i], report, touched_above);
   }
 }
 
-std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partials, Report report) {
+std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partials, Report report,
+                                                 double touched_above) {
   // Sorted once by key: the report comes out in key order, and each shard's keys ascending.
   sort_by_key(partials);
   std::vector<KeyTotals> groups = group_by_key(partials);
@@ -258,7 +262,7 @@ std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partial
   std::vector<std::uint64_t> hashes(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) hashes[i] = key_hash(groups[i].key);
 #pragma omp parallel
-  accumulate_owned(groups, hashes, report, static_cast<std::size_t>(omp_get_thread_num()),
+  accumulate_owned(groups, hashes, report, touched_above, static_cast<std::size_t>(omp_get_thread_num()),
                    static_cast<std::size_t>(omp_get_num_threads()));
   if (report == Report::Nothing) return {};
   return groups;

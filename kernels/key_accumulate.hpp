@@ -5,6 +5,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -116,10 +117,15 @@ class KeyStateTable {
   // report leaves the keys touched in `touched`, per shard and ascending, for key selection to visit.
   enum class Report { RunningTotals, TriggerTotals, Nothing };
   // Adds one trigger's partials (any order, a key may repeat); sorts them in place (moved in: no copy).
-  std::vector<KeyTotals> accumulate(std::vector<KeyPartial> partials, Report report = Report::RunningTotals);
+  // `touched_above`: `touched` lists only the keys whose round users (users - round_base_users, as a
+  // double) exceed it, and `touched_below` counts the others (key selection tests no key at or below
+  // mu, so it need not look them up again).
+  std::vector<KeyTotals> accumulate(std::vector<KeyPartial> partials, Report report = Report::RunningTotals,
+                                    double touched_above = -std::numeric_limits<double>::infinity());
 
-  // Keys of the last accumulate, per shard, ascending.
+  // Keys of the last accumulate, per shard, ascending (those above `touched_above`), and the others' count.
   std::vector<std::vector<std::uint64_t>> touched{kShards};
+  std::vector<std::uint64_t> touched_below = std::vector<std::uint64_t>(kShards);
 
   // Journal (only when `journal` is on): per shard, keys whose state changed since the last
   // checkpoint, by accumulation or by a release (a key may repeat).
@@ -141,9 +147,9 @@ class KeyStateTable {
   };
   KeyState load(const Shard& sh, const Packed& p) const;
   void store(Shard& sh, Packed& p, const KeyState& st);
-  void add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report report);
+  void add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report report, double touched_above);
   void accumulate_owned(std::vector<KeyTotals>& groups, const std::vector<std::uint64_t>& hashes, Report report,
-                        std::size_t thread, std::size_t threads);
+                        double touched_above, std::size_t thread, std::size_t threads);
 
   bool track_sums_;
   std::vector<Shard> shards_{kShards};

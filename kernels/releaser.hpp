@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -21,6 +22,8 @@ class Releaser {
   virtual ~Releaser() = default;
   // What KeyStateTable::accumulate returns at each trigger, to be passed to release().
   virtual KeyStateTable::Report accumulation() const = 0;
+  // Round users at or below which a key is never tested: keys.touched lists only the keys above it.
+  virtual double touched_above() const { return -std::numeric_limits<double>::infinity(); }
   // Starts a window, or resumes one from a checkpoint.
   virtual void begin_window(std::int64_t window) = 0;
   // The trigger's rows sorted by key, from `reported` (what accumulate returned; consumed) and the

@@ -66,8 +66,9 @@ std::vector<KeyRelease> TriggerPipeline::accumulate_and_release(std::vector<KeyP
   std::vector<KeyTotals> reported;
   {
     StageTimer timer(stage_.accumulate);
-    shuffle::on_all_ranks<InputError>(comm_,
-                                      [&] { reported = keys_.accumulate(std::move(owned), releaser_.accumulation()); });
+    shuffle::on_all_ranks<InputError>(comm_, [&] {
+      reported = keys_.accumulate(std::move(owned), releaser_.accumulation(), releaser_.touched_above());
+    });
     std::vector<KeyPartial>().swap(owned);
   }
   StageTimer timer(stage_.dp_release);

@@ -296,6 +296,40 @@ TEST(KeyAccumulate, PackedTableStaysDenseThroughGrowth) {
   }
 }
 
+// Key selection's filter: `touched` lists, ascending per shard, exactly the keys whose round users
+// exceed the bound after the trigger, and `touched_below` counts the rest.
+TEST(KeyAccumulate, TouchedListsOnlyKeysAboveTheBoundAndCountsTheRest) {
+  kernels::KeyStateTable table(false);
+  std::vector<KeyPartial> first, second;
+  for (std::uint64_t k = 1; k <= 3000; ++k) first.push_back({k, 1, 0, static_cast<std::int64_t>(k % 5)});
+  table.accumulate(first, kernels::KeyStateTable::Report::Nothing, 2.5);
+  kernels::KeyState released = table.at(7);  // a released key: its round counts users from 5 on
+  released.round = 1, released.round_base_users = 2;
+  table.put(7, released);
+  for (std::uint64_t k = 1; k <= 3000; k += 2) second.push_back({k, 1, 0, 1});
+  table.accumulate(second, kernels::KeyStateTable::Report::Nothing, 2.5);
+  std::uint64_t listed = 0, below = 0;
+  for (std::size_t s = 0; s < kernels::KeyStateTable::kShards; ++s) {
+    EXPECT_TRUE(std::is_sorted(table.touched[s].begin(), table.touched[s].end()));
+    for (const std::uint64_t k : table.touched[s]) {
+      const kernels::KeyState st = table.at(k);
+      EXPECT_GT(static_cast<double>(st.users - st.round_base_users), 2.5) << k;
+      EXPECT_EQ(k % 2, 1u);
+      ++listed;
+    }
+    below += table.touched_below[s];
+  }
+  std::uint64_t want_listed = 0;
+  for (std::uint64_t k = 1; k <= 3000; k += 2) {
+    const kernels::KeyState st = table.at(k);
+    want_listed += static_cast<double>(st.users - st.round_base_users) > 2.5;
+  }
+  EXPECT_EQ(listed, want_listed);
+  EXPECT_EQ(listed + below, 1500u);
+  EXPECT_GT(listed, 0u);
+  EXPECT_GT(below, 0u);
+}
+
 // reserve() sizes the key tables up front: keys held before it keep their state, and a table filled
 // after it holds what one that grew holds, in the same bytes.
 TEST(KeyAccumulate, ReserveKeepsStateAndTakesTheBytesOfGrowth) {
