@@ -335,7 +335,8 @@ TEST(KeyAccumulate, TouchedListsOnlyKeysAboveTheBoundAndCountsTheRest) {
 TEST(KeyAccumulate, ReserveKeepsStateAndTakesTheBytesOfGrowth) {
   auto partials = [](std::uint64_t from, std::uint64_t to) {
     std::vector<KeyPartial> out;
-    for (std::uint64_t k = from; k < to; ++k) out.push_back({k * 0x9E3779B97F4A7C15ull, 1 + k % 7, 0, 1});
+    for (std::uint64_t k = from; k < to; ++k)
+      out.push_back({k * 0x9E3779B97F4A7C15ull, static_cast<std::int64_t>(1 + k % 7), 0, 1});
     return out;
   };
   const std::uint64_t n = 120000;
