@@ -97,12 +97,18 @@ std::size_t KeyStateTable::shard_of(std::uint64_t key) { return partition::local
 void KeyStateTable::reserve(std::uint64_t keys) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(keys) / kShards);
 #pragma omp parallel for schedule(dynamic, 8)
-  for (std::size_t s = 0; s < kShards; ++s) shards_[s].packed.reserve(per_shard);
+  for (std::size_t s = 0; s < kShards; ++s) {
+    try {
+      shards_[s].packed.reserve(per_shard);
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a hint; the shard grows as before
+    }
+  }
 }
 
 void KeyStateTable::clear() {
   for (auto& sh : shards_) sh = Shard{};
   for (auto& t : touched) t.clear();
+  std::fill(touched_below.begin(), touched_below.end(), 0);
   clear_journal();
 }
 

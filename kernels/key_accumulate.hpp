@@ -114,7 +114,8 @@ class KeyStateTable {
 
   // What accumulate returns for every key the trigger touched, sorted by key id: its running
   // totals (mode none), the trigger's own totals (the per-batch baseline), or nothing (DP). Every
-  // report leaves the keys touched in `touched`, per shard and ascending, for key selection to visit.
+  // report leaves the keys touched in `touched` (those above `touched_above`), per shard and ascending,
+  // for key selection to visit.
   enum class Report { RunningTotals, TriggerTotals, Nothing };
   // Adds one trigger's partials (any order, a key may repeat); sorts them in place (moved in: no copy).
   // `touched_above`: `touched` lists only the keys whose round users (users - round_base_users, as a

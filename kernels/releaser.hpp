@@ -27,7 +27,8 @@ class Releaser {
   // Starts a window, or resumes one from a checkpoint.
   virtual void begin_window(std::int64_t window) = 0;
   // The trigger's rows sorted by key, from `reported` (what accumulate returned; consumed) and the
-  // key table (keys.touched: the trigger's keys). Counts tests, draws and visits into `stats`.
+  // key table (keys.touched: the trigger's keys above touched_above()). Counts tests, draws and visits
+  // into `stats`.
   virtual std::vector<KeyRelease> release(std::vector<KeyTotals>&& reported, KeyStateTable& keys, std::uint32_t trigger,
                                           DpStats& stats) = 0;
   // State held beside the key table (noise caches and schedules): keys that have some, and its bytes.

@@ -48,15 +48,21 @@ void Engine::run_window(std::uint32_t wi) {
     return;
   }
   releaser_->begin_window(window);
-  const auto ranks = static_cast<std::uint64_t>(comm_.size());  // users and keys are hashed evenly over ranks
-  users_.reserve(source_->users_per_window() / ranks);
-  keys_.reserve(source_->keys_per_window() / ranks);
+  reserve_tables();
   for (std::uint32_t trigger = wi == start_window_ ? start_trigger_ : 0; trigger < T && !stop_.signal; ++trigger)
     process_trigger(wi, trigger);
   if (!commits_->final_commit_pending() && !stop_.signal) {  // the next window starts empty
     users_.clear();
     keys_.clear();
   }
+}
+
+// Tables sized for the window when the input knows its users and keys (users and keys are hashed
+// evenly over ranks); a hint, so a reservation that fails leaves the tables to grow.
+void Engine::reserve_tables() {
+  const auto ranks = static_cast<std::uint64_t>(comm_.size());
+  if (const std::uint64_t users = source_->users_per_window()) users_.reserve(users / ranks);
+  if (const std::uint64_t keys = source_->keys_per_window()) keys_.reserve(keys / ranks);
 }
 
 // One trigger on every rank: ingest -> route by user, bound, route by key, accumulate and release

@@ -81,6 +81,7 @@ class Engine {
 
   // The job (src/engine.cpp).
   void run_window(std::uint32_t wi);
+  void reserve_tables();
   void process_trigger(std::uint32_t wi, std::uint32_t trigger);
   std::vector<Record> ingest(std::int64_t window, std::uint32_t trigger);
   std::uint64_t stage_release(const std::vector<KeyRelease>& release, std::int64_t window, std::uint32_t trigger);

@@ -89,6 +89,7 @@ void Engine::resume() {
                  config_.name.c_str(), static_cast<unsigned long long>(m.seq), start_window_ + 1,
                  config_.stream.windows, start_trigger_, T, m.ranks, comm_.size(),
                  m.ranks != comm_.size() ? ": re-partitioning the state" : "");
+  if (start_trigger_ != 0) reserve_tables();  // before the state comes in, not after it grew step by step
   const std::string staged = store_.load(users_, keys_, /*window_done=*/start_trigger_ == 0);
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (root_) writer_->restore(m.releases_bytes, staged, m.release_rows);

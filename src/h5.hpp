@@ -1,4 +1,5 @@
-// A thin RAII layer over HDF5's C API: owned ids, 1-D datasets of native integers and bytes,
+// A thin RAII layer over HDF5's C API: owned ids, 1-D datasets of integers (stored at full width or
+// as narrow as their values allow) and bytes,
 // scalar attributes, files built in memory (core driver) so that the engine writes, checksums
 // and renames the exact bytes itself, and files on disk for the large ones. HDF5's own error printing is turned off;
 // failures throw std::runtime_error naming the object.
@@ -79,7 +80,8 @@ void create_group(hid_t loc, const std::string& name);
 void write_dataset_raw(hid_t loc, const std::string& name, hid_t type, const void* data, std::size_t n);
 std::size_t dataset_size(hid_t loc, const std::string& name);  // throws when missing or not 1-D
 // Reads into memory type `type`; an integer dataset must be stored in a type whose every value it
-// holds (same width or narrower, no negative values into an unsigned type), else it throws.
+// holds (same signedness and as wide or narrower, or unsigned and narrower than a signed type; never a
+// signed type into an unsigned one), else it throws.
 void read_dataset_raw(hid_t loc, const std::string& name, hid_t type, void* data, std::size_t n);
 
 // `file_type` may be narrower than the memory `type` when every value fits it (HDF5 converts).

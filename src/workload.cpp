@@ -51,9 +51,11 @@ SyntheticSource::SyntheticSource(const JobConfig& config, int rank, int ranks)
   const auto U = static_cast<uint128>(config.input.users);
   first_user_ = static_cast<std::uint64_t>(U * static_cast<unsigned>(rank) / static_cast<unsigned>(ranks));
   last_user_ = static_cast<std::uint64_t>(U * static_cast<unsigned>(rank + 1) / static_cast<unsigned>(ranks));
-  // A window's records are independent draws of the key distribution: users x E[records per user].
+  // The keys of a window's kept records, independent draws of the key distribution: users x
+  // E[min(records per user, C)] (a user keeps its first C).
   const double records = static_cast<double>(config.input.users) *
-                         (records_per_user_.mean() + (config.input.records_per_user_min == 0 ? 1.0 : 0.0));
+                         records_per_user_.mean_of_min(config.input.records_per_user_min == 0 ? 1.0 : 0.0,
+                                                       static_cast<double>(config.privacy.max_records_per_user));
   const auto K = static_cast<double>(config.input.keys);
   keys_per_window_ = static_cast<std::uint64_t>(config.input.key_distribution == KeyDistribution::Uniform
                                                     ? -K * std::expm1(records * std::log1p(-1.0 / K))

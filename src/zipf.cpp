@@ -62,6 +62,15 @@ double ZipfMandelbrot::expected_distinct(double draws) const {
   return sum_runs([&](double x) { return -std::expm1(draws * std::log1p(-h(x) / z)); });  // 1 - (1 - p)^n
 }
 
+double ZipfMandelbrot::mean_of_min(double shift, double cap) const {
+  double z = 0.0, m = 0.0;
+  for (double x = hi_; x >= lo_; x -= 1.0) {
+    z += h(x);
+    m += std::min(x + shift, cap) * h(x);
+  }
+  return m / z;
+}
+
 double ZipfMandelbrot::mean() const {
   double z = 0.0, m = 0.0;
   for (double x = hi_; x >= lo_; x -= 1.0) {

@@ -30,6 +30,8 @@ class ZipfMandelbrot {
   // Exact pmf and mean by direct summation (tests and reports; O(hi - lo)).
   double pmf(std::uint64_t x) const;
   double mean() const;
+  // E[min(X + shift, cap)] by direct summation (O(hi - lo)).
+  double mean_of_min(double shift, double cap) const;
   // Expected number of distinct values among `draws` independent samples, sum_x 1 - (1 - p_x)^draws,
   // by the midpoint rule over runs of x at most 1/1000 of x long (p varies by < 0.2% along one):
   // within 1e-6 relative of direct summation, in O(1000 log(hi / 1000)) steps (for table sizing).

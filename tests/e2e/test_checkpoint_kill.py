@@ -350,6 +350,11 @@ def check_completed_checkpoint(job, out_dir, ranks):
             latest_ranks.add(s["rank"])
     assert latest_ranks == set(range(ranks)), \
         f"{name}: the newest commit has segments of ranks {sorted(latest_ranks)}, expected one per rank 0..{ranks - 1}"
+    if doc["window_index"] == 0:  # one window: the manifest lists every segment the (uninterrupted) run wrote
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            written = json.load(f)["checkpoint"]["segment_bytes_written"]
+        listed = sum(s["bytes"] for s in segs)
+        assert written == listed, f"summary.json: segment_bytes_written = {written}, the manifest lists {listed} bytes"
     assert doc["releases_bytes"] == len(job.ref), \
         f"{name}: releases_bytes = {doc['releases_bytes']}, but the completed releases.csv has {len(job.ref)} bytes"
     strays = []

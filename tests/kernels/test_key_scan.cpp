@@ -87,12 +87,15 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
   const auto secret = noise::secret_from_seed(seed);
   DpReleaser full(params(mu, counter), secret, KeyScan::Full);
   auto predicted = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
+  // The engine's path: accumulate hands key selection only the keys above mu (touched_above).
+  auto filtered = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
   for (std::int64_t window = 0; window < 2; ++window) {
     const auto partials = stream(seed * 31 + static_cast<std::uint64_t>(window));
-    KeyStateTable full_keys, predicted_keys;
+    KeyStateTable full_keys, predicted_keys, filtered_keys;
     full.begin_window(window);
     predicted->begin_window(window);
-    DpStats fs, ps;
+    filtered->begin_window(window);
+    DpStats fs, ps, fps;
     for (std::uint32_t t = 0; t < kT; ++t) {
       const std::string where = "mu " + std::to_string(mu) + " threads " + std::to_string(threads) + " seed " +
                                 std::to_string(seed) + " window " + std::to_string(window) + " trigger " +
@@ -100,14 +103,20 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
       if (window == 1 && t == resume_at) {
         predicted = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
         predicted->begin_window(window);
+        filtered = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
+        filtered->begin_window(window);
       }
       full_keys.accumulate(partials[t], KeyStateTable::Report::Nothing);
       predicted_keys.accumulate(partials[t], KeyStateTable::Report::Nothing);
+      filtered_keys.accumulate(partials[t], KeyStateTable::Report::Nothing, mu);
       const std::uint64_t tested_full = fs.tested, tested_pred = ps.tested;
       const auto rf = full.release(full_keys, t, fs);
       const auto rp = predicted->release(predicted_keys, t, ps);
       expect_same(rf, rp, where);
       ASSERT_EQ(fs.tested - tested_full, ps.tested - tested_pred) << where << ": threshold tests";
+      expect_same(rp, filtered->release(filtered_keys, t, fps), where + " (touched above mu only)");
+      ASSERT_EQ(ps.tested, fps.tested) << where;
+      ASSERT_EQ(ps.visited, fps.visited) << where << ": keys at or below mu count as visited";
     }
     totals.releases += fs.released;
     totals.predicted += ps.predicted;
