@@ -214,6 +214,12 @@ def main():
                 # first, with a 0.5 s pause, in one CI run).
                 while not ranks_running(long_rare) and time.monotonic() < deadline:
                     time.sleep(0.05)
+                # ... and have written commit 0: a process just exec'd is still loading its libraries,
+                # and a SIGTERM then kills it before main() can catch it (one CI run on a loaded machine).
+                ckpt = os.path.join(out, "checkpoint")
+                while time.monotonic() < deadline and not (
+                        os.path.isdir(ckpt) and any(f.startswith("MANIFEST-") for f in os.listdir(ckpt))):
+                    time.sleep(0.02)
                 cluster.cmd("scancel", job)
                 state = cluster.wait_done(job, timeout=120)
                 time.sleep(1)
