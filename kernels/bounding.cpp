@@ -183,13 +183,9 @@ void UserState::clear() {
 void UserState::reserve(std::uint64_t users) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(users) / kShards);
   const std::size_t capacity = reserved_capacity(per_shard);
-#pragma omp parallel for schedule(dynamic, 8)
-  for (std::size_t s = 0; s < kShards; ++s) {
-    try {
-      if (shards_[s].slots.size() < capacity) shards_[s].rehash(capacity);
-    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a hint; the shard grows as before
-    }
-  }
+  reserve_shards(kShards, [&](std::size_t s) {
+    if (shards_[s].slots.size() < capacity) shards_[s].rehash(capacity);
+  });
 }
 
 void UserState::clear_journal() {

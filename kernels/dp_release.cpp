@@ -419,7 +419,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             ahead(touched, i);
             const std::uint64_t key = touched[i];
             const KeyState st = keys.at(key);
-            if (static_cast<double>(st.users - st.round_base_users) <= params_.mu) {
+            if (st.round_users() <= params_.mu) {
               ++visited;  // never tested (as visit() finds first)
               continue;
             }

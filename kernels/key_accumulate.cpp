@@ -96,13 +96,7 @@ std::size_t KeyStateTable::shard_of(std::uint64_t key) { return partition::local
 
 void KeyStateTable::reserve(std::uint64_t keys) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(keys) / kShards);
-#pragma omp parallel for schedule(dynamic, 8)
-  for (std::size_t s = 0; s < kShards; ++s) {
-    try {
-      shards_[s].packed.reserve(per_shard);
-    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a hint; the shard grows as before
-    }
-  }
+  reserve_shards(kShards, [&](std::size_t s) { shards_[s].packed.reserve(per_shard); });
 }
 
 void KeyStateTable::clear() {
@@ -232,7 +226,7 @@ void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report 
   store(sh, packed, st);
   if (journal) changed_keys[s].push_back(t.key);
   if (report == Report::RunningTotals) t = KeyTotals{t.key, st.count, st.sum, st.users};
-  if (static_cast<double>(st.users - st.round_base_users) > touched_above)
+  if (st.round_users() > touched_above)
     touched[s].push_back(t.key);
   else
     ++touched_below[s];

@@ -25,6 +25,8 @@ struct KeyState {
   std::int64_t round_base_users = 0;
   std::uint32_t round = 0;
   std::uint32_t round_start = 0;
+  // Users of the current round, as key selection compares them with mu (a double).
+  double round_users() const { return static_cast<double>(users - round_base_users); }
   bool operator==(const KeyState& o) const {
     return count == o.count && int128(sum) == int128(o.sum) && users == o.users &&
            round_base_users == o.round_base_users && round == o.round && round_start == o.round_start;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <new>
+#include <stdexcept>
 #include <vector>
 
 namespace dpstream::kernels {
@@ -31,6 +32,19 @@ constexpr std::size_t reserved_capacity(std::size_t items) {
   std::size_t capacity = kMinTableCapacity;
   while (table_full(items, capacity)) capacity = grown_capacity(capacity);
   return capacity;
+}
+
+// Calls reserve(s) for every shard s in parallel. A reservation is a hint: one that fails (no memory)
+// leaves its shard to grow as before.
+template <class Reserve>
+void reserve_shards(std::size_t shards, Reserve&& reserve) {
+#pragma omp parallel for schedule(dynamic, 8)
+  for (std::size_t s = 0; s < shards; ++s) {
+    try {
+      reserve(s);
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a hint, see above
+    }
+  }
 }
 
 // Slot arrays of 1 MiB or more are mapped, not taken from the heap: the process keeps freed heap

@@ -134,10 +134,11 @@ RunReport Engine::stopped() {
   return report_;
 }
 
-// The job's end: the summary (src/run_summary.hpp), the job's last commit (it keeps the summary),
-// then summary.json: a resume after a crash in between writes the summary from the checkpoint.
+// The job's end: the job's last commit written (so the summary counts its bytes), the summary
+// (src/run_summary.hpp), that commit made visible with it, then summary.json: a resume after a crash in
+// between writes the summary from the checkpoint.
 RunReport Engine::finish() {
-  commits_->write_last_commit();  // first, so that the summary counts its bytes
+  commits_->write_last_commit();
   const double wall = seconds_since(run_start_);
   const RunFigures run{.config = config_,
                        .plan = plan_,

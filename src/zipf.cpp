@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace dpstream {
@@ -71,13 +72,6 @@ double ZipfMandelbrot::mean_of_min(double shift, double cap) const {
   return m / z;
 }
 
-double ZipfMandelbrot::mean() const {
-  double z = 0.0, m = 0.0;
-  for (double x = hi_; x >= lo_; x -= 1.0) {
-    z += h(x);
-    m += x * h(x);
-  }
-  return m / z;
-}
+double ZipfMandelbrot::mean() const { return mean_of_min(0.0, std::numeric_limits<double>::infinity()); }
 
 }  // namespace dpstream
