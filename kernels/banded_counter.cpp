@@ -87,6 +87,7 @@ BandedPlan::BandedPlan(std::vector<std::int64_t> band, double sigma) : m_(std::m
   if (!(sigma >= 0x1p-20 && sigma <= 0x1p30))
     throw std::invalid_argument("banded counter: sigma " + std::to_string(sigma) + " outside [2^-20, 2^30]");
   sigma_num_ = static_cast<std::uint64_t>(std::ceil(std::ldexp(sigma, kSigmaBits)));  // exact: < 2^62
+  if (m_.size() >= 2) ring_magic_ = ~std::uint64_t{0} / (m_.size() - 1) + 1;
 }
 
 bool BandedPlan::monotone() const {
@@ -188,7 +189,7 @@ void BandedNoise::push(const BandedPlan& plan, int128 z) {
     return;
   }
   if (recent_.size() != keep) recent_.resize(keep);
-  std::int64_t& slot = recent_[(at_ - 1) % keep];
+  std::int64_t& slot = recent_[plan.ring_slot(at_)];
   if (at_ > keep) older_ += slot;  // step at - keep leaves the band
   slot = kept;
 }
@@ -198,8 +199,12 @@ int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
   const std::size_t keep = plan.band() - 1;
   int128 y = static_cast<int128>(plan.cumulative(static_cast<std::uint32_t>(keep))) * older_;
   const std::uint32_t kept = std::min<std::uint32_t>(at_, static_cast<std::uint32_t>(keep));
-  for (std::uint32_t j = 0; j < kept; ++j)  // step at - j, weight M_j
-    y += static_cast<int128>(plan.cumulative(j)) * recent_[(at_ - 1 - j) % keep];
+  if (kept == 0) return y;
+  std::size_t slot = plan.ring_slot(at_);  // step at - j sits at slot (at - 1 - j) mod keep
+  for (std::uint32_t j = 0; j < kept; ++j) {  // step at - j, weight M_j
+    y += static_cast<int128>(plan.cumulative(j)) * recent_[slot];
+    slot = slot == 0 ? keep - 1 : slot - 1;
+  }
   return y;
 }
 

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kernels/noise.hpp"
@@ -44,6 +45,16 @@ struct CdfTable {
     const std::size_t last = hi.size() - 1;
     std::size_t m = guide[u0 >> (64 - kGuideBits)];
     while (m < last && !below(m)) ++m;
+    return m;
+  }
+  // sample() from its first word u0 alone, or nothing where it would read the lower two (a tie).
+  std::optional<std::size_t> sample_from_top(std::uint64_t u0) const {
+    const std::size_t last = hi.size() - 1;
+    std::size_t m = guide[u0 >> (64 - kGuideBits)];
+    for (; m < last; ++m) {
+      if (u0 == hi[m]) return std::nullopt;
+      if (u0 < hi[m]) break;
+    }
     return m;
   }
 };

@@ -136,7 +136,29 @@ TEST(BandedCounter, VarianceMatchesThePlan) {
 
 // The fast path (56 kept bits, an interval) gives the exact rounding: the same as the reference with
 // 128 and more bits per sample, on 3000 counters at several steps and grids.
+// ring_slot's multiplication is the remainder for every step a counter can reach and every band width.
+TEST(BandedCounter, RingSlotIsTheRemainder) {
+  for (std::size_t b = 2; b <= kMaxBand; ++b) {
+    std::vector<std::int64_t> band(b, 0);
+    band[0] = std::int64_t{1} << kCoefBits;
+    const BandedPlan plan(band, 1.0);
+    for (std::uint32_t at = 1; at <= kMaxSteps; ++at)
+      ASSERT_EQ(plan.ring_slot(at), (at - 1) % (b - 1)) << "b " << b << " at " << at;
+  }
+}
+
 TEST(BandedCounter, FastPathIsExact) {
+  for (const std::size_t b : {2, 3, 16}) {  // other widths than the default's: other ring lengths
+    const BandedPlan plan(optimized_band(40, b), 3.5);
+    for (int key = 0; key < 300; ++key) {
+      Keyed k{noise::WindowPrf(noise::secret_from_seed(6), 1), static_cast<std::uint64_t>(key)};
+      const std::uint32_t t = 1 + static_cast<std::uint32_t>(key % 40);
+      const int128 fast = prefix(plan, k, t, kGrid);
+      const int128 exact =
+          exact_prefix_noise(plan, kGrid, t, [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
+      ASSERT_TRUE(fast == exact) << "b " << b << " key " << key << " t " << t;
+    }
+  }
   const BandedPlan plan(optimized_band(200, 8), 7.25);
   int redraws = 0;
   for (int key = 0; key < 3000; ++key) {

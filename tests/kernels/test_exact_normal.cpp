@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "kernels/cdf_table.hpp"
 #include "kernels/exact_normal.hpp"
 
 using namespace dpstream::noise;
@@ -163,4 +165,29 @@ TEST(ExactNormal, BatchEqualsOneNodeAtATime) {
     beyond_two += z.k >= 2;
   }
   EXPECT_GT(beyond_two, 7000u) << "the tails must be exercised (P[|Z| >= 2] = 0.0455)";
+}
+
+// The batch's shortcut reads the cell from the stream's first word: the first entry above it, or
+// nothing where the word ties an entry the search compares (the lower words would decide).
+TEST(CdfTable, SampleFromTopIsTheFirstEntryAboveOrNothingOnATie) {
+  std::vector<BigFloat> mass;
+  for (int m = 0; m < 5000; ++m) mass.push_back(BigFloat(1) / (1 + m % 7));  // more entries than guide cells
+  const CdfTable table = CdfTable::from_masses(mass);
+  const auto reference = [&](std::uint64_t u0) -> std::optional<std::size_t> {  // a linear scan
+    for (std::size_t m = 0; m + 1 < table.hi.size(); ++m) {
+      if (u0 == table.hi[m]) return std::nullopt;
+      if (u0 < table.hi[m]) return m;
+    }
+    return table.hi.size() - 1;
+  };
+  std::uint64_t x = 0x9e3779b97f4a7c15u;
+  std::vector<std::uint64_t> words;
+  for (int i = 0; i < 100000; ++i) words.push_back(x = x * 6364136223846793005u + 1442695040888963407u);
+  for (std::size_t m = 0; m < table.hi.size(); m += 37) words.insert(words.end(), {table.hi[m], table.hi[m] - 1});
+  std::size_t ties = 0;
+  for (const std::uint64_t u0 : words) {
+    ASSERT_EQ(table.sample_from_top(u0), reference(u0)) << u0;
+    ties += !reference(u0).has_value();
+  }
+  EXPECT_GT(ties, 100u);
 }
