@@ -177,27 +177,29 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
   return memo[{horizon, b}] = grid(m);
 }
 
-void BandedNoise::push(const BandedPlan& plan, int128 z) {
+std::int64_t BandedNoise::kept_sample(int128 z) {
   if (z <= -(int128{1} << (64 + kZBits)) || z >= (int128{1} << (64 + kZBits)))
     throw std::range_error("banded counter: a normal sample beyond 2^7");
+  return static_cast<std::int64_t>(z / (int128{1} << (64 - kKeptBits)));  // toward zero: |Z - Z~| < 2^-56
+}
+
+void BandedNoise::push(const BandedPlan& plan, int128 z) {
+  const std::int64_t kept = kept_sample(z);
   if (at_ >= kMaxSteps) throw std::length_error("banded counter: step beyond 2^20");
-  const auto kept = static_cast<std::int64_t>(z / (int128{1} << (64 - kKeptBits)));  // toward zero: |Z - Z~| < 2^-56
   ++at_;
-  const std::size_t keep = plan.band() - 1;
-  if (keep == 0) {
+  if (plan.band() == 1) {
     older_ += kept;
     return;
   }
-  if (recent_.size() != keep) recent_.resize(keep);
-  std::int64_t& slot = recent_[plan.ring_slot(at_)];
-  if (at_ > keep) older_ += slot;  // step at - keep leaves the band
+  std::int64_t& slot = recent_slot(plan, at_);
+  if (at_ > plan.band() - 1) older_ += slot;  // step at - keep leaves the band
   slot = kept;
 }
 
 int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
   // |older| < 2^20 2^71, |M| <= 2^31 units: each term < 2^122, b terms < 2^126.
   const std::size_t keep = plan.band() - 1;
-  int128 y = static_cast<int128>(plan.cumulative(static_cast<std::uint32_t>(keep))) * older_;
+  int128 y = static_cast<int128>(plan.cumulative(static_cast<std::uint32_t>(keep))) * int128(older_);
   const std::uint32_t kept = std::min<std::uint32_t>(at_, static_cast<std::uint32_t>(keep));
   if (kept == 0) return y;
   std::size_t slot = plan.ring_slot(at_);  // step at - j sits at slot (at - 1 - j) mod keep

@@ -23,10 +23,12 @@
 
 #include <absl/container/inlined_vector.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -99,7 +101,7 @@ class BandedNoise {
   std::uint32_t at() const { return at_; }
   void reset() {
     at_ = 0;
-    older_ = 0;
+    older_ = int128{0};
   }
 
   // Adds steps at()+1 .. to; `draw(index)` returns Z of step index + 1 with 64-bit digits.
@@ -109,6 +111,23 @@ class BandedNoise {
   }
   // Adds step at()+1 with its Z~; |Z| < 2^7 (else std::range_error).
   void push(const BandedPlan& plan, int128 z_fixed64);
+  // Back to step `to` <= at(), exactly the state advance(to) reaches: `draw_fixed(index)` (as for
+  // advance) gives Z of steps max(1, to - b + 2) .. max(to, at - b + 1): the steps that left the band
+  // since `to` come out of the running sum, and the ring gets the last b - 1 of `to`. Costs at most
+  // at() - to + b - 1 draws, so a counter need not keep its state at each step it was tested at.
+  template <class DrawFixed>
+  void rewind(const BandedPlan& plan, std::uint32_t to, DrawFixed&& draw_fixed) {
+    if (to > at_) throw std::logic_error("banded counter: rewind ahead of the counter");
+    const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
+    const std::uint32_t first = to > keep ? to - keep + 1 : 1;           // oldest step of the ring at `to`
+    const std::uint32_t left = at_ > keep ? at_ - keep : 0;             // steps in the running sum now
+    for (std::uint32_t r = std::max(first, 1u); r <= std::max(to, left); ++r) {
+      const std::int64_t kept = kept_sample(draw_fixed(r - 1));
+      if (r + keep <= at_ && r + keep > to) older_ = int128(older_) - kept;  // in the sum now, not at `to`
+      if (r <= to && keep > 0) recent_slot(plan, r) = kept;
+    }
+    at_ = to;
+  }
 
   // round(q N_at) on the output grid, ties away from zero (a tie has probability 0); q in [1, 2^62].
   // `redraw` is called only when 64 bits per sample leave the rounding undecided (probability about
@@ -129,8 +148,14 @@ class BandedNoise {
   // The same from the exact interval of the kept 56 bits, then from more digits.
   int128 interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
 
+  static std::int64_t kept_sample(int128 z_fixed64);  // Z~: Z toward zero to 56 fraction bits (range-checked)
+  std::int64_t& recent_slot(const BandedPlan& plan, std::uint32_t step) {  // Z~ of one of the last b - 1 steps
+    if (recent_.size() != plan.band() - 1) recent_.resize(plan.band() - 1);
+    return recent_[plan.ring_slot(step)];
+  }
+
   std::uint32_t at_ = 0;
-  int128 older_ = 0;  // sum of Z~_r for r <= at - (b - 1), units 2^-56
+  Int128Words older_;  // sum of Z~_r for r <= at - (b - 1), units 2^-56 (8-byte aligned: a smaller cache entry)
   // Z~ of the last min(at, b - 1) steps: a ring of b - 1 slots, step r at recent_[(r - 1) % (b - 1)]
   // (inline up to b = 8: the selection cache keeps two per key).
   absl::InlinedVector<std::int64_t, 7> recent_;

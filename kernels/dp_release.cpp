@@ -108,20 +108,31 @@ std::uint64_t advance_batched(dptree::PrefixNoise& stack, NodeBatch& batch, std:
 class TreeSelection {
  public:
   using Noise = dptree::PrefixNoise;
+  using State = TreeSelectionNoise;
   TreeSelection(noise::WindowPrf& prf, const noise::DiscreteGaussian& dg) : batch_(prf), dg_(dg) {}
 
-  void advance(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t to) {
-    draws += advance_batched(n, batch_, key, round, to, dg_);
+  static bool untested(const State& st) { return st.tested.at() == 0; }
+  static void reset(State& st) {
+    st.tested.reset();
+    st.ahead.reset();
+  }
+  // The noise at round step `step`: the simulation's when it stopped there, else drawn on from the last test.
+  const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
+    if (st.tested.at() > step) reset(st);
+    if (st.ahead.at() == step) std::swap(st.tested, st.ahead);  // simulated up to here: no redraw
+    draws += advance_batched(st.tested, batch_, key, round, step, dg_);
+    return st.tested;
   }
   int128 prefix(const Noise& n, std::uint64_t /*key*/, std::uint32_t /*round*/) const { return n.prefix_noise(kOne); }
-  // A simulation from n.at() up to `until` (all its nodes drawn now), then one step at a time.
-  void begin_ahead(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
-    draws += batch_.prepare(key, noise::Family::KeySelection, round, n.at(), until, dg_);
-    total_.emplace(n, kOne);
+  // A simulation from the last test up to `until` (all its nodes drawn now), then one step at a time.
+  void begin_ahead(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
+    st.ahead = st.tested;
+    draws += batch_.prepare(key, noise::Family::KeySelection, round, st.ahead.at(), until, dg_);
+    total_.emplace(st.ahead, kOne);
   }
-  int128 step_ahead(Noise& n, std::uint32_t q, std::uint64_t /*key*/, std::uint32_t /*round*/) {
-    n.advance(q, batch_.drawer());
-    total_->stepped(n, q);
+  int128 step_ahead(State& st, std::uint32_t q, std::uint64_t /*key*/, std::uint32_t /*round*/) {
+    st.ahead.advance(q, batch_.drawer());
+    total_->stepped(st.ahead, q);
     return total_->total();
   }
   std::uint64_t draws = 0;
@@ -136,27 +147,42 @@ class TreeSelection {
 class BandedSelection {
  public:
   using Noise = banded::BandedNoise;
+  using State = BandedSelectionNoise;
   BandedSelection(noise::WindowPrf& prf, const banded::BandedPlan& plan) : prf_(prf), plan_(plan) {}
 
-  void advance(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t to) {
-    if (to <= n.at()) return;
-    prepare(key, round, n.at(), to);
-    for (const int128 z : values_) n.push(plan_, z);
+  static bool untested(const State& st) { return st.frontier.at() == 0; }
+  static void reset(State& st) { st.frontier.reset(); }
+  // The noise at round step `step`: drawn on from the frontier, or the frontier rewound to it (the
+  // steps simulated past it drawn again: as many as keeping the state of the last test would cost).
+  const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
+    Noise& n = st.frontier;
+    if (step < n.at()) {
+      const std::uint32_t keep = static_cast<std::uint32_t>(plan_.band()) - 1;
+      const std::uint32_t first = step > keep ? step - keep + 1 : 1;
+      const std::uint32_t last = std::max(step, n.at() > keep ? n.at() - keep : 0);
+      prepare(key, round, first - 1, last);
+      n.rewind(plan_, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
+    } else if (step > n.at()) {
+      prepare(key, round, n.at(), step);
+      for (const int128 z : values_) n.push(plan_, z);
+    }
+    return n;
   }
   int128 prefix(const Noise& n, std::uint64_t key, std::uint32_t round) const {
     return n.prefix_noise(
         plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
   }
-  // A simulation from n.at() up to `until`: its steps drawn now, then one step at a time.
-  void begin_ahead(Noise& n, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
-    prepare(key, round, n.at(), until);
+  // A simulation from the frontier (the last test) up to `until`: its steps drawn now, then one step at
+  // a time, the frontier moving on with it.
+  void begin_ahead(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
+    prepare(key, round, st.frontier.at(), until);
     next_ = 0;
   }
-  int128 step_ahead(Noise& n, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
+  int128 step_ahead(State& st, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
     if (next_ >= values_.size() || ids_[next_].index != q - 1)
       throw std::logic_error("BandedSelection: step not prepared");
-    n.push(plan_, values_[next_++]);
-    return prefix(n, key, round);
+    st.frontier.push(plan_, values_[next_++]);
+    return prefix(st.frontier, key, round);
   }
   std::uint64_t draws = 0;
 
@@ -247,9 +273,9 @@ std::uint64_t DpReleaser::cached_keys() const {
 std::uint64_t DpReleaser::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& c : tree_caches_)
-    b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache<dptree::PrefixNoise>>));
+    b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache<TreeSelectionNoise>>));
   for (const auto& c : banded_caches_)
-    b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache<banded::BandedNoise>>));
+    b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache<BandedSelectionNoise>>));
   for (const auto& v : values_) b += v.capacity() * (1 + sizeof(std::pair<const std::uint64_t, ValueNoise>));
   for (const auto& cal : calendar_) {
     b += cal.capacity() * (1 + sizeof(std::pair<const std::uint32_t, std::vector<std::uint64_t>>));
@@ -298,7 +324,7 @@ std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t t
 
 template <class Selection>
 std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats,
-                                                 CacheShards<typename Selection::Noise>& caches) {
+                                                 CacheShards<typename Selection::State>& caches) {
   const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
   const bool predict = scan_ == KeyScan::Predicted;
   const bool scan_all = !predict || scan_all_next_;
@@ -338,24 +364,22 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
         // on, the simulation of its next steps with no new user, which schedules its next visit.
         // `known`: the key's cache entry when the caller has found it already.
         auto visit = [&](std::uint64_t key, KeyState st, bool touched,
-                         NoiseCache<typename Selection::Noise>* known = nullptr) {
+                         NoiseCache<typename Selection::State>* known = nullptr) {
           ++visited;
           const std::int64_t round_users = st.users - st.round_base_users;
           if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
           const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
           auto& c = known ? *known : cache[key];
-          if (c.selection_round != st.round || c.selection.at() > step) {
-            c.selection.reset();
-            c.lookahead.reset();
+          if (c.selection_round != st.round) {
+            Selection::reset(c.noise);
             c.selection_round = st.round;
           }
-          if (scan_all || c.selection.at() == 0) ++above;  // first test of its round (users only grow in a round)
+          if (scan_all || Selection::untested(c.noise)) ++above;  // first test of its round (users only grow in a round)
           if (c.next_visit != kNoVisit && c.next_visit != trigger) ++discarded;  // new records came first (case 1)
           const bool due = !touched && c.next_visit == trigger;                  // visited for its prediction alone
           c.next_visit = kNoVisit;
-          if (c.lookahead.at() == step) std::swap(c.selection, c.lookahead);  // simulated up to here: no redraw
-          selection.advance(c.selection, key, st.round, step);
-          if (passes(selection.prefix(c.selection, key, st.round), round_users, step)) {
+          const auto& noise_now = selection.seek(c.noise, key, st.round, step);
+          if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
             KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
             ValueNoise& v = values[key];
             if (count_noise_) {
@@ -382,8 +406,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             st.round_start = trigger + 1;
             st.round_base_users = st.users;
             keys.put(key, st);
-            c.selection.reset();
-            c.lookahead.reset();
+            Selection::reset(c.noise);
             c.selection_round = st.round;
             c.horizon = 0;
             return;
@@ -396,17 +419,18 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           // records stay quiet; one step after new records visited 1.5x the keys for 0.2% fewer draws).
           c.horizon = std::min({std::max(c.horizon, 1u) * 2, last, kMaxHorizon});
           const std::uint32_t until = std::min(last, step + c.horizon);
-          c.lookahead = c.selection;
-          selection.begin_ahead(c.lookahead, key, st.round, until);
-          c.quiet_users = std::numeric_limits<std::int64_t>::max();
+          selection.begin_ahead(c.noise, key, st.round, until);
+          std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
           std::uint32_t q = step;
           while (q < until) {
             ++q;
             ++simulated;
-            const int128 noise_total = selection.step_ahead(c.lookahead, q, key, st.round);  // the test's noise
+            const int128 noise_total = selection.step_ahead(c.noise, q, key, st.round);  // the test's noise
             if (passes(noise_total, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
-            if (q < until) lower_quiet_bound(c.quiet_users, noise_total, q);
+            if (q < until) lower_quiet_bound(quiet_users, noise_total, q);
           }
+          // Stored in 32 bits, never above the bound; round users are >= 0, so every negative bound skips nothing.
+          c.quiet_users = static_cast<std::int32_t>(std::clamp<std::int64_t>(quiet_users, -1, std::numeric_limits<std::int32_t>::max()));
           c.next_visit = st.round_start + q - 1;
           calendar[c.next_visit].push_back(key);
           ++scheduled;

@@ -54,6 +54,16 @@ struct DpStats {
   std::uint64_t quiet = 0;        // keys of the micro-batch left unvisited: too few users to pass before their visit
 };
 
+// Key selection's noise held per tested key (a cache: noise is a pure function of its node): the tree's
+// at the last test and at the simulation's frontier ahead of it; the banded counter's at the frontier
+// only (BandedNoise::rewind returns to a test before it for about the draws the second copy saved).
+struct TreeSelectionNoise {
+  dptree::PrefixNoise tested, ahead;
+};
+struct BandedSelectionNoise {
+  banded::BandedNoise frontier;
+};
+
 class DpReleaser {
  public:
   DpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan = KeyScan::Predicted);
@@ -73,20 +83,19 @@ class DpReleaser {
  private:
   // Noise stacks of the keys that have been tested (derivable: a cache, never needed for privacy).
   static constexpr std::uint32_t kNoVisit = 0xffffffffu;
-  // Noise of a tested key: the selection counter at the last tested step and, ahead of it, at the
-  // simulation's frontier (the next scheduled visit). Noise: dptree::PrefixNoise or banded::BandedNoise.
-  template <class Noise>
+  // A tested key's selection noise (State: TreeSelectionNoise or BandedSelectionNoise) and schedule.
+  template <class State>
   struct NoiseCache {
     std::uint32_t selection_round = 0;
     std::uint32_t next_visit = kNoVisit;  // trigger of the scheduled visit
     std::uint32_t horizon = 0;            // steps the last simulation looked ahead (doubles while no record comes)
     // Every simulated step before next_visit fails with this many round users or fewer (the least of
     // the steps' largest failing counts), so new records up to it change no test before next_visit.
-    std::int64_t quiet_users = 0;
-    Noise selection, lookahead;
+    std::int32_t quiet_users = 0;
+    State noise;
   };
-  template <class Noise>
-  using CacheShards = std::vector<absl::flat_hash_map<std::uint64_t, NoiseCache<Noise>>>;
+  template <class State>
+  using CacheShards = std::vector<absl::flat_hash_map<std::uint64_t, NoiseCache<State>>>;
   // Noise of a released key's value counters at its last release (most tested keys are never
   // released): the trees', or the banded counters'.
   struct ValueNoise {
@@ -95,7 +104,7 @@ class DpReleaser {
   };
   template <class Selection>
   std::vector<KeyRelease> release_with(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats,
-                                       CacheShards<typename Selection::Noise>& caches);
+                                       CacheShards<typename Selection::State>& caches);
   bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid
   // The test's boundary in users as a real number: it passes iff round users exceed it (up to rounding).
   double failing_boundary(int128 prefix_noise, std::uint32_t step) const;
@@ -112,8 +121,8 @@ class DpReleaser {
   std::optional<noise::DiscreteGaussian> selection_noise_;                    // tree key selection
   std::optional<noise::DiscreteGaussian> count_noise_, sum_noise_;            // for the chosen columns (tree counters)
   std::optional<banded::BandedPlan> selection_band_, count_band_, sum_band_;  // banded counters
-  CacheShards<dptree::PrefixNoise> tree_caches_{KeyStateTable::kShards};
-  CacheShards<banded::BandedNoise> banded_caches_{KeyStateTable::kShards};
+  CacheShards<TreeSelectionNoise> tree_caches_{KeyStateTable::kShards};
+  CacheShards<BandedSelectionNoise> banded_caches_{KeyStateTable::kShards};
   std::vector<absl::flat_hash_map<std::uint64_t, ValueNoise>> values_{KeyStateTable::kShards};
   // Per shard: trigger -> keys scheduled to be visited then (a key may be listed again by a later
   // schedule; entries whose key's next_visit moved on are skipped). And the number of keys whose

@@ -147,6 +147,38 @@ TEST(BandedCounter, RingSlotIsTheRemainder) {
   }
 }
 
+// A counter rewound from step `at` to `to` is the counter advanced to `to`: the same estimate, and the
+// same after further steps (the ring holds the right samples), from at most at - to + b - 1 draws.
+TEST(BandedCounter, RewindReachesTheStateAdvanceReaches) {
+  for (const std::size_t b : {1, 2, 3, 8, 16}) {
+    const BandedPlan plan(b == 1 ? std::vector<std::int64_t>{std::int64_t{1} << kCoefBits} : optimized_band(60, b), 2.0);
+    Keyed k{noise::WindowPrf(noise::secret_from_seed(9), 4), 11 + b};
+    const auto z = [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); };
+    for (const auto& [at, to] : {std::pair{0u, 0u}, {5u, 0u}, {5u, 5u}, {9u, 1u}, {20u, 3u}, {20u, 14u}, {60u, 17u},
+                                 {60u, 59u}, {33u, 32u}, {18u, 2u}}) {
+      BandedNoise rewound, advanced;
+      rewound.advance(plan, at, z);
+      std::uint32_t draws = 0;
+      rewound.rewind(plan, to, [&](std::uint32_t i) {
+        ++draws;
+        return z(i);
+      });
+      advanced.advance(plan, to, z);
+      EXPECT_LE(draws, at - to + b - 1) << "b " << b << " at " << at << " to " << to;
+      for (std::uint32_t more = to; more <= to + 2 * b + 1; ++more) {  // through a whole turn of the ring
+        ASSERT_EQ(rewound.at(), advanced.at());
+        ASSERT_TRUE(rewound.estimate_units(plan) == advanced.estimate_units(plan))
+            << "b " << b << " at " << at << " to " << to << " then " << more;
+        rewound.push(plan, z(more));
+        advanced.push(plan, z(more));
+      }
+    }
+    BandedNoise n;
+    n.advance(plan, 4, z);
+    EXPECT_THROW(n.rewind(plan, 5, z), std::logic_error);
+  }
+}
+
 TEST(BandedCounter, FastPathIsExact) {
   for (const std::size_t b : {2, 3, 16}) {  // other widths than the default's: other ring lengths
     const BandedPlan plan(optimized_band(40, b), 3.5);
