@@ -138,6 +138,12 @@ class BandedNoise {
     return interval_prefix_noise(plan, q, Draw(std::forward<Redraw>(redraw)));
   }
 
+  // An interval [lo, hi] (a few grid units wide) that holds round(q N_at), from double arithmetic alone:
+  // the estimate's terms in doubles, whose error is bounded by 2^-43 of the sum of their magnitudes,
+  // plus the kept samples' error A. Enough to decide a threshold test that is not within a few grid
+  // units of its boundary (a simulation's steps, nearly always). Nothing where |q N| nears 2^50.
+  std::optional<std::pair<std::int64_t, std::int64_t>> prefix_interval(const BandedPlan& plan, std::int64_t q) const;
+
   // The estimate sum_r M_{at-r} Z~_r, Z~ = Z truncated toward zero to 56 fraction bits, in units of
   // 2^-86 (exposed for tests).
   int128 estimate_units(const BandedPlan& plan) const;

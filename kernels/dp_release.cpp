@@ -130,9 +130,13 @@ class TreeSelection {
     draws += batch_.prepare(key, noise::Family::KeySelection, round, st.ahead.at(), until, dg_);
     total_.emplace(st.ahead, kOne);
   }
-  int128 step_ahead(State& st, std::uint32_t q, std::uint64_t /*key*/, std::uint32_t /*round*/) {
+  // The simulation's next step: its prefix noise as an interval, here a single value.
+  std::pair<int128, int128> step_ahead(State& st, std::uint32_t q, std::uint64_t /*key*/, std::uint32_t /*round*/) {
     st.ahead.advance(q, batch_.drawer());
     total_->stepped(st.ahead, q);
+    return {total_->total(), total_->total()};
+  }
+  int128 exact_ahead(const State& /*st*/, std::uint64_t /*key*/, std::uint32_t /*round*/) const {
     return total_->total();
   }
   std::uint64_t draws = 0;
@@ -178,10 +182,17 @@ class BandedSelection {
     prepare(key, round, st.frontier.at(), until);
     next_ = 0;
   }
-  int128 step_ahead(State& st, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
+  // The simulation's next step: an interval holding its prefix noise (BandedNoise::prefix_interval),
+  // the exact value when doubles cannot bound it; exact_ahead() gives the value.
+  std::pair<int128, int128> step_ahead(State& st, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
     if (next_ >= values_.size() || ids_[next_].index != q - 1)
       throw std::logic_error("BandedSelection: step not prepared");
     st.frontier.push(plan_, values_[next_++]);
+    if (const auto interval = st.frontier.prefix_interval(plan_, kOne)) return *interval;
+    const int128 exact = prefix(st.frontier, key, round);
+    return {exact, exact};
+  }
+  int128 exact_ahead(const State& st, std::uint64_t key, std::uint32_t round) const {
     return prefix(st.frontier, key, round);
   }
   std::uint64_t draws = 0;
@@ -311,9 +322,14 @@ std::int64_t DpReleaser::max_failing_users(int128 prefix_noise, std::uint32_t st
 // step's largest failing count while |boundary| < 2^30 (double's error there is far below one), so a
 // boundary 2 or more above the bound cannot lower it (most steps of a simulation).
 void DpReleaser::lower_quiet_bound(std::int64_t& quiet_users, int128 prefix_noise, std::uint32_t step) const {
-  const double boundary = failing_boundary(prefix_noise, step);
-  if (std::abs(boundary) < 0x1p30 && boundary >= static_cast<double>(quiet_users) + 2) return;
-  quiet_users = std::min(quiet_users, max_failing_users(prefix_noise, step, boundary));
+  if (quiet_bound_holds(quiet_users, prefix_noise, prefix_noise, step)) return;
+  quiet_users = std::min(quiet_users, max_failing_users(prefix_noise, step, failing_boundary(prefix_noise, step)));
+}
+
+// The boundary falls as the noise grows: its least value is at `hi`, its extremes at the two ends.
+bool DpReleaser::quiet_bound_holds(std::int64_t quiet_users, int128 lo, int128 hi, std::uint32_t step) const {
+  const double least = failing_boundary(hi, step), most = failing_boundary(lo, step);
+  return std::abs(least) < 0x1p30 && std::abs(most) < 0x1p30 && least >= static_cast<double>(quiet_users) + 2;
 }
 
 std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats) {
@@ -425,9 +441,15 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           while (q < until) {
             ++q;
             ++simulated;
-            const int128 noise_total = selection.step_ahead(c.noise, q, key, st.round);  // the test's noise
-            if (passes(noise_total, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
-            if (q < until) lower_quiet_bound(quiet_users, noise_total, q);
+            // The test's noise, within [lo, hi]: passes() and the quiet bound's shortcut are monotone in
+            // it, so both ends agreeing decide them; else the exact value (a boundary within a few grid units).
+            auto [lo, hi] = selection.step_ahead(c.noise, q, key, st.round);
+            const auto settle = [&] { lo = hi = selection.exact_ahead(c.noise, key, st.round); };
+            if (lo != hi && passes(hi, round_users, q) && !passes(lo, round_users, q)) settle();
+            if (passes(lo, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
+            if (q == until || quiet_bound_holds(quiet_users, lo, hi, q)) continue;
+            if (lo != hi) settle();
+            lower_quiet_bound(quiet_users, lo, q);
           }
           // Stored in 32 bits, never above the bound; round users are >= 0, so every negative bound skips nothing.
           c.quiet_users = static_cast<std::int32_t>(std::clamp<std::int64_t>(quiet_users, -1, std::numeric_limits<std::int32_t>::max()));

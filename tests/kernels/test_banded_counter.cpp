@@ -179,6 +179,38 @@ TEST(BandedCounter, RewindReachesTheStateAdvanceReaches) {
   }
 }
 
+// The double interval holds the exact rounded noise, on the engine's grid and on grids and sigmas
+// where 64-bit digits rarely decide (so the interval's error terms, not its +-1, must carry it), and
+// is a few grid units wide where it is used.
+TEST(BandedCounter, PrefixIntervalHoldsTheExactNoise) {
+  struct Case {
+    std::size_t b;
+    double sigma;
+    std::int64_t q;
+  };
+  for (const Case c : {Case{8, 7.25, kGrid}, Case{1, 3.0, kGrid}, Case{2, 0x1p30, std::int64_t{1} << 30},
+                       Case{16, 0x1p-20, kGrid}, Case{8, 1e6, std::int64_t{1} << 40}}) {
+    const BandedPlan plan(c.b == 1 ? std::vector<std::int64_t>{std::int64_t{1} << kCoefBits} : optimized_band(300, c.b),
+                          c.sigma);
+    std::int64_t widest = 0;
+    for (int key = 0; key < 150; ++key) {
+      Keyed k{noise::WindowPrf(noise::secret_from_seed(12), 3), static_cast<std::uint64_t>(key)};
+      BandedNoise n;
+      for (std::uint32_t t = 1; t <= 300; t += 1 + static_cast<std::uint32_t>(key % 7)) {
+        n.advance(plan, t, [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); });
+        const auto interval = n.prefix_interval(plan, c.q);
+        if (!interval) continue;  // |q N| near 2^50: the caller takes the exact value
+        const int128 exact =
+            exact_prefix_noise(plan, c.q, t, [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
+        ASSERT_TRUE(interval->first <= exact && exact <= interval->second)
+            << "b " << c.b << " sigma " << c.sigma << " key " << key << " t " << t;
+        widest = std::max(widest, interval->second - interval->first);
+      }
+    }
+    if (c.q == kGrid && c.sigma < 100) EXPECT_LE(widest, 5) << "b " << c.b;
+  }
+}
+
 TEST(BandedCounter, FastPathIsExact) {
   for (const std::size_t b : {2, 3, 16}) {  // other widths than the default's: other ring lengths
     const BandedPlan plan(optimized_band(40, b), 3.5);
