@@ -202,7 +202,7 @@ int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
   int128 y = static_cast<int128>(plan.cumulative(static_cast<std::uint32_t>(keep))) * int128(older_);
   const std::uint32_t kept = std::min<std::uint32_t>(at_, static_cast<std::uint32_t>(keep));
   if (kept == 0) return y;
-  std::size_t slot = plan.ring_slot(at_);  // step at - j sits at slot (at - 1 - j) mod keep
+  std::size_t slot = plan.ring_slot(at_);     // step at - j sits at slot (at - 1 - j) mod keep
   for (std::uint32_t j = 0; j < kept; ++j) {  // step at - j, weight M_j
     y += static_cast<int128>(plan.cumulative(j)) * recent_[slot];
     slot = slot == 0 ? keep - 1 : slot - 1;
@@ -239,7 +239,8 @@ std::optional<std::pair<std::int64_t, std::int64_t>> BandedNoise::prefix_interva
   const std::size_t keep = plan.band() - 1;
   // One rounding where it fits 64 bits; beyond (|older| >= 2^63) two parts, within 2^-51 relative.
   const int128 whole = older_;
-  const bool narrow = whole >= std::numeric_limits<std::int64_t>::min() && whole <= std::numeric_limits<std::int64_t>::max();
+  const bool narrow =
+      whole >= std::numeric_limits<std::int64_t>::min() && whole <= std::numeric_limits<std::int64_t>::max();
   const double older = narrow ? static_cast<double>(static_cast<std::int64_t>(whole))
                               : static_cast<double>(older_.high) * 0x1p64 + static_cast<double>(older_.low);
   double y = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep))) * older;
@@ -258,7 +259,8 @@ std::optional<std::pair<std::int64_t, std::int64_t>> BandedNoise::prefix_interva
   const double v = scale * y;
   const double error = scale * (static_cast<double>(plan.abs_cumulative_sum(at_)) + magnitude * 0x1p-43) + 0.5;
   if (!(std::abs(v) + error < 0x1p50)) return std::nullopt;
-  return std::pair{static_cast<std::int64_t>(std::floor(v - error)) - 1, static_cast<std::int64_t>(std::ceil(v + error)) + 1};
+  return std::pair{static_cast<std::int64_t>(std::floor(v - error)) - 1,
+                   static_cast<std::int64_t>(std::ceil(v + error)) + 1};
 }
 
 // N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-86).

@@ -119,8 +119,8 @@ class BandedNoise {
   void rewind(const BandedPlan& plan, std::uint32_t to, DrawFixed&& draw_fixed) {
     if (to > at_) throw std::logic_error("banded counter: rewind ahead of the counter");
     const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
-    const std::uint32_t first = to > keep ? to - keep + 1 : 1;           // oldest step of the ring at `to`
-    const std::uint32_t left = at_ > keep ? at_ - keep : 0;             // steps in the running sum now
+    const std::uint32_t first = to > keep ? to - keep + 1 : 1;  // oldest step of the ring at `to`
+    const std::uint32_t left = at_ > keep ? at_ - keep : 0;     // steps in the running sum now
     for (std::uint32_t r = std::max(first, 1u); r <= std::max(to, left); ++r) {
       const std::int64_t kept = kept_sample(draw_fixed(r - 1));
       if (r + keep <= at_ && r + keep > to) older_ = int128(older_) - kept;  // in the sum now, not at `to`

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #ifdef DPSTREAM_TEST_HOOKS
 #include <cstdio>
 #include <cstdlib>
@@ -390,7 +391,8 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             Selection::reset(c.noise);
             c.selection_round = st.round;
           }
-          if (scan_all || Selection::untested(c.noise)) ++above;  // first test of its round (users only grow in a round)
+          if (scan_all || Selection::untested(c.noise))
+            ++above;  // first test of its round (users only grow in a round)
           if (c.next_visit != kNoVisit && c.next_visit != trigger) ++discarded;  // new records came first (case 1)
           const bool due = !touched && c.next_visit == trigger;                  // visited for its prediction alone
           c.next_visit = kNoVisit;
@@ -443,7 +445,8 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             ++simulated;
             // The test's noise, within [lo, hi]: passes() and the quiet bound's shortcut are monotone in
             // it, so both ends agreeing decide them; else the exact value (a boundary within a few grid units).
-            auto [lo, hi] = selection.step_ahead(c.noise, q, key, st.round);
+            const std::pair<int128, int128> interval = selection.step_ahead(c.noise, q, key, st.round);
+            int128 lo = interval.first, hi = interval.second;
             const auto settle = [&] { lo = hi = selection.exact_ahead(c.noise, key, st.round); };
             if (lo != hi && passes(hi, round_users, q) && !passes(lo, round_users, q)) settle();
             if (passes(lo, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
@@ -452,7 +455,8 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             lower_quiet_bound(quiet_users, lo, q);
           }
           // Stored in 32 bits, never above the bound; round users are >= 0, so every negative bound skips nothing.
-          c.quiet_users = static_cast<std::int32_t>(std::clamp<std::int64_t>(quiet_users, -1, std::numeric_limits<std::int32_t>::max()));
+          c.quiet_users = static_cast<std::int32_t>(
+              std::clamp<std::int64_t>(quiet_users, -1, std::numeric_limits<std::int32_t>::max()));
           c.next_visit = st.round_start + q - 1;
           calendar[c.next_visit].push_back(key);
           ++scheduled;

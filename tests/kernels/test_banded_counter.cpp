@@ -151,11 +151,20 @@ TEST(BandedCounter, RingSlotIsTheRemainder) {
 // same after further steps (the ring holds the right samples), from at most at - to + b - 1 draws.
 TEST(BandedCounter, RewindReachesTheStateAdvanceReaches) {
   for (const std::size_t b : {1, 2, 3, 8, 16}) {
-    const BandedPlan plan(b == 1 ? std::vector<std::int64_t>{std::int64_t{1} << kCoefBits} : optimized_band(60, b), 2.0);
+    const BandedPlan plan(b == 1 ? std::vector<std::int64_t>{std::int64_t{1} << kCoefBits} : optimized_band(60, b),
+                          2.0);
     Keyed k{noise::WindowPrf(noise::secret_from_seed(9), 4), 11 + b};
     const auto z = [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); };
-    for (const auto& [at, to] : {std::pair{0u, 0u}, {5u, 0u}, {5u, 5u}, {9u, 1u}, {20u, 3u}, {20u, 14u}, {60u, 17u},
-                                 {60u, 59u}, {33u, 32u}, {18u, 2u}}) {
+    for (const auto& [at, to] : {std::pair{0u, 0u},
+                                 {5u, 0u},
+                                 {5u, 5u},
+                                 {9u, 1u},
+                                 {20u, 3u},
+                                 {20u, 14u},
+                                 {60u, 17u},
+                                 {60u, 59u},
+                                 {33u, 32u},
+                                 {18u, 2u}}) {
       BandedNoise rewound, advanced;
       rewound.advance(plan, at, z);
       std::uint32_t draws = 0;

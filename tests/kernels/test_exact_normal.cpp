@@ -171,6 +171,7 @@ TEST(ExactNormal, BatchEqualsOneNodeAtATime) {
 // nothing where the word ties an entry the search compares (the lower words would decide).
 TEST(CdfTable, SampleFromTopIsTheFirstEntryAboveOrNothingOnATie) {
   std::vector<BigFloat> mass;
+  mass.reserve(5000);
   for (int m = 0; m < 5000; ++m) mass.push_back(BigFloat(1) / (1 + m % 7));  // more entries than guide cells
   const CdfTable table = CdfTable::from_masses(mass);
   const auto reference = [&](std::uint64_t u0) -> std::optional<std::size_t> {  // a linear scan
@@ -182,6 +183,7 @@ TEST(CdfTable, SampleFromTopIsTheFirstEntryAboveOrNothingOnATie) {
   };
   std::uint64_t x = 0x9e3779b97f4a7c15u;
   std::vector<std::uint64_t> words;
+  words.reserve(100000 + 2 * (table.hi.size() / 37 + 1));
   for (int i = 0; i < 100000; ++i) words.push_back(x = x * 6364136223846793005u + 1442695040888963407u);
   for (std::size_t m = 0; m < table.hi.size(); m += 37) words.insert(words.end(), {table.hi[m], table.hi[m] - 1});
   std::size_t ties = 0;
