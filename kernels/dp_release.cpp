@@ -277,17 +277,15 @@ void DpReleaser::begin_window(std::int64_t window) {
 
 std::uint64_t DpReleaser::cached_keys() const {
   std::uint64_t n = 0;
-  for (const auto& c : tree_caches_) n += c.size();
-  for (const auto& c : banded_caches_) n += c.size();
+  for (const auto& c : tree_caches_) n += c.index.size();
+  for (const auto& c : banded_caches_) n += c.index.size();
   return n;
 }
 
 std::uint64_t DpReleaser::memory_bytes() const {
   std::uint64_t b = 0;
-  for (const auto& c : tree_caches_)
-    b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache<TreeSelectionNoise>>));
-  for (const auto& c : banded_caches_)
-    b += c.capacity() * (1 + sizeof(std::pair<const std::uint64_t, NoiseCache<BandedSelectionNoise>>));
+  for (const auto& c : tree_caches_) b += c.memory_bytes();
+  for (const auto& c : banded_caches_) b += c.memory_bytes();
   for (const auto& v : values_) b += v.capacity() * (1 + sizeof(std::pair<const std::uint64_t, ValueNoise>));
   for (const auto& cal : calendar_) {
     b += cal.capacity() * (1 + sizeof(std::pair<const std::uint32_t, std::vector<std::uint64_t>>));
@@ -380,22 +378,27 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
         // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
         // on, the simulation of its next steps with no new user, which schedules its next visit.
         // `known`: the key's cache entry when the caller has found it already.
-        auto visit = [&](std::uint64_t key, KeyState st, bool touched,
-                         NoiseCache<typename Selection::State>* known = nullptr) {
+        auto visit = [&](std::uint64_t key, KeyState st, bool touched, CacheIndex* known = nullptr) {
           ++visited;
           const std::int64_t round_users = st.users - st.round_base_users;
           if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
           const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
-          auto& c = known ? *known : cache[key];
-          if (c.selection_round != st.round) {
+          CacheIndex* h = known;
+          if (h == nullptr) {
+            const auto [it, added] = cache.index.try_emplace(key);
+            if (added) it->second.entry = cache.add();
+            h = &it->second;
+          }
+          auto& c = cache.entry(h->entry);
+          if (h->selection_round != st.round) {
             Selection::reset(c.noise);
-            c.selection_round = st.round;
+            h->selection_round = st.round;
           }
           if (scan_all || Selection::untested(c.noise))
             ++above;  // first test of its round (users only grow in a round)
-          if (c.next_visit != kNoVisit && c.next_visit != trigger) ++discarded;  // new records came first (case 1)
-          const bool due = !touched && c.next_visit == trigger;                  // visited for its prediction alone
-          c.next_visit = kNoVisit;
+          if (h->next_visit != kNoVisit && h->next_visit != trigger) ++discarded;  // new records came first (case 1)
+          const bool due = !touched && h->next_visit == trigger;                   // visited for its prediction alone
+          h->next_visit = kNoVisit;
           const auto& noise_now = selection.seek(c.noise, key, st.round, step);
           if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
             KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
@@ -425,7 +428,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             st.round_base_users = st.users;
             keys.put(key, st);
             Selection::reset(c.noise);
-            c.selection_round = st.round;
+            h->selection_round = st.round;
             c.horizon = 0;
             return;
           }
@@ -455,10 +458,10 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             lower_quiet_bound(quiet_users, lo, q);
           }
           // Stored in 32 bits, never above the bound; round users are >= 0, so every negative bound skips nothing.
-          c.quiet_users = static_cast<std::int32_t>(
+          h->quiet_users = static_cast<std::int32_t>(
               std::clamp<std::int64_t>(quiet_users, -1, std::numeric_limits<std::int32_t>::max()));
-          c.next_visit = st.round_start + q - 1;
-          calendar[c.next_visit].push_back(key);
+          h->next_visit = st.round_start + q - 1;
+          calendar[h->next_visit].push_back(key);
           ++scheduled;
         };
 
@@ -468,7 +471,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           // Lookups a few keys ahead: the key and cache entries are DRAM misses, independent per key.
           constexpr std::size_t kAhead = 8;
           const auto ahead = [&](const std::vector<std::uint64_t>& list, std::size_t i) {
-            if (i + kAhead < list.size()) keys.prefetch(list[i + kAhead]), cache.prefetch(list[i + kAhead]);
+            if (i + kAhead < list.size()) keys.prefetch(list[i + kAhead]), cache.index.prefetch(list[i + kAhead]);
           };
           const auto& touched = keys.touched[s];
           visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
@@ -480,24 +483,26 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
               ++visited;  // never tested (as visit() finds first)
               continue;
             }
-            const auto it = cache.find(key);
+            const auto it = cache.index.find(key);
             // New records that leave the round's users within the quiet bound change no test before
             // the scheduled visit (every one of those steps fails for any count up to the bound), so the
             // schedule and its simulated nodes stay valid: no visit now.
-            if (it != cache.end() && it->second.next_visit != kNoVisit && it->second.next_visit != trigger &&
+            if (it != cache.index.end() && it->second.next_visit != kNoVisit && it->second.next_visit != trigger &&
                 it->second.selection_round == st.round && st.users - st.round_base_users <= it->second.quiet_users) {
               ++quiet;
               continue;
             }
-            visit(key, st, true, it != cache.end() ? &it->second : nullptr);
+            visit(key, st, true, it != cache.index.end() ? &it->second : nullptr);
           }
           if (auto due = calendar.extract(trigger)) {
             const auto& list = due.mapped();
             for (std::size_t i = 0; i < list.size(); ++i) {
               ahead(list, i);
               const std::uint64_t key = list[i];
-              const auto it = cache.find(key);  // skip entries whose key was visited since (rescheduled or released)
-              if (it != cache.end() && it->second.next_visit == trigger) visit(key, keys.at(key), false, &it->second);
+              const auto it =
+                  cache.index.find(key);  // skip entries whose key was visited since (rescheduled or released)
+              if (it != cache.index.end() && it->second.next_visit == trigger)
+                visit(key, keys.at(key), false, &it->second);
             }
           }
         }

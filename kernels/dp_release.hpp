@@ -83,19 +83,48 @@ class DpReleaser {
  private:
   // Noise stacks of the keys that have been tested (derivable: a cache, never needed for privacy).
   static constexpr std::uint32_t kNoVisit = 0xffffffffu;
-  // A tested key's selection noise (State: TreeSelectionNoise or BandedSelectionNoise) and schedule.
-  template <class State>
-  struct NoiseCache {
+  // A tested key's schedule, in its shard's index: what a visit and the quiet check read first (a
+  // small table that mostly stays in cache), and where the key's noise is.
+  struct CacheIndex {
+    std::uint32_t entry = 0;  // in CacheShard::entries
     std::uint32_t selection_round = 0;
     std::uint32_t next_visit = kNoVisit;  // trigger of the scheduled visit
-    std::uint32_t horizon = 0;            // steps the last simulation looked ahead (doubles while no record comes)
     // Every simulated step before next_visit fails with this many round users or fewer (the least of
     // the steps' largest failing counts), so new records up to it change no test before next_visit.
     std::int32_t quiet_users = 0;
+  };
+  // A tested key's selection noise (State: TreeSelectionNoise or BandedSelectionNoise).
+  template <class State>
+  struct NoiseCache {
+    std::uint32_t horizon = 0;  // steps the last simulation looked ahead (doubles while no record comes)
     State noise;
   };
+  // Entries are dense (an index and chunks of 64: a hash map's free slots cost an index entry, not a
+  // whole noise state, and growth a chunk, not a copy of them all) and live until the window ends.
   template <class State>
-  using CacheShards = std::vector<absl::flat_hash_map<std::uint64_t, NoiseCache<State>>>;
+  struct CacheShard {
+    static constexpr std::uint32_t kChunk = 64;
+    absl::flat_hash_map<std::uint64_t, CacheIndex> index;
+    std::vector<std::unique_ptr<NoiseCache<State>[]>> chunks;
+    std::uint32_t entries = 0;
+
+    NoiseCache<State>& entry(std::uint32_t i) { return chunks[i / kChunk][i % kChunk]; }
+    std::uint32_t add() {  // a fresh entry's number
+      if (entries % kChunk == 0) chunks.push_back(std::make_unique<NoiseCache<State>[]>(kChunk));
+      return entries++;
+    }
+    void clear() {
+      index.clear();
+      chunks.clear();
+      entries = 0;
+    }
+    std::uint64_t memory_bytes() const {
+      return index.capacity() * (1 + sizeof(std::pair<const std::uint64_t, CacheIndex>)) +
+             chunks.capacity() * sizeof(chunks[0]) + chunks.size() * kChunk * sizeof(NoiseCache<State>);
+    }
+  };
+  template <class State>
+  using CacheShards = std::vector<CacheShard<State>>;
   // Noise of a released key's value counters at its last release (most tested keys are never
   // released): the trees', or the banded counters'.
   struct ValueNoise {
