@@ -200,13 +200,7 @@ int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
   // |older| < 2^20 2^71, |M| <= 2^31 units: each term < 2^122, b terms < 2^126.
   const std::size_t keep = plan.band() - 1;
   int128 y = static_cast<int128>(plan.cumulative(static_cast<std::uint32_t>(keep))) * int128(older_);
-  const std::uint32_t kept = std::min<std::uint32_t>(at_, static_cast<std::uint32_t>(keep));
-  if (kept == 0) return y;
-  std::size_t slot = plan.ring_slot(at_);     // step at - j sits at slot (at - 1 - j) mod keep
-  for (std::uint32_t j = 0; j < kept; ++j) {  // step at - j, weight M_j
-    y += static_cast<int128>(plan.cumulative(j)) * recent_[slot];
-    slot = slot == 0 ? keep - 1 : slot - 1;
-  }
+  for_each_recent(plan, [&](std::int64_t m, std::int64_t z) { y += static_cast<int128>(m) * z; });
   return y;
 }
 
@@ -229,7 +223,7 @@ std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std
 }
 
 // With S = sum |M_j Z~_j| (units 2^-86): the double sum y is within (b + 3) 2^-53 S < 2^-45 S of Y~
-// (the 128-bit running sum converts in two parts; every product and sum rounds once), scale within
+// (the running sum converts with one rounding; every product and sum rounds once), scale within
 // 2^-52 of sigma q 2^-118, so sigma q Y~ 2^-118 is within scale 2^-43 S of v; the true value within
 // scale A more, and the rounding moves it by 1/2. The bounds' own roundings are inside the final +-1.
 std::optional<std::pair<std::int64_t, std::int64_t>> BandedNoise::prefix_interval(const BandedPlan& plan,
@@ -237,24 +231,13 @@ std::optional<std::pair<std::int64_t, std::int64_t>> BandedNoise::prefix_interva
   if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
   if (at_ == 0) return std::pair<std::int64_t, std::int64_t>{0, 0};
   const std::size_t keep = plan.band() - 1;
-  // One rounding where it fits 64 bits; beyond (|older| >= 2^63) two parts, within 2^-51 relative.
-  const int128 whole = older_;
-  const bool narrow =
-      whole >= std::numeric_limits<std::int64_t>::min() && whole <= std::numeric_limits<std::int64_t>::max();
-  const double older = narrow ? static_cast<double>(static_cast<std::int64_t>(whole))
-                              : static_cast<double>(older_.high) * 0x1p64 + static_cast<double>(older_.low);
-  double y = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep))) * older;
+  double y = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep))) * to_double(older_);
   double magnitude = std::abs(y);
-  const std::uint32_t kept = std::min<std::uint32_t>(at_, static_cast<std::uint32_t>(keep));
-  if (kept > 0) {
-    std::size_t slot = plan.ring_slot(at_);
-    for (std::uint32_t j = 0; j < kept; ++j) {
-      const double term = static_cast<double>(plan.cumulative(j)) * static_cast<double>(recent_[slot]);
-      y += term;
-      magnitude += std::abs(term);
-      slot = slot == 0 ? keep - 1 : slot - 1;
-    }
-  }
+  for_each_recent(plan, [&](std::int64_t m, std::int64_t z) {
+    const double term = static_cast<double>(m) * static_cast<double>(z);
+    y += term;
+    magnitude += std::abs(term);
+  });
   const double scale = static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * 0x1p-118;
   const double v = scale * y;
   const double error = scale * (static_cast<double>(plan.abs_cumulative_sum(at_)) + magnitude * 0x1p-43) + 0.5;

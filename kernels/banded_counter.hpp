@@ -119,14 +119,19 @@ class BandedNoise {
   void rewind(const BandedPlan& plan, std::uint32_t to, DrawFixed&& draw_fixed) {
     if (to > at_) throw std::logic_error("banded counter: rewind ahead of the counter");
     const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
-    const std::uint32_t first = to > keep ? to - keep + 1 : 1;  // oldest step of the ring at `to`
-    const std::uint32_t left = at_ > keep ? at_ - keep : 0;     // steps in the running sum now
-    for (std::uint32_t r = std::max(first, 1u); r <= std::max(to, left); ++r) {
+    const auto [first, last] = rewind_steps(plan, to);
+    for (std::uint32_t r = first; r <= last; ++r) {
       const std::int64_t kept = kept_sample(draw_fixed(r - 1));
       if (r + keep <= at_ && r + keep > to) older_ = int128(older_) - kept;  // in the sum now, not at `to`
       if (r <= to && keep > 0) recent_slot(plan, r) = kept;
     }
     at_ = to;
+  }
+  // The steps whose samples rewind(plan, to) asks for, [first, last] (1-based): the ring's at `to`
+  // and those that entered the running sum since.
+  std::pair<std::uint32_t, std::uint32_t> rewind_steps(const BandedPlan& plan, std::uint32_t to) const {
+    const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
+    return {to > keep ? to - keep + 1 : 1, std::max(to, at_ > keep ? at_ - keep : 0)};
   }
 
   // round(q N_at) on the output grid, ties away from zero (a tie has probability 0); q in [1, 2^62].
@@ -154,6 +159,18 @@ class BandedNoise {
   // The same from the exact interval of the kept 56 bits, then from more digits.
   int128 interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
 
+  // f(M_j numerator, Z~ of step at - j) for the ring's steps, newest first (j = 0 .. min(at, b - 1) - 1).
+  template <class F>
+  void for_each_recent(const BandedPlan& plan, F&& f) const {
+    const std::size_t keep = plan.band() - 1;
+    const std::uint32_t kept = std::min<std::uint32_t>(at_, static_cast<std::uint32_t>(keep));
+    if (kept == 0) return;
+    std::size_t slot = plan.ring_slot(at_);  // step at - j sits at slot (at - 1 - j) mod keep
+    for (std::uint32_t j = 0; j < kept; ++j) {
+      f(plan.cumulative(j), recent_[slot]);
+      slot = slot == 0 ? keep - 1 : slot - 1;
+    }
+  }
   static std::int64_t kept_sample(int128 z_fixed64);  // Z~: Z toward zero to 56 fraction bits (range-checked)
   std::int64_t& recent_slot(const BandedPlan& plan, std::uint32_t step) {  // Z~ of one of the last b - 1 steps
     if (recent_.size() != plan.band() - 1) recent_.resize(plan.band() - 1);
@@ -163,7 +180,7 @@ class BandedNoise {
   std::uint32_t at_ = 0;
   Int128Words older_;  // sum of Z~_r for r <= at - (b - 1), units 2^-56 (8-byte aligned: a smaller cache entry)
   // Z~ of the last min(at, b - 1) steps: a ring of b - 1 slots, step r at recent_[(r - 1) % (b - 1)]
-  // (inline up to b = 8: the selection cache keeps two per key).
+  // (inline up to b = 8: the selection cache keeps one per cached key).
   absl::InlinedVector<std::int64_t, 7> recent_;
 };
 

@@ -28,13 +28,6 @@ constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or
 // 427k keys, 225.2M).
 constexpr std::uint32_t kMaxHorizon = 64;
 
-// static_cast<double>(x): the same rounding, by one instruction where x fits 64 bits (the tests'
-// values always do) instead of libgcc's 128-bit conversion.
-double to_double(int128 x) {
-  const bool narrow = x >= std::numeric_limits<std::int64_t>::min() && x <= std::numeric_limits<std::int64_t>::max();
-  return narrow ? static_cast<double>(static_cast<std::int64_t>(x)) : static_cast<double>(x);
-}
-
 #ifdef DPSTREAM_TEST_HOOKS
 // Test-hooks build only: the target dpstream_test_hooks (tests/e2e/CMakeLists.txt) compiles this file
 // with DPSTREAM_TEST_HOOKS; the shipped dpstream contains no such code. DPSTREAM_TEST_NOISE_SCALE = f
@@ -162,9 +155,7 @@ class BandedSelection {
   const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
     Noise& n = st.frontier;
     if (step < n.at()) {
-      const std::uint32_t keep = static_cast<std::uint32_t>(plan_.band()) - 1;
-      const std::uint32_t first = step > keep ? step - keep + 1 : 1;
-      const std::uint32_t last = std::max(step, n.at() > keep ? n.at() - keep : 0);
+      const auto [first, last] = n.rewind_steps(plan_, step);
       prepare(key, round, first - 1, last);
       n.rewind(plan_, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
     } else if (step > n.at()) {

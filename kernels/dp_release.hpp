@@ -86,7 +86,7 @@ class DpReleaser {
   // A tested key's schedule, in its shard's index: what a visit and the quiet check read first (a
   // small table that mostly stays in cache), and where the key's noise is.
   struct CacheIndex {
-    std::uint32_t entry = 0;  // in CacheShard::entries
+    std::uint32_t entry = 0;  // the noise's number in its CacheShard
     std::uint32_t selection_round = 0;
     std::uint32_t next_visit = kNoVisit;  // trigger of the scheduled visit
     // Every simulated step before next_visit fails with this many round users or fewer (the least of
