@@ -155,8 +155,9 @@ class BandedSelection {
   const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
     Noise& n = st.frontier;
     if (step < n.at()) {
-      const auto [first, last] = n.rewind_steps(plan_, step);
-      prepare(key, round, first - 1, last);
+      const std::pair<std::uint32_t, std::uint32_t> steps = n.rewind_steps(plan_, step);
+      const std::uint32_t first = steps.first;  // a plain variable: clang 14 cannot capture a binding
+      prepare(key, round, first - 1, steps.second);
       n.rewind(plan_, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
     } else if (step > n.at()) {
       prepare(key, round, n.at(), step);
