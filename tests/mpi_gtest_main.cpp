@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <filesystem>
+#include <system_error>
+
 #include "shuffle/comm.hpp"
+#include "tests/mpi_scratch.hpp"
 
 namespace {
 class RankTagger : public testing::EmptyTestEventListener {
@@ -29,5 +33,10 @@ int main(int argc, char** argv) {
   int local = RUN_ALL_TESTS();
   int global = 0;
   MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  // Scratch of a passing run goes; a failing run's stays for a look (its path names the pid).
+  if (global == 0 && rank == 0 && !dpstream::testing::scratch_root().empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dpstream::testing::scratch_root(), ignored);
+  }
   return global;
 }

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <system_error>
+#include <vector>
 
 #include "shuffle/comm.hpp"
 #include "src/config.hpp"
@@ -16,9 +18,18 @@
 using namespace dpstream;
 
 namespace {
+// The program's temporary files, removed when it exits.
+struct TempFiles {
+  std::vector<std::filesystem::path> paths;
+  ~TempFiles() {
+    std::error_code ignored;
+    for (const auto& p : paths) std::filesystem::remove(p, ignored);
+  }
+} temp_files;
 std::string write_temp(const std::string& name, const std::string& text) {
   const auto path = std::filesystem::temp_directory_path() / ("dpstream_test_" + std::to_string(getpid()) + "_" + name);
   std::ofstream(path) << text;
+  temp_files.paths.push_back(path);
   return path.string();
 }
 JobConfig csv_job(const std::string& path, const std::string& policy = "skip") {
