@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "common/fault_injection.hpp"
+#include "common/prefetch.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
 
@@ -229,7 +230,7 @@ std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std:
 
 void UserState::prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const {
   const Shard& sh = shards_[shard];
-  if (!sh.slots.empty()) __builtin_prefetch(&sh.slots[sh.home_of(slot_hash)]);
+  if (!sh.slots.empty()) dpstream::prefetch(&sh.slots[sh.home_of(slot_hash)]);
 }
 
 void UserState::prefetch_block(std::size_t shard, std::uint64_t user) const {
@@ -237,10 +238,10 @@ void UserState::prefetch_block(std::size_t shard, std::uint64_t user) const {
   const Slot* s = sh.find(user);
   if (s == nullptr || !has_block(s->meta)) return;
   const std::size_t block = block_of(*s);
-  __builtin_prefetch(sh.words.data() + block);  // header and the first fingerprints
+  dpstream::prefetch(sh.words.data() + block);  // header and the first fingerprints
   // The line after, wherever the boundary falls: all of a block of up to 16 words (most users); a larger
   // block's later words load on use.
-  if (block + 15 < sh.words.size()) __builtin_prefetch(sh.words.data() + block + 15);
+  if (block + 15 < sh.words.size()) dpstream::prefetch(sh.words.data() + block + 15);
 }
 
 void UserState::reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more) {
@@ -359,29 +360,37 @@ struct alignas(64) ThreadOut {  // padded: threads update their own counters
   BoundingStats stats;
 };
 
-// Bounds one shard's records on one thread. Users are visited in groups (a user's records of the
+// Bounds a run of shards' records on one thread. Users are visited in groups (a user's records of the
 // trigger, in stream order); their state is random in memory, so it is prefetched a few users ahead
 // (the slot kSlotAhead users ahead, then its block kBlockAhead ahead, once the slot is cached): the
 // DRAM latency of many users overlaps instead of adding up. Prefetches retire at once, where loads
 // that miss would fill the reorder buffer and stall it (perf: 60 ns per user with batched loads).
+// The prefetch runs on across the shards of the run: per shard it started cold, and at T = 1000 (about
+// 24 users per shard and trigger) most users' blocks were never prefetched.
 class ShardBounder {
  public:
   static constexpr std::size_t kSlotAhead = 32, kBlockAhead = 16;
   ShardBounder(const BoundingParams& params, UserState& state, ThreadOut& out)
       : params_(params), state_(state), out_(out) {}
 
-  void run(std::size_t s, const Record* first, const Record* last) {
-    sort_by_user(first, last);
+  // Shards [first_shard, last_shard) of `records`, grouped by shard at `offsets`.
+  void run(std::size_t first_shard, std::size_t last_shard, const Record* records,
+           const std::vector<std::uint64_t>& offsets) {
+    order_.clear();
     groups_.clear();
-    for (std::size_t i = 0; i < order_.size(); ++i)
-      if (i == 0 || order_[i].slot_hash != order_[i - 1].slot_hash) groups_.push_back(i);
-    groups_.push_back(order_.size());
-    const std::size_t n = groups_.size() - 1;
-    for (std::size_t i = 0; i < std::min(n, kSlotAhead); ++i) state_.prefetch_slot(s, order_[groups_[i]].slot_hash);
+    for (std::size_t s = first_shard; s < last_shard; ++s) {
+      const std::size_t from = order_.size();
+      sort_by_user(records, offsets[s], offsets[s + 1]);
+      for (std::size_t i = from; i < order_.size(); ++i)
+        if (i == from || order_[i].slot_hash != order_[i - 1].slot_hash) groups_.push_back({i, s});
+    }
+    const std::size_t n = groups_.size();
+    groups_.push_back({order_.size(), last_shard});
+    for (std::size_t i = 0; i < std::min(n, kSlotAhead); ++i) prefetch_slot(i);
     for (std::size_t i = 0; i < n; ++i) {
-      if (i + kSlotAhead < n) state_.prefetch_slot(s, order_[groups_[i + kSlotAhead]].slot_hash);
-      if (i + kBlockAhead < n) state_.prefetch_block(s, user_of(first, groups_[i + kBlockAhead]));
-      bound_user(s, first, groups_[i], groups_[i + 1]);
+      if (i + kSlotAhead < n) prefetch_slot(i + kSlotAhead);
+      if (i + kBlockAhead < n) prefetch_block(records, i + kBlockAhead);
+      bound_user(groups_[i].shard, records, groups_[i].at, groups_[i + 1].at);
     }
   }
 
@@ -391,26 +400,37 @@ class ShardBounder {
   // order of their home slots.
   struct UserRecord {
     std::uint64_t slot_hash;
-    std::uint32_t index;  // in the shard's records
+    std::uint32_t index;  // in the trigger's records
+  };
+  struct Group {  // one user's first place in order_, and its shard
+    std::size_t at;
+    std::size_t shard;
   };
   static bool hash_then_arrival(const UserRecord& a, const UserRecord& b) {
     return a.slot_hash != b.slot_hash ? a.slot_hash < b.slot_hash : a.index < b.index;
   }
   std::uint64_t user_of(const Record* records, std::size_t at) const { return records[order_[at].index].user; }
+  void prefetch_slot(std::size_t group) const {
+    state_.prefetch_slot(groups_[group].shard, order_[groups_[group].at].slot_hash);
+  }
+  void prefetch_block(const Record* records, std::size_t group) const {
+    state_.prefetch_block(groups_[group].shard, user_of(records, groups_[group].at));
+  }
 
-  // order_: the shard's records by user, each user's in stream order (timestamp, position). A user's
-  // records usually arrive in stream order (the generator and time-sorted files emit them so, and the
-  // shuffle and partition keep their relative order): sorted by (slot hash, arrival), then a user's run
-  // is re-sorted by stream order only when it is not in it already.
-  void sort_by_user(const Record* first, const Record* last) {
-    order_.clear();
-    for (const Record* r = first; r != last; ++r)
-      order_.push_back({UserState::slot_hash(r->user), static_cast<std::uint32_t>(r - first)});
-    sort_by_hash();
-    const auto by_stream = [first](const UserRecord& a, const UserRecord& b) {
-      return stream_order_less(first[a.index], first[b.index]);
+  // Appends to order_ one shard's records [first, last) by user, each user's in stream order (timestamp,
+  // position). A user's records usually arrive in stream order (the generator and time-sorted files emit
+  // them so, and the shuffle and partition keep their relative order): sorted by (slot hash, arrival),
+  // then a user's run is re-sorted by stream order only when it is not in it already.
+  void sort_by_user(const Record* records, std::size_t first, std::size_t last) {
+    const std::size_t from = order_.size();
+    for (std::size_t r = first; r != last; ++r)
+      order_.push_back({UserState::slot_hash(records[r].user), static_cast<std::uint32_t>(r)});
+    const auto begin = order_.begin() + static_cast<std::ptrdiff_t>(from);
+    sort_by_hash(begin, order_.end());
+    const auto by_stream = [records](const UserRecord& a, const UserRecord& b) {
+      return stream_order_less(records[a.index], records[b.index]);
     };
-    for (auto g = order_.begin(); g != order_.end();) {
+    for (auto g = begin; g != order_.end();) {
       auto g_end = g + 1;
       while (g_end != order_.end() && g_end->slot_hash == g->slot_hash) ++g_end;
       if (g_end - g > 1 && !std::is_sorted(g, g_end, by_stream)) std::sort(g, g_end, by_stream);
@@ -418,27 +438,28 @@ class ShardBounder {
     }
   }
 
-  // Sorts order_ (in arrival order) by (slot hash, arrival): one stable counting pass on the hash's top
-  // bits, about one record per bucket (the hashes are uniform), then each bucket on its own. A
+  // Sorts [begin, end) (in arrival order) by (slot hash, arrival): one stable counting pass on the hash's
+  // top bits, about one record per bucket (the hashes are uniform), then each bucket on its own. A
   // comparison sort cost 34 ns per record here (perf), this about 5.
-  void sort_by_hash() {
-    const std::size_t n = order_.size();
+  using OrderIt = std::vector<UserRecord>::iterator;
+  void sort_by_hash(OrderIt begin, OrderIt end) {
+    const auto n = static_cast<std::size_t>(end - begin);
     if (n <= 32 || n > (std::size_t{1} << 20)) {
-      std::sort(order_.begin(), order_.end(), hash_then_arrival);
+      std::sort(begin, end, hash_then_arrival);
       return;
     }
     const auto bits = static_cast<int>(std::bit_width(n));  // 2^bits > n buckets
     bucket_start_.assign((std::size_t{1} << bits) + 1, 0);
-    for (const UserRecord& r : order_) ++bucket_start_[(r.slot_hash >> (64 - bits)) + 1];
+    for (auto r = begin; r != end; ++r) ++bucket_start_[(r->slot_hash >> (64 - bits)) + 1];
     for (std::size_t b = 1; b < bucket_start_.size(); ++b) bucket_start_[b] += bucket_start_[b - 1];
     scratch_.resize(n);
     bucket_end_ = bucket_start_;
-    for (const UserRecord& r : order_) scratch_[bucket_end_[r.slot_hash >> (64 - bits)]++] = r;
-    order_.swap(scratch_);
+    for (auto r = begin; r != end; ++r) scratch_[bucket_end_[r->slot_hash >> (64 - bits)]++] = *r;
+    std::copy(scratch_.begin(), scratch_.end(), begin);
     for (std::size_t b = 0; b + 1 < bucket_start_.size(); ++b)
       if (bucket_start_[b + 1] - bucket_start_[b] > 1) {
-        const auto from = order_.begin() + static_cast<std::ptrdiff_t>(bucket_start_[b]);
-        const auto to = order_.begin() + static_cast<std::ptrdiff_t>(bucket_start_[b + 1]);
+        const auto from = begin + static_cast<std::ptrdiff_t>(bucket_start_[b]);
+        const auto to = begin + static_cast<std::ptrdiff_t>(bucket_start_[b + 1]);
         if (!std::is_sorted(from, to, hash_then_arrival))
           std::sort(from, to, hash_then_arrival);  // one heavy user: sorted
       }
@@ -494,7 +515,7 @@ class ShardBounder {
   ThreadOut& out_;
   std::vector<UserRecord> order_, scratch_;
   std::vector<std::uint32_t> bucket_start_, bucket_end_;             // sort_by_hash's counting pass
-  std::vector<std::size_t> groups_;                                  // each user's first place in order_, then the end
+  std::vector<Group> groups_;                                        // each user's, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };
 
@@ -510,16 +531,18 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
       records, S, [](const Record& r) { return partition::local_shard(salted_hash(r.user, kUserSalt), S); });
 
   const int threads = omp_get_max_threads();
+  // Runs of shards, about four per thread (dynamic: load balance), at most 16 shards long.
+  const std::size_t run = std::clamp<std::size_t>(S / (4 * static_cast<std::size_t>(threads)), 1, 16);
   std::vector<ThreadOut> out(static_cast<std::size_t>(threads));
 #pragma omp parallel num_threads(threads)
   {
     ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
     mine.partials.reserve(records.size() / static_cast<std::size_t>(threads) + 16);
     ShardBounder bounder(params, state, mine);
-#pragma omp for schedule(dynamic, 4)
-    for (std::size_t s = 0; s < S; ++s) {
-      if (s == S / 2) fault::point("bounding");
-      bounder.run(s, sharded.items.data() + sharded.offsets[s], sharded.items.data() + sharded.offsets[s + 1]);
+#pragma omp for schedule(dynamic, 1)
+    for (std::size_t first = 0; first < S; first += run) {
+      if (first <= S / 2 && S / 2 < first + run) fault::point("bounding");
+      bounder.run(first, std::min(S, first + run), sharded.items.data(), sharded.offsets);
     }
   }
 

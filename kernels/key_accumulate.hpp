@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/prefetch.hpp"
 #include "common/record.hpp"
 #include "kernels/table_memory.hpp"
 
@@ -56,7 +57,7 @@ class PackedSlots {
   const Slot* find(std::uint64_t key, std::uint64_t hash) const;
   Slot& find_or_insert(std::uint64_t key, std::uint64_t hash);  // inserts {key, 0, 0}
   void prefetch(std::uint64_t hash) const {
-    if (!slots_.empty()) __builtin_prefetch(&slots_[home(hash)]);
+    if (!slots_.empty()) dpstream::prefetch(&slots_[home(hash)]);
   }
   template <class F>
   void for_each(F&& f) const {
