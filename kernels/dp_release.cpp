@@ -461,9 +461,13 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           keys.for_each_in(s, [&](std::uint64_t key, const KeyState& st) { visit(key, st, false); });
         } else {
           // Lookups a few keys ahead: the key and cache entries are DRAM misses, independent per key.
+          // The first kAhead are prefetched before the walk: at T = 1000 a shard lists ~15 keys per trigger.
           constexpr std::size_t kAhead = 8;
+          const auto fetch = [&](std::uint64_t key) { keys.prefetch(key), cache.index.prefetch(key); };
           const auto ahead = [&](const std::vector<std::uint64_t>& list, std::size_t i) {
-            if (i + kAhead < list.size()) keys.prefetch(list[i + kAhead]), cache.index.prefetch(list[i + kAhead]);
+            if (i == 0)
+              for (std::size_t j = 0; j < std::min(kAhead, list.size()); ++j) fetch(list[j]);
+            if (i + kAhead < list.size()) fetch(list[i + kAhead]);
           };
           const auto& touched = keys.touched[s];
           visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
