@@ -81,16 +81,31 @@ class Packed:
 UserTable = Packed  # UserState::Shard grows by the same rule (kernels/table_memory.hpp)
 
 
-def table_bytes(mean_items, slot, var_items=None, geometry=Absl):
+def reserved_capacity(items):
+    """kernels/table_memory.hpp reserved_capacity: room for a shard's expected share and four standard
+    deviations of its spread, at most 4/5 full (the synthetic source tells the tables its window up front)."""
+    items = int(items)
+    spare = math.ceil(4 * math.sqrt(items))
+    cap = (items + spare) * 5 // 4
+    while (items + spare + 1) * 5 > cap * 4:
+        cap += 1
+    return max(16, cap)
+
+
+def table_bytes(mean_items, slot, var_items=None, geometry=Absl, reserved=False):
     """Expected bytes of one shard's table whose item count has this mean and variance (default
     Poisson: items hashed to shards one by one): the capacity steps are averaged over the count's
-    spread (normal approximation)."""
+    spread (normal approximation). `reserved`: the table was sized for the mean up front."""
     if mean_items <= 0:
         return 0
     sd = math.sqrt(var_items if var_items is not None else mean_items)
     lo, hi = max(0.0, mean_items - 6 * sd), mean_items + 6 * sd
     cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
     total, cap = 0.0, geometry.first(lo)
+    if reserved:  # the table starts at the reserved capacity and grows from there
+        cap = reserved_capacity(mean_items)
+        while geometry.top(cap) < lo:
+            cap = geometry.next(cap)
     while True:
         top = geometry.top(cap)
         p = cdf(min(top, hi) + 0.5) - cdf(lo - 0.5)
@@ -148,9 +163,9 @@ def state_per_rank(w, ranks, fixed=None):
         return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks,
                 "generator": GENERATOR_USER * w["users"] / ranks}
     per_shard = ranks * SHARDS
-    users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT, geometry=UserTable)
+    users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT, geometry=UserTable, reserved=True)
     pairs = w["users"] / ranks * w["block_bytes_per_user"]
-    keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT, geometry=Packed)
+    keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT, geometry=Packed, reserved=True)
     return {"user": users + pairs, "key": keys, "generator": GENERATOR_USER * w["users"] / ranks}
 
 

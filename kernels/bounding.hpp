@@ -73,9 +73,9 @@ class UserState {
   using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
 
   void clear();  // also clears the journal
-  // Sizes every shard's table for its share of `users` users in all (hashing spreads them evenly), the
-  // capacity that growth would reach, so that it does not grow step by step while they arrive (a shard
-  // above its share grows once more); never shrinks a table. Contents stay as they are.
+  // Sizes every shard's table for its share of `users` users in all (hashing spreads them evenly) and the
+  // share's spread (reserved_capacity), so that it does not grow step by step while they arrive (a shard
+  // far above its share grows once more); never shrinks a table. Contents stay as they are.
   void reserve(std::uint64_t users);
   void clear_journal();
   std::uint64_t users() const;

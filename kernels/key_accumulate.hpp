@@ -51,7 +51,7 @@ class PackedSlots {
 
   std::size_t size() const { return size_; }
   std::size_t capacity() const { return slots_.size(); }
-  void reserve(std::size_t keys);  // the capacity growth reaches for `keys`; never shrinks
+  void reserve(std::size_t keys);  // room for `keys` and their spread (reserved_capacity); never shrinks
   // `hash` is the key's salted hash (partition/hash.hpp): bits 8-39 pick the home slot, independent
   // of the shard (bits 0-7) and the owner rank (the top bits).
   const Slot* find(std::uint64_t key, std::uint64_t hash) const;

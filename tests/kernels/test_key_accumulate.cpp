@@ -331,7 +331,7 @@ TEST(KeyAccumulate, TouchedListsOnlyKeysAboveTheBoundAndCountsTheRest) {
 }
 
 // reserve() sizes the key tables up front: keys held before it keep their state, and a table filled
-// after it holds what one that grew holds, in the same bytes.
+// after it holds what one that grew holds, in about the same bytes (room for the share and its spread).
 TEST(KeyAccumulate, ReserveKeepsStateAndTakesTheBytesOfGrowth) {
   auto partials = [](std::uint64_t from, std::uint64_t to) {
     std::vector<KeyPartial> out;
