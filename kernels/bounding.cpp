@@ -400,7 +400,7 @@ class ShardBounder {
   // order of their home slots.
   struct UserRecord {
     std::uint64_t slot_hash;
-    std::uint32_t index;  // in the trigger's records
+    std::uint64_t index;  // in the trigger's records (16 bytes with 32 or 64 bits here)
   };
   struct Group {  // one user's first place in order_, and its shard
     std::size_t at;
@@ -423,8 +423,7 @@ class ShardBounder {
   // then a user's run is re-sorted by stream order only when it is not in it already.
   void sort_by_user(const Record* records, std::size_t first, std::size_t last) {
     const std::size_t from = order_.size();
-    for (std::size_t r = first; r != last; ++r)
-      order_.push_back({UserState::slot_hash(records[r].user), static_cast<std::uint32_t>(r)});
+    for (std::size_t r = first; r != last; ++r) order_.push_back({UserState::slot_hash(records[r].user), r});
     const auto begin = order_.begin() + static_cast<std::ptrdiff_t>(from);
     sort_by_hash(begin, order_.end());
     const auto by_stream = [records](const UserRecord& a, const UserRecord& b) {
@@ -531,8 +530,17 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
       records, S, [](const Record& r) { return partition::local_shard(salted_hash(r.user, kUserSalt), S); });
 
   const int threads = omp_get_max_threads();
-  // Runs of shards, about four per thread (dynamic: load balance), at most 16 shards long.
-  const std::size_t run = std::clamp<std::size_t>(S / (4 * static_cast<std::size_t>(threads)), 1, 16);
+  // Runs of consecutive shards: a shard joins the run before it while that run holds fewer than
+  // kRunRecords records and 16 shards, so small triggers (T = 1000) keep the prefetch warm across
+  // shards and large ones sort and visit a shard at a time (a run's records and order stay in L2:
+  // runs of 16 shards at 1/100 of the billion-key job made bounding 20% slower).
+  constexpr std::size_t kRunRecords = 4096, kRunShards = 16;
+  std::vector<std::size_t> runs{0};
+  for (std::size_t s = 1; s < S; ++s)
+    if (s - runs.back() >= kRunShards || sharded.offsets[s] - sharded.offsets[runs.back()] >= kRunRecords)
+      runs.push_back(s);
+  runs.push_back(S);
+  const std::size_t run_count = runs.size() - 1;
   std::vector<ThreadOut> out(static_cast<std::size_t>(threads));
 #pragma omp parallel num_threads(threads)
   {
@@ -540,9 +548,9 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
     mine.partials.reserve(records.size() / static_cast<std::size_t>(threads) + 16);
     ShardBounder bounder(params, state, mine);
 #pragma omp for schedule(dynamic, 1)
-    for (std::size_t first = 0; first < S; first += run) {
-      if (first <= S / 2 && S / 2 < first + run) fault::point("bounding");
-      bounder.run(first, std::min(S, first + run), sharded.items.data(), sharded.offsets);
+    for (std::size_t r = 0; r < run_count; ++r) {
+      if (runs[r] <= S / 2 && S / 2 < runs[r + 1]) fault::point("bounding");
+      bounder.run(runs[r], runs[r + 1], sharded.items.data(), sharded.offsets);
     }
   }
 
