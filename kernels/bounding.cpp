@@ -531,13 +531,15 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
 
   const int threads = omp_get_max_threads();
   // Runs of consecutive shards: a shard joins the run before it while that run holds fewer than
-  // kRunRecords records and 16 shards, so small triggers (T = 1000) keep the prefetch warm across
+  // kRunRecords records and max_run_shards shards, so small triggers (T = 1000) keep the prefetch warm across
   // shards and large ones sort and visit a shard at a time (a run's records and order stay in L2:
   // runs of 16 shards at 1/100 of the billion-key job made bounding 20% slower).
-  constexpr std::size_t kRunRecords = 4096, kRunShards = 16;
+  // At most S / (2 threads) shards, so that each thread has runs of its own however small the trigger.
+  constexpr std::size_t kRunRecords = 4096;
+  const std::size_t max_run_shards = std::clamp<std::size_t>(S / (2 * static_cast<std::size_t>(threads)), 1, 16);
   std::vector<std::size_t> runs{0};
   for (std::size_t s = 1; s < S; ++s)
-    if (s - runs.back() >= kRunShards || sharded.offsets[s] - sharded.offsets[runs.back()] >= kRunRecords)
+    if (s - runs.back() >= max_run_shards || sharded.offsets[s] - sharded.offsets[runs.back()] >= kRunRecords)
       runs.push_back(s);
   runs.push_back(S);
   const std::size_t run_count = runs.size() - 1;

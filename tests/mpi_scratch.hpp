@@ -3,32 +3,22 @@
 // other checkouts, and a shared fixed path let two runs append to one releases.csv.
 #pragma once
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <string>
 #include <system_error>
 
-#include "shuffle/comm.hpp"
-
 namespace dpstream::testing {
 
-// The test program's scratch directory, temp/dpstream_tests_np<ranks>_<pid of rank 0> (empty until
-// mpi_scratch_path names it). mpi_gtest_main removes it when every test passed on every rank, and
-// keeps it for a look when one failed.
+// The test program's scratch directory, temp/dpstream_tests_np<ranks>_<pid of rank 0>: named by
+// mpi_gtest_main on every rank before the tests run; removed there when every test passed on every
+// rank, kept for a look when one failed.
 inline std::filesystem::path& scratch_root() {
   static std::filesystem::path root;
   return root;
 }
 
 // scratch_root()/<name>: the directory is created, the path itself is not (nor removed).
-// Collective: every rank calls it alike.
-inline std::filesystem::path mpi_scratch_path(const shuffle::Comm& comm, const std::string& name) {
-  if (scratch_root().empty()) {
-    const auto pid0 = comm.allgather(static_cast<std::uint64_t>(getpid())).at(0);
-    scratch_root() = std::filesystem::temp_directory_path() /
-                     ("dpstream_tests_np" + std::to_string(comm.size()) + "_" + std::to_string(pid0));
-  }
+inline std::filesystem::path mpi_scratch_path(const std::string& name) {
   std::error_code ignored;  // another rank may create it first; a failure shows at the path's first use
   std::filesystem::create_directories(scratch_root(), ignored);
   return scratch_root() / name;

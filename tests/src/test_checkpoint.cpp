@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path shared_dir(const shuffle::Comm& comm, const std::string& name) {
-  auto dir = dpstream::testing::mpi_scratch_path(comm, "ckpt_" + name);
+  auto dir = dpstream::testing::mpi_scratch_path("ckpt_" + name);
   comm.barrier();
   if (comm.rank() == 0) fs::remove_all(dir);
   comm.barrier();

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 // A fresh directory per test (an earlier, interrupted run must not leave a checkpoint to refuse).
 fs::path out_dir(const shuffle::Comm& comm, const std::string& name) {
-  auto dir = dpstream::testing::mpi_scratch_path(comm, "engine_" + name);
+  auto dir = dpstream::testing::mpi_scratch_path("engine_" + name);
   comm.barrier();
   if (comm.rank() == 0) fs::remove_all(dir);
   comm.barrier();
@@ -84,7 +84,7 @@ TEST(Engine, SyntheticJobMatchesNaiveReference) {
 TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
   shuffle::Comm comm;
   const auto dir = out_dir(comm, "csv");
-  const auto csv = dpstream::testing::mpi_scratch_path(comm, "engine_input") += ".csv";
+  const auto csv = dpstream::testing::mpi_scratch_path("engine_input") += ".csv";
   // Rank 0 writes the input; the others wait for it.
   std::ostringstream text;
   text << "user_id,key,value,timestamp\n";
@@ -129,7 +129,7 @@ TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
 TEST(Engine, BadRowWithFailPolicyStopsEveryRankAndWritesNothing) {
   shuffle::Comm comm;
   const auto dir = out_dir(comm, "fail");
-  const auto csv = dpstream::testing::mpi_scratch_path(comm, "engine_bad") += ".csv";
+  const auto csv = dpstream::testing::mpi_scratch_path("engine_bad") += ".csv";
   if (comm.rank() == 0) {
     fs::remove_all(dir);
     std::ofstream f(csv);
