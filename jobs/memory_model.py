@@ -87,7 +87,7 @@ def reserved_capacity(items):
     items = int(items)
     spare = math.ceil(4 * math.sqrt(items))
     cap = (items + spare) * 5 // 4
-    while (items + spare + 1) * 5 > cap * 4:
+    while Packed.top(cap) < items + spare + 1:  # table_full(items + spare, cap): one more would grow it
         cap += 1
     return max(16, cap)
 

@@ -464,13 +464,15 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           // The first kAhead are prefetched before the walk: at T = 1000 a shard lists ~15 keys per trigger.
           constexpr std::size_t kAhead = 8;
           const auto fetch = [&](std::uint64_t key) { keys.prefetch(key), cache.index.prefetch(key); };
+          const auto warm_up = [&](const std::vector<std::uint64_t>& list) {
+            for (std::size_t j = 0; j < std::min(kAhead, list.size()); ++j) fetch(list[j]);
+          };
           const auto ahead = [&](const std::vector<std::uint64_t>& list, std::size_t i) {
-            if (i == 0)
-              for (std::size_t j = 0; j < std::min(kAhead, list.size()); ++j) fetch(list[j]);
             if (i + kAhead < list.size()) fetch(list[i + kAhead]);
           };
           const auto& touched = keys.touched[s];
           visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
+          warm_up(touched);
           for (std::size_t i = 0; i < touched.size(); ++i) {
             ahead(touched, i);
             const std::uint64_t key = touched[i];
@@ -492,6 +494,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           }
           if (auto due = calendar.extract(trigger)) {
             const auto& list = due.mapped();
+            warm_up(list);
             for (std::size_t i = 0; i < list.size(); ++i) {
               ahead(list, i);
               const std::uint64_t key = list[i];
