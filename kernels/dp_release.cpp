@@ -261,7 +261,10 @@ void DpReleaser::begin_window(std::int64_t window) {
   window_ = window;
   for (auto& c : tree_caches_) c.clear();
   for (auto& c : banded_caches_) c.clear();
-  for (auto& v : values_) v.clear();
+  const auto clear = [](auto& shards) {
+    for (auto& m : shards) m.clear();
+  };
+  clear(count_trees_), clear(sum_trees_), clear(count_bands_), clear(sum_bands_);
   for (auto& c : calendar_) c.clear();
   std::fill(above_mu_.begin(), above_mu_.end(), 0);
   scan_all_next_ = true;
@@ -278,7 +281,12 @@ std::uint64_t DpReleaser::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& c : tree_caches_) b += c.memory_bytes();
   for (const auto& c : banded_caches_) b += c.memory_bytes();
-  for (const auto& v : values_) b += v.capacity() * (1 + sizeof(std::pair<const std::uint64_t, ValueNoise>));
+  const auto map_bytes = [](const auto& shards) {  // absl: one control byte plus the slot per capacity entry
+    std::uint64_t n = 0;
+    for (const auto& m : shards) n += m.capacity() * (1 + sizeof(typename std::decay_t<decltype(m)>::value_type));
+    return n;
+  };
+  b += map_bytes(count_trees_) + map_bytes(sum_trees_) + map_bytes(count_bands_) + map_bytes(sum_bands_);
   for (const auto& cal : calendar_) {
     b += cal.capacity() * (1 + sizeof(std::pair<const std::uint32_t, std::vector<std::uint64_t>>));
     for (const auto& [t, due] : cal) b += due.capacity() * sizeof(std::uint64_t);
@@ -363,7 +371,6 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) try {  // an exception may not leave the loop
         if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
         auto& cache = caches[s];
-        auto& values = values_[s];
         auto& calendar = calendar_[s];
         std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
 
@@ -394,21 +401,22 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           const auto& noise_now = selection.seek(c.noise, key, st.round, step);
           if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
             KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
-            ValueNoise& v = values[key];
             if (count_noise_) {
-              v.count.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
-              r.count = int128{st.count} * kOne + v.count.prefix_noise(kOne);
+              dptree::PrefixNoise& n = count_trees_[s][key];
+              n.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
+              r.count = int128{st.count} * kOne + n.prefix_noise(kOne);
             }
             if (count_band_)
-              r.count = int128{st.count} * kOne + banded_value_noise(v.banded_count, *count_band_, prf, key,
+              r.count = int128{st.count} * kOne + banded_value_noise(count_bands_[s][key], *count_band_, prf, key,
                                                                      noise::Family::BandedCount, leaf, kOne, draws);
             if (sum_noise_) {
-              v.sum.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
-              r.sum = st.sum + v.sum.prefix_noise(params_.sum_quantum);
+              dptree::PrefixNoise& n = sum_trees_[s][key];
+              n.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
+              r.sum = st.sum + n.prefix_noise(params_.sum_quantum);
             }
             if (sum_band_)
-              r.sum = st.sum + banded_value_noise(v.banded_sum, *sum_band_, prf, key, noise::Family::BandedSum, leaf,
-                                                  params_.sum_quantum, draws);
+              r.sum = st.sum + banded_value_noise(sum_bands_[s][key], *sum_band_, prf, key, noise::Family::BandedSum,
+                                                  leaf, params_.sum_quantum, draws);
             out[s].push_back(r);
             if (keys.journal) keys.changed_keys[s].push_back(key);
             ++shard_released;
