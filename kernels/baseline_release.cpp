@@ -77,7 +77,7 @@ std::vector<KeyRelease> BaselineReleaser::release(const std::vector<KeyTotals>& 
     KeyState st = keys.at(r.key);
     ++st.round;
     keys.put(r.key, st);
-    if (keys.journal) keys.changed_keys[KeyStateTable::shard_of(r.key)].push_back(r.key);
+    keys.mark_changed(r.key);
   }
   stats.tested += tested;
   stats.released += all.size();

@@ -20,8 +20,10 @@ using Slot = UserState::Slot;
 constexpr std::uint32_t kLast = UserState::kInline - 1;  // the inline word that becomes the block offset
 
 // Slot meta word: occupied (bit 31), kept count changed since the last drain (30), has a block (29),
-// inline fingerprints held (bits 0-2) and already journaled (bits 3-5).
-constexpr std::uint32_t kOccupied = 1u << 31, kChanged = 1u << 30, kHasBlock = 1u << 29;
+// the block holds fingerprints not yet journaled (28: the drain's pass over the slots reads only the
+// blocks of users with something to journal), inline fingerprints held (bits 0-2) and already
+// journaled (bits 3-5).
+constexpr std::uint32_t kOccupied = 1u << 31, kChanged = 1u << 30, kHasBlock = 1u << 29, kBlockPending = 1u << 28;
 std::uint32_t inline_held(std::uint32_t m) { return m & 7; }
 std::uint32_t inline_journaled(std::uint32_t m) { return m >> 3 & 7; }
 bool has_block(std::uint32_t m) { return (m & kHasBlock) != 0; }
@@ -60,21 +62,23 @@ std::uint32_t recorded_after_add(std::uint32_t done, std::uint32_t held, bool jo
 template <class F>
 void for_each_fingerprint(const Slot& s, const std::vector<std::uint32_t>& words, bool only_new, F&& f) {
   for (std::uint32_t i = only_new ? inline_journaled(s.meta) : 0; i < inline_held(s.meta); ++i) f(s.fp[i]);
+  if (only_new && (s.meta & kBlockPending) == 0) return;
   if (const std::uint32_t b = block_of(s); b != 0)
     for (std::uint32_t i = only_new ? journaled(words[b]) : 0; i < held(words[b]); ++i) f(words[b + 1 + i]);
 }
 
 // Everything of the slot is in the journal: nothing of it is pending any more.
 void mark_journaled(Slot& s, std::vector<std::uint32_t>& words) {
-  s.meta = with_inline(s.meta & ~kChanged, inline_held(s.meta), inline_held(s.meta));
-  if (const std::uint32_t b = block_of(s); b != 0)
+  const bool block_pending = (s.meta & kBlockPending) != 0;
+  s.meta = with_inline(s.meta & ~(kChanged | kBlockPending), inline_held(s.meta), inline_held(s.meta));
+  if (const std::uint32_t b = block_of(s); b != 0 && block_pending)
     words[b] = header(held(words[b]), held(words[b]), size_class(words[b]));
 }
 
-bool pending(const Slot& s, const std::vector<std::uint32_t>& words) {
-  const std::uint32_t b = block_of(s);
-  return (s.meta & kChanged) != 0 || inline_journaled(s.meta) != inline_held(s.meta) ||
-         (b != 0 && journaled(words[b]) != held(words[b]));
+// The block's part is read from the slot's kBlockPending, which is set exactly while the block's
+// journaled count is below its held count (move_to_block, append_to_block; mark_journaled clears both).
+bool pending(const Slot& s) {
+  return (s.meta & (kChanged | kBlockPending)) != 0 || inline_journaled(s.meta) != inline_held(s.meta);
 }
 
 }  // namespace
@@ -100,6 +104,7 @@ const UserState::Slot* UserState::Shard::find(std::uint64_t user) const {
 void UserState::Shard::grow() { rehash(grown_capacity(slots.size())); }  // kernels/table_memory.hpp
 
 void UserState::Shard::rehash(std::size_t capacity) {
+  marked.rehash(capacity);
   TableSlots<Slot> old(capacity);
   old.swap(slots);
   for (const Slot& s : old) {
@@ -135,9 +140,12 @@ void UserState::Shard::move_to_block(Slot& slot, std::uint32_t capacity) {
   const std::uint32_t ih = inline_held(slot.meta), ij = inline_journaled(slot.meta);
   const std::uint32_t moved = ih > kLast ? 1 : 0;
   if (moved) words[block + 1] = slot.fp[kLast];
-  words[block] = header(moved, moved != 0 && ij > kLast ? 1 : 0, cls);
+  const std::uint32_t done = moved != 0 && ij > kLast ? 1 : 0;
+  words[block] = header(moved, done, cls);
   slot.fp[kLast] = block;
-  slot.meta = with_inline(slot.meta | kHasBlock, std::min(ih, kLast), std::min(ij, kLast));
+  slot.meta = with_inline(slot.meta | kHasBlock | (done < moved ? kBlockPending : 0), std::min(ih, kLast),
+                          std::min(ij, kLast));
+  if (done < moved) note_pending(slot);
 }
 
 // Moves the slot's block to a class with room for `more` fingerprints (no move if it has room).
@@ -165,6 +173,10 @@ bool UserState::Shard::append_to_block(Slot& slot, std::uint64_t user, std::uint
     const std::uint32_t done = recorded_after_add(journaled(h), held(h), journal);
     words[b] = header(count, done, size_class(h));
     pending.new_pairs += done < count ? 1 : 0;
+    if (done < count) {
+      slot.meta |= kBlockPending;
+      note_pending(slot);
+    }
     ++pairs;
     return true;
   }
@@ -195,6 +207,7 @@ void UserState::clear_journal() {
     Shard& sh = shards_[s];
     for (Slot& slot : sh.slots)
       if (occupied(slot)) mark_journaled(slot, sh.words);
+    sh.marked.clear();
     std::vector<UserFingerprint>().swap(sh.overflow_journal);
     sh.pending = {};
   }
@@ -204,7 +217,7 @@ bool UserState::journal_empty() const {
   for (const Shard& sh : shards_) {
     if (!sh.overflow_journal.empty()) return false;
     for (const Slot& slot : sh.slots)
-      if (occupied(slot) && pending(slot, sh.words)) return false;
+      if (occupied(slot) && pending(slot)) return false;
   }
   return true;
 }
@@ -263,6 +276,7 @@ bool UserState::add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std:
     const std::uint32_t done = recorded_after_add(inline_journaled(slot.meta), ih, journal);
     slot.meta = with_inline(slot.meta, ih + 1, done);
     sh.pending.new_pairs += done <= ih ? 1 : 0;
+    if (done <= ih) sh.note_pending(slot);
     ++sh.pairs;
     return true;
   }
@@ -271,8 +285,10 @@ bool UserState::add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std:
 }
 
 void UserState::mark_changed(std::size_t shard, Slot& slot) {
-  shards_[shard].pending.changed_users += (slot.meta & kChanged) == 0 ? 1 : 0;
+  Shard& sh = shards_[shard];
+  sh.pending.changed_users += (slot.meta & kChanged) == 0 ? 1 : 0;
   slot.meta |= kChanged;
+  sh.note_pending(slot);
 }
 
 UserState::JournalSize UserState::journal_size(std::size_t shard) const { return shards_[shard].pending; }
@@ -302,12 +318,16 @@ void UserState::drain_journal(std::size_t shard, std::vector<UserFingerprint>& c
   // Sized from the counts, not grown by doubling: the commit holds these until they are written.
   changed_users.reserve(changed_users.size() + sh.pending.changed_users);
   new_pairs.reserve(new_pairs.size() + sh.pending.new_pairs);
-  for (Slot& s : sh.slots) {
-    if (!occupied(s) || !pending(s, sh.words)) continue;
-    if ((s.meta & kChanged) != 0) changed_users.emplace_back(s.user, s.kept);
-    for_each_fingerprint(s, sh.words, true, [&](std::uint32_t f) { new_pairs.emplace_back(s.user, f); });
-    mark_journaled(s, sh.words);
-  }
+  // Only the groups noted since the last drain can hold a pending slot (GroupMarks).
+  sh.marked.drain(
+      sh.slots.size(), [&](std::size_t i) { dpstream::prefetch(&sh.slots[i]); },
+      [&](std::size_t i) {
+        Slot& s = sh.slots[i];
+        if (!occupied(s) || !pending(s)) return;
+        if ((s.meta & kChanged) != 0) changed_users.emplace_back(s.user, s.kept);
+        for_each_fingerprint(s, sh.words, true, [&](std::uint32_t f) { new_pairs.emplace_back(s.user, f); });
+        mark_journaled(s, sh.words);
+      });
   new_pairs.insert(new_pairs.end(), sh.overflow_journal.begin(), sh.overflow_journal.end());
   std::vector<UserFingerprint>().swap(sh.overflow_journal);
   sh.pending = {};

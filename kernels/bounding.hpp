@@ -113,7 +113,8 @@ class UserState {
   // Every counted pair as (user, key fingerprint), per shard in no particular order.
   std::vector<UserFingerprint> pairs(std::size_t shard) const;
   // The changes of `shard` since the last drain, as (user, kept) of every changed user and its new
-  // (user, fingerprint) pairs; afterwards the shard holds no change. O(users of the shard).
+  // (user, fingerprint) pairs; afterwards the shard holds no change. Reads only the cache lines of slots
+  // marked since the last drain (GroupMarks).
   void drain_journal(std::size_t shard, std::vector<UserFingerprint>& changed_users,
                      std::vector<UserFingerprint>& new_pairs);
   bool journal_empty() const;
@@ -138,6 +139,8 @@ class UserState {
     absl::flat_hash_set<UserFingerprint> overflow;  // beyond a full block of kBlockCapacity
     std::vector<UserFingerprint> overflow_journal;
     JournalSize pending;  // what drain_journal will return (its new_pairs include overflow_journal)
+    GroupMarks<2> marked;  // groups of slots that may be pending (2 slots of 32 bytes: a cache line)
+    void note_pending(const Slot& s) { marked.note(static_cast<std::size_t>(&s - slots.data())); }
     std::size_t home_of(std::uint64_t slot_hash) const;  // monotone in the hash
     const Slot* find(std::uint64_t user) const;
     void grow();

@@ -418,7 +418,6 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
               r.sum = st.sum + banded_value_noise(sum_bands_[s][key], *sum_band_, prf, key, noise::Family::BandedSum,
                                                   leaf, params_.sum_quantum, draws);
             out[s].push_back(r);
-            if (keys.journal) keys.changed_keys[s].push_back(key);
             ++shard_released;
             predicted += due;
             // The next round counts users new to the key after this trigger, in a fresh tree; the key is
@@ -427,6 +426,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             st.round_start = trigger + 1;
             st.round_base_users = st.users;
             keys.put(key, st);
+            keys.mark_changed(key);
             Selection::reset(c.noise);
             h->selection_round = st.round;
             c.horizon = 0;

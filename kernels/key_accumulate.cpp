@@ -82,6 +82,7 @@ void PackedSlots::reserve(std::size_t keys) {
 }
 
 void PackedSlots::rehash(std::size_t capacity) {
+  marked_.rehash(capacity);
   TableSlots<Slot> old(capacity, Slot{0, kFree, 0});
   old.swap(slots_);
   for (const Slot& s : old) {
@@ -103,23 +104,27 @@ void KeyStateTable::clear() {
   for (auto& sh : shards_) sh = Shard{};
   for (auto& t : touched) t.clear();
   std::fill(touched_below.begin(), touched_below.end(), 0);
-  clear_journal();
+  std::fill(changed_.begin(), changed_.end(), 0);
 }
 
 void KeyStateTable::clear_journal() {
-  for (auto& c : changed_keys) std::vector<std::uint64_t>().swap(c);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (std::size_t s = 0; s < kShards; ++s) drain_changed(s, [](std::uint64_t, const KeyState&) {});
+}
+
+void KeyStateTable::mark_changed(std::uint64_t key) {
+  if (!journal) return;
+  const std::uint64_t h = key_hash(key);
+  const std::size_t s = partition::local_shard(h, kShards);
+  Packed* p = shards_[s].packed.find(key, h);
+  if (p == nullptr) throw std::out_of_range("KeyStateTable: mark_changed of a key not tracked");
+  mark(s, *p);
 }
 
 std::uint64_t KeyStateTable::changed_key_entries() const {
   std::uint64_t n = 0;
-  for (const auto& c : changed_keys) n += c.size();
+  for (const std::uint64_t c : changed_) n += c;
   return n;
-}
-
-std::uint64_t KeyStateTable::changed_key_log_bytes() const {
-  std::uint64_t b = 0;
-  for (const auto& c : changed_keys) b += c.capacity() * sizeof(std::uint64_t);
-  return b;
 }
 
 std::uint64_t KeyStateTable::keys() const {
@@ -158,7 +163,7 @@ KeyState KeyStateTable::load(const Shard& sh, const Packed& p) const {
   if (p.count == kWide) return sh.wide.at(p.key);
   KeyState st;
   st.count = p.count;
-  st.users = p.users;
+  st.users = p.users & ~kChanged;
   if (!track_sums_) return st;
   int128 sum = int128{p.count} * kOne;
   if (!sh.excess.empty())
@@ -167,14 +172,13 @@ KeyState KeyStateTable::load(const Shard& sh, const Packed& p) const {
   return st;
 }
 
-// Packed while the round state is zero and count and users are below kFree; once not, the key's
-// state stays full width (with its sum) for the rest of the window.
+// Packed while the round state is zero, the count below kFree and the users below 2^31; once not, the
+// key's state stays full width (with its sum) for the rest of the window. The journal mark stays.
 void KeyStateTable::store(Shard& sh, Packed& p, const KeyState& st) {
-  const auto fits = [](std::int64_t v) { return v >= 0 && v < std::int64_t{PackedSlots::kFree}; };
-  if (p.count != kWide && fits(st.count) && fits(st.users) && st.round_base_users == 0 && st.round == 0 &&
-      st.round_start == 0) {
+  if (p.count != kWide && st.count >= 0 && st.count < std::int64_t{PackedSlots::kFree} && st.users >= 0 &&
+      st.users < std::int64_t{kChanged} && st.round_base_users == 0 && st.round == 0 && st.round_start == 0) {
     p.count = static_cast<std::uint32_t>(st.count);
-    p.users = static_cast<std::uint32_t>(st.users);
+    p.users = static_cast<std::uint32_t>(st.users) | (p.users & kChanged);
     if (!track_sums_) return;
     // |sum| < 2^115 and count * 2^20 < 2^52 (record.hpp): the excess fits 128 bits.
     if (const int128 excess = int128(st.sum) - int128{st.count} * kOne; excess != 0)
@@ -224,7 +228,7 @@ void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report 
   if (track_sums_) st.sum += t.sum;
   st.users += t.users;
   store(sh, packed, st);
-  if (journal) changed_keys[s].push_back(t.key);
+  if (journal) mark(s, packed);
   if (report == Report::RunningTotals) t = KeyTotals{t.key, st.count, st.sum, st.users};
   if (st.round_users() > touched_above)
     touched[s].push_back(t.key);

@@ -578,32 +578,28 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
 #pragma omp parallel for schedule(dynamic, 8)
   for (std::size_t s = 0; s < kernels::UserState::kShards; ++s)
     users.drain_journal(s, j.changed_users[s], j.new_pairs[s]);
-  j.count_keys.resize(keys.changed_keys.size());
-  j.full_keys.resize(keys.changed_keys.size());
+  constexpr std::size_t S = kernels::KeyStateTable::kShards;
+  j.count_keys.resize(S);
+  j.full_keys.resize(S);
   constexpr std::int64_t kMax32 = std::numeric_limits<std::uint32_t>::max();
 #pragma omp parallel for schedule(dynamic, 8)
-  for (std::size_t s = 0; s < keys.changed_keys.size(); ++s) {
-    auto& changed = keys.changed_keys[s];
-    std::sort(changed.begin(), changed.end());
-    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+  for (std::size_t s = 0; s < S; ++s) {
+    const std::size_t changed = keys.changed_keys(s);
     // Room for every key in the kind almost all of them take (estimate_journal counts the same).
     if (keys.tracks_sums()) {
-      j.full_keys[s].reserve(changed.size());
+      j.full_keys[s].reserve(changed);
     } else {
-      j.count_keys[s].reserve(changed.size());
-      j.full_keys[s].reserve(std::min(changed.size(), keys.full_state_keys(s)));
+      j.count_keys[s].reserve(changed);
+      j.full_keys[s].reserve(std::min(changed, keys.full_state_keys(s)));
     }
-    for (const auto k : changed) {
-      const kernels::KeyState st = keys.at(k);
+    keys.drain_changed(s, [&](std::uint64_t k, const kernels::KeyState& st) {
       if (int128(st.sum) == 0 && st.round_base_users == 0 && st.round == 0 && st.round_start == 0 && st.count >= 0 &&
           st.count <= kMax32 && st.users >= 0 && st.users <= kMax32)
         j.count_keys[s].push_back({k, static_cast<std::uint32_t>(st.count), static_cast<std::uint32_t>(st.users)});
       else
         j.full_keys[s].emplace_back(k, st);
-    }
-    std::vector<std::uint64_t>().swap(changed);
+    });
   }
-  keys.clear_journal();
   return j;
 }
 
@@ -615,8 +611,8 @@ std::uint64_t estimate_key_journal(const kernels::KeyStateTable& keys) {
   constexpr std::uint64_t kCount = sizeof(Journal::CountKey);
   constexpr std::uint64_t kFull = sizeof(std::pair<std::uint64_t, kernels::KeyState>);
   std::uint64_t bytes = 0;
-  for (std::size_t s = 0; s < keys.changed_keys.size(); ++s) {
-    const std::uint64_t entries = keys.changed_keys[s].size();
+  for (std::size_t s = 0; s < kernels::KeyStateTable::kShards; ++s) {
+    const std::uint64_t entries = keys.changed_keys(s);
     bytes += keys.tracks_sums() ? entries * (kFull + 2 * kCount)
                                 : entries * kCount + std::min<std::uint64_t>(entries, keys.full_state_keys(s)) * kFull;
   }
@@ -627,8 +623,7 @@ std::uint64_t estimate_key_journal(const kernels::KeyStateTable& keys) {
 JournalEstimate estimate_journal(const kernels::UserState& users, const kernels::KeyStateTable& keys) {
   using UserEntry = kernels::UserState::UserFingerprint;  // changed_users and new_pairs hold these
   const auto u = users.journal_size();
-  return {(u.changed_users + u.new_pairs) * sizeof(UserEntry), estimate_key_journal(keys),
-          keys.changed_key_log_bytes()};
+  return {(u.changed_users + u.new_pairs) * sizeof(UserEntry), estimate_key_journal(keys)};
 }
 
 std::uint64_t Journal::user_bytes() const {

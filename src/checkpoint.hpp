@@ -86,8 +86,8 @@ struct Segment {
 };
 
 // The tables' journals, drained at a commit: every changed user's kept count and its new pairs (read
-// from the per-user change marks: the trigger loop pays one pass over the users, no log grows
-// between commits) and a snapshot of each changed key's state: 16 bytes for a key with count and
+// from the per-user change marks, visiting only the cache lines of slots marked since the last drain:
+// no log grows between commits) and a snapshot of each changed key's state: 16 bytes for a key with count and
 // users only (almost every key of a large key space), the full state for the others. The
 // checkpoint's I/O thread writes a segment's columns straight from it, one column at a time, so a
 // commit holds the journal and one column, never a second copy of the whole segment.
@@ -98,8 +98,8 @@ struct Journal {
   };
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> changed_users;
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> new_pairs;
-  std::vector<std::vector<CountKey>> count_keys;                                    // per shard, ascending
-  std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> full_keys;  // per shard, ascending
+  std::vector<std::vector<CountKey>> count_keys;                                    // per shard, table order
+  std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> full_keys;  // per shard, table order
   std::uint64_t user_bytes() const;  // what the segment will hold, in Segment's payload bytes
   std::uint64_t key_bytes() const;
   std::uint64_t memory_bytes() const;  // what the journal itself holds
@@ -109,13 +109,12 @@ Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys);
 // The journal's size now, from counts kept as the changes happen (O(shards): no pass over the users
 // or keys), for the commit cadence's byte bound. `users` and `keys`: what drain_journal would hold,
 // as Journal::memory_bytes() counts it; exact for the users; for the keys an upper bound (the drain
-// reserves no more): per entry of the change log (an entry may repeat) 88 bytes when the table tracks
-// sums (56 for a key journaled in full, 32 for a zero-sum key's entry in a vector grown by doubling),
-// else 16, plus 56 for as many as its shard keeps in full state (released keys). `key_log`: the
-// change log itself, held until the drain.
+// reserves no more): per marked key 88 bytes when the table tracks sums (56 for a key journaled in
+// full, 32 for a zero-sum key's entry in a vector grown by doubling), else 16, plus 56 for as many as
+// its shard keeps in full state (released keys). The marks themselves live in the key slots.
 struct JournalEstimate {
-  std::uint64_t users = 0, keys = 0, key_log = 0;
-  std::uint64_t bytes() const { return users + keys + key_log; }
+  std::uint64_t users = 0, keys = 0;
+  std::uint64_t bytes() const { return users + keys; }
 };
 JournalEstimate estimate_journal(const kernels::UserState& users, const kernels::KeyStateTable& keys);
 // Applies a segment to this rank's tables; with `filter`, only the users and keys it owns.

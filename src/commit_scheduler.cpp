@@ -139,10 +139,8 @@ void CommitScheduler::commit(std::uint32_t wi, std::uint32_t first_trigger, std:
   // commit reads none (Store::load, window_done). Writing it would put the whole window on the
   // critical path of the window's end. Its journal is dropped with the state (or the job ends).
   auto journal = std::make_shared<checkpoint::Journal>();
-  if (next_trigger == config_.stream.triggers)
-    keys_.clear_journal();  // frees the change log now; users' marks go with clear()
-  else
-    *journal = checkpoint::drain_journal(users_, keys_);
+  if (next_trigger != config_.stream.triggers)
+    *journal = checkpoint::drain_journal(users_, keys_);  // else the users' and keys' marks go with clear()
   figures_.journal += seconds_since(c0);
   figures_.user_bytes += journal->user_bytes();
   figures_.key_bytes += journal->key_bytes();
