@@ -143,8 +143,8 @@ void UserState::Shard::move_to_block(Slot& slot, std::uint32_t capacity) {
   const std::uint32_t done = moved != 0 && ij > kLast ? 1 : 0;
   words[block] = header(moved, done, cls);
   slot.fp[kLast] = block;
-  slot.meta = with_inline(slot.meta | kHasBlock | (done < moved ? kBlockPending : 0), std::min(ih, kLast),
-                          std::min(ij, kLast));
+  slot.meta =
+      with_inline(slot.meta | kHasBlock | (done < moved ? kBlockPending : 0), std::min(ih, kLast), std::min(ij, kLast));
   if (done < moved) note_pending(slot);
 }
 

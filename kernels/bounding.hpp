@@ -138,7 +138,7 @@ class UserState {
     std::uint64_t pairs = 0;
     absl::flat_hash_set<UserFingerprint> overflow;  // beyond a full block of kBlockCapacity
     std::vector<UserFingerprint> overflow_journal;
-    JournalSize pending;  // what drain_journal will return (its new_pairs include overflow_journal)
+    JournalSize pending;   // what drain_journal will return (its new_pairs include overflow_journal)
     GroupMarks<2> marked;  // groups of slots that may be pending (2 slots of 32 bytes: a cache line)
     void note_pending(const Slot& s) { marked.note(static_cast<std::size_t>(&s - slots.data())); }
     std::size_t home_of(std::uint64_t slot_hash) const;  // monotone in the hash

@@ -103,7 +103,7 @@ class KeyStateTable {
   explicit KeyStateTable(bool track_sums = true) : track_sums_(track_sums) {}
   bool tracks_sums() const { return track_sums_; }
 
-  void clear();  // also clears the journal
+  void clear();          // also clears the journal
   void clear_journal();  // every journal mark cleared: a pass over the slots
   // Sizes every shard's table for its share of `keys` keys in all (spread evenly by the hash), so that
   // it does not grow step by step while they arrive (one above its share grows as before).

@@ -341,7 +341,8 @@ TEST(Journal, KeyMarksNameEachChangedKeyOnceThroughGrowth) {
   const auto j = checkpoint::drain_journal(users, keys);
   std::map<std::uint64_t, kernels::KeyState> drained;
   for (const auto& shard : j.count_keys)
-    for (const auto& k : shard) EXPECT_TRUE(drained.emplace(k.id, kernels::KeyState{.count = k.count, .users = k.users}).second);
+    for (const auto& k : shard)
+      EXPECT_TRUE(drained.emplace(k.id, kernels::KeyState{.count = k.count, .users = k.users}).second);
   for (const auto& shard : j.full_keys)
     for (const auto& [id, st] : shard) EXPECT_TRUE(drained.emplace(id, st).second);
   ASSERT_EQ(drained.size(), 1000u);
