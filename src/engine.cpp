@@ -42,7 +42,10 @@ void Engine::run_window(std::uint32_t wi) {
   const std::int64_t window = config_.stream.first_window + wi;
   // Windows from the input: a window without a record on any rank releases nothing and is skipped.
   // Its triggers count as done, so that the job's last trigger is known as such (no stop agreement there).
-  if (config_.stream.windows_from_input && wi + 1 < config_.stream.windows &&
+  // Never the window a resume continues: its state is loaded (to be cleared at its end, not carried into
+  // the next window), and its records may all lie before the commit while scheduled releases remain.
+  const bool resumed_here = wi == start_window_ && start_trigger_ > 0;
+  if (config_.stream.windows_from_input && wi + 1 < config_.stream.windows && !resumed_here &&
       comm_.max(std::uint64_t{source_->has_window(window)}) == 0) {
     triggers_done_ += T;
     return;

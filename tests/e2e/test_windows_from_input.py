@@ -7,6 +7,8 @@ Checks, at the given rank count:
   * an explicit range still wins, and the rows it skips are counted on stderr by kind;
   * a malformed row under bad_rows = "skip" is counted on stderr;
   * a kill in the middle (second day) and --resume give byte-identical output, also in DP mode;
+  * the same when the kill comes after the last record of its window: the resumed window is not
+    skipped as empty (its loaded state would otherwise flow into the next window);
   * a stop signal during the job's last trigger (day 2, which has no record, is skipped) just
     finishes the job: exit 0, the reference rows, summary.json.
 """
@@ -21,14 +23,15 @@ DAY = 86_400
 DAYS = (0, 1, 3)
 
 
-def write_csv(path, rows_per_day=300, seed=7):
+def write_csv(path, rows_per_day=300, seed=7, day1_span=DAY):
+    """`day1_span`: day 1's records lie in its first day1_span seconds."""
     rng = random.Random(seed)
     with open(path, "w", encoding="utf-8") as f:
         f.write("user_id,key,value,timestamp\n")
         for d in DAYS:
             for _ in range(rows_per_day):
                 f.write(f"user-{rng.randrange(60)},key-{rng.randrange(6)},{rng.randrange(1, 5)},"
-                        f"{d * DAY + rng.randrange(DAY)}\n")
+                        f"{d * DAY + rng.randrange(day1_span if d == 1 else DAY)}\n")
         f.write("just,two\n")  # malformed: skipped and counted
 
 
@@ -55,9 +58,9 @@ def main():
     with harness.TempDir(args.keep, "dpstream-windows-") as tmp:
         cases = harness.CaseDirs(tmp)
 
-        def setup(label, mode="none", extra_stream=""):
+        def setup(label, mode="none", extra_stream="", day1_span=DAY):
             d = cases(label)
-            write_csv(os.path.join(d, "in.csv"))
+            write_csv(os.path.join(d, "in.csv"), day1_span=day1_span)
             harness.write_job(os.path.join(d, "job.toml"), job_text(mode, extra_stream))
             return d
 
@@ -83,14 +86,14 @@ def main():
             assert sorted(got) == [0, 1], sorted(got)
             assert "300 outside the job's windows 0..1" in r.stderr, r.describe()
 
-        def kill_and_resume(mode):
+        def kill_and_resume(mode, day1_span=DAY, hit=9):
             def check():
-                d = setup(f"resume-{mode}", mode)
+                d = setup(f"resume-{mode}-{hit}", mode, day1_span=day1_span)
                 ref = dp.run("run", "job.toml", "--out", "ref", "--progress", "never", cwd=d)
                 assert ref.returncode == 0, ref.describe()
-                # 6 triggers per window: hit 9 of "ingest" is in the second window (day 1).
+                # 6 triggers per window: hits 7-12 of "ingest" are the second window (day 1).
                 k = dp.run_with("run", "job.toml", "--out", "o", "--progress", "never",
-                                env={"DPSTREAM_FAULT": "ingest@9:0"}, cwd=d)
+                                env={"DPSTREAM_FAULT": f"ingest@{hit}:0"}, cwd=d)
                 assert k.returncode != 0, "the run was not killed\n  " + k.describe()
                 res = dp.run("run", "job.toml", "--out", "o", "--progress", "never", "--resume", cwd=d)
                 assert res.returncode == 0, res.describe()
@@ -117,6 +120,10 @@ def main():
         results.check("an explicit window range wins and skipped rows are counted on stderr", explicit_range_wins)
         results.check("kill in the second window and --resume: byte-identical (mode none)", kill_and_resume("none"))
         results.check("kill in the second window and --resume: byte-identical (mode dp)", kill_and_resume("dp"))
+        # Day 1's records all in its first 2 of 6 triggers; the kill at its 5th (commits after each).
+        for mode in ("none", "dp"):
+            results.check(f"kill after the last record of the second window and --resume: byte-identical (mode {mode})",
+                          kill_and_resume(mode, day1_span=DAY // 3, hit=11))
         results.check("a stop signal in the job's last trigger (after a skipped window) finishes the job",
                       signal_in_last_trigger)
     return results.finish()
