@@ -346,11 +346,10 @@ std::uint64_t UserState::user_key_pairs() const {
 }
 
 std::uint64_t UserState::memory_bytes() const {
-  std::uint64_t b = 0;  // flat_hash_set: one control byte plus the slot per capacity entry
+  std::uint64_t b = 0;
   for (const auto& sh : shards_)
     b += sh.slots.capacity() * sizeof(Slot) + sh.words.capacity() * sizeof(std::uint32_t) +
-         sh.overflow.capacity() * (1 + sizeof(UserFingerprint)) +
-         sh.overflow_journal.capacity() * sizeof(UserFingerprint);
+         hash_table_bytes(sh.overflow) + sh.overflow_journal.capacity() * sizeof(UserFingerprint);
   return b;
 }
 

@@ -281,14 +281,14 @@ std::uint64_t DpReleaser::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& c : tree_caches_) b += c.memory_bytes();
   for (const auto& c : banded_caches_) b += c.memory_bytes();
-  const auto map_bytes = [](const auto& shards) {  // absl: one control byte plus the slot per capacity entry
+  const auto map_bytes = [](const auto& shards) {
     std::uint64_t n = 0;
-    for (const auto& m : shards) n += m.capacity() * (1 + sizeof(typename std::decay_t<decltype(m)>::value_type));
+    for (const auto& m : shards) n += hash_table_bytes(m);
     return n;
   };
   b += map_bytes(count_trees_) + map_bytes(sum_trees_) + map_bytes(count_bands_) + map_bytes(sum_bands_);
   for (const auto& cal : calendar_) {
-    b += cal.capacity() * (1 + sizeof(std::pair<const std::uint32_t, std::vector<std::uint64_t>>));
+    b += hash_table_bytes(cal);
     for (const auto& [t, due] : cal) b += due.capacity() * sizeof(std::uint64_t);
   }
   return b;

@@ -119,8 +119,8 @@ class DpReleaser {
       entries = 0;
     }
     std::uint64_t memory_bytes() const {
-      return index.capacity() * (1 + sizeof(std::pair<const std::uint64_t, CacheIndex>)) +
-             chunks.capacity() * sizeof(chunks[0]) + chunks.size() * kChunk * sizeof(NoiseCache<State>);
+      return hash_table_bytes(index) + chunks.capacity() * sizeof(chunks[0]) +
+             chunks.size() * kChunk * sizeof(NoiseCache<State>);
     }
   };
   template <class State>

@@ -107,11 +107,6 @@ void KeyStateTable::clear() {
   std::fill(changed_.begin(), changed_.end(), 0);
 }
 
-void KeyStateTable::clear_journal() {
-#pragma omp parallel for schedule(dynamic, 8)
-  for (std::size_t s = 0; s < kShards; ++s) drain_changed(s, [](std::uint64_t, const KeyState&) {});
-}
-
 void KeyStateTable::mark_changed(std::uint64_t key) {
   if (!journal) return;
   const std::uint64_t h = key_hash(key);
@@ -121,7 +116,7 @@ void KeyStateTable::mark_changed(std::uint64_t key) {
   mark(s, *p);
 }
 
-std::uint64_t KeyStateTable::changed_key_entries() const {
+std::uint64_t KeyStateTable::changed_key_count() const {
   std::uint64_t n = 0;
   for (const std::uint64_t c : changed_) n += c;
   return n;
@@ -136,9 +131,7 @@ std::uint64_t KeyStateTable::keys() const {
 std::uint64_t KeyStateTable::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& sh : shards_)
-    b += sh.packed.capacity() * sizeof(Packed) +
-         sh.wide.capacity() * (1 + sizeof(std::pair<const std::uint64_t, KeyState>)) +
-         sh.excess.capacity() * (1 + sizeof(std::pair<const std::uint64_t, Int128Words>));
+    b += sh.packed.capacity() * sizeof(Packed) + hash_table_bytes(sh.wide) + hash_table_bytes(sh.excess);
   return b;
 }
 

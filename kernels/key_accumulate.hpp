@@ -103,8 +103,7 @@ class KeyStateTable {
   explicit KeyStateTable(bool track_sums = true) : track_sums_(track_sums) {}
   bool tracks_sums() const { return track_sums_; }
 
-  void clear();          // also clears the journal
-  void clear_journal();  // every journal mark cleared: a pass over the slots
+  void clear();  // also clears the journal
   // Sizes every shard's table for its share of `keys` keys in all (spread evenly by the hash), so that
   // it does not grow step by step while they arrive (one above its share grows as before).
   void reserve(std::uint64_t keys);
@@ -148,13 +147,13 @@ class KeyStateTable {
 
   // Journal (only when `journal` is on): a mark in the slot of every key whose state changed since
   // the last drain, by accumulation (set there) or by a release (mark_changed), and a count per shard.
-  // A commit scans each shard's slots in order for the marks: a log of changed key ids grew with every
-  // touch, and its drain sorted it and looked each key up (45.9 s of a 305-s run at 1/10 of the
-  // billion-key job).
+  // A commit reads only the cache lines of marked slots (GroupMarks): a log of changed key ids grew
+  // with every touch, and its drain sorted it and looked each key up (45.9 s of a 305-s run at 1/10 of
+  // the billion-key job).
   bool journal = false;
   void mark_changed(std::uint64_t key);  // a tracked key; nothing when the journal is off
-  // The keys marked (each once): O(shards).
-  std::uint64_t changed_key_entries() const;
+  // The keys marked (each once), in all and in shard s: O(shards), O(1).
+  std::uint64_t changed_key_count() const;
   std::uint64_t changed_keys(std::size_t s) const { return changed_[s]; }
   // f(key, const KeyState&) for every marked key of shard s, in table order; clears their marks.
   template <class F>

@@ -87,6 +87,12 @@ struct TableAllocator {
 template <class T>
 using TableSlots = std::vector<T, TableAllocator<T>>;
 
+// Bytes of an absl flat hash map or set: one control byte plus the slot per capacity entry.
+template <class Table>
+std::uint64_t hash_table_bytes(const Table& t) {
+  return t.capacity() * (1 + sizeof(typename Table::value_type));
+}
+
 // A journal's index over a table's slots: a bit per group of Group slots (a cache line) that may hold
 // a slot its owner marked, so that a drain reads only those groups instead of the whole table (a commit
 // every few triggers of the billion-key job changes a few percent of the slots). The owner's own mark

@@ -268,7 +268,7 @@ TEST(Journal, SegmentsReplayToTheSameState) {
   EXPECT_FALSE(flatten(users, keys) == flatten(u3, k3));
   // The journal was drained.
   EXPECT_TRUE(users.journal_empty());
-  EXPECT_EQ(keys.changed_key_entries(), 0u);
+  EXPECT_EQ(keys.changed_key_count(), 0u);
 }
 
 // A key with count and users only travels in 16 bytes; any other field (a sum, a round, a value of
@@ -301,7 +301,7 @@ TEST(Journal, CountOnlyKeysAreCompactAndEveryKeyReplaysExactly) {
   set(1006, 5, (std::int64_t{1} << 31) - 1, 0, 0);
   set(1007, 5, std::int64_t{1} << 31, 0, 0);
   keys.mark_changed(1006);  // marked twice: journaled once
-  EXPECT_EQ(keys.changed_key_entries(), 307u);
+  EXPECT_EQ(keys.changed_key_count(), 307u);
   const auto j = checkpoint::drain_journal(users, keys);
   std::size_t count_only = 0, full = 0;
   for (const auto& shard : j.count_keys) count_only += shard.size();
@@ -311,7 +311,7 @@ TEST(Journal, CountOnlyKeysAreCompactAndEveryKeyReplaysExactly) {
   EXPECT_EQ(j.key_bytes(), 307 * checkpoint::Segment::kKeyBytes);
   EXPECT_LE(j.memory_bytes(),
             2 * (303 * sizeof(checkpoint::Journal::CountKey) + std::size_t{4} * 64 + std::size_t{256} * 64));
-  EXPECT_EQ(keys.changed_key_entries(), 0u);
+  EXPECT_EQ(keys.changed_key_count(), 0u);
   EXPECT_EQ(checkpoint::drain_journal(users, keys).key_bytes(), 0u) << "the drain cleared the marks";
   kernels::UserState u2;
   kernels::KeyStateTable k2;
@@ -326,13 +326,13 @@ TEST(Journal, CountOnlyKeysAreCompactAndEveryKeyReplaysExactly) {
 TEST(Journal, KeyMarksNameEachChangedKeyOnceThroughGrowth) {
   kernels::KeyStateTable keys(/*track_sums=*/false);
   keys.accumulate({{1, 1, 0, 1}, {2, 1, 0, 1}});  // journal off: no mark
-  EXPECT_EQ(keys.changed_key_entries(), 0u);
+  EXPECT_EQ(keys.changed_key_count(), 0u);
   keys.journal = true;
   std::vector<KeyPartial> partials;
   for (std::uint64_t k = 1; k <= 1000; ++k) partials.push_back({k, 2, 0, 1});
   keys.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
   keys.accumulate({{5, 1, 0, 1}, {7, 1, 0, 0}}, kernels::KeyStateTable::Report::Nothing);  // again: counted once
-  EXPECT_EQ(keys.changed_key_entries(), 1000u);
+  EXPECT_EQ(keys.changed_key_count(), 1000u);
   for (std::uint64_t k = 100000; k < 120000; ++k) keys.put(k, kernels::KeyState{.count = 1, .users = 1});  // grows
   kernels::KeyState released = keys.at(9);
   released.round = 1;
@@ -349,7 +349,7 @@ TEST(Journal, KeyMarksNameEachChangedKeyOnceThroughGrowth) {
   for (const auto& [key, st] : drained) EXPECT_EQ(st, keys.at(key)) << "key " << key;
   EXPECT_EQ(drained.at(5).count, 3);  // 2 + 1: the state at the drain
   EXPECT_EQ(drained.at(9).round, 1u);
-  EXPECT_EQ(keys.changed_key_entries(), 0u);
+  EXPECT_EQ(keys.changed_key_count(), 0u);
 }
 
 // The commit cadence's byte bound reads estimate_journal after every trigger, without a pass over
