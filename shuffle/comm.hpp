@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -124,15 +125,21 @@ class ByteWriter {
  public:
   template <class T>
   void put(const T& v) {
+    put_array(&v, 1);
+  }
+  // n values at once (read back by ByteReader::get_array).
+  template <class T>
+  void put_array(const T* values, std::size_t n) {
     static_assert(std::is_trivially_copyable_v<T>);
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    buf_.insert(buf_.end(), p, p + sizeof(T));
+    const std::size_t at = buf_.size();
+    buf_.resize(at + n * sizeof(T));
+    if (n > 0) std::memcpy(buf_.data() + at, values, n * sizeof(T));
   }
-  void put_string(const std::string& s) {
+  void put_string(std::string_view s) {
     put(static_cast<std::uint32_t>(s.size()));
-    const auto* p = reinterpret_cast<const std::byte*>(s.data());
-    buf_.insert(buf_.end(), p, p + s.size());
+    put_array(s.data(), s.size());
   }
+  void reserve(std::size_t bytes) { buf_.reserve(bytes); }
   std::vector<std::byte>& bytes() { return buf_; }
   std::size_t size() const { return buf_.size(); }
 
@@ -153,10 +160,21 @@ class ByteReader {
     p_ += sizeof(T);
     return v;
   }
-  std::string get_string() {
+  template <class T>
+  std::vector<T> get_array(std::size_t n) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    if (n > static_cast<std::size_t>(end_ - p_) / sizeof(T)) throw std::runtime_error("ByteReader: truncated message");
+    std::vector<T> v(n);
+    std::memcpy(v.data(), p_, n * sizeof(T));
+    p_ += n * sizeof(T);
+    return v;
+  }
+  std::string get_string() { return std::string(get_view()); }
+  // The next string in place: valid while the reader's bytes are.
+  std::string_view get_view() {
     const auto n = get<std::uint32_t>();
     need(n);
-    std::string s(reinterpret_cast<const char*>(p_), n);
+    std::string_view s(reinterpret_cast<const char*>(p_), n);
     p_ += n;
     return s;
   }

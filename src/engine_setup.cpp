@@ -133,7 +133,8 @@ void Engine::open_input(const noise::Secret& secret) {
   std::optional<KeyNames> names;
   if (source_->has_string_keys()) names = distribute_key_names(*source_, comm_);
   if (options_.write_output)
-    stager_ = std::make_unique<ReleaseStager>(comm_, release_columns_, writer_.get(), checkpointing_, std::move(names));
+    stager_ = std::make_unique<ReleaseStager>(comm_, release_columns_, writer_.get(), checkpointing_,
+                                              config_.stream.triggers, std::move(names));
   stage_.ingest += seconds_since(t0);
 }
 

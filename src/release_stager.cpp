@@ -10,15 +10,24 @@
 namespace dpstream {
 
 namespace {
-// One trigger's rows of releases.csv, on rank 0. Each key owner names, sorts and formats its own rows;
-// rank 0 only merges the ranks' sorted runs (by key name, or by key id for integer keys) and copies
-// their text. Wire format per rank: row count, per row (sort key, end offset of its line), the text.
-struct ReleaseText {
-  std::string text;
-  std::uint64_t rows = 0;
+// One trigger's rows of releases.csv, gathered on rank 0. Each key owner names, sorts and formats its own
+// rows; rank 0 only merges the ranks' sorted runs (by key name, or by key id for integer keys) and copies
+// their text. Wire format per rank: row count n, the n sort keys (ids, or length-prefixed names), the n
+// line ends, the text.
+struct GatheredRows {
+  struct Run {  // one rank's sorted rows; its text lies in `bytes`
+    std::vector<std::uint64_t> ids, ends;
+    std::vector<std::string> names;
+    std::string_view text;
+    std::size_t next = 0;
+  };
+  std::vector<std::byte> bytes;  // every rank's message (rank 0)
+  std::vector<Run> runs;         // the ranks' non-empty runs (rank 0)
+  std::uint64_t rows = 0, text_bytes = 0;
 };
-ReleaseText gather_release_text(const std::vector<KeyRelease>& released, const KeyNames* names, std::int64_t window,
-                                std::uint32_t trigger, ReleaseColumns columns, const shuffle::Comm& comm) {
+
+GatheredRows gather_rows(const std::vector<KeyRelease>& released, const KeyNames* names, std::int64_t window,
+                         std::uint32_t trigger, ReleaseColumns columns, const shuffle::Comm& comm) {
   std::vector<ReleaseRow> rows;
   rows.reserve(released.size());
   for (const auto& t : released)
@@ -32,58 +41,51 @@ ReleaseText gather_release_text(const std::vector<KeyRelease>& released, const K
   ends.reserve(rows.size());
   format_rows(window, trigger, rows, columns, text, ends);
   shuffle::ByteWriter w;
+  w.reserve(sizeof(std::uint64_t) * (1 + 2 * rows.size()) + sizeof(std::uint32_t) + text.size());
   w.put(static_cast<std::uint64_t>(rows.size()));
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    if (names)
-      w.put_string(rows[i].name);
-    else
-      w.put(rows[i].key);
-    w.put(ends[i]);
+  if (names) {
+    for (const auto& r : rows) w.put_string(r.name);
+  } else {
+    std::vector<std::uint64_t> ids(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) ids[i] = rows[i].key;
+    w.put_array(ids.data(), ids.size());
   }
+  w.put_array(ends.data(), ends.size());
   w.put_string(text);
-  const auto all = comm.gather_bytes_to_root(w.bytes());
-  ReleaseText out;
-  if (all.empty()) return out;
-
-  struct Run {  // one rank's sorted rows
-    std::vector<std::uint64_t> ids, ends;
-    std::vector<std::string> names;
-    std::string text;
-    std::size_t next = 0;
-  };
-  std::vector<Run> runs;
-  for (shuffle::ByteReader in(all.data(), all.size()); !in.done();) {
-    Run r;
+  GatheredRows out;
+  out.bytes = comm.gather_bytes_to_root(w.bytes());
+  for (shuffle::ByteReader in(out.bytes.data(), out.bytes.size()); !in.done();) {
+    GatheredRows::Run r;
     const auto n = in.get<std::uint64_t>();
-    for (std::uint64_t i = 0; i < n; ++i) {
-      if (names)
-        r.names.push_back(in.get_string());
-      else
-        r.ids.push_back(in.get<std::uint64_t>());
-      r.ends.push_back(in.get<std::uint64_t>());
+    if (names) {
+      for (std::uint64_t i = 0; i < n; ++i) r.names.emplace_back(in.get_view());
+    } else {
+      r.ids = in.get_array<std::uint64_t>(n);
     }
-    r.text = in.get_string();
+    r.ends = in.get_array<std::uint64_t>(n);
+    r.text = in.get_view();
     out.rows += n;
-    if (n > 0) runs.push_back(std::move(r));
+    out.text_bytes += r.text.size();
+    if (n > 0) out.runs.push_back(std::move(r));
   }
-  out.text.reserve([&] {
-    std::size_t b = 0;
-    for (const auto& r : runs) b += r.text.size();
-    return b;
-  }());
-  auto less = [&](const Run& a, const Run& b) {
-    return names ? a.names[a.next] < b.names[b.next] : a.ids[a.next] < b.ids[b.next];
+  return out;
+}
+
+// Appends the runs' rows to `out` in key order: a P-way merge; P is small, a linear scan picks the
+// smallest head.
+void merge_rows(std::vector<GatheredRows::Run>& runs, bool by_name, std::string& out) {
+  auto less = [by_name](const GatheredRows::Run& a, const GatheredRows::Run& b) {
+    return by_name ? a.names[a.next] < b.names[b.next] : a.ids[a.next] < b.ids[b.next];
   };
-  while (!runs.empty()) {  // P-way merge; P is small, a linear scan picks the smallest head
+  while (!runs.empty()) {
     std::size_t best = 0;
     for (std::size_t i = 1; i < runs.size(); ++i)
       if (less(runs[i], runs[best])) best = i;
-    Run& r = runs[best];
+    GatheredRows::Run& r = runs[best];
     const std::uint64_t begin = r.next == 0 ? 0 : r.ends[r.next - 1];
-    out.text.append(r.text, begin, r.ends[r.next] - begin);
+    out.append(r.text.substr(begin, r.ends[r.next] - begin));
     if (++r.next == r.ends.size()) runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(best));
   }
-  return out;
 }
 
 }  // namespace
@@ -114,9 +116,13 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
 
 std::uint64_t ReleaseStager::stage(const std::vector<KeyRelease>& released, std::int64_t window,
                                    std::uint32_t trigger) {
-  const auto rows = gather_release_text(released, names_ ? &*names_ : nullptr, window, trigger, columns_, comm_);
+  GatheredRows rows = gather_rows(released, names_ ? &*names_ : nullptr, window, trigger, columns_, comm_);
   if (writer_) {
-    writer_->stage_text(rows.text, rows.rows);
+    // Rows wait for their commit in one buffer: reserved for the window's remaining triggers at this
+    // trigger's size, so that it is not copied as it grows (reserved pages cost nothing until written).
+    const std::uint64_t expected_more = checkpointing_ ? rows.text_bytes * (triggers_per_window_ - trigger - 1) : 0;
+    writer_->stage_with(rows.rows, rows.text_bytes, expected_more,
+                        [&](std::string& pending) { merge_rows(rows.runs, names_.has_value(), pending); });
     if (!checkpointing_) writer_->append(writer_->take_pending(), /*sync=*/false);
   }
   fault::point("output");

@@ -27,8 +27,13 @@ class ReleaseStager {
   // `names`: the names of this rank's keys (string keys), or none (integer keys, printed as numbers).
   // `writer`: rank 0's, null elsewhere.
   ReleaseStager(const shuffle::Comm& comm, ReleaseColumns columns, ReleaseWriter* writer, bool checkpointing,
-                std::optional<KeyNames> names)
-      : comm_(comm), columns_(columns), writer_(writer), checkpointing_(checkpointing), names_(std::move(names)) {}
+                std::uint32_t triggers_per_window, std::optional<KeyNames> names)
+      : comm_(comm),
+        columns_(columns),
+        writer_(writer),
+        checkpointing_(checkpointing),
+        triggers_per_window_(triggers_per_window),
+        names_(std::move(names)) {}
 
   // Collective: one trigger's rows (this rank's keys) to rank 0; returns the trigger's row count (rank 0).
   std::uint64_t stage(const std::vector<KeyRelease>& released, std::int64_t window, std::uint32_t trigger);
@@ -38,6 +43,7 @@ class ReleaseStager {
   ReleaseColumns columns_;
   ReleaseWriter* writer_;
   bool checkpointing_;
+  std::uint32_t triggers_per_window_;
   std::optional<KeyNames> names_;
 };
 

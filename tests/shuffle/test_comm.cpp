@@ -95,6 +95,26 @@ TEST(VariableLength, TruncatedMessageThrows) {
   EXPECT_THROW(r.get_string(), std::runtime_error);
 }
 
+TEST(VariableLength, ArraysAndViewsRoundTrip) {
+  dpstream::shuffle::ByteWriter w;
+  const std::vector<std::uint64_t> ids{3, 1ULL << 63, 0, 42};
+  w.put(std::uint32_t{7});  // arrays need no alignment
+  w.put_array(ids.data(), ids.size());
+  w.put_array(ids.data(), 0);
+  w.put_string("a,b\n");
+  w.put_string("");
+  dpstream::shuffle::ByteReader r(w.bytes().data(), w.size());
+  EXPECT_EQ(r.get<std::uint32_t>(), 7u);
+  EXPECT_EQ(r.get_array<std::uint64_t>(ids.size()), ids);
+  EXPECT_TRUE(r.get_array<std::uint64_t>(0).empty());
+  EXPECT_EQ(r.get_view(), "a,b\n");
+  EXPECT_EQ(r.get_view(), "");
+  EXPECT_TRUE(r.done());
+  dpstream::shuffle::ByteReader short_read(w.bytes().data(), 4 + 8 * 3);
+  short_read.get<std::uint32_t>();
+  EXPECT_THROW(short_read.get_array<std::uint64_t>(4), std::runtime_error);
+}
+
 TEST(Gather, RootGetsAllInRankOrder) {
   Comm comm;
   std::vector<std::byte> mine(static_cast<std::size_t>(comm.rank()) + 1,
