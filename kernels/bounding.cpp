@@ -359,7 +359,11 @@ std::uint64_t UserState::digest(std::uint64_t seed) const {
 #pragma omp parallel for schedule(dynamic, 4) reduction(+ : total)
   for (std::size_t s = 0; s < kShards; ++s) {
     const Shard& sh = shards_[s];
-    for (const Slot& slot : sh.slots) {
+    constexpr std::size_t kAhead = 16;  // blocks lie in arrival order, slots in hash order: a DRAM miss each
+    for (std::size_t i = 0; i < sh.slots.size(); ++i) {
+      if (i + kAhead < sh.slots.size())
+        if (const std::uint32_t b = block_of(sh.slots[i + kAhead]); b != 0) dpstream::prefetch(sh.words.data() + b);
+      const Slot& slot = sh.slots[i];
       if (!occupied(slot)) continue;
       const std::uint64_t u = partition::hash_combine(seed, slot.user);
       total += partition::hash_combine(u, slot.kept);
