@@ -119,8 +119,12 @@ std::uint64_t ReleaseStager::stage(const std::vector<KeyRelease>& released, std:
   GatheredRows rows = gather_rows(released, names_ ? &*names_ : nullptr, window, trigger, columns_, comm_);
   if (writer_) {
     // Rows wait for their commit in one buffer: reserved for the window's remaining triggers at this
-    // trigger's size, so that it is not copied as it grows (reserved pages cost nothing until written).
-    const std::uint64_t expected_more = checkpointing_ ? rows.text_bytes * (triggers_per_window_ - trigger - 1) : 0;
+    // trigger's size, so that it is not copied as it grows (reserved pages cost nothing until written);
+    // at most 1 GiB ahead (an address-space reservation may fail), beyond which it still at least doubles.
+    constexpr std::uint64_t kMaxAhead = std::uint64_t{1} << 30;
+    const std::uint64_t remaining = triggers_per_window_ > trigger ? triggers_per_window_ - trigger - 1 : 0;
+    const std::uint64_t expected_more =
+        checkpointing_ && rows.text_bytes > 0 ? std::min(kMaxAhead / rows.text_bytes, remaining) * rows.text_bytes : 0;
     writer_->stage_with(rows.rows, rows.text_bytes, expected_more,
                         [&](std::string& pending) { merge_rows(rows.runs, names_.has_value(), pending); });
     if (!checkpointing_) writer_->append(writer_->take_pending(), /*sync=*/false);
