@@ -136,6 +136,7 @@ class ByteWriter {
     if (n > 0) std::memcpy(buf_.data() + at, values, n * sizeof(T));
   }
   void put_string(std::string_view s) {
+    if (s.size() > UINT32_MAX) throw std::length_error("ByteWriter: a string of 4 GiB or more");
     put(static_cast<std::uint32_t>(s.size()));
     put_array(s.data(), s.size());
   }
@@ -165,7 +166,7 @@ class ByteReader {
     static_assert(std::is_trivially_copyable_v<T>);
     if (n > static_cast<std::size_t>(end_ - p_) / sizeof(T)) throw std::runtime_error("ByteReader: truncated message");
     std::vector<T> v(n);
-    std::memcpy(v.data(), p_, n * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), p_, n * sizeof(T));
     p_ += n * sizeof(T);
     return v;
   }

@@ -15,6 +15,12 @@ namespace {
 // their text. Wire format per rank: row count n, the n sort keys (ids, or length-prefixed names), the n
 // line ends, the text.
 struct GatheredRows {
+  GatheredRows() = default;
+  GatheredRows(const GatheredRows&) = delete;  // a copy's runs would view the original's bytes
+  GatheredRows& operator=(const GatheredRows&) = delete;
+  GatheredRows(GatheredRows&&) = default;  // a moved vector keeps its buffer: the views stay valid
+  GatheredRows& operator=(GatheredRows&&) = default;
+  ~GatheredRows() = default;
   struct Run {  // one rank's sorted rows; its text lies in `bytes`
     std::vector<std::uint64_t> ids, ends;
     std::vector<std::string> names;

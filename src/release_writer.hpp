@@ -69,7 +69,13 @@ class ReleaseWriter {
   template <class Append>
   void stage_with(std::uint64_t rows, std::uint64_t bytes, std::uint64_t expected_more, Append&& append) {
     if (pending_.capacity() - pending_.size() < bytes) pending_.reserve(pending_.size() + bytes + expected_more);
-    append(pending_);
+    const std::size_t before = pending_.size();
+    try {
+      append(pending_);
+    } catch (...) {
+      pending_.resize(before);  // no half-staged trigger
+      throw;
+    }
     pending_rows_ += rows;
   }
   ReleaseColumns columns() const { return columns_; }
