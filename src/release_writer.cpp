@@ -148,11 +148,6 @@ void ReleaseWriter::stage(std::int64_t window, std::uint32_t trigger, const std:
   pending_rows_ += rows.size();
 }
 
-void ReleaseWriter::stage_text(std::string_view text, std::uint64_t rows) {
-  pending_ += text;
-  pending_rows_ += rows;
-}
-
 std::string ReleaseWriter::take_pending() {
   std::string out;
   out.swap(pending_);

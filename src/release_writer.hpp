@@ -62,10 +62,9 @@ class ReleaseWriter {
 
   // Formats one trigger's rows (sorted by key) into the pending buffer.
   void stage(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows);
-  // Adds `rows` rows already formatted by format_rows (in output order) to the pending buffer.
-  void stage_text(std::string_view text, std::uint64_t rows);
-  // The same, `bytes` of text that `append(std::string& pending)` appends; when the buffer must grow, it
-  // is reserved for `expected_more` bytes beyond them (rows likely to follow before the next commit).
+  // Adds `rows` rows, `bytes` of text already formatted by format_rows (in output order) that
+  // `append(std::string& pending)` appends to the pending buffer; when the buffer must grow, it is
+  // reserved for `expected_more` bytes beyond them (rows likely to follow before the next commit).
   template <class Append>
   void stage_with(std::uint64_t rows, std::uint64_t bytes, std::uint64_t expected_more, Append&& append) {
     if (pending_.capacity() - pending_.size() < bytes) pending_.reserve(pending_.size() + bytes + expected_more);
