@@ -15,6 +15,17 @@ namespace dpstream::kernels::banded {
 namespace mp = boost::multiprecision;
 
 namespace {
+// floor(x) and ceil(x) for |x| < 2^62, without libm's calls (no SSE4.1 rounding in the baseline ISA):
+// the conversion truncates toward zero, exactly, and the comparison steps it the rest of the way.
+std::int64_t floor_to_int(double x) {
+  const auto t = static_cast<std::int64_t>(x);
+  return t - static_cast<std::int64_t>(static_cast<double>(t) > x);
+}
+std::int64_t ceil_to_int(double x) {
+  const auto t = static_cast<std::int64_t>(x);
+  return t + static_cast<std::int64_t>(static_cast<double>(t) < x);
+}
+
 constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
 constexpr int kZBits = 7;
 constexpr int kKeptBits = 56;  // fraction bits of Z kept per step: |Z~| < 2^63 fits an int64 (half the state of 64)
@@ -196,6 +207,90 @@ void BandedNoise::push(const BandedPlan& plan, int128 z) {
   slot = kept;
 }
 
+// With a full ring and n >= b - 1: the steps leaving the band are the ring's b - 1 and z[0 .. n - b + 1),
+// and the ring ends with the last b - 1 of z.
+void BandedNoise::push_all(const BandedPlan& plan, const int128* z, std::size_t n) {
+  const std::size_t keep = plan.band() - 1;
+  if (keep == 0 || at_ < keep || n < keep) {
+    for (std::size_t i = 0; i < n; ++i) push(plan, z[i]);
+    return;
+  }
+  if (at_ + n > kMaxSteps) throw std::length_error("banded counter: step beyond 2^20");
+  int128 older = older_;
+  for (const std::int64_t r : recent_) older += r;
+  for (std::size_t i = 0; i < n - keep; ++i) older += kept_sample(z[i]);
+  std::array<std::int64_t, kMaxBand> last{};  // converted before the ring changes: a range error changes nothing
+  for (std::size_t i = 0; i < keep; ++i) last[i] = kept_sample(z[n - keep + i]);
+  for (std::size_t i = 0; i < keep; ++i)
+    recent_[plan.ring_slot(static_cast<std::uint32_t>(at_ + n - keep + i + 1))] = last[i];
+  older_ = older;
+  at_ += static_cast<std::uint32_t>(n);
+}
+
+// With a full ring: win holds Z~ of steps at - keep + 1 .. at + n in order, so the recent terms of
+// step at + k + 1 are win[k + 1 .. k + keep], the newest last. The running sum of the steps that left
+// the band goes on in a double od: each addition rounds once and each sample converts once (each
+// within 2^-53 of its magnitude), so |od - older| <= drift with drift grown by 2^-52 (|od| + |sample|)
+// a step; its term adds |M_(b-1)| drift to prefix_interval's error, whose other terms are unchanged.
+void BandedNoise::intervals_ahead(const BandedPlan& plan, std::int64_t q, const int128* z, std::size_t n,
+                                  std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>>& out) const {
+  if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
+  out.resize(n);
+  const std::size_t keep = plan.band() - 1;
+  std::size_t done = 0;
+  BandedNoise partial;  // band 1 and the ring's first turn: step by step on a copy
+  const BandedNoise* base = this;
+  if (keep == 0 || at_ < keep) {
+    partial = *this;
+    base = &partial;
+    for (; done < n && (keep == 0 || partial.at_ < keep); ++done) {
+      partial.push(plan, z[done]);
+      out[done] = partial.prefix_interval(plan, q);
+    }
+  }
+  if (done == n) return;
+  if (base->at_ + (n - done) > kMaxSteps) throw std::length_error("banded counter: step beyond 2^20");
+  const std::size_t m = n - done;
+  thread_local std::vector<double> wd, y, magnitude, drift;
+  wd.resize(keep + m), y.resize(m), magnitude.resize(m), drift.resize(m);
+  std::size_t slot = plan.ring_slot(base->at_ - static_cast<std::uint32_t>(keep) + 1);  // the oldest step's
+  for (std::size_t k = 0; k < keep; ++k) {
+    wd[k] = static_cast<double>(base->recent_[slot]);
+    slot = slot + 1 == keep ? 0 : slot + 1;
+  }
+  for (std::size_t k = 0; k < m; ++k) wd[keep + k] = static_cast<double>(kept_sample(z[done + k]));
+  const double tail = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep)));
+  double od = to_double(base->older_), e = std::abs(od) * 0x1p-52;
+  for (std::size_t k = 0; k < m; ++k) {  // step at + k + 1: step at + k + 1 - keep leaves the band
+    od += wd[k];
+    e += (std::abs(od) + std::abs(wd[k])) * 0x1p-52;
+    y[k] = tail * od;
+    magnitude[k] = std::abs(y[k]);
+    drift[k] = e;
+  }
+  for (std::size_t j = 0; j < keep; ++j) {  // M_j Z~ of step at + k + 1 - j, for every k at once
+    const double mj = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(j)));
+    const double* zj = wd.data() + keep - j;
+    for (std::size_t k = 0; k < m; ++k) {
+      const double term = mj * zj[k];
+      y[k] += term;
+      magnitude[k] += std::abs(term);
+    }
+  }
+  const double scale = static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * 0x1p-118;
+  for (std::size_t k = 0; k < m; ++k) {
+    const auto step = static_cast<std::uint32_t>(base->at_ + k + 1);
+    const double v = scale * y[k];
+    const double error = scale * (static_cast<double>(plan.abs_cumulative_sum(step)) + magnitude[k] * 0x1p-43 +
+                                  std::abs(tail) * drift[k]) +
+                         0.5;
+    if (std::abs(v) + error < 0x1p50)
+      out[done + k] = std::pair{floor_to_int(v - error) - 1, ceil_to_int(v + error) + 1};
+    else
+      out[done + k].reset();
+  }
+}
+
 int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
   // |older| < 2^20 2^71, |M| <= 2^31 units: each term < 2^122, b terms < 2^126.
   const std::size_t keep = plan.band() - 1;
@@ -242,8 +337,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> BandedNoise::prefix_interva
   const double v = scale * y;
   const double error = scale * (static_cast<double>(plan.abs_cumulative_sum(at_)) + magnitude * 0x1p-43) + 0.5;
   if (!(std::abs(v) + error < 0x1p50)) return std::nullopt;
-  return std::pair{static_cast<std::int64_t>(std::floor(v - error)) - 1,
-                   static_cast<std::int64_t>(std::ceil(v + error)) + 1};
+  return std::pair{floor_to_int(v - error) - 1, ceil_to_int(v + error) + 1};
 }
 
 // N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-86).

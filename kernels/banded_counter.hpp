@@ -134,6 +134,16 @@ class BandedNoise {
     return {to > keep ? to - keep + 1 : 1, std::max(to, at_ > keep ? at_ - keep : 0)};
   }
 
+  // For a simulation: prefix_interval(plan, q) at each of the steps at()+1 .. at()+n that push() of
+  // z[0..n) would reach, without pushing them (nothing where that gives none). Intervals hold
+  // round(q N) as prefix_interval's do, at most a few grid units wider: with a full ring the samples
+  // are laid out in step order and every step's estimate computed in one pass, the running sum in a
+  // double whose drift is bounded, a few multiply-adds a step instead of push() and prefix_interval().
+  void intervals_ahead(const BandedPlan& plan, std::int64_t q, const int128* z, std::size_t n,
+                       std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>>& out) const;
+  // push() of z[0..n), in order.
+  void push_all(const BandedPlan& plan, const int128* z, std::size_t n);
+
   // round(q N_at) on the output grid, ties away from zero (a tie has probability 0); q in [1, 2^62].
   // `redraw` is called only when 64 bits per sample leave the rounding undecided (probability about
   // the interval's width in grid units, ~2^-22 here): it must return the same samples with more digits.

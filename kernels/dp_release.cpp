@@ -133,6 +133,7 @@ class TreeSelection {
   int128 exact_ahead(const State& /*st*/, std::uint64_t /*key*/, std::uint32_t /*round*/) const {
     return total_->total();
   }
+  void end_ahead(State& /*st*/) const {}  // the simulation's stack is at its last step already
   std::uint64_t draws = 0;
 
  private:
@@ -161,7 +162,7 @@ class BandedSelection {
       n.rewind(plan_, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
     } else if (step > n.at()) {
       prepare(key, round, n.at(), step);
-      for (const int128 z : values_) n.push(plan_, z);
+      n.push_all(plan_, values_.data(), values_.size());
     }
     return n;
   }
@@ -169,24 +170,31 @@ class BandedSelection {
     return n.prefix_noise(
         plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
   }
-  // A simulation from the frontier (the last test) up to `until`: its steps drawn now, then one step at
-  // a time, the frontier moving on with it.
+  // A simulation from the frontier (the last test) up to `until`: its steps drawn now, and the intervals
+  // of their prefix noise computed together (BandedNoise::intervals_ahead); the frontier catches up
+  // with the simulation only where the exact value is needed, and at its end.
   void begin_ahead(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
     prepare(key, round, st.frontier.at(), until);
+    st.frontier.intervals_ahead(plan_, kOne, values_.data(), values_.size(), intervals_);
+    from_ = st.frontier.at();
     next_ = 0;
   }
-  // The simulation's next step: an interval holding its prefix noise (BandedNoise::prefix_interval),
-  // the exact value when doubles cannot bound it; exact_ahead() gives the value.
+  // The simulation's next step: an interval holding its prefix noise, the exact value when doubles
+  // cannot bound it; exact_ahead() gives the value.
   std::pair<int128, int128> step_ahead(State& st, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
-    if (next_ >= values_.size() || ids_[next_].index != q - 1)
-      throw std::logic_error("BandedSelection: step not prepared");
-    st.frontier.push(plan_, values_[next_++]);
-    if (const auto interval = st.frontier.prefix_interval(plan_, kOne)) return *interval;
-    const int128 exact = prefix(st.frontier, key, round);
+    if (next_ >= values_.size() || from_ + next_ + 1 != q) throw std::logic_error("BandedSelection: step not prepared");
+    if (const auto& interval = intervals_[next_++]) return *interval;
+    const int128 exact = exact_ahead(st, key, round);
     return {exact, exact};
   }
-  int128 exact_ahead(const State& st, std::uint64_t key, std::uint32_t round) const {
+  int128 exact_ahead(State& st, std::uint64_t key, std::uint32_t round) {
+    end_ahead(st);
     return prefix(st.frontier, key, round);
+  }
+  // The frontier at the simulation's last step.
+  void end_ahead(State& st) {
+    const std::size_t pushed = st.frontier.at() - from_;
+    st.frontier.push_all(plan_, values_.data() + pushed, next_ - pushed);
   }
   std::uint64_t draws = 0;
 
@@ -212,7 +220,9 @@ class BandedSelection {
   const banded::BandedPlan& plan_;
   std::vector<noise::NodeId> ids_;
   std::vector<int128> values_;
-  std::size_t next_ = 0;
+  std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>> intervals_;  // of the prepared steps
+  std::uint32_t from_ = 0;  // the frontier's step when the simulation began
+  std::size_t next_ = 0;    // steps of the simulation taken
 };
 
 // A released value counter's noise at `leaf` on the grid q, banded.
@@ -457,6 +467,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             if (lo != hi) settle();
             lower_quiet_bound(quiet_users, lo, q);
           }
+          selection.end_ahead(c.noise);
           // Stored in 32 bits, never above the bound; round users are >= 0, so every negative bound skips nothing.
           h->quiet_users = static_cast<std::int32_t>(
               std::clamp<std::int64_t>(quiet_users, -1, std::numeric_limits<std::int32_t>::max()));
@@ -475,8 +486,12 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           const auto warm_up = [&](const std::vector<std::uint64_t>& list) {
             for (std::size_t j = 0; j < std::min(kAhead, list.size()); ++j) fetch(list[j]);
           };
+          // Then, halfway there, the key's noise entry, found through its index entry fetched before.
           const auto ahead = [&](const std::vector<std::uint64_t>& list, std::size_t i) {
             if (i + kAhead < list.size()) fetch(list[i + kAhead]);
+            if (i + kAhead / 2 < list.size())
+              if (const auto it = cache.index.find(list[i + kAhead / 2]); it != cache.index.end())
+                __builtin_prefetch(&cache.entry(it->second.entry));
           };
           const auto& touched = keys.touched[s];
           visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
