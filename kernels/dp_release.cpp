@@ -335,6 +335,16 @@ void DpReleaser::lower_quiet_bound(std::int64_t& quiet_users, int128 prefix_nois
   quiet_users = std::min(quiet_users, max_failing_users(prefix_noise, step, failing_boundary(prefix_noise, step)));
 }
 
+// max_failing_users never rises with the noise (passes() is monotone in it), so for any noise in [lo, hi]
+// it lies between its values at the two ends: equal ends give it without the exact noise. They differ
+// only where a count's boundary falls inside the interval (a few grid units of 2^20 per user).
+bool DpReleaser::lower_quiet_bound_within(std::int64_t& quiet_users, int128 lo, int128 hi, std::uint32_t step) const {
+  const std::int64_t at_hi = max_failing_users(hi, step, failing_boundary(hi, step));
+  if (lo != hi && max_failing_users(lo, step, failing_boundary(lo, step)) != at_hi) return false;
+  quiet_users = std::min(quiet_users, at_hi);
+  return true;
+}
+
 // The boundary falls as the noise grows: its least value is at `hi`, its extremes at the two ends.
 bool DpReleaser::quiet_bound_holds(std::int64_t quiet_users, int128 lo, int128 hi, std::uint32_t step) const {
   const double least = failing_boundary(hi, step), most = failing_boundary(lo, step);
@@ -464,7 +474,8 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             if (lo != hi && passes(hi, round_users, q) && !passes(lo, round_users, q)) settle();
             if (passes(lo, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
             if (q == until || quiet_bound_holds(quiet_users, lo, hi, q)) continue;
-            if (lo != hi) settle();
+            if (lower_quiet_bound_within(quiet_users, lo, hi, q)) continue;
+            settle();
             lower_quiet_bound(quiet_users, lo, q);
           }
           selection.end_ahead(c.noise);

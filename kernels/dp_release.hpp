@@ -140,6 +140,9 @@ class DpReleaser {
   std::int64_t max_failing_users(int128 prefix_noise, std::uint32_t step, double boundary) const;
   // quiet_users = min(quiet_users, max_failing_users(...)).
   void lower_quiet_bound(std::int64_t& quiet_users, int128 prefix_noise, std::uint32_t step) const;
+  // lower_quiet_bound for every noise in [lo, hi] at once: false (the bound unchanged) when the ends'
+  // largest failing counts differ, and the exact noise must decide.
+  bool lower_quiet_bound_within(std::int64_t& quiet_users, int128 lo, int128 hi, std::uint32_t step) const;
   // lower_quiet_bound leaves the bound as it is for every noise in [lo, hi] (the boundary is 2 or more
   // above it, and far inside double's exact range).
   bool quiet_bound_holds(std::int64_t quiet_users, int128 lo, int128 hi, std::uint32_t step) const;
