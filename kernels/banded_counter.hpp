@@ -136,7 +136,8 @@ class BandedNoise {
 
   // For a simulation: prefix_interval(plan, q) at each of the steps at()+1 .. at()+n that push() of
   // z[0..n) would reach, without pushing them (nothing where that gives none). Intervals hold
-  // round(q N) as prefix_interval's do, at most a few grid units wider: with a full ring the samples
+  // round(q N) as prefix_interval's do, wider by the drift term (a fraction of a grid unit at the
+  // engine's sigma and grid; more only costs exact computations): with a full ring the samples
   // are laid out in step order and every step's estimate computed in one pass, the running sum in a
   // double whose drift is bounded, a few multiply-adds a step instead of push() and prefix_interval().
   void intervals_ahead(const BandedPlan& plan, std::int64_t q, const int128* z, std::size_t n,
