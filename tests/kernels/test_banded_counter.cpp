@@ -219,7 +219,9 @@ TEST(BandedCounter, PrefixIntervalHoldsTheExactNoise) {
         widest = std::max(widest, interval->second - interval->first);
       }
     }
-    if (c.q == kGrid && c.sigma < 100) EXPECT_LE(widest, 5) << "b " << c.b;
+    if (c.q == kGrid && c.sigma < 100) {
+      EXPECT_LE(widest, 5) << "b " << c.b;
+    }
   }
 }
 
