@@ -298,7 +298,8 @@ struct Synthetic {
   int kind;  // 0 uniform in (-2^7, 2^7), 1 mostly tiny with one edge value in 50, 2 about +100 every step
   std::uint64_t seed;
   int128 value(std::uint32_t i) const {
-    std::uint64_t state = seed * 1000003 + i * 7919 + static_cast<std::uint64_t>(kind) * 0x9E3779B97F4A7C15ull;
+    std::uint64_t state =
+        seed * 1000003 + std::uint64_t{i} * 7919 + static_cast<std::uint64_t>(kind) * 0x9E3779B97F4A7C15ull;
     const auto next = [&state] {  // splitmix64
       std::uint64_t x = (state += 0x9E3779B97F4A7C15ull);
       x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
