@@ -227,8 +227,8 @@ void BandedNoise::push_all(const BandedPlan& plan, const int128* z, std::size_t 
   at_ += static_cast<std::uint32_t>(n);
 }
 
-// With a full ring: win holds Z~ of steps at - keep + 1 .. at + n in order, so the recent terms of
-// step at + k + 1 are win[k + 1 .. k + keep], the newest last. The running sum of the steps that left
+// With a full ring: wd holds Z~ of steps at - keep + 1 .. at + n in order, so the recent terms of
+// step at + k + 1 are wd[k + 1 .. k + keep], the newest last. The running sum of the steps that left
 // the band goes on in a double od: each addition rounds once and each sample converts once (each
 // within 2^-53 of its magnitude), so |od - older| <= drift with drift grown by 2^-52 (|od| + |sample|)
 // a step; its term adds |M_(b-1)| drift to prefix_interval's error, whose other terms are unchanged.
