@@ -15,6 +15,13 @@ namespace dpstream::kernels::banded {
 namespace mp = boost::multiprecision;
 
 namespace {
+constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
+constexpr int kZBits = 7;
+constexpr int kKeptBits = 56;  // fraction bits of Z kept per step: |Z~| < 2^63 fits an int64 (half the state of 64)
+constexpr std::uint32_t kMaxSearchHorizon =
+    1024;  // the band search's horizon: T beyond it changes the band little  // |Z| < 2^7 keeps every fixed-point sum
+           // inside int128 (P[|Z| >= 128] < 10^-3500)
+
 // floor(x) and ceil(x) for |x| < 2^62, without libm's calls (no SSE4.1 rounding in the baseline ISA):
 // the conversion truncates toward zero, exactly, and the comparison steps it the rest of the way.
 std::int64_t floor_to_int(double x) {
@@ -26,12 +33,23 @@ std::int64_t ceil_to_int(double x) {
   return t + static_cast<std::int64_t>(static_cast<double>(t) < x);
 }
 
-constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
-constexpr int kZBits = 7;
-constexpr int kKeptBits = 56;  // fraction bits of Z kept per step: |Z~| < 2^63 fits an int64 (half the state of 64)
-constexpr std::uint32_t kMaxSearchHorizon =
-    1024;  // the band search's horizon: T beyond it changes the band little  // |Z| < 2^7 keeps every fixed-point sum
-           // inside int128 (P[|Z| >= 128] < 10^-3500)
+// sigma q 2^-118 in double (within 2^-52 of it; the power of two is exact): grid units per estimate unit
+// of 2^-86, for a grid q in [1, 2^62].
+double grid_scale(const BandedPlan& plan, std::int64_t q) {
+  static_assert(kKeptBits + kCoefBits + kSigmaBits == 118);  // 2^-118: the estimate's unit times sigma's
+  if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
+  return static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * 0x1p-118;
+}
+
+// The interval of round(q N) from an estimate y and an error bound `error_units` (both in units of
+// 2^-86): every value within scale error_units of scale y, rounded, plus 1 each side for the bounds' own
+// roundings; nothing where |q N| nears 2^50.
+std::optional<std::pair<std::int64_t, std::int64_t>> rounded_interval(double scale, double y, double error_units) {
+  const double v = scale * y;
+  const double error = scale * error_units + 0.5;
+  if (!(std::abs(v) + error < 0x1p50)) return std::nullopt;
+  return std::pair{floor_to_int(v - error) - 1, ceil_to_int(v + error) + 1};
+}
 
 // round(x / 2^shift), ties away from zero.
 mp::cpp_int round_shift(const mp::cpp_int& x, unsigned shift) {
@@ -234,7 +252,7 @@ void BandedNoise::push_all(const BandedPlan& plan, const int128* z, std::size_t 
 // a step; its term adds |M_(b-1)| drift to prefix_interval's error, whose other terms are unchanged.
 void BandedNoise::intervals_ahead(const BandedPlan& plan, std::int64_t q, const int128* z, std::size_t n,
                                   std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>>& out) const {
-  if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
+  const double scale = grid_scale(plan, q);
   out.resize(n);
   const std::size_t keep = plan.band() - 1;
   std::size_t done = 0;
@@ -277,17 +295,11 @@ void BandedNoise::intervals_ahead(const BandedPlan& plan, std::int64_t q, const 
       magnitude[k] += std::abs(term);
     }
   }
-  const double scale = static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * 0x1p-118;
   for (std::size_t k = 0; k < m; ++k) {
     const auto step = static_cast<std::uint32_t>(base->at_ + k + 1);
-    const double v = scale * y[k];
-    const double error = scale * (static_cast<double>(plan.abs_cumulative_sum(step)) + magnitude[k] * 0x1p-43 +
-                                  std::abs(tail) * drift[k]) +
-                         0.5;
-    if (std::abs(v) + error < 0x1p50)
-      out[done + k] = std::pair{floor_to_int(v - error) - 1, ceil_to_int(v + error) + 1};
-    else
-      out[done + k].reset();
+    out[done + k] = rounded_interval(
+        scale, y[k],
+        static_cast<double>(plan.abs_cumulative_sum(step)) + magnitude[k] * 0x1p-43 + std::abs(tail) * drift[k]);
   }
 }
 
@@ -303,11 +315,8 @@ int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
 // exact), w >= sigma q A. Every value of the interval rounds to round(v) when v is farther than
 // w + |v| 2^-48 + 2^-40 from the nearest rounding boundary (a half-integer); else the exact path.
 std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std::int64_t q) const {
-  if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
+  const double scale = grid_scale(plan, q);
   if (at_ == 0) return int128{0};
-  constexpr double kUnit = 0x1p-118;  // 2^-(kKeptBits + kCoefBits + kSigmaBits)
-  static_assert(kKeptBits + kCoefBits + kSigmaBits == 118);
-  const double scale = static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * kUnit;
   const double v = scale * static_cast<double>(estimate_units(plan));
   const double w = scale * static_cast<double>(plan.abs_cumulative_sum(at_)) * (1 + 0x1p-48);  // exact conversion
   if (!(std::abs(v) < 0x1p50)) return std::nullopt;
@@ -323,7 +332,7 @@ std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std
 // scale A more, and the rounding moves it by 1/2. The bounds' own roundings are inside the final +-1.
 std::optional<std::pair<std::int64_t, std::int64_t>> BandedNoise::prefix_interval(const BandedPlan& plan,
                                                                                   std::int64_t q) const {
-  if (q < 1 || q > (std::int64_t{1} << 62)) throw std::invalid_argument("banded counter: grid outside [1, 2^62]");
+  const double scale = grid_scale(plan, q);
   if (at_ == 0) return std::pair<std::int64_t, std::int64_t>{0, 0};
   const std::size_t keep = plan.band() - 1;
   double y = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep))) * to_double(older_);
@@ -333,11 +342,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> BandedNoise::prefix_interva
     y += term;
     magnitude += std::abs(term);
   });
-  const double scale = static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * 0x1p-118;
-  const double v = scale * y;
-  const double error = scale * (static_cast<double>(plan.abs_cumulative_sum(at_)) + magnitude * 0x1p-43) + 0.5;
-  if (!(std::abs(v) + error < 0x1p50)) return std::nullopt;
-  return std::pair{floor_to_int(v - error) - 1, ceil_to_int(v + error) + 1};
+  return rounded_interval(scale, y, static_cast<double>(plan.abs_cumulative_sum(at_)) + magnitude * 0x1p-43);
 }
 
 // N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-86).
