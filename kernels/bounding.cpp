@@ -103,9 +103,9 @@ const UserState::Slot* UserState::Shard::find(std::uint64_t user) const {
 
 void UserState::Shard::grow() { rehash(grown_capacity(slots.size())); }  // kernels/table_memory.hpp
 
-void UserState::Shard::rehash(std::size_t capacity) {
+void UserState::Shard::rehash(std::size_t capacity, TableAllocator<Slot> alloc) {
   marked.rehash(capacity);
-  TableSlots<Slot> old(capacity);
+  TableSlots<Slot> old(capacity, alloc);
   old.swap(slots);
   for (const Slot& s : old) {
     if (!occupied(s)) continue;
@@ -191,13 +191,15 @@ bool UserState::Shard::append_to_block(Slot& slot, std::uint64_t user, std::uint
 
 void UserState::clear() {
   for (auto& sh : shards_) sh = Shard{};
+  slab_ = TableSlab{};
 }
 
 void UserState::reserve(std::uint64_t users) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(users) / kShards);
   const std::size_t capacity = reserved_capacity(per_shard);
+  const bool slab = map_slab<Slot>(slab_, kShards, capacity);
   reserve_shards(kShards, [&](std::size_t s) {
-    if (shards_[s].slots.size() < capacity) shards_[s].rehash(capacity);
+    if (shards_[s].slots.size() < capacity) shards_[s].rehash(capacity, slab_piece<Slot>(slab_, s, slab));
   });
 }
 
@@ -346,10 +348,11 @@ std::uint64_t UserState::user_key_pairs() const {
 }
 
 std::uint64_t UserState::memory_bytes() const {
-  std::uint64_t b = 0;
+  std::uint64_t b = slab_.bytes();
   for (const auto& sh : shards_)
-    b += sh.slots.capacity() * sizeof(Slot) + sh.words.capacity() * sizeof(std::uint32_t) +
-         hash_table_bytes(sh.overflow) + sh.overflow_journal.capacity() * sizeof(UserFingerprint);
+    b += (slab_.holds(sh.slots.data()) ? 0 : sh.slots.capacity() * sizeof(Slot)) +
+         sh.words.capacity() * sizeof(std::uint32_t) + hash_table_bytes(sh.overflow) +
+         sh.overflow_journal.capacity() * sizeof(UserFingerprint);
   return b;
 }
 

@@ -77,13 +77,13 @@ PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t 
 
 void PackedSlots::grow() { rehash(grown_capacity(slots_.size())); }
 
-void PackedSlots::reserve(std::size_t keys) {
-  if (const std::size_t capacity = reserved_capacity(keys); capacity > slots_.size()) rehash(capacity);
+void PackedSlots::reserve(std::size_t keys, TableAllocator<Slot> alloc) {
+  if (const std::size_t capacity = reserved_capacity(keys); capacity > slots_.size()) rehash(capacity, alloc);
 }
 
-void PackedSlots::rehash(std::size_t capacity) {
+void PackedSlots::rehash(std::size_t capacity, TableAllocator<Slot> alloc) {
   marked_.rehash(capacity);
-  TableSlots<Slot> old(capacity, Slot{0, kFree, 0});
+  TableSlots<Slot> old(capacity, Slot{0, kFree, 0}, alloc);
   old.swap(slots_);
   for (const Slot& s : old) {
     if (s.count == kFree) continue;
@@ -97,11 +97,14 @@ std::size_t KeyStateTable::shard_of(std::uint64_t key) { return partition::local
 
 void KeyStateTable::reserve(std::uint64_t keys) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(keys) / kShards);
-  reserve_shards(kShards, [&](std::size_t s) { shards_[s].packed.reserve(per_shard); });
+  const bool slab = map_slab<Packed>(slab_, kShards, reserved_capacity(per_shard));
+  reserve_shards(kShards,
+                 [&](std::size_t s) { shards_[s].packed.reserve(per_shard, slab_piece<Packed>(slab_, s, slab)); });
 }
 
 void KeyStateTable::clear() {
   for (auto& sh : shards_) sh = Shard{};
+  slab_ = TableSlab{};
   for (auto& t : touched) t.clear();
   std::fill(touched_below.begin(), touched_below.end(), 0);
   std::fill(changed_.begin(), changed_.end(), 0);
@@ -129,9 +132,10 @@ std::uint64_t KeyStateTable::keys() const {
 }
 
 std::uint64_t KeyStateTable::memory_bytes() const {
-  std::uint64_t b = 0;
+  std::uint64_t b = slab_.bytes();
   for (const auto& sh : shards_)
-    b += sh.packed.capacity() * sizeof(Packed) + hash_table_bytes(sh.wide) + hash_table_bytes(sh.excess);
+    b += (slab_.holds(sh.packed.data()) ? 0 : sh.packed.capacity() * sizeof(Packed)) + hash_table_bytes(sh.wide) +
+         hash_table_bytes(sh.excess);
   return b;
 }
 

@@ -51,7 +51,9 @@ class PackedSlots {
 
   std::size_t size() const { return size_; }
   std::size_t capacity() const { return slots_.size(); }
-  void reserve(std::size_t keys);  // room for `keys` and their spread (reserved_capacity); never shrinks
+  const Slot* data() const { return slots_.data(); }
+  // Room for `keys` and their spread (reserved_capacity), in `alloc`'s memory; never shrinks.
+  void reserve(std::size_t keys, TableAllocator<Slot> alloc = {});
   // `hash` is the key's salted hash (partition/hash.hpp): bits 8-39 pick the home slot, independent
   // of the shard (bits 0-7) and the owner rank (the top bits).
   const Slot* find(std::uint64_t key, std::uint64_t hash) const;
@@ -82,7 +84,7 @@ class PackedSlots {
  private:
   std::size_t home(std::uint64_t hash) const { return ((hash >> 8) & 0xffffffffu) * slots_.size() >> 32; }
   void grow();
-  void rehash(std::size_t capacity);
+  void rehash(std::size_t capacity, TableAllocator<Slot> alloc = {});
   TableSlots<Slot> slots_;
   GroupMarks<4> marked_;  // 4 slots of 16 bytes: a cache line
   std::size_t size_ = 0;
@@ -194,6 +196,7 @@ class KeyStateTable {
                         double touched_above, std::size_t thread, std::size_t threads);
 
   bool track_sums_;
+  TableSlab slab_;  // the shards' reserved tables (reserve()); declared first, so it outlives them
   std::vector<Shard> shards_{kShards};
   std::vector<std::uint64_t> changed_ = std::vector<std::uint64_t>(kShards);  // marked keys per shard
 };

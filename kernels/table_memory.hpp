@@ -8,8 +8,10 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -54,20 +56,85 @@ void reserve_shards(std::size_t shards, Reserve&& reserve) {
   }
 }
 
-// Slot arrays of 1 MiB or more are mapped, not taken from the heap: the process keeps freed heap
+// Equal pieces of one mapping, for the tables a store sizes together (its 256 shards' tables, of
+// 10-200 KiB each at a few million users or keys per rank). Taken one by one from the heap, they lie in
+// 4 KiB pages, and a probe of a table larger than the TLB's reach pays a page walk on top of its miss;
+// in one mapping aligned to 2 MiB they share transparent huge pages (bounding's stage -12% at 2M users,
+// docs/PERFORMANCE.md round 10). A piece given up (its table grew past it) stays mapped until the slab
+// goes: the store's clear().
+class TableSlab {
+ public:
+  static constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  TableSlab() = default;
+  // Maps `pieces` pieces of `piece_bytes`, each starting on a cache line; throws std::bad_alloc when it cannot.
+  TableSlab(std::size_t pieces, std::size_t piece_bytes)
+      : piece_bytes_(piece_bytes), stride_((piece_bytes + 63) / 64 * 64) {
+    bytes_ = pieces * stride_;
+    mapped_ = bytes_ + kHugePage;  // room to start on a huge page
+    void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    map_ = static_cast<char*>(p);
+    base_ = map_ + (kHugePage - reinterpret_cast<std::uintptr_t>(map_) % kHugePage) % kHugePage;
+    ::madvise(base_, bytes_, MADV_HUGEPAGE);  // advice only: no error if THP is off
+  }
+  TableSlab(const TableSlab&) = delete;
+  TableSlab& operator=(const TableSlab&) = delete;
+  TableSlab(TableSlab&& o) noexcept { swap(o); }
+  TableSlab& operator=(TableSlab&& o) noexcept {
+    TableSlab gone(std::move(*this));
+    swap(o);
+    return *this;
+  }
+  ~TableSlab() {
+    if (map_ != nullptr) ::munmap(map_, mapped_);
+  }
+  std::size_t bytes() const { return bytes_; }  // what the pieces hold (the mapping's unused head is never touched)
+  std::size_t piece_bytes() const { return piece_bytes_; }
+  void* piece(std::size_t i) const { return base_ + i * stride_; }
+  bool holds(const void* p) const {
+    const auto* c = static_cast<const char*>(p);
+    return c >= base_ && c < base_ + bytes_;
+  }
+
+ private:
+  void swap(TableSlab& o) noexcept {
+    std::swap(map_, o.map_);
+    std::swap(base_, o.base_);
+    std::swap(mapped_, o.mapped_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(piece_bytes_, o.piece_bytes_);
+    std::swap(stride_, o.stride_);
+  }
+  char* map_ = nullptr;
+  char* base_ = nullptr;
+  std::size_t mapped_ = 0, bytes_ = 0, piece_bytes_ = 0, stride_ = 0;
+};
+
+// A table's slot array: in a slab's piece when it was given one and asks for exactly the piece's size
+// (a reservation), else from the heap, or mapped when it is 1 MiB or more: the process keeps freed heap
 // memory (src/main.cpp's mallopt), and tables that grow in small steps would otherwise leave a trail
 // of freed smaller arrays behind. A mapped array goes back to the system when its table grows, and
-// asks for transparent huge pages (fewer TLB misses on random probes where THP is "madvise").
+// asks for transparent huge pages (fewer TLB misses on random probes where THP is "madvise"). A piece
+// is never freed by its array: the slab holds it. The allocator travels with its array (swap, move).
 template <class T>
 struct TableAllocator {
   using value_type = T;
+  using propagate_on_container_swap = std::true_type;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_copy_assignment = std::true_type;
   static constexpr std::size_t kMapBytes = std::size_t{1} << 20;
+  void* piece = nullptr;
+  std::size_t piece_bytes = 0;
+
   TableAllocator() = default;
+  TableAllocator(void* p, std::size_t bytes) : piece(p), piece_bytes(bytes) {}
   template <class U>
-  explicit TableAllocator(const TableAllocator<U>& /*other*/) {}
+  explicit TableAllocator(const TableAllocator<U>& other) : piece(other.piece), piece_bytes(other.piece_bytes) {}
+  TableAllocator select_on_container_copy_construction() const { return {}; }  // a copy never shares a piece
 
   T* allocate(std::size_t n) {
     const std::size_t bytes = n * sizeof(T);
+    if (piece != nullptr && bytes == piece_bytes) return static_cast<T*>(piece);
     if (bytes < kMapBytes) return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
@@ -76,16 +143,37 @@ struct TableAllocator {
   }
   void deallocate(T* p, std::size_t n) noexcept {
     const std::size_t bytes = n * sizeof(T);
+    if (p == piece) return;
     if (bytes < kMapBytes)
       ::operator delete (p, std::align_val_t{alignof(T)});
     else
       ::munmap(p, bytes);
   }
-  friend bool operator==(const TableAllocator& /*a*/, const TableAllocator& /*b*/) { return true; }
+  friend bool operator==(const TableAllocator& a, const TableAllocator& b) { return a.piece == b.piece; }
 };
 
 template <class T>
 using TableSlots = std::vector<T, TableAllocator<T>>;
+
+// Maps `slab` for `shards` tables of `capacity` slots of T, sized together: true if it did, false when
+// the store holds a slab already (its pieces may be in use until its clear()), when the tables would not
+// fill a huge page, or when the mapping fails (the tables then come from TableAllocator's other paths).
+template <class T>
+bool map_slab(TableSlab& slab, std::size_t shards, std::size_t capacity) {
+  if (slab.bytes() != 0 || shards * capacity * sizeof(T) < TableSlab::kHugePage) return false;
+  try {
+    slab = TableSlab(shards, capacity * sizeof(T));
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  return true;
+}
+
+// The allocator of shard `i`'s table in `slab`, or the default one when `use` is false.
+template <class T>
+TableAllocator<T> slab_piece(const TableSlab& slab, std::size_t i, bool use) {
+  return use ? TableAllocator<T>(slab.piece(i), slab.piece_bytes()) : TableAllocator<T>();
+}
 
 // Bytes of an absl flat hash map or set: one control byte plus the slot per capacity entry.
 template <class Table>

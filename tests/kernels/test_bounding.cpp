@@ -377,6 +377,82 @@ TEST(Bounding, ReserveKeepsContentsAndMatchesGrowth) {
   EXPECT_GE(reserved.memory_bytes(), grown.memory_bytes() * 4 / 5);
 }
 
+// A slab's pieces are disjoint cache-line-aligned runs of one mapping that starts on a huge page, and an
+// array in a piece keeps it through swaps and moves but never shares it: a copy, or growth past the
+// piece's size, takes memory of its own with the same contents.
+TEST(TableMemory, SlabPiecesAreDisjointAndStayWithTheirArray) {
+  kernels::TableSlab slab(5, 1000);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab.piece(0)) % kernels::TableSlab::kHugePage, 0u);
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab.piece(i)) % 64, 0u);
+    if (i > 0) EXPECT_GE(static_cast<char*>(slab.piece(i)) - static_cast<char*>(slab.piece(i - 1)), 1000);
+    EXPECT_TRUE(slab.holds(static_cast<char*>(slab.piece(i)) + 999));
+  }
+  EXPECT_FALSE(slab.holds(static_cast<char*>(slab.piece(0)) - 1));
+  EXPECT_FALSE(slab.holds(static_cast<char*>(slab.piece(4)) + 1024));
+
+  using Array = kernels::TableSlots<std::uint64_t>;
+  Array a(125, 7, kernels::slab_piece<std::uint64_t>(slab, 1, true));
+  EXPECT_EQ(static_cast<void*>(a.data()), slab.piece(1));
+  Array copy(a);
+  EXPECT_FALSE(slab.holds(copy.data()));
+  copy[0] = 8;
+  EXPECT_EQ(a[0], 7u);
+  Array other(3, 1);
+  other.swap(a);  // the piece goes with its contents
+  EXPECT_EQ(static_cast<void*>(other.data()), slab.piece(1));
+  EXPECT_EQ(a.size(), 3u);
+  other.resize(400, 9);  // past the piece: memory of its own, contents kept
+  EXPECT_FALSE(slab.holds(other.data()));
+  EXPECT_EQ(std::count(other.begin(), other.end(), 7u), 125);
+  Array small(125, 0, kernels::slab_piece<std::uint64_t>(slab, 2, false));
+  EXPECT_FALSE(slab.holds(small.data()));
+
+  kernels::TableSlab none;
+  EXPECT_FALSE(kernels::map_slab<std::uint64_t>(none, 256, 10));  // 20 KiB in all: not a huge page's worth
+  EXPECT_TRUE(kernels::map_slab<std::uint64_t>(none, 256, 1024));
+  EXPECT_EQ(none.bytes(), std::size_t{256} * 1024 * 8);
+  EXPECT_FALSE(kernels::map_slab<std::uint64_t>(none, 256, 2048));  // one held: its pieces may be in use
+  EXPECT_EQ(none.bytes(), std::size_t{256} * 1024 * 8);
+}
+
+// Reserved tables live in the store's slab: users far beyond the reservation grow their shards out of
+// it with every count and fingerprint kept, clear() gives it back, and the next window reserves again.
+TEST(Bounding, SlabTablesGrowOutAndComeBackAfterClear) {
+  std::vector<std::uint64_t> ids(120000);
+  std::mt19937_64 rng(21);
+  for (auto& id : ids) id = rng();
+  auto fill = [&](kernels::UserState& users, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t id = ids[i];
+      const std::size_t shard = id % kernels::UserState::kShards;
+      auto [slot, added] = users.find_or_add(shard, id);
+      slot->kept = static_cast<std::uint32_t>(id % 1000);
+      for (std::uint32_t k = 0; k < id % 7; ++k)
+        users.add_pair(shard, id, *slot, static_cast<std::uint32_t>(id >> 40) + k);
+    }
+  };
+  kernels::UserState grown, reserved;
+  fill(grown, ids.size());
+  for (int window = 0; window < 2; ++window) {
+    reserved.reserve(40000);  // 2.5 MB of slots: a slab
+    EXPECT_GE(reserved.memory_bytes(), std::uint64_t{40000} * sizeof(kernels::UserState::Slot));
+    fill(reserved, 40000);
+    fill(reserved, ids.size());  // three times the reservation: every shard grows out of its piece
+    EXPECT_EQ(reserved.users(), ids.size());
+    EXPECT_EQ(reserved.digest(4), grown.digest(4));
+    EXPECT_GT(reserved.memory_bytes(), grown.memory_bytes());  // the slab stays until clear()
+    for (const std::uint64_t id : ids) {
+      auto [slot, added] = reserved.find_or_add(id % kernels::UserState::kShards, id);
+      ASSERT_FALSE(added);
+      EXPECT_EQ(slot->kept, id % 1000);
+    }
+    reserved.clear();
+    EXPECT_EQ(reserved.users(), 0u);
+    EXPECT_EQ(reserved.memory_bytes(), kernels::UserState().memory_bytes());
+  }
+}
+
 namespace {
 
 // The model of one UserState: per user its shard, kept count and first-touch fingerprints, and per shard
