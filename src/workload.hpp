@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/table_memory.hpp"
 #include "src/config.hpp"
 #include "src/counter_rng.hpp"
 #include "src/record_source.hpp"
@@ -71,8 +72,8 @@ class SyntheticSource final : public RecordSource {
   std::uint64_t first_user_, last_user_;
   std::uint64_t keys_per_window_ = 0;  // expected distinct keys of a window (all ranks)
   std::int64_t window_ = -1;
-  std::uint64_t window_node_ = 0;  // the hash of (seed, window_)
-  std::vector<Cursor> cursor_;
+  std::uint64_t window_node_ = 0;                // the hash of (seed, window_)
+  kernels::TableSlots<Cursor> cursor_;           // visited at random (12 MB at 1M users a rank): on huge pages
   std::vector<std::vector<std::uint32_t>> due_;  // per trigger: local users with a record due
   InputStats stats_;
 };
