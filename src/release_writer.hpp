@@ -37,6 +37,10 @@ std::string csv_field(const std::string& s);
 // to `ends`: the rows of releases.csv, formatted by whichever rank owns the keys.
 void format_rows(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows,
                  ReleaseColumns columns, std::string& text, std::vector<std::uint64_t>& ends);
+// The same for keys printed as their integer ids (no name to build or quote): the same text as
+// format_rows with each row's name std::to_string(key).
+void format_id_rows(std::int64_t window, std::uint32_t trigger, const std::vector<KeyRelease>& rows,
+                    ReleaseColumns columns, std::string& text, std::vector<std::uint64_t>& ends);
 
 // DIR/releases.csv on rank 0, grown by rows of committed triggers (docs/CHECKPOINTS.md): rows are
 // formatted into a pending buffer, handed to the checkpoint with their commit, and appended once the

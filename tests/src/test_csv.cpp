@@ -225,3 +225,51 @@ TEST(ReleaseFormat, ShortestDecimalThatRoundTrips) {
   EXPECT_EQ(csv_field("a,b"), "\"a,b\"");
   EXPECT_EQ(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
 }
+
+// A row is its fields joined, whichever path formats it (a whole-number row is built in a local buffer,
+// any other value, a quoted name or a long one goes field by field): every row equals the fields
+// formatted one by one, under every choice of released columns, and integer ids print as their text.
+TEST(ReleaseFormat, RowsAreTheirFieldsJoinedOnEveryPath) {
+  const int128 grid_53 = int128{1} << 53;
+  const std::vector<int128> values = {0,
+                                      int128{7} << kValueFracBits,
+                                      -(int128{12} << kValueFracBits),
+                                      to_fixed(11.21),
+                                      -1,
+                                      (int128{5} << kValueFracBits) + 1,        // one grid step above a whole number
+                                      grid_53 - (int128{1} << kValueFracBits),  // the largest whole double-path value
+                                      grid_53,                                  // the first exact-decimal one
+                                      -grid_53,
+                                      (int128{1} << 100) + 1};
+  const std::vector<std::string> names = {"plain", "a,b", "say \"x\"", "two\nlines", "", std::string(300, 'k')};
+  std::vector<ReleaseRow> rows;
+  std::vector<KeyRelease> id_rows;
+  std::uint64_t key = 1;
+  for (const int128 count : values)
+    for (const int128 sum : values) {
+      rows.push_back({key, names[key % names.size()], count, sum});
+      id_rows.push_back({key * 0x9E3779B97F4A7C15ull, count, sum});
+      ++key;
+    }
+  for (const ReleaseColumns columns : {ReleaseColumns{true, true}, ReleaseColumns{true, false},
+                                       ReleaseColumns{false, true}, ReleaseColumns{false, false}}) {
+    const auto expected = [&](const std::string& name, int128 count, int128 sum) {
+      return "-3,17," + csv_field(name) + "," + (columns.count ? format_fixed(count) : "") + "," +
+             (columns.sum ? format_fixed(sum) : "") + "\n";
+    };
+    std::string text, id_text;
+    std::vector<std::uint64_t> ends, id_ends;
+    format_rows(-3, 17, rows, columns, text, ends);
+    format_id_rows(-3, 17, id_rows, columns, id_text, id_ends);
+    ASSERT_EQ(ends.size(), rows.size());
+    ASSERT_EQ(id_ends.size(), id_rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const std::uint64_t begin = i == 0 ? 0 : ends[i - 1], id_begin = i == 0 ? 0 : id_ends[i - 1];
+      EXPECT_EQ(text.substr(begin, ends[i] - begin), expected(rows[i].name, rows[i].count, rows[i].sum)) << i;
+      EXPECT_EQ(id_text.substr(id_begin, id_ends[i] - id_begin),
+                expected(std::to_string(id_rows[i].key), id_rows[i].count, id_rows[i].sum))
+          << i;
+    }
+    EXPECT_EQ(ends.back(), text.size());
+  }
+}
