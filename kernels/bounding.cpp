@@ -582,9 +582,9 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
     }
   }
 
-  std::vector<KeyPartial> partials;
+  std::vector<KeyPartial> partials = std::move(out.front().partials);  // one thread: no copy of them all
   for (auto& o : out) {
-    partials.insert(partials.end(), o.partials.begin(), o.partials.end());
+    if (&o != &out.front()) partials.insert(partials.end(), o.partials.begin(), o.partials.end());
     stats.kept += o.stats.kept;
     stats.dropped += o.stats.dropped;
     stats.clamped += o.stats.clamped;
