@@ -103,7 +103,7 @@ const UserState::Slot* UserState::Shard::find(std::uint64_t user) const {
 
 void UserState::Shard::grow() { rehash(grown_capacity(slots.size())); }  // kernels/table_memory.hpp
 
-void UserState::Shard::rehash(std::size_t capacity, TableAllocator<Slot> alloc) {
+void UserState::Shard::rehash(std::size_t capacity, const TableAllocator<Slot>& alloc) {
   marked.rehash(capacity);
   TableSlots<Slot> old(capacity, alloc);
   old.swap(slots);
@@ -197,7 +197,9 @@ void UserState::clear() {
 void UserState::reserve(std::uint64_t users) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(users) / kShards);
   const std::size_t capacity = reserved_capacity(per_shard);
-  const bool slab = map_slab<Slot>(slab_, kShards, capacity);
+  const bool below =
+      std::any_of(shards_.begin(), shards_.end(), [&](const Shard& sh) { return sh.slots.size() < capacity; });
+  const bool slab = below && map_slab<Slot>(slab_, kShards, capacity);  // (none when no table would move)
   reserve_shards(kShards, [&](std::size_t s) {
     if (shards_[s].slots.size() < capacity) shards_[s].rehash(capacity, slab_piece<Slot>(slab_, s, slab));
   });
@@ -583,6 +585,11 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
   }
 
   std::vector<KeyPartial> partials = std::move(out.front().partials);  // one thread: no copy of them all
+  if (out.size() > 1) {
+    std::size_t total = 0;
+    for (const auto& o : out) total += o.partials.size();
+    partials.reserve(total);
+  }
   for (auto& o : out) {
     if (&o != &out.front()) partials.insert(partials.end(), o.partials.begin(), o.partials.end());
     stats.kept += o.stats.kept;

@@ -144,7 +144,7 @@ class UserState {
     std::size_t home_of(std::uint64_t slot_hash) const;  // monotone in the hash
     const Slot* find(std::uint64_t user) const;
     void grow();
-    void rehash(std::size_t capacity, TableAllocator<Slot> alloc = {});
+    void rehash(std::size_t capacity, const TableAllocator<Slot>& alloc = {});
     std::uint32_t allocate(std::uint32_t cls);
     void release(std::uint32_t block, std::uint32_t cls);
     void move_to_block(Slot& slot, std::uint32_t capacity);

@@ -77,11 +77,11 @@ PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t 
 
 void PackedSlots::grow() { rehash(grown_capacity(slots_.size())); }
 
-void PackedSlots::reserve(std::size_t keys, TableAllocator<Slot> alloc) {
+void PackedSlots::reserve(std::size_t keys, const TableAllocator<Slot>& alloc) {
   if (const std::size_t capacity = reserved_capacity(keys); capacity > slots_.size()) rehash(capacity, alloc);
 }
 
-void PackedSlots::rehash(std::size_t capacity, TableAllocator<Slot> alloc) {
+void PackedSlots::rehash(std::size_t capacity, const TableAllocator<Slot>& alloc) {
   marked_.rehash(capacity);
   TableSlots<Slot> old(capacity, Slot{0, kFree, 0}, alloc);
   old.swap(slots_);
@@ -97,7 +97,10 @@ std::size_t KeyStateTable::shard_of(std::uint64_t key) { return partition::local
 
 void KeyStateTable::reserve(std::uint64_t keys) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(keys) / kShards);
-  const bool slab = map_slab<Packed>(slab_, kShards, reserved_capacity(per_shard));
+  const std::size_t capacity = reserved_capacity(per_shard);
+  const bool below =
+      std::any_of(shards_.begin(), shards_.end(), [&](const Shard& sh) { return sh.packed.capacity() < capacity; });
+  const bool slab = below && map_slab<Packed>(slab_, kShards, capacity);  // (none when no table would move)
   reserve_shards(kShards,
                  [&](std::size_t s) { shards_[s].packed.reserve(per_shard, slab_piece<Packed>(slab_, s, slab)); });
 }

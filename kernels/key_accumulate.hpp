@@ -53,7 +53,7 @@ class PackedSlots {
   std::size_t capacity() const { return slots_.size(); }
   const Slot* data() const { return slots_.data(); }
   // Room for `keys` and their spread (reserved_capacity), in `alloc`'s memory; never shrinks.
-  void reserve(std::size_t keys, TableAllocator<Slot> alloc = {});
+  void reserve(std::size_t keys, const TableAllocator<Slot>& alloc = {});
   // `hash` is the key's salted hash (partition/hash.hpp): bits 8-39 pick the home slot, independent
   // of the shard (bits 0-7) and the owner rank (the top bits).
   const Slot* find(std::uint64_t key, std::uint64_t hash) const;
@@ -84,7 +84,7 @@ class PackedSlots {
  private:
   std::size_t home(std::uint64_t hash) const { return ((hash >> 8) & 0xffffffffu) * slots_.size() >> 32; }
   void grow();
-  void rehash(std::size_t capacity, TableAllocator<Slot> alloc = {});
+  void rehash(std::size_t capacity, const TableAllocator<Slot>& alloc = {});
   TableSlots<Slot> slots_;
   GroupMarks<4> marked_;  // 4 slots of 16 bytes: a cache line
   std::size_t size_ = 0;

@@ -5,10 +5,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <type_traits>
@@ -69,6 +71,7 @@ class TableSlab {
   // Maps `pieces` pieces of `piece_bytes`, each starting on a cache line; throws std::bad_alloc when it cannot.
   TableSlab(std::size_t pieces, std::size_t piece_bytes)
       : piece_bytes_(piece_bytes), stride_((piece_bytes + 63) / 64 * 64) {
+    claims_.reset(new std::atomic<bool>[pieces]());  // (make_shared of an array copies its elements)
     bytes_ = pieces * stride_;
     mapped_ = bytes_ + kHugePage;  // room to start on a huge page
     void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -91,6 +94,9 @@ class TableSlab {
   std::size_t bytes() const { return bytes_; }  // what the pieces hold (the mapping's unused head is never touched)
   std::size_t piece_bytes() const { return piece_bytes_; }
   void* piece(std::size_t i) const { return base_ + i * stride_; }
+  // Whether piece i holds an array: shared with the allocators that may hand it out, so that an array
+  // which outlives the slab (a store's defaulted move) still finds it when it lets its piece go.
+  std::shared_ptr<std::atomic<bool>> claim(std::size_t i) const { return {claims_, &claims_[i]}; }
   bool holds(const void* p) const {
     const auto* c = static_cast<const char*>(p);
     return c >= base_ && c < base_ + bytes_;
@@ -104,37 +110,48 @@ class TableSlab {
     std::swap(bytes_, o.bytes_);
     std::swap(piece_bytes_, o.piece_bytes_);
     std::swap(stride_, o.stride_);
+    std::swap(claims_, o.claims_);
   }
   char* map_ = nullptr;
   char* base_ = nullptr;
   std::size_t mapped_ = 0, bytes_ = 0, piece_bytes_ = 0, stride_ = 0;
+  std::shared_ptr<std::atomic<bool>[]> claims_;
 };
 
-// A table's slot array: in a slab's piece when it was given one and asks for exactly the piece's size
-// (a reservation), else from the heap, or mapped when it is 1 MiB or more: the process keeps freed heap
-// memory (src/main.cpp's mallopt), and tables that grow in small steps would otherwise leave a trail
-// of freed smaller arrays behind. A mapped array goes back to the system when its table grows, and
-// asks for transparent huge pages (fewer TLB misses on random probes where THP is "madvise"). A piece
-// is never freed by its array: the slab holds it. The allocator travels with its array (swap, move).
+// A table's slot array: in a slab's piece when it was given one, asks for exactly the piece's size (a
+// reservation) and no other array holds the piece; else from the heap, or mapped when it is 1 MiB or
+// more: the process keeps freed heap memory (src/main.cpp's mallopt), and tables that grow in small steps
+// would otherwise leave a trail of freed smaller arrays behind. A mapped array goes back to the system
+// when its table grows, and asks for transparent huge pages (fewer TLB misses on random probes where THP
+// is "madvise"). A piece is never freed, only given back to its slab (its claim). The allocator travels
+// with its array on swap and move; a copy, or an array moved from and reused, finds the piece claimed.
 template <class T>
 struct TableAllocator {
   using value_type = T;
   using propagate_on_container_swap = std::true_type;
   using propagate_on_container_move_assignment = std::true_type;
-  using propagate_on_container_copy_assignment = std::true_type;
+  using propagate_on_container_copy_assignment = std::false_type;
   static constexpr std::size_t kMapBytes = std::size_t{1} << 20;
   void* piece = nullptr;
   std::size_t piece_bytes = 0;
+  std::shared_ptr<std::atomic<bool>> claim;  // the piece is in use
 
   TableAllocator() = default;
-  TableAllocator(void* p, std::size_t bytes) : piece(p), piece_bytes(bytes) {}
+  TableAllocator(void* p, std::size_t bytes, std::shared_ptr<std::atomic<bool>> c)
+      : piece(p), piece_bytes(bytes), claim(std::move(c)) {}
+  // Copied, never moved from: an allocator moved from must still equal its copy (a vector moved from
+  // keeps it, and may allocate again).
+  TableAllocator(const TableAllocator&) = default;
+  TableAllocator& operator=(const TableAllocator&) = default;
+  ~TableAllocator() = default;
   template <class U>
-  explicit TableAllocator(const TableAllocator<U>& other) : piece(other.piece), piece_bytes(other.piece_bytes) {}
-  TableAllocator select_on_container_copy_construction() const { return {}; }  // a copy never shares a piece
+  explicit TableAllocator(const TableAllocator<U>& other)
+      : piece(other.piece), piece_bytes(other.piece_bytes), claim(other.claim) {}
+  TableAllocator select_on_container_copy_construction() const { return {}; }  // a copy wants no piece
 
   T* allocate(std::size_t n) {
     const std::size_t bytes = n * sizeof(T);
-    if (piece != nullptr && bytes == piece_bytes) return static_cast<T*>(piece);
+    if (piece != nullptr && bytes == piece_bytes && !claim->exchange(true)) return static_cast<T*>(piece);
     if (bytes < kMapBytes) return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
@@ -143,7 +160,10 @@ struct TableAllocator {
   }
   void deallocate(T* p, std::size_t n) noexcept {
     const std::size_t bytes = n * sizeof(T);
-    if (p == piece) return;
+    if (p == piece) {
+      claim->store(false);
+      return;
+    }
     if (bytes < kMapBytes)
       ::operator delete (p, std::align_val_t{alignof(T)});
     else
@@ -172,7 +192,7 @@ bool map_slab(TableSlab& slab, std::size_t shards, std::size_t capacity) {
 // The allocator of shard `i`'s table in `slab`, or the default one when `use` is false.
 template <class T>
 TableAllocator<T> slab_piece(const TableSlab& slab, std::size_t i, bool use) {
-  return use ? TableAllocator<T>(slab.piece(i), slab.piece_bytes()) : TableAllocator<T>();
+  return use ? TableAllocator<T>(slab.piece(i), slab.piece_bytes(), slab.claim(i)) : TableAllocator<T>();
 }
 
 // Bytes of an absl flat hash map or set: one control byte plus the slot per capacity entry.

@@ -378,8 +378,9 @@ TEST(Bounding, ReserveKeepsContentsAndMatchesGrowth) {
 }
 
 // A slab's pieces are disjoint cache-line-aligned runs of one mapping that starts on a huge page, and an
-// array in a piece keeps it through swaps and moves but never shares it: a copy, or growth past the
-// piece's size, takes memory of its own with the same contents.
+// array in a piece keeps it through swaps and moves but never shares it: a copy (constructed or
+// assigned), an array moved from and filled again, or growth past the piece's size takes memory of its
+// own; a piece given back is handed out again.
 TEST(TableMemory, SlabPiecesAreDisjointAndStayWithTheirArray) {
   kernels::TableSlab slab(5, 1000);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab.piece(0)) % kernels::TableSlab::kHugePage, 0u);
@@ -407,6 +408,23 @@ TEST(TableMemory, SlabPiecesAreDisjointAndStayWithTheirArray) {
   EXPECT_EQ(std::count(other.begin(), other.end(), 7u), 125);
   Array small(125, 0, kernels::slab_piece<std::uint64_t>(slab, 2, false));
   EXPECT_FALSE(slab.holds(small.data()));
+
+  Array owner(125, 3, kernels::slab_piece<std::uint64_t>(slab, 3, true));
+  ASSERT_EQ(static_cast<void*>(owner.data()), slab.piece(3));
+  Array assigned(125, 0, kernels::slab_piece<std::uint64_t>(slab, 3, true));  // the piece is taken
+  EXPECT_FALSE(slab.holds(assigned.data()));
+  Array heap;
+  heap = owner;  // copy assignment: same contents, memory of its own
+  EXPECT_FALSE(slab.holds(heap.data()));
+  EXPECT_EQ(heap, owner);
+  Array moved(std::move(owner));  // the piece goes with the contents
+  EXPECT_EQ(static_cast<void*>(moved.data()), slab.piece(3));
+  owner.assign(125, 4);  // NOLINT(bugprone-use-after-move): a moved-from array reused must not take it back
+  EXPECT_FALSE(slab.holds(owner.data()));
+  EXPECT_EQ(moved[0], 3u);
+  moved = Array();  // gives the piece back
+  Array again(125, 5, kernels::slab_piece<std::uint64_t>(slab, 3, true));
+  EXPECT_EQ(static_cast<void*>(again.data()), slab.piece(3));
 
   kernels::TableSlab none;
   EXPECT_FALSE(kernels::map_slab<std::uint64_t>(none, 256, 10));  // 20 KiB in all: not a huge page's worth
@@ -451,6 +469,10 @@ TEST(Bounding, SlabTablesGrowOutAndComeBackAfterClear) {
     EXPECT_EQ(reserved.users(), 0u);
     EXPECT_EQ(reserved.memory_bytes(), kernels::UserState().memory_bytes());
   }
+  // A reservation below what every table holds already (a resume's restored state) maps nothing.
+  const std::uint64_t grown_bytes = grown.memory_bytes();
+  grown.reserve(40000);
+  EXPECT_EQ(grown.memory_bytes(), grown_bytes);
 }
 
 namespace {
