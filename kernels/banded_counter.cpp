@@ -16,11 +16,9 @@ namespace mp = boost::multiprecision;
 
 namespace {
 constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
-constexpr int kZBits = 7;
+constexpr int kZBits = 7;      // |Z| < 2^7 keeps every fixed-point sum inside int128 (P[|Z| >= 128] < 10^-3500)
 constexpr int kKeptBits = 56;  // fraction bits of Z kept per step: |Z~| < 2^63 fits an int64 (half the state of 64)
-constexpr std::uint32_t kMaxSearchHorizon =
-    1024;  // the band search's horizon: T beyond it changes the band little  // |Z| < 2^7 keeps every fixed-point sum
-           // inside int128 (P[|Z| >= 128] < 10^-3500)
+constexpr std::uint32_t kMaxSearchHorizon = 1024;  // the band search's horizon: T beyond it changes the band little
 
 // floor(x) and ceil(x) for |x| < 2^62, without libm's calls (no SSE4.1 rounding in the baseline ISA):
 // the conversion truncates toward zero, exactly, and the comparison steps it the rest of the way.

@@ -197,12 +197,9 @@ void UserState::clear() {
 void UserState::reserve(std::uint64_t users) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(users) / kShards);
   const std::size_t capacity = reserved_capacity(per_shard);
-  const bool below =
-      std::any_of(shards_.begin(), shards_.end(), [&](const Shard& sh) { return sh.slots.size() < capacity; });
-  const bool slab = below && map_slab<Slot>(slab_, kShards, capacity);  // (none when no table would move)
-  reserve_shards(kShards, [&](std::size_t s) {
-    if (shards_[s].slots.size() < capacity) shards_[s].rehash(capacity, slab_piece<Slot>(slab_, s, slab));
-  });
+  reserve_shards<Slot>(
+      slab_, kShards, capacity, [&](std::size_t s) { return shards_[s].slots.size(); },
+      [&](std::size_t s, const TableAllocator<Slot>& alloc) { shards_[s].rehash(capacity, alloc); });
 }
 
 void UserState::clear_journal() {

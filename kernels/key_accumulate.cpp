@@ -97,12 +97,9 @@ std::size_t KeyStateTable::shard_of(std::uint64_t key) { return partition::local
 
 void KeyStateTable::reserve(std::uint64_t keys) {
   const auto per_shard = static_cast<std::size_t>(static_cast<double>(keys) / kShards);
-  const std::size_t capacity = reserved_capacity(per_shard);
-  const bool below =
-      std::any_of(shards_.begin(), shards_.end(), [&](const Shard& sh) { return sh.packed.capacity() < capacity; });
-  const bool slab = below && map_slab<Packed>(slab_, kShards, capacity);  // (none when no table would move)
-  reserve_shards(kShards,
-                 [&](std::size_t s) { shards_[s].packed.reserve(per_shard, slab_piece<Packed>(slab_, s, slab)); });
+  reserve_shards<Packed>(
+      slab_, kShards, reserved_capacity(per_shard), [&](std::size_t s) { return shards_[s].packed.capacity(); },
+      [&](std::size_t s, const TableAllocator<Packed>& alloc) { shards_[s].packed.reserve(per_shard, alloc); });
 }
 
 void KeyStateTable::clear() {

@@ -45,19 +45,6 @@ inline std::size_t reserved_capacity(std::size_t items) {
   return std::max(kMinTableCapacity, capacity);
 }
 
-// Calls reserve(s) for every shard s in parallel. A reservation is a hint: one that fails (no memory)
-// leaves its shard to grow as before.
-template <class Reserve>
-void reserve_shards(std::size_t shards, Reserve&& reserve) {
-#pragma omp parallel for schedule(dynamic, 8)
-  for (std::size_t s = 0; s < shards; ++s) {
-    try {
-      reserve(s);
-    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a hint, see above
-    }
-  }
-}
-
 // Equal pieces of one mapping, for the tables a store sizes together (its 256 shards' tables, of
 // 10-200 KiB each at a few million users or keys per rank). Taken one by one from the heap, they lie in
 // 4 KiB pages, and a probe of a table larger than the TLB's reach pays a page walk on top of its miss;
@@ -193,6 +180,24 @@ bool map_slab(TableSlab& slab, std::size_t shards, std::size_t capacity) {
 template <class T>
 TableAllocator<T> slab_piece(const TableSlab& slab, std::size_t i, bool use) {
   return use ? TableAllocator<T>(slab.piece(i), slab.piece_bytes(), slab.claim(i)) : TableAllocator<T>();
+}
+
+// Sizes a store's `shards` tables for `capacity` slots of T each: rehash(s, alloc) for every table s
+// that holds fewer (size_of(s) < capacity), in parallel, in the pieces of a slab mapped for them
+// (map_slab; none when no table would move, e.g. a resumed state already above the reservation). A
+// reservation is a hint: one that fails (no memory) leaves its shard to grow as before.
+template <class T, class SizeOf, class Rehash>
+void reserve_shards(TableSlab& slab, std::size_t shards, std::size_t capacity, SizeOf&& size_of, Rehash&& rehash) {
+  bool below = false;
+  for (std::size_t s = 0; s < shards && !below; ++s) below = size_of(s) < capacity;
+  const bool use = below && map_slab<T>(slab, shards, capacity);
+#pragma omp parallel for schedule(dynamic, 8)
+  for (std::size_t s = 0; s < shards; ++s) {
+    try {
+      if (size_of(s) < capacity) rehash(s, slab_piece<T>(slab, s, use));
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a hint, see above
+    }
+  }
 }
 
 // Bytes of an absl flat hash map or set: one control byte plus the slot per capacity entry.

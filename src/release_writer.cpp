@@ -35,20 +35,32 @@ std::string exact_decimal(int128 fixed) {
   return fixed < 0 ? "-" + text : text;
 }
 
+// Beyond 2^53 grid steps a double no longer holds every grid value: the exact decimal is printed.
+constexpr int128 kDoubleExact = int128{1} << 53;
+
+// Writes a whole-number fixed-point value's text (what {:.0f} prints) at `out` and returns its end;
+// nullptr for any other value, and from 2^53 grid steps on.
+char* put_whole(char* out, int128 wide) {
+  if (wide >= kDoubleExact || wide <= -kDoubleExact) return nullptr;
+  const auto fixed = static_cast<std::int64_t>(wide);
+  if ((fixed & ((std::int64_t{1} << kValueFracBits) - 1)) != 0) return nullptr;
+  const fmt::format_int whole(fixed >> kValueFracBits);
+  std::memcpy(out, whole.data(), whole.size());
+  return out + whole.size();
+}
+
 // format_fixed's text appended to `out`, without temporaries (the output stage formats millions).
 void append_fixed(std::string& out, int128 wide) {
-  // Beyond 2^53 a double no longer holds every grid value: print the exact decimal.
-  constexpr int128 kDoubleExact = int128{1} << 53;
+  char whole[24];
+  if (char* end = put_whole(whole, wide)) {
+    out.append(whole, end);
+    return;
+  }
   if (wide >= kDoubleExact || wide <= -kDoubleExact) {
     out += exact_decimal(wide);
     return;
   }
   const auto fixed = static_cast<std::int64_t>(wide);
-  if ((fixed & ((std::int64_t{1} << kValueFracBits) - 1)) == 0) {  // a whole number: what {:.0f} prints
-    const fmt::format_int whole(fixed >> kValueFracBits);
-    out.append(whole.data(), whole.size());
-    return;
-  }
   const double v = from_fixed(fixed);
   char text[64];
   for (int decimals = 1; decimals < 7; ++decimals) {
@@ -70,18 +82,6 @@ std::string row_prefix(std::int64_t window, std::uint32_t trigger) {
   prefix.append(t.data(), t.size());
   prefix += ',';
   return prefix;
-}
-
-// Writes a whole-number fixed-point value's text (what append_fixed prints for it) at `out` and returns
-// its end; nullptr for any other value.
-char* put_whole(char* out, int128 wide) {
-  constexpr int128 kDoubleExact = int128{1} << 53;
-  if (wide >= kDoubleExact || wide <= -kDoubleExact) return nullptr;
-  const auto fixed = static_cast<std::int64_t>(wide);
-  if ((fixed & ((std::int64_t{1} << kValueFracBits) - 1)) != 0) return nullptr;
-  const fmt::format_int whole(fixed >> kValueFracBits);
-  std::memcpy(out, whole.data(), whole.size());
-  return out + whole.size();
 }
 
 // Appends one line "window,trigger,key,count,sum\n" (`prefix` holds its first two fields). A name
