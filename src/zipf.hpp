@@ -1,9 +1,15 @@
 // Zipf-Mandelbrot distribution on the integers {lo..hi}: P[X = x] proportional to (x + q)^-s.
-// Sampled by rejection-inversion (Hoermann & Derflinger 1996): O(1) memory and expected time
-// for any support size, so it serves both 1e5 record counts and billion-key supports.
+// Sampled by rejection-inversion (Hoermann & Derflinger 1996): O(1) expected time for any support
+// size, so it serves both 1e5 record counts and billion-key supports. The first values also have a
+// table of certified intervals of the inversion's argument u, which returns what the inversion step
+// would without its exp and log1p (docs/PERFORMANCE.md, synthetic generation).
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
 
 namespace dpstream {
 
@@ -17,15 +23,38 @@ class ZipfMandelbrot {
   std::uint64_t sample(Uniform&& uniform) const {
     for (;;) {
       const double u = h_integral_hi_ + uniform() * (h_integral_lo_ - h_integral_hi_);
-      const double x = h_integral_inverse(u);
-      // floor(x + 0.5) for x > 0 (Hoermann and Derflinger); lround would differ at x+0.5 rounding up and
-      // change the stream. NOLINTNEXTLINE(bugprone-incorrect-roundings)
-      double k = static_cast<double>(static_cast<std::int64_t>(x + 0.5));
-      if (k < lo_) k = lo_;
-      if (k > hi_) k = hi_;
-      if (k - x <= s_const_ || u >= h_integral(k + 0.5) - h(k)) return static_cast<std::uint64_t>(k);
+      if (const std::uint64_t k = certified_step(u); k != kUncertified) return k;
+      if (const auto k = exact_step(u)) return *k;
     }
   }
+
+  // One rejection-inversion step at u: the value, or nothing when the step rejects. Defines the stream.
+  std::optional<std::uint64_t> exact_step(double u) const {
+    const double x = h_integral_inverse(u);
+    // floor(x + 0.5) for x > 0 (Hoermann and Derflinger); lround would differ at x+0.5 rounding up and
+    // change the stream. NOLINTNEXTLINE(bugprone-incorrect-roundings)
+    double k = static_cast<double>(static_cast<std::int64_t>(x + 0.5));
+    if (k < lo_) k = lo_;
+    if (k > hi_) k = hi_;
+    if (k - x <= s_const_ || u >= h_integral(k + 0.5) - h(k)) return static_cast<std::uint64_t>(k);
+    return std::nullopt;
+  }
+
+  // exact_step(u)'s value where u lies in a certified interval (exact_step accepts that value there,
+  // with room for the libm functions' error), else kUncertified: a table lookup, no exp or log.
+  static constexpr std::uint64_t kUncertified = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t certified_step(double u) const {
+    if (!(u >= table_first_ && u <= table_last_)) return kUncertified;  // also NaN
+    const auto cell = static_cast<std::size_t>((u - table_first_) * guide_scale_);
+    std::uint32_t i = guide_[cell < guide_.size() ? cell : guide_.size() - 1];
+    while (interval_[i].right < u) ++i;  // stops: u <= table_last_, the last interval's right end
+    return u >= interval_[i].left ? static_cast<std::uint64_t>(lo_) + i : kUncertified;
+  }
+  std::size_t certified_values() const { return interval_.size(); }
+  // The certified interval [left, right] of value lo + i, i < certified_values() (tests).
+  std::pair<double, double> certified_interval(std::size_t i) const { return {interval_[i].left, interval_[i].right}; }
+  // sample()'s u runs over [first, second] (tests).
+  std::pair<double, double> argument_range() const { return {h_integral_lo_, h_integral_hi_}; }
 
   // Exact pmf and mean by direct summation (tests and reports; O(hi - lo)).
   double pmf(std::uint64_t x) const;
@@ -45,9 +74,20 @@ class ZipfMandelbrot {
   double h_integral(double x) const;          // H(x) = ((x + q)^(1-s) - 1) / (1 - s), log(x + q) at s = 1
   double h_integral_inverse(double u) const;  // H^-1
   double normalizer() const;
+  double inverse_error(double x) const;   // bounds |h_integral_inverse(u) - H^-1(u)| near H^-1(u) = x
+  double integral_error(double x) const;  // bounds |h_integral(x) - H(x)|
+  void build_certified_table();
 
   double lo_, hi_, q_, s_;
   double h_integral_lo_, h_integral_hi_, s_const_;
+  // Certified intervals [left, right] of u for the values lo, lo + 1, ...: disjoint, increasing (H grows).
+  // guide_[c] is the first value whose interval ends at or after the start of cell c (cells of equal width).
+  struct Interval {
+    double right, left;
+  };
+  std::vector<Interval> interval_;
+  std::vector<std::uint32_t> guide_;
+  double table_first_ = 1.0, table_last_ = 0.0, guide_scale_ = 0.0;  // an empty table certifies nothing
 };
 
 }  // namespace dpstream

@@ -125,3 +125,49 @@ TEST(Zipf, HugeSupportAndEdgeCases) {
   EXPECT_THROW(ZipfMandelbrot(5, 4, 1.0, 1.0), std::invalid_argument);
   EXPECT_THROW(ZipfMandelbrot(1, 4, 1.0, 0.0), std::invalid_argument);
 }
+
+// The certified table (zipf.hpp) may only ever answer what the exact rejection-inversion step answers:
+// at random arguments over the whole range, and at the 2000 doubles inside each end of every certified
+// interval, where a margin taken with the wrong sign or too small would put a neighbour's value (the
+// exact step's boundary lies a few hundred doubles beyond the certified end on the paper's keys).
+TEST(Zipf, CertifiedStepAnswersAsTheExactStep) {
+  struct Params {
+    std::uint64_t lo, hi;
+    double q, s, certified_at_least;  // share of random arguments the table must answer
+  };
+  for (const Params p : {Params{1, 1'000'000, 1000.0, 1.4, 0.45}, Params{1, 100'000, 26.0, 6.738, 0.9},
+                         Params{0, 100'000, 26.0, 6.738, 0.9}, Params{1, 1000, 3.0, 1.0, 0.5},
+                         Params{1, 300'000, 0.0, 0.8, 0.0}, Params{1, 1'000'000'000'000ULL, 1000.0, 1.4, 0.3},
+                         Params{10, 20, -9.0, 3.0, 0.5}, Params{5, 5, 0.0, 2.0, 0.0}}) {
+    const ZipfMandelbrot z(p.lo, p.hi, p.q, p.s);
+    const auto [lo, hi] = z.argument_range();
+    SCOPED_TRACE(::testing::Message() << "lo " << p.lo << " hi " << p.hi << " q " << p.q << " s " << p.s);
+    const auto agrees = [&](double u) {
+      const std::uint64_t k = z.certified_step(u);
+      if (k == ZipfMandelbrot::kUncertified) return true;
+      const auto exact = z.exact_step(u);
+      return exact.has_value() && *exact == k;
+    };
+    CounterRng rng(11, p.lo + p.hi);
+    int certified = 0;
+    const int n = 1'000'000;
+    for (int i = 0; i < n; ++i) {
+      const double u = hi + rng.uniform() * (lo - hi);  // as sample() forms it
+      ASSERT_TRUE(agrees(u)) << "u " << u;
+      certified += z.certified_step(u) != ZipfMandelbrot::kUncertified;
+    }
+    EXPECT_GE(static_cast<double>(certified) / n, p.certified_at_least);
+    // Each certified interval's ends (every 7th value): the 2000 doubles inward from each end.
+    for (std::size_t i = 0; i < z.certified_values(); i += 7) {
+      const auto [left, right] = z.certified_interval(i);
+      ASSERT_LE(left, right);
+      ASSERT_EQ(z.certified_step(left), p.lo + i);
+      ASSERT_EQ(z.certified_step(right), p.lo + i);
+      double a = left, b = right;
+      for (int step = 0; step < 2000 && a <= right; ++step, a = std::nextafter(a, hi), b = std::nextafter(b, lo)) {
+        ASSERT_TRUE(agrees(a)) << "value " << p.lo + i << " from its left end, step " << step;
+        ASSERT_TRUE(agrees(b)) << "value " << p.lo + i << " from its right end, step " << step;
+      }
+    }
+  }
+}
