@@ -207,3 +207,15 @@ TEST(CounterRng, PrefixHashedOnceGivesTheSameStreams) {
       }
     }
 }
+
+// next_position returns v for a user's last record where the stream was defined by pow(v, 1): the same
+// only if this libm's pow is exact there (glibc's is within 0.52 ulp, so it returns v itself). Every
+// double of (0, 1] that uniform_pos can give is a multiple of 2^-53; these are random ones and the ends.
+TEST(Workload, PowOfOneIsExact) {
+  CounterRng rng(3, 4);
+  for (int i = 0; i < 1'000'000; ++i) {
+    const double v = rng.uniform_pos();
+    ASSERT_EQ(std::pow(v, 1.0), v) << v;
+  }
+  for (const double v : {0x1p-53, 0x1p-52, 0.5, 1.0 - 0x1p-53, 1.0}) EXPECT_EQ(std::pow(v, 1.0), v);
+}
