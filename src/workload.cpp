@@ -77,7 +77,8 @@ std::uint32_t SyntheticSource::draw_count(std::uint64_t user_node) const {
 double SyntheticSource::next_position(CounterRng& rng, std::uint32_t remaining, double position) {
   const double v = rng.uniform_pos();
   // A user's last record (remaining = 1, one record in six on the paper's workload) skips pow: glibc's pow
-  // is within 0.52 ulp, so pow(v, 1) is v exactly (Workload.PowOfOneIsExact checks this libm).
+  // is within 0.52 ulp, so pow(v, 1) is v exactly (Workload.PowOfOneIsExact checks the powers of two,
+  // where half an ulp below is a double).
   return 1.0 - (1.0 - position) * (remaining == 1 ? v : std::pow(v, 1.0 / static_cast<double>(remaining)));
 }
 
