@@ -99,7 +99,8 @@ class UserState {
   // pointer is valid until the next user is added to the shard.
   std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user);
   // Prefetches ahead of find_or_add, so that the misses of many users' state overlap instead of adding
-  // up: the user's home slot (from slot_hash(user)), then, once that is cached, the start of its block.
+  // up: the cache line of the user's home slot (from slot_hash(user)) and the next one, then, once those
+  // are cached, the start of its block.
   // Hints only: a prefetch never blocks and a stale one (the table grew since) costs nothing but a line.
   void prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const;
   void prefetch_block(std::size_t shard, std::uint64_t user) const;
