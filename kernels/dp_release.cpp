@@ -18,6 +18,7 @@
 #endif
 
 #include "common/fault_injection.hpp"
+#include "common/prefetch.hpp"
 
 namespace dpstream::kernels {
 
@@ -502,7 +503,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             if (i + kAhead < list.size()) fetch(list[i + kAhead]);
             if (i + kAhead / 2 < list.size())
               if (const auto it = cache.index.find(list[i + kAhead / 2]); it != cache.index.end())
-                __builtin_prefetch(&cache.entry(it->second.entry));
+                dpstream::prefetch_object(&cache.entry(it->second.entry));
           };
           const auto& touched = keys.touched[s];
           visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)

@@ -166,12 +166,7 @@ std::vector<Record> SyntheticSource::take_trigger(std::int64_t window, std::uint
     recs.reserve(share + share / 8 + 64);  // about 1.03 records per visit with 100 triggers
 #pragma omp for schedule(static)
     for (std::size_t j = 0; j < due.size(); ++j) {
-      if (j + kPrefetch < due.size()) {
-        // Both ends: one 12-byte cursor in eight straddles two cache lines.
-        const auto* cursor = reinterpret_cast<const char*>(&cursor_[due[j + kPrefetch]]);
-        dpstream::prefetch(cursor);
-        dpstream::prefetch(cursor + sizeof(Cursor) - 1);
-      }
+      if (j + kPrefetch < due.size()) dpstream::prefetch_object(&cursor_[due[j + kPrefetch]]);
       const std::uint32_t t = visit(due[j], trigger, recs);
       if (t < clock_.triggers) later.emplace_back(t, due[j]);
     }
