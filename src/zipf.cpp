@@ -34,10 +34,13 @@ ZipfMandelbrot::ZipfMandelbrot(std::uint64_t lo, std::uint64_t hi, double q, dou
 
 // h_integral_inverse computes t = u (1 - s), y = log1p(t) / t * u = log(x + q) and x = exp(y) - q. Rounding t
 // moves y by |u| eps / (1 + t) = |u| eps (x + q)^(s - 1); log1p, the division and the product add a few eps |y|;
-// exp turns y's error into a relative one of x + q and adds its own eps; subtracting q adds eps (x + q).
+// exp turns y's error into a relative one of x + q and adds its own eps; subtracting q rounds at the scale of
+// |x| (far above x + q when q < 0), and so do the step's x + 1/2, k - x and the table's k +- 1/2 +- e, hence the
+// last term (without it, q = 1 - lo with lo = 10^4 certified values the step rejects: a review's counterexample).
 double ZipfMandelbrot::inverse_error(double x) const {
   const double xq = x + q_;
-  return kErrorScale * xq * (std::abs(h_integral(x)) * std::pow(xq, s_ - 1.0) + 4.0 * std::abs(std::log(xq)) + 4.0);
+  return kErrorScale * (xq * (std::abs(h_integral(x)) * std::pow(xq, s_ - 1.0) + 4.0 * std::abs(std::log(xq)) + 4.0) +
+                        4.0 * (std::abs(x) + std::abs(q_)));
 }
 
 // h_integral computes lx = log(x + q) (x + q rounded: eps (x + q) h(x) on H; log: eps |lx|), a = (1 - s) lx
@@ -65,8 +68,9 @@ void ZipfMandelbrot::build_certified_table() {
       const double x_accepts = k - s_const_ + inverse_error(k - s_const_);
       left = std::max(left, std::min(h_integral(k + 0.5) - h(k), h_integral(x_accepts) + integral_error(x_accepts)));
     }
+    // Disjoint and increasing (what the lookup's scan relies on to stop at u's own interval).
     if (!std::isfinite(left) || !std::isfinite(right) || !(left <= right) ||
-        (!interval_.empty() && !(right > interval_.back().right)))
+        (!interval_.empty() && !(left > interval_.back().right)))
       break;
     interval_.push_back({right, left});
     below_error = above_error;
