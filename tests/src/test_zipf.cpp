@@ -135,12 +135,12 @@ TEST(Zipf, CertifiedStepAnswersAsTheExactStep) {
     std::uint64_t lo, hi;
     double q, s, certified_at_least;  // share of random arguments the table must answer
   };
-  for (const Params p : {Params{1, 1'000'000, 1000.0, 1.4, 0.45}, Params{1, 100'000, 26.0, 6.738, 0.9},
-                         Params{0, 100'000, 26.0, 6.738, 0.9}, Params{1, 1000, 3.0, 1.0, 0.5},
-                         Params{1, 300'000, 0.0, 0.8, 0.0}, Params{1, 1'000'000'000'000ULL, 1000.0, 1.4, 0.3},
-                         Params{10, 20, -9.0, 3.0, 0.5}, Params{5, 5, 0.0, 2.0, 0.0},
-                         // q far below zero: x's roundings at the scale of x, not x + q (a review's counterexamples)
-                         Params{10'000, 20'000, -9999.0, 1.0, 0.3}, Params{1'000'000, 2'000'000, -999'999.25, 1.5, 0.3}}) {
+  for (const Params p :
+       {Params{1, 1'000'000, 1000.0, 1.4, 0.45}, Params{1, 100'000, 26.0, 6.738, 0.9},
+        Params{0, 100'000, 26.0, 6.738, 0.9}, Params{1, 1000, 3.0, 1.0, 0.5}, Params{1, 300'000, 0.0, 0.8, 0.0},
+        Params{1, 1'000'000'000'000ULL, 1000.0, 1.4, 0.3}, Params{10, 20, -9.0, 3.0, 0.5}, Params{5, 5, 0.0, 2.0, 0.0},
+        // q far below zero: x's roundings at the scale of x, not x + q (a review's counterexamples)
+        Params{10'000, 20'000, -9999.0, 1.0, 0.3}, Params{1'000'000, 2'000'000, -999'999.25, 1.5, 0.3}}) {
     const ZipfMandelbrot z(p.lo, p.hi, p.q, p.s);
     const auto [lo, hi] = z.argument_range();
     SCOPED_TRACE(::testing::Message() << "lo " << p.lo << " hi " << p.hi << " q " << p.q << " s " << p.s);
