@@ -14,7 +14,7 @@ inline void prefetch(const void* p) {
 }
 
 // Every cache line of *p: an object that straddles lines left its later lines to demand misses when
-// only its address was prefetched (the generator's 12-byte cursors, one in eight; a 88-byte noise entry).
+// only its address was prefetched (the generator's 12-byte cursors, one in eight; a 96-byte noise cache entry).
 template <class T>
 void prefetch_object(const T* p) {
   constexpr std::size_t kLine = 64;
