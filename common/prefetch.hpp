@@ -5,6 +5,8 @@
 
 namespace dpstream {
 
+inline constexpr std::size_t kCacheLine = 64;  // bytes (x86-64)
+
 // __builtin_prefetch alone in a function that writes no memory let GCC 12's mod-ref analysis find the
 // function free of side effects and drop its calls (the user-state prefetch of bounding vanished so,
 // bounding 1.5x slower); the empty volatile asm that takes the address keeps the hint where it is.
@@ -17,9 +19,8 @@ inline void prefetch(const void* p) {
 // only its address was prefetched (the generator's 12-byte cursors, one in eight; a 96-byte noise cache entry).
 template <class T>
 void prefetch_object(const T* p) {
-  constexpr std::size_t kLine = 64;
   const auto* first = reinterpret_cast<const char*>(p);
-  for (std::size_t at = 0; at < sizeof(T); at += kLine) prefetch(first + at);
+  for (std::size_t at = 0; at < sizeof(T); at += kCacheLine) prefetch(first + at);
   prefetch(first + sizeof(T) - 1);  // the last line, wherever the object starts
 }
 
