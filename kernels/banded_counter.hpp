@@ -91,6 +91,14 @@ double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t 
 // section 6 needs it for the thresholds' union bound).
 std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b);
 
+// A counter's state without its ring (24 bytes with alignment where BandedNoise holds 88): its step and
+// running sum. The ring's samples are a pure function of the secret and the counter's node, so
+// BandedNoise::restore draws them again; for caches that keep many counters between visits.
+struct BandedFrontier {
+  std::uint32_t at = 0;
+  Int128Words older;
+};
+
 // The prefix noise of one counter: the steps' normal samples enter one at a time (64-bit digits);
 // prefix_noise gives round(q N_t) exactly.
 class BandedNoise {
@@ -132,6 +140,17 @@ class BandedNoise {
   std::pair<std::uint32_t, std::uint32_t> rewind_steps(const BandedPlan& plan, std::uint32_t to) const {
     const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
     return {to > keep ? to - keep + 1 : 1, std::max(to, at_ > keep ? at_ - keep : 0)};
+  }
+
+  BandedFrontier frontier() const { return {at_, older_}; }
+  // The counter frontier() returned, exactly: its running sum, and its ring refilled from
+  // `draw_fixed(index)` (as for advance) for steps max(1, at - b + 2) .. at (rewind to its own step).
+  template <class DrawFixed>
+  void restore(const BandedPlan& plan, const BandedFrontier& f, DrawFixed&& draw_fixed) {
+    at_ = f.at;
+    older_ = f.older;
+    recent_.assign(plan.band() - 1, 0);  // the slots beyond a short ring's steps as a fresh counter's
+    rewind(plan, f.at, std::forward<DrawFixed>(draw_fixed));
   }
 
   // For a simulation: prefix_interval(plan, q) at each of the steps at()+1 .. at()+n that push() of
@@ -191,7 +210,7 @@ class BandedNoise {
   std::uint32_t at_ = 0;
   Int128Words older_;  // sum of Z~_r for r <= at - (b - 1), units 2^-56 (8-byte aligned: a smaller cache entry)
   // Z~ of the last min(at, b - 1) steps: a ring of b - 1 slots, step r at recent_[(r - 1) % (b - 1)]
-  // (inline up to b = 8: the selection cache keeps one per cached key).
+  // (inline up to b = 8: a released key keeps one per value counter; key selection keeps the frontier only).
   absl::InlinedVector<std::int64_t, 7> recent_;
 };
 

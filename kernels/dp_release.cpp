@@ -143,41 +143,53 @@ class TreeSelection {
   std::optional<dptree::PrefixTotal> total_;
 };
 
-// Key selection on banded-inverse counters: one normal sample per step, drawn in batches of steps.
+// Key selection on banded-inverse counters: one normal sample per step, drawn in batches of steps. A
+// key's cached State is its counter's frontier without the ring; `counter_` is the counter in use,
+// restored (the ring drawn again) when a visit seeks a key's noise, and written back to the State by
+// every call that moves it.
 class BandedSelection {
  public:
   using Noise = banded::BandedNoise;
   using State = BandedSelectionNoise;
   BandedSelection(noise::WindowPrf& prf, const banded::BandedPlan& plan) : prf_(prf), plan_(plan) {}
 
-  static bool untested(const State& st) { return st.frontier.at() == 0; }
-  static void reset(State& st) { st.frontier.reset(); }
+  static bool untested(const State& st) { return st.frontier.at == 0; }
+  static void reset(State& st) { st.frontier = {}; }
   // The noise at round step `step`: drawn on from the frontier, or the frontier rewound to it (the
   // steps simulated past it drawn again: as many as keeping the state of the last test would cost).
   const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
-    Noise& n = st.frontier;
-    if (step < n.at()) {
-      const std::pair<std::uint32_t, std::uint32_t> steps = n.rewind_steps(plan_, step);
+    const std::uint32_t at = st.frontier.at;
+    const std::uint32_t ring_from = at >= plan_.band() ? at - static_cast<std::uint32_t>(plan_.band()) + 1 : 0;
+    if (!holds(st, key, round)) {
+      // The ring's steps ring_from+1..at and, when the step is ahead, the steps up to it: one batch.
+      prepare(key, round, ring_from, std::max(at, step));
+      counter_.restore(plan_, st.frontier, [&](std::uint32_t index) { return values_.at(index - ring_from); });
+      if (step > at) counter_.push_all(plan_, values_.data() + (at - ring_from), step - at);
+    } else if (step > at) {
+      prepare(key, round, at, step);
+      counter_.push_all(plan_, values_.data(), values_.size());
+    }
+    if (step < at) {
+      const std::pair<std::uint32_t, std::uint32_t> steps = counter_.rewind_steps(plan_, step);
       const std::uint32_t first = steps.first;  // a plain variable: clang 14 cannot capture a binding
       prepare(key, round, first - 1, steps.second);
-      n.rewind(plan_, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
-    } else if (step > n.at()) {
-      prepare(key, round, n.at(), step);
-      n.push_all(plan_, values_.data(), values_.size());
+      counter_.rewind(plan_, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
     }
-    return n;
+    store(st, key, round);
+    return counter_;
   }
   int128 prefix(const Noise& n, std::uint64_t key, std::uint32_t round) const {
     return n.prefix_noise(
         plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
   }
-  // A simulation from the frontier (the last test) up to `until`: its steps drawn now, and the intervals
-  // of their prefix noise computed together (BandedNoise::intervals_ahead); the frontier catches up
-  // with the simulation only where the exact value is needed, and at its end.
+  // A simulation from the frontier (the last test, just sought) up to `until`: its steps drawn now, and
+  // the intervals of their prefix noise computed together (BandedNoise::intervals_ahead); the counter
+  // catches up with the simulation only where the exact value is needed, and at its end.
   void begin_ahead(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
-    prepare(key, round, st.frontier.at(), until);
-    st.frontier.intervals_ahead(plan_, kOne, values_.data(), values_.size(), intervals_);
-    from_ = st.frontier.at();
+    if (!holds(st, key, round)) throw std::logic_error("BandedSelection: simulation of a key not sought");
+    prepare(key, round, counter_.at(), until);
+    counter_.intervals_ahead(plan_, kOne, values_.data(), values_.size(), intervals_);
+    from_ = counter_.at();
     next_ = 0;
   }
   // The simulation's next step: an interval holding its prefix noise, the exact value when doubles
@@ -190,12 +202,14 @@ class BandedSelection {
   }
   int128 exact_ahead(State& st, std::uint64_t key, std::uint32_t round) {
     end_ahead(st);
-    return prefix(st.frontier, key, round);
+    return prefix(counter_, key, round);
   }
-  // The frontier at the simulation's last step.
+  // The counter, and the key's State, at the simulation's last step.
   void end_ahead(State& st) {
-    const std::size_t pushed = st.frontier.at() - from_;
-    st.frontier.push_all(plan_, values_.data() + pushed, next_ - pushed);
+    const std::size_t pushed = counter_.at() - from_;
+    counter_.push_all(plan_, values_.data() + pushed, next_ - pushed);
+    st.frontier = counter_.frontier();
+    held_.at = counter_.at();
   }
   std::uint64_t draws = 0;
 
@@ -217,8 +231,25 @@ class BandedSelection {
     draws += ids_.size();
   }
 
+  // Whether counter_ is the key's counter at its State's step: the counter is a pure function of
+  // (key, round, step) in a window.
+  struct Held {
+    std::uint64_t key = 0;
+    std::uint32_t round = 0, at = 0;
+    bool valid = false;
+  };
+  bool holds(const State& st, std::uint64_t key, std::uint32_t round) const {
+    return held_.valid && held_.key == key && held_.round == round && held_.at == st.frontier.at;
+  }
+  void store(State& st, std::uint64_t key, std::uint32_t round) {
+    st.frontier = counter_.frontier();
+    held_ = {key, round, counter_.at(), true};
+  }
+
   noise::WindowPrf& prf_;
   const banded::BandedPlan& plan_;
+  Noise counter_;
+  Held held_;
   std::vector<noise::NodeId> ids_;
   std::vector<int128> values_;
   std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>> intervals_;  // of the prepared steps
