@@ -91,9 +91,9 @@ std::size_t UserState::Shard::home_of(std::uint64_t slot_hash) const {
   return static_cast<std::size_t>(static_cast<uint128>(slot_hash) * slots.size() >> 64);  // uniform on [0, size)
 }
 
-const UserState::Slot* UserState::Shard::find(std::uint64_t user) const {
+const UserState::Slot* UserState::Shard::find(std::uint64_t user, std::uint64_t hash) const {
   if (slots.empty()) return nullptr;
-  for (std::size_t i = home_of(slot_hash(user));;) {
+  for (std::size_t i = home_of(hash);;) {
     const Slot& s = slots[i];
     if (!occupied(s)) return nullptr;
     if (s.user == user) return &s;
@@ -228,9 +228,13 @@ std::uint32_t UserState::key_fingerprint(std::uint64_t key) {
 }
 
 std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user) {
+  return find_or_add(shard, user, slot_hash(user));
+}
+
+std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t hash) {
   Shard& sh = shards_[shard];
   if (table_full(sh.users, sh.slots.size())) sh.grow();
-  for (std::size_t i = sh.home_of(slot_hash(user));;) {
+  for (std::size_t i = sh.home_of(hash);;) {
     Slot& s = sh.slots[i];
     if (!occupied(s)) {
       s = Slot{user, 0, kOccupied, {}};
@@ -247,9 +251,9 @@ void UserState::prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const 
   if (!sh.slots.empty()) prefetch_probe(sh.slots, sh.home_of(slot_hash));
 }
 
-void UserState::prefetch_block(std::size_t shard, std::uint64_t user) const {
+void UserState::prefetch_block(std::size_t shard, std::uint64_t user, std::uint64_t hash) const {
   const Shard& sh = shards_[shard];
-  const Slot* s = sh.find(user);
+  const Slot* s = sh.find(user, hash);
   if (s == nullptr || !has_block(s->meta)) return;
   const std::size_t block = block_of(*s);
   dpstream::prefetch(sh.words.data() + block);  // header and the first fingerprints
@@ -439,7 +443,8 @@ class ShardBounder {
     state_.prefetch_slot(groups_[group].shard, order_[groups_[group].at].slot_hash);
   }
   void prefetch_block(const Record* records, std::size_t group) const {
-    state_.prefetch_block(groups_[group].shard, user_of(records, groups_[group].at));
+    state_.prefetch_block(groups_[group].shard, user_of(records, groups_[group].at),
+                          order_[groups_[group].at].slot_hash);
   }
 
   // Appends to order_ one shard's records [first, last) by user, each user's in stream order (timestamp,
@@ -493,38 +498,53 @@ class ShardBounder {
   // clamps, counts.
   void bound_user(std::size_t s, const Record* records, std::size_t from, std::size_t to) {
     const std::uint64_t user = user_of(records, from);
-    auto [slot, added] = state_.find_or_add(s, user);
+    auto [slot, added] = state_.find_or_add(s, user, order_[from].slot_hash);
     if (added) ++out_.stats.new_users;
     const auto n = static_cast<std::uint32_t>(to - from);
     const std::uint32_t take = std::min(n, params_.max_records_per_user - slot->kept);
     slot->kept += take;
     out_.stats.kept += take;
     out_.stats.dropped += n - take;
-    kept_values_.clear();
-    for (std::uint32_t i = 0; i < take; ++i) {
-      const Record& r = records[order_[from + i].index];
-      double v = r.value;
-      if (v < params_.clamp_min || v > params_.clamp_max) {
-        v = std::clamp(v, params_.clamp_min, params_.clamp_max);
-        ++out_.stats.clamped;
+    if (take == 1) {  // most users of a trigger: one record, one key, nothing to sort or group
+      const Record& r = records[order_[from].index];
+      count_key(s, user, *slot, r.key, 1, kept_value(r));
+    } else if (take > 1) {
+      kept_values_.clear();
+      for (std::uint32_t i = 0; i < take; ++i) {
+        const Record& r = records[order_[from + i].index];
+        kept_values_.emplace_back(r.key, kept_value(r));
       }
-      kept_values_.emplace_back(r.key, quantize(to_fixed(v), params_.value_quantum));
-    }
-    // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
-    std::sort(kept_values_.begin(), kept_values_.end());
-    if (added && kept_values_.size() > UserState::kInline) state_.reserve_pairs(s, *slot, distinct_keys());
-    for (std::size_t i = 0; i < kept_values_.size();) {
-      const std::uint64_t key = kept_values_[i].first;
-      std::int64_t count = 0;
-      int128 sum = 0;  // fixed point, exact (see record.hpp)
-      for (; i < kept_values_.size() && kept_values_[i].first == key; ++i) {
-        ++count;
-        sum += kept_values_[i].second;
+      // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
+      std::sort(kept_values_.begin(), kept_values_.end());
+      if (added && kept_values_.size() > UserState::kInline) state_.reserve_pairs(s, *slot, distinct_keys());
+      for (std::size_t i = 0; i < kept_values_.size();) {
+        const std::uint64_t key = kept_values_[i].first;
+        std::int64_t count = 0;
+        int128 sum = 0;  // fixed point, exact (see record.hpp)
+        for (; i < kept_values_.size() && kept_values_[i].first == key; ++i) {
+          ++count;
+          sum += kept_values_[i].second;
+        }
+        count_key(s, user, *slot, key, count, sum);
       }
-      const bool first_touch = state_.add_pair(s, user, *slot, UserState::key_fingerprint(key));
-      append_partial(out_.partials, key, count, sum, first_touch || params_.users_per_trigger ? 1 : 0);
     }
     if (state_.journal && take > 0) state_.mark_changed(s, *slot);
+  }
+
+  // A kept record's value: clamped, in fixed point, rounded to the value quantum.
+  std::int64_t kept_value(const Record& r) {
+    double v = r.value;
+    if (v < params_.clamp_min || v > params_.clamp_max) {
+      v = std::clamp(v, params_.clamp_min, params_.clamp_max);
+      ++out_.stats.clamped;
+    }
+    return quantize(to_fixed(v), params_.value_quantum);
+  }
+
+  // The user's kept records of one key: its first touch counted, its partial emitted.
+  void count_key(std::size_t s, std::uint64_t user, Slot& slot, std::uint64_t key, std::int64_t count, int128 sum) {
+    const bool first_touch = state_.add_pair(s, user, slot, UserState::key_fingerprint(key));
+    append_partial(out_.partials, key, count, sum, first_touch || params_.users_per_trigger ? 1 : 0);
   }
 
   std::uint32_t distinct_keys() const {  // in the sorted kept_values_

@@ -98,12 +98,13 @@ class UserState {
   // The user's slot in `shard`, added with kept = 0 and no fingerprint when new (second: added). The
   // pointer is valid until the next user is added to the shard.
   std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user);
+  std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t slot_hash);  // of the user
   // Prefetches ahead of find_or_add, so that the misses of many users' state overlap instead of adding
   // up: the cache line of the user's home slot (from slot_hash(user)) and the next one, then, once those
   // are cached, the start of its block.
   // Hints only: a prefetch never blocks and a stale one (the table grew since) costs nothing but a line.
   void prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const;
-  void prefetch_block(std::size_t shard, std::uint64_t user) const;
+  void prefetch_block(std::size_t shard, std::uint64_t user, std::uint64_t slot_hash) const;
   // Room for `more` new fingerprints (one block move at most; optional, add_pair grows too).
   void reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more);
   // Counts (user, key fingerprint) among the user's first touches; false if it was there. With the
@@ -143,7 +144,7 @@ class UserState {
     GroupMarks<2> marked;  // groups of slots that may be pending (2 slots of 32 bytes: a cache line)
     void note_pending(const Slot& s) { marked.note(static_cast<std::size_t>(&s - slots.data())); }
     std::size_t home_of(std::uint64_t slot_hash) const;  // monotone in the hash
-    const Slot* find(std::uint64_t user) const;
+    const Slot* find(std::uint64_t user, std::uint64_t slot_hash) const;
     void grow();
     void rehash(std::size_t capacity, const TableAllocator<Slot>& alloc = {});
     std::uint32_t allocate(std::uint32_t cls);

@@ -653,9 +653,10 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
         state.reserve_pairs(c.shard, *slot, more);
       } else if (r < 800) {  // a user's first visit without keys, and the prefetch loads
         const Candidate& c = pick();
-        state.prefetch_slot(c.shard, kernels::UserState::slot_hash(c.id));
-        state.prefetch_block(c.shard, c.id);
-        auto [slot, added] = state.find_or_add(c.shard, c.id);
+        const std::uint64_t hash = kernels::UserState::slot_hash(c.id);
+        state.prefetch_slot(c.shard, hash);
+        state.prefetch_block(c.shard, c.id, hash);
+        auto [slot, added] = state.find_or_add(c.shard, c.id, hash);
         ASSERT_EQ(added, model.users.try_emplace(c.id).second) << "user " << c.id << " at op " << op;
         model.users[c.id].shard = c.shard;
       } else if (r < 830) {
