@@ -127,7 +127,7 @@ class BandedNoise {
   void rewind(const BandedPlan& plan, std::uint32_t to, DrawFixed&& draw_fixed) {
     if (to > at_) throw std::logic_error("banded counter: rewind ahead of the counter");
     const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
-    const auto [first, last] = rewind_steps(plan, to);
+    const auto [first, last] = rewind_steps(plan, at_, to);
     for (std::uint32_t r = first; r <= last; ++r) {
       const std::int64_t kept = kept_sample(draw_fixed(r - 1));
       if (r + keep <= at_ && r + keep > to) older_ = int128(older_) - kept;  // in the sum now, not at `to`
@@ -135,22 +135,24 @@ class BandedNoise {
     }
     at_ = to;
   }
-  // The steps whose samples rewind(plan, to) asks for, [first, last] (1-based): the ring's at `to`
-  // and those that entered the running sum since.
-  std::pair<std::uint32_t, std::uint32_t> rewind_steps(const BandedPlan& plan, std::uint32_t to) const {
+  // The steps whose samples rewind(plan, to) asks for of a counter at step `at`, [first, last]
+  // (1-based): the ring's at `to` and those that entered the running sum since.
+  static std::pair<std::uint32_t, std::uint32_t> rewind_steps(const BandedPlan& plan, std::uint32_t at,
+                                                              std::uint32_t to) {
     const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
-    return {to > keep ? to - keep + 1 : 1, std::max(to, at_ > keep ? at_ - keep : 0)};
+    return {to > keep ? to - keep + 1 : 1, std::max(to, at > keep ? at - keep : 0)};
   }
 
   BandedFrontier frontier() const { return {at_, older_}; }
-  // The counter frontier() returned, exactly: its running sum, and its ring refilled from
-  // `draw_fixed(index)` (as for advance) for steps max(1, at - b + 2) .. at (rewind to its own step).
+  // The counter at step `to` <= f.at of the counter that frontier() returned as `f`, exactly what
+  // advance(to) reaches: f's running sum less the steps that entered it after `to`, and the ring of
+  // `to`, from `draw_fixed(index)` (as for advance) for steps rewind_steps(plan, f.at, to) only.
   template <class DrawFixed>
-  void restore(const BandedPlan& plan, const BandedFrontier& f, DrawFixed&& draw_fixed) {
+  void restore(const BandedPlan& plan, const BandedFrontier& f, std::uint32_t to, DrawFixed&& draw_fixed) {
     at_ = f.at;
     older_ = f.older;
-    recent_.assign(plan.band() - 1, 0);  // the slots beyond a short ring's steps as a fresh counter's
-    rewind(plan, f.at, std::forward<DrawFixed>(draw_fixed));
+    recent_.assign(plan.band() - 1, 0);  // rewind writes every slot of the ring of `to` it holds
+    rewind(plan, to, std::forward<DrawFixed>(draw_fixed));
   }
 
   // For a simulation: prefix_interval(plan, q) at each of the steps at()+1 .. at()+n that push() of

@@ -145,7 +145,7 @@ class TreeSelection {
 
 // Key selection on banded-inverse counters: one normal sample per step, drawn in batches of steps. A
 // key's cached State is its counter's frontier without the ring; `counter_` is the counter in use,
-// restored (the ring drawn again) when a visit seeks a key's noise, and written back to the State by
+// restored (its ring drawn again) when a visit seeks the key's noise, and written back to the State by
 // every call that moves it.
 class BandedSelection {
  public:
@@ -155,25 +155,22 @@ class BandedSelection {
 
   static bool untested(const State& st) { return st.frontier.at == 0; }
   static void reset(State& st) { st.frontier = {}; }
-  // The noise at round step `step`: drawn on from the frontier, or the frontier rewound to it (the
-  // steps simulated past it drawn again: as many as keeping the state of the last test would cost).
+  // The noise at round step `step`, from the key's frontier: drawn on from it (with its ring, one
+  // batch), or rewound to it (the steps simulated past it drawn again: as many as keeping the state of
+  // the last test would cost).
   const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
+    held_.valid = false;  // counter_ changes below
     const std::uint32_t at = st.frontier.at;
-    const std::uint32_t ring_from = at >= plan_.band() ? at - static_cast<std::uint32_t>(plan_.band()) + 1 : 0;
-    if (!holds(st, key, round)) {
-      // The ring's steps ring_from+1..at and, when the step is ahead, the steps up to it: one batch.
-      prepare(key, round, ring_from, std::max(at, step));
-      counter_.restore(plan_, st.frontier, [&](std::uint32_t index) { return values_.at(index - ring_from); });
-      if (step > at) counter_.push_all(plan_, values_.data() + (at - ring_from), step - at);
-    } else if (step > at) {
-      prepare(key, round, at, step);
-      counter_.push_all(plan_, values_.data(), values_.size());
-    }
-    if (step < at) {
-      const std::pair<std::uint32_t, std::uint32_t> steps = counter_.rewind_steps(plan_, step);
+    if (step >= at) {
+      const std::uint32_t ring_from = at >= plan_.band() ? at - static_cast<std::uint32_t>(plan_.band()) + 1 : 0;
+      prepare(key, round, ring_from, step);  // the ring's steps ring_from+1..at, then the steps up to `step`
+      counter_.restore(plan_, st.frontier, at, [&](std::uint32_t index) { return values_.at(index - ring_from); });
+      counter_.push_all(plan_, values_.data() + (at - ring_from), step - at);
+    } else {
+      const std::pair<std::uint32_t, std::uint32_t> steps = Noise::rewind_steps(plan_, at, step);
       const std::uint32_t first = steps.first;  // a plain variable: clang 14 cannot capture a binding
       prepare(key, round, first - 1, steps.second);
-      counter_.rewind(plan_, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
+      counter_.restore(plan_, st.frontier, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
     }
     store(st, key, round);
     return counter_;

@@ -57,8 +57,8 @@ struct DpStats {
 // Key selection's noise held per tested key (a cache: noise is a pure function of its node): the tree's
 // at the last test and at the simulation's frontier ahead of it; the banded counter's at the frontier
 // only (BandedNoise::rewind returns to a test before it for about the draws the second copy saved),
-// and without its ring: a visit draws the ring's b - 1 samples again with its step's (20 bytes kept
-// per key instead of 88, for about 7 more draws per visit).
+// and without its ring: a visit that advances draws the ring's b - 1 samples again with its steps'
+// (24 bytes kept per key instead of 88, for up to b - 1 more draws per visit; a rewind draws none more).
 struct TreeSelectionNoise {
   dptree::PrefixNoise tested, ahead;
 };

@@ -191,40 +191,47 @@ TEST(BandedCounter, RewindReachesTheStateAdvanceReaches) {
   }
 }
 
-// A counter kept as its frontier (step and running sum) and restored with its ring drawn again is the
-// counter advanced to that step: the same estimate and rounded noise through a whole turn of the ring
-// (so every restored ring slot is read), whatever the counter held before, from exactly the ring's steps.
+// A counter kept as its frontier (step and running sum) and restored at that step or an earlier one,
+// with its ring drawn again, is the counter advanced to that step: the same estimate and rounded noise
+// through a whole turn of the ring (so every restored ring slot is read), whatever the counter held
+// before, from exactly the steps of the ring and those that entered the running sum since.
 TEST(BandedCounter, RestoreReachesTheStateAdvanceReaches) {
   for (const std::size_t b : {1, 2, 3, 8, 16}) {
     const BandedPlan plan(b == 1 ? std::vector<std::int64_t>{std::int64_t{1} << kCoefBits} : optimized_band(80, b),
                           2.0);
-    Keyed k{noise::WindowPrf(noise::secret_from_seed(10), 4), 21 + b},
-        other{noise::WindowPrf(noise::secret_from_seed(11), 4), 5};
+    Keyed k{noise::WindowPrf(noise::secret_from_seed(10), 4), 21 + b};
+    Keyed other{noise::WindowPrf(noise::secret_from_seed(11), 4), 5};
     const auto z = [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); };
     const auto redraw = [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); };
     const auto keep = static_cast<std::uint32_t>(b - 1);
     for (const std::uint32_t at : {0u, 1u, keep - 1, keep, keep + 1, 2 * keep + 3, 40u}) {
       if (at > 40) continue;  // keep - 1 wraps at b = 1
-      BandedNoise advanced;
-      advanced.advance(plan, at, z);
-      BandedNoise restored;  // holds another counter's ring first
-      restored.advance(plan, 37, [&](std::uint32_t i) { return noise::normal_fixed64(other.sample(i, 1)); });
-      std::vector<std::uint32_t> asked;
-      restored.restore(plan, advanced.frontier(), [&](std::uint32_t i) {
-        asked.push_back(i);
-        return z(i);
-      });
-      std::vector<std::uint32_t> ring;  // indices (step - 1) of steps max(1, at - b + 2) .. at
-      for (std::uint32_t step = at > keep ? at - keep + 1 : 1; step <= at; ++step) ring.push_back(step - 1);
-      EXPECT_EQ(asked, ring) << "b " << b << " at " << at;
-      for (std::uint32_t more = at; more <= at + 2 * b + 1; ++more) {
-        ASSERT_EQ(restored.at(), advanced.at());
-        ASSERT_TRUE(restored.estimate_units(plan) == advanced.estimate_units(plan))
-            << "b " << b << " at " << at << " then " << more;
-        if (more > 0)
-          ASSERT_TRUE(restored.prefix_noise(plan, kGrid, redraw) == advanced.prefix_noise(plan, kGrid, redraw));
-        restored.push(plan, z(more));
-        advanced.push(plan, z(more));
+      BandedNoise frontier_source;
+      frontier_source.advance(plan, at, z);
+      for (const std::uint32_t to : {at, at / 2, at > 0 ? at - 1 : 0u, 0u}) {
+        BandedNoise advanced;
+        advanced.advance(plan, to, z);
+        BandedNoise restored;  // holds another counter's ring first
+        restored.advance(plan, 37, [&](std::uint32_t i) { return noise::normal_fixed64(other.sample(i, 1)); });
+        std::vector<std::uint32_t> asked;
+        restored.restore(plan, frontier_source.frontier(), to, [&](std::uint32_t i) {
+          asked.push_back(i);
+          return z(i);
+        });
+        std::vector<std::uint32_t> want;  // indices (step - 1) of the steps rewind_steps names
+        const auto [first, last] = BandedNoise::rewind_steps(plan, at, to);
+        for (std::uint32_t step = first; step <= last; ++step) want.push_back(step - 1);
+        EXPECT_EQ(asked, want) << "b " << b << " at " << at << " to " << to;
+        EXPECT_LE(asked.size(), at - to + keep) << "b " << b << " at " << at << " to " << to;
+        for (std::uint32_t more = to; more <= to + 2 * b + 1; ++more) {
+          ASSERT_EQ(restored.at(), advanced.at());
+          ASSERT_TRUE(restored.estimate_units(plan) == advanced.estimate_units(plan))
+              << "b " << b << " at " << at << " to " << to << " then " << more;
+          if (more > 0)
+            ASSERT_TRUE(restored.prefix_noise(plan, kGrid, redraw) == advanced.prefix_noise(plan, kGrid, redraw));
+          restored.push(plan, z(more));
+          advanced.push(plan, z(more));
+        }
       }
     }
   }
