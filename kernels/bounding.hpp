@@ -98,7 +98,8 @@ class UserState {
   // The user's slot in `shard`, added with kept = 0 and no fingerprint when new (second: added). The
   // pointer is valid until the next user is added to the shard.
   std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user);
-  std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t slot_hash);  // of the user
+  // The same with slot_hash(user) given (bounding has it from its sort); a wrong one would add the user twice.
+  std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t slot_hash);
   // Prefetches ahead of find_or_add, so that the misses of many users' state overlap instead of adding
   // up: the cache line of the user's home slot (from slot_hash(user)) and the next one, then, once those
   // are cached, the start of its block.
