@@ -160,18 +160,14 @@ class BandedSelection {
   // the last test would cost).
   const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
     held_.valid = false;  // counter_ changes below
-    const std::uint32_t at = st.frontier.at;
-    if (step >= at) {
-      const std::uint32_t ring_from = at >= plan_.band() ? at - static_cast<std::uint32_t>(plan_.band()) + 1 : 0;
-      prepare(key, round, ring_from, step);  // the ring's steps ring_from+1..at, then the steps up to `step`
-      counter_.restore(plan_, st.frontier, at, [&](std::uint32_t index) { return values_.at(index - ring_from); });
-      counter_.push_all(plan_, values_.data() + (at - ring_from), step - at);
-    } else {
-      const std::pair<std::uint32_t, std::uint32_t> steps = Noise::rewind_steps(plan_, at, step);
-      const std::uint32_t first = steps.first;  // a plain variable: clang 14 cannot capture a binding
-      prepare(key, round, first - 1, steps.second);
-      counter_.restore(plan_, st.frontier, step, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
-    }
+    const std::uint32_t at = st.frontier.at, to = std::min(step, at);
+    // One batch: the steps restore() reads (the ring of `to`, and for a rewind the steps that entered the
+    // running sum since), then those up to `step` when it is ahead of the frontier.
+    const std::pair<std::uint32_t, std::uint32_t> steps = Noise::rewind_steps(plan_, at, to);
+    const std::uint32_t first = steps.first;  // a plain variable: clang 14 cannot capture a binding
+    prepare(key, round, first - 1, std::max(steps.second, step));
+    counter_.restore(plan_, st.frontier, to, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
+    if (step > at) counter_.push_all(plan_, values_.data() + (at + 1 - first), step - at);
     store(st, key, round);
     return counter_;
   }
@@ -206,7 +202,6 @@ class BandedSelection {
     const std::size_t pushed = counter_.at() - from_;
     counter_.push_all(plan_, values_.data() + pushed, next_ - pushed);
     st.frontier = counter_.frontier();
-    held_.at = counter_.at();
   }
   std::uint64_t draws = 0;
 
@@ -229,18 +224,18 @@ class BandedSelection {
   }
 
   // Whether counter_ is the key's counter at its State's step: the counter is a pure function of
-  // (key, round, step) in a window.
+  // (key, round, step) in a window, and its step is counter_.at().
   struct Held {
     std::uint64_t key = 0;
-    std::uint32_t round = 0, at = 0;
+    std::uint32_t round = 0;
     bool valid = false;
   };
   bool holds(const State& st, std::uint64_t key, std::uint32_t round) const {
-    return held_.valid && held_.key == key && held_.round == round && held_.at == st.frontier.at;
+    return held_.valid && held_.key == key && held_.round == round && counter_.at() == st.frontier.at;
   }
   void store(State& st, std::uint64_t key, std::uint32_t round) {
     st.frontier = counter_.frontier();
-    held_ = {key, round, counter_.at(), true};
+    held_ = {key, round, true};
   }
 
   noise::WindowPrf& prf_;
