@@ -7,16 +7,17 @@
 
 Peak RSS per rank = base + state + other * records per rank, where
   state  is the generator's 16 bytes per local user and the geometry of the engine's tables (the user
-         and key tables' slot sizes, growth steps and load limits; absl's for overflow sets), 256 shards
-         per rank, from the expected counts of the
-         workload: active users, tracked keys, each shard's count spread as hashing spreads it
-         (Poisson), and each user's fingerprint block from its kept records (at most one pair each);
+         table's buckets and records, the key table's slots, their growth steps and load limits; absl's
+         for overflow sets), 256 shards per rank, from the expected counts of the workload: active
+         users, tracked keys, each shard's count spread as hashing spreads it (Poisson), and each
+         user's record from its kept records (at most one pair each);
   other  (bytes per input record of the rank's window: record buffers of a trigger, the checkpoint
          journal, allocator slack) and base (bytes per process) are fitted on calibration runs
          that commit at the job's cadence in triggers (the journal grows with the triggers between
          two commits: calibrate with [checkpoint] every = k and run the job with the same k):
          summary.json files of the same workload at smaller scales (the peak RSS minus the modelled
-         state). With a single calibration, base is the RSS of an empty process (50 MiB).
+         state). With a single calibration, base is the RSS of an empty process (50 MiB), or the
+         calibration's whole RSS beyond its state when that is less (a small run's process: 31 MiB).
 Time per trigger = records per trigger / (ranks x the calibration's records per second per rank):
 on one node of this kind; a cluster adds network time to the two shuffles, not modelled.
 --check compares the model's prediction with a measured run (bytes per user and key, peak RSS).
@@ -29,19 +30,18 @@ import sys
 import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
-# Slot bytes: the user table (kernels/bounding.hpp, UserState) has 32-byte slots (user, kept, meta, 4
-# fingerprints), no control byte, a capacity of 16 grown by 1/4 beyond 4/5 full. The key table
+# The user table (kernels/bounding.hpp, UserState) packs a record per user (11 bytes: user, tag, kept; then
+# 2 bytes per key fingerprint, up to 32) into 128-byte buckets of 126 bytes of records, reserved for the
+# window's expected users and kept records (four standard deviations of a shard's users to spare) at
+# most 85% full, grown by 1/8 + 1 bucket beyond it; fingerprints past 32 go to an exact absl set of
+# 16-byte (user, fingerprint) entries, kept counts of 255 or more to an absl map. The key table
 # (kernels/key_accumulate.hpp, PackedSlots) has 16-byte slots (key, count, users), no control byte, a
 # capacity of 16 grown by 1/4 at load 4/5. A sum is stored as its excess over count * 2^20: zero for the
 # synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep a 48-byte full
 # state in a side table: few in a large uniform key space, not modelled.
-# A user's key fingerprints: up to 4 in its slot; beyond, 3 stay there and the rest go to a block of
-# 2^(c+1) words (header + 2^(c+1) - 1 fingerprints of 4 bytes) in its shard's arena, c < 6; keys beyond
-# 66 in an exact set of 16-byte (user, fingerprint) entries. The arena grows by 1/4: on average 1/8 of it
-# is unused capacity.
-USER_SLOT, OVERFLOW_SLOT, KEY_SLOT = 32, 16, 16
-INLINE_FINGERPRINTS = 4
-BLOCK_CLASSES, ARENA_SLACK = 6, 1.125
+OVERFLOW_SLOT, WIDE_KEPT_SLOT, KEY_SLOT = 16, 16, 16
+BUCKET, BUCKET_ROOM, MAX_LOAD_PERCENT = 128, 126, 85
+RECORD_HEAD, INLINE_FINGERPRINTS, WIDE_KEPT = 11, 32, 255
 # The synthetic generator keeps, per local user, U_(k) and k (12 bytes) and its place in a due list (4).
 GENERATOR_USER = 16
 BASE_BYTES = 50 * 2**20
@@ -78,7 +78,25 @@ class Packed:
         return cap
 
 
-UserTable = Packed  # UserState::Shard grows by the same rule (kernels/table_memory.hpp)
+class Buckets:
+    """UserState::Shard geometry (kernels/bounding.cpp), counted in record bytes: grows by 1/8 + 1 bucket
+    before its records fill 85% of its buckets' room."""
+    top = staticmethod(lambda cap: cap * BUCKET_ROOM * MAX_LOAD_PERCENT // 100)
+    next = staticmethod(lambda cap: cap + cap // 8 + 1)
+    bytes = staticmethod(lambda cap, slot: cap * BUCKET)
+
+    @staticmethod
+    def first(items):
+        cap = 4
+        while items > Buckets.top(cap):
+            cap = Buckets.next(cap)
+        return cap
+
+
+def reserved_buckets(users, record_bytes_per_user):
+    """UserState::reserve: buckets for a shard's expected users and four standard deviations of their
+    spread, at most 85% full."""
+    return math.ceil((users + 4 * math.sqrt(users)) * record_bytes_per_user * 100 / MAX_LOAD_PERCENT / BUCKET_ROOM)
 
 
 def reserved_capacity(items):
@@ -92,10 +110,11 @@ def reserved_capacity(items):
     return max(16, cap)
 
 
-def table_bytes(mean_items, slot, var_items=None, geometry=Absl, reserved=False):
+def table_bytes(mean_items, slot, var_items=None, geometry=Absl, reserved=False, start=None):
     """Expected bytes of one shard's table whose item count has this mean and variance (default
     Poisson: items hashed to shards one by one): the capacity steps are averaged over the count's
-    spread (normal approximation). `reserved`: the table was sized for the mean up front."""
+    spread (normal approximation). `reserved`: the table was sized for the mean up front (`start`:
+    at that capacity)."""
     if mean_items <= 0:
         return 0
     sd = math.sqrt(var_items if var_items is not None else mean_items)
@@ -103,7 +122,7 @@ def table_bytes(mean_items, slot, var_items=None, geometry=Absl, reserved=False)
     cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
     total, cap = 0.0, geometry.first(lo)
     if reserved:  # the table starts at the reserved capacity and grows from there
-        cap = reserved_capacity(mean_items)
+        cap = start if start is not None else reserved_capacity(mean_items)
         while geometry.top(cap) < lo:
             cap = geometry.next(cap)
     while True:
@@ -113,18 +132,6 @@ def table_bytes(mean_items, slot, var_items=None, geometry=Absl, reserved=False)
         if top >= hi:
             return total
         lo, cap = top + 1, geometry.next(cap)
-
-
-def block_bytes(pairs):
-    """Arena bytes of a user with `pairs` (user, key) fingerprints (kernels/bounding.cpp), with overflow."""
-    if pairs <= INLINE_FINGERPRINTS:
-        return 0
-    pairs -= INLINE_FINGERPRINTS - 1  # the slot keeps 3 and the block's offset
-    cls = 0
-    while cls + 1 < BLOCK_CLASSES and (2 << cls) - 1 < pairs:
-        cls += 1
-    full = (2 << cls) - 1
-    return 4 * (2 << cls) * ARENA_SLACK + max(0, pairs - full) * (OVERFLOW_SLOT + 1) / 0.65
 
 
 def workload(job, users):
@@ -140,8 +147,16 @@ def workload(job, users):
     mean = sum((k + shift) * x for k, x in zip(range(lo, hi + 1), w)) / z
     mean_kept = sum(min(k + shift, c) * x for k, x in zip(range(lo, hi + 1), w)) / z
     kept_sq = sum(min(k + shift, c) ** 2 * x for k, x in zip(range(lo, hi + 1), w)) / z
-    # pairs ~ kept records (a large key space: a user's keys are distinct); one block per user
-    blocks = sum(block_bytes(min(k + shift, c)) * x for k, x in zip(range(lo, hi + 1), w)) / z
+    # pairs ~ kept records (a large key space: a user's keys are distinct): a user's record bytes (mean and
+    # second moment), its fingerprints past the record, and whether its kept count needs the wide map
+    def record(k):
+        return RECORD_HEAD + 2 * min(k, INLINE_FINGERPRINTS)
+
+    kept_of = [(min(k + shift, c), x / z) for k, x in zip(range(lo, hi + 1), w)]
+    record_bytes = sum(record(k) * x for k, x in kept_of)
+    record_sq = sum(record(k) ** 2 * x for k, x in kept_of)
+    overflow = sum(max(0, k - INLINE_FINGERPRINTS) * x for k, x in kept_of)
+    wide = sum(x for k, x in kept_of if k >= WIDE_KEPT)
     keys = int(inp["keys"])
     kept = users * mean_kept
     if inp.get("key_distribution", "zipf-mandelbrot") == "uniform":
@@ -155,7 +170,8 @@ def workload(job, users):
         tracked = sum(-math.expm1(kept * math.log1p(-x / pz)) for x in p)
     sums = "sum" in job.get("query", {}).get("aggregations", ["count", "sum"])
     return {"users": users, "records": users * mean, "kept": kept, "keys": tracked, "kept_sq_per_user": kept_sq,
-            "block_bytes_per_user": blocks,             "sums": sums}
+            "record_bytes_per_user": record_bytes, "record_sq_per_user": record_sq,
+            "overflow_pairs_per_user": overflow, "wide_kept_share": wide, "sums": sums}
 
 
 def state_per_rank(w, ranks, fixed=None):
@@ -163,10 +179,16 @@ def state_per_rank(w, ranks, fixed=None):
         return {"user": fixed[0] * w["users"] / ranks, "key": fixed[1] * w["keys"] / ranks,
                 "generator": GENERATOR_USER * w["users"] / ranks}
     per_shard = ranks * SHARDS
-    users = SHARDS * table_bytes(w["users"] / per_shard, USER_SLOT, geometry=UserTable, reserved=True)
-    pairs = w["users"] / ranks * w["block_bytes_per_user"]
+    u = w["users"] / per_shard
+    # the engine reserves for kept records as pairs (src/engine.cpp): bytes per user from their mean
+    kept_per_user = w["kept"] / w["users"]
+    start = reserved_buckets(u, RECORD_HEAD + 2 * min(INLINE_FINGERPRINTS, kept_per_user))
+    users = SHARDS * table_bytes(u * w["record_bytes_per_user"], 0, var_items=u * w["record_sq_per_user"],
+                                 geometry=Buckets, reserved=True, start=start)
+    users += SHARDS * table_bytes(u * w["overflow_pairs_per_user"], OVERFLOW_SLOT)
+    users += SHARDS * table_bytes(u * w["wide_kept_share"], WIDE_KEPT_SLOT)
     keys = SHARDS * table_bytes(w["keys"] / per_shard, KEY_SLOT, geometry=Packed, reserved=True)
-    return {"user": users + pairs, "key": keys, "generator": GENERATOR_USER * w["users"] / ranks}
+    return {"user": users, "key": keys, "generator": GENERATOR_USER * w["users"] / ranks}
 
 
 def fit(job, calibrations):
@@ -178,9 +200,10 @@ def fit(job, calibrations):
         st = state_per_rank(w, ranks)
         rss = max(c["peak_rss_bytes_per_rank"])
         points.append((c["records"]["read"] / ranks, rss - st["user"] - st["key"] - st["generator"]))
-    if len(points) == 1:
+    if len(points) == 1:  # base: an empty process's RSS, or all of the run's RSS beyond its state when less
         x, y = points[0]
-        return BASE_BYTES, max(0.0, (y - BASE_BYTES) / x)
+        base = max(0.0, min(BASE_BYTES, y))
+        return base, max(0.0, (y - base) / x)
     n = len(points)
     mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
     sxx = sum((p[0] - mx) ** 2 for p in points)

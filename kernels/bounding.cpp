@@ -4,7 +4,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <limits>
+#include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "common/fault_injection.hpp"
@@ -16,39 +17,8 @@ namespace dpstream::kernels {
 
 namespace {
 
-using Slot = UserState::Slot;
-constexpr std::uint32_t kLast = UserState::kInline - 1;  // the inline word that becomes the block offset
-
-// Slot meta word: occupied (bit 31), kept count changed since the last drain (30), has a block (29),
-// the block holds fingerprints not yet journaled (28: the drain's pass over the slots reads only the
-// blocks of users with something to journal), inline fingerprints held (bits 0-2) and already
-// journaled (bits 3-5).
-constexpr std::uint32_t kOccupied = 1u << 31, kChanged = 1u << 30, kHasBlock = 1u << 29, kBlockPending = 1u << 28;
-std::uint32_t inline_held(std::uint32_t m) { return m & 7; }
-std::uint32_t inline_journaled(std::uint32_t m) { return m >> 3 & 7; }
-bool has_block(std::uint32_t m) { return (m & kHasBlock) != 0; }
-std::uint32_t with_inline(std::uint32_t m, std::uint32_t held, std::uint32_t done) {
-  return (m & ~0x3fu) | held | done << 3;
-}
-// With a block, the slot's last inline word holds the block's offset instead of a fingerprint.
-std::uint32_t inline_capacity(std::uint32_t m) { return has_block(m) ? kLast : UserState::kInline; }
-std::uint32_t block_of(const Slot& s) { return has_block(s.meta) ? s.fp[kLast] : 0; }
-
-// Block header word: fingerprints held (bits 0-7), fingerprints already journaled (8-15), size class (16-19).
-constexpr std::uint32_t kCountMask = 0xff;
-std::uint32_t held(std::uint32_t h) { return h & kCountMask; }
-std::uint32_t journaled(std::uint32_t h) { return h >> 8 & kCountMask; }
-std::uint32_t size_class(std::uint32_t h) { return h >> 16 & 0xf; }
-std::uint32_t class_words(std::uint32_t cls) { return 2u << cls; }  // header + capacity
-std::uint32_t class_capacity(std::uint32_t cls) { return class_words(cls) - 1; }
-std::uint32_t header(std::uint32_t count, std::uint32_t done, std::uint32_t cls) {
-  return count | done << 8 | cls << 16;
-}
-std::uint32_t class_for(std::uint32_t fingerprints) {  // smallest class holding them (capped)
-  std::uint32_t cls = 0;
-  while (cls + 1 < UserState::kClasses && class_capacity(cls) < fingerprints) ++cls;
-  return cls;
-}
+namespace rec = user_record;
+constexpr std::uint8_t kPassed = 1;  // Bucket::flags
 
 // Journaled count after appending one fingerprint to `held` of which `done` are journaled. With the
 // journal off the new one needs no record, but earlier ones still pending must stay pending: it
@@ -58,27 +28,15 @@ std::uint32_t recorded_after_add(std::uint32_t done, std::uint32_t held, bool jo
   return !journal && done == held ? held + 1 : done;
 }
 
-// f(fingerprint) for every fingerprint of the slot (inline, then block), and of those not yet journaled.
-template <class F>
-void for_each_fingerprint(const Slot& s, const std::vector<std::uint32_t>& words, bool only_new, F&& f) {
-  for (std::uint32_t i = only_new ? inline_journaled(s.meta) : 0; i < inline_held(s.meta); ++i) f(s.fp[i]);
-  if (only_new && (s.meta & kBlockPending) == 0) return;
-  if (const std::uint32_t b = block_of(s); b != 0)
-    for (std::uint32_t i = only_new ? journaled(words[b]) : 0; i < held(words[b]); ++i) f(words[b + 1 + i]);
+// Everything of the record is in the journal: nothing of it is pending any more.
+void mark_journaled(std::uint8_t* r) {
+  const std::uint16_t t = rec::tag(r);
+  rec::set_tag(r, rec::with_counts(static_cast<std::uint16_t>(t & ~rec::kChanged), rec::held(t), rec::held(t)));
 }
 
-// Everything of the slot is in the journal: nothing of it is pending any more.
-void mark_journaled(Slot& s, std::vector<std::uint32_t>& words) {
-  const bool block_pending = (s.meta & kBlockPending) != 0;
-  s.meta = with_inline(s.meta & ~(kChanged | kBlockPending), inline_held(s.meta), inline_held(s.meta));
-  if (const std::uint32_t b = block_of(s); b != 0 && block_pending)
-    words[b] = header(held(words[b]), held(words[b]), size_class(words[b]));
-}
-
-// The block's part is read from the slot's kBlockPending, which is set exactly while the block's
-// journaled count is below its held count (move_to_block, append_to_block; mark_journaled clears both).
-bool pending(const Slot& s) {
-  return (s.meta & (kChanged | kBlockPending)) != 0 || inline_journaled(s.meta) != inline_held(s.meta);
+bool record_pending(const std::uint8_t* record) {
+  const std::uint16_t t = rec::tag(record);
+  return (t & rec::kChanged) != 0 || rec::journaled(t) != rec::held(t);
 }
 
 }  // namespace
@@ -88,105 +46,111 @@ std::uint64_t UserState::slot_hash(std::uint64_t user) {
 }
 
 std::size_t UserState::Shard::home_of(std::uint64_t slot_hash) const {
-  return static_cast<std::size_t>(static_cast<uint128>(slot_hash) * slots.size() >> 64);  // uniform on [0, size)
+  return static_cast<std::size_t>(static_cast<uint128>(slot_hash) * buckets.size() >> 64);  // uniform on [0, size)
 }
 
-const UserState::Slot* UserState::Shard::find(std::uint64_t user, std::uint64_t hash) const {
-  if (slots.empty()) return nullptr;
-  for (std::size_t i = home_of(hash);;) {
-    const Slot& s = slots[i];
-    if (!occupied(s)) return nullptr;
-    if (s.user == user) return &s;
-    i = next_slot(i, slots.size());
+std::size_t UserState::Shard::bucket_of(const std::uint8_t* record) const {
+  return static_cast<std::size_t>(record - reinterpret_cast<const std::uint8_t*>(buckets.data())) / kBucketBytes;
+}
+
+std::uint8_t* UserState::Shard::find(std::uint64_t user, std::uint64_t hash) {
+  std::size_t b = buckets.empty() ? 0 : home_of(hash);
+  for (std::size_t n = 0; n < buckets.size(); ++n, b = next_slot(b, buckets.size())) {
+    Bucket& bucket = buckets[b];
+    for (std::size_t at = 0; at < bucket.used; at += rec::size(bucket.bytes + at))
+      if (rec::user(bucket.bytes + at) == user) return bucket.bytes + at;
+    if ((bucket.flags & kPassed) == 0) return nullptr;
   }
+  return nullptr;
 }
 
-void UserState::Shard::grow() { rehash(grown_capacity(slots.size())); }  // kernels/table_memory.hpp
-
-void UserState::Shard::rehash(std::size_t capacity, const TableAllocator<Slot>& alloc) {
-  marked.rehash(capacity);
-  TableSlots<Slot> old(capacity, alloc);
-  old.swap(slots);
-  for (const Slot& s : old) {
-    if (!occupied(s)) continue;
-    std::size_t i = home_of(slot_hash(s.user));
-    while (occupied(slots[i])) i = next_slot(i, slots.size());
-    slots[i] = s;
-  }
+bool UserState::Shard::over_load(std::size_t more) const {
+  return (record_bytes + more) * 100 > buckets.size() * sizeof(Bucket::bytes) * kMaxLoadPercent;
 }
 
-std::uint32_t UserState::Shard::allocate(std::uint32_t cls) {
-  if (const std::uint32_t b = free_head[cls]; b != 0) {
-    free_head[cls] = words[b];
-    return b;
-  }
-  const std::size_t at = words.size(), n = class_words(cls);
-  if (at + n > std::numeric_limits<std::uint32_t>::max())
-    throw std::length_error("UserState: more than 2^32 fingerprint words in one shard (use more ranks)");
-  // Grow by 1/4 (not 2x): a move is amortised O(1) and the arena stays close to its contents.
-  if (at + n > words.capacity()) words.reserve(std::max(words.capacity() + words.capacity() / 4, at + n + 1024));
-  words.resize(at + n);
-  return static_cast<std::uint32_t>(at);
-}
-
-void UserState::Shard::release(std::uint32_t block, std::uint32_t cls) {
-  words[block] = free_head[cls];
-  free_head[cls] = block;
-}
-
-// Gives the slot a block with room for `capacity` fingerprints, moving its last inline one there.
-void UserState::Shard::move_to_block(Slot& slot, std::uint32_t capacity) {
-  const std::uint32_t cls = class_for(capacity), block = allocate(cls);
-  const std::uint32_t ih = inline_held(slot.meta), ij = inline_journaled(slot.meta);
-  const std::uint32_t moved = ih > kLast ? 1 : 0;
-  if (moved) words[block + 1] = slot.fp[kLast];
-  const std::uint32_t done = moved != 0 && ij > kLast ? 1 : 0;
-  words[block] = header(moved, done, cls);
-  slot.fp[kLast] = block;
-  slot.meta =
-      with_inline(slot.meta | kHasBlock | (done < moved ? kBlockPending : 0), std::min(ih, kLast), std::min(ij, kLast));
-  if (done < moved) note_pending(slot);
-}
-
-// Moves the slot's block to a class with room for `more` fingerprints (no move if it has room).
-void UserState::Shard::grow_block(Slot& slot, std::uint32_t more) {
-  const std::uint32_t old = block_of(slot), h = words[old], cls = size_class(h), to = class_for(held(h) + more);
-  if (to <= cls) return;
-  const std::uint32_t block = allocate(to);  // may move `words`: index, never hold pointers
-  std::copy_n(words.begin() + old + 1, held(h), words.begin() + block + 1);
-  words[block] = header(held(h), journaled(h), to);
-  release(old, cls);
-  slot.fp[kLast] = block;
-}
-
-// Appends a fingerprint the user does not hold to its block, or to the overflow set once the largest
-// block is full (which also catches a fingerprint already there).
-bool UserState::Shard::append_to_block(Slot& slot, std::uint64_t user, std::uint32_t fingerprint, bool journal) {
-  std::uint32_t h = words[block_of(slot)];
-  if (held(h) == class_capacity(size_class(h)) && size_class(h) + 1 < kClasses) {
-    grow_block(slot, 1);
-    h = words[block_of(slot)];
-  }
-  if (held(h) < class_capacity(size_class(h))) {
-    const std::uint32_t b = block_of(slot), count = held(h) + 1;
-    words[b + count] = fingerprint;
-    const std::uint32_t done = recorded_after_add(journaled(h), held(h), journal);
-    words[b] = header(count, done, size_class(h));
-    pending.new_pairs += done < count ? 1 : 0;
-    if (done < count) {
-      slot.meta |= kBlockPending;
-      note_pending(slot);
+std::uint8_t* UserState::Shard::place(std::size_t from, std::size_t size) {
+  std::size_t b = from;
+  for (std::size_t n = 0; n < buckets.size(); ++n, b = next_slot(b, buckets.size())) {
+    Bucket& bucket = buckets[b];
+    if (bucket.used + size <= sizeof(Bucket::bytes)) {
+      std::uint8_t* at = bucket.bytes + bucket.used;
+      bucket.used = static_cast<std::uint8_t>(bucket.used + size);
+      record_bytes += size;
+      return at;
     }
-    ++pairs;
-    return true;
+    bucket.flags |= kPassed;
   }
-  if (!overflow.insert({user, fingerprint}).second) return false;
-  if (journal) {
-    overflow_journal.emplace_back(user, fingerprint);
-    ++pending.new_pairs;
+  return nullptr;
+}
+
+// place(), growing the table first while it is over its load or when no bucket has room (its free bytes
+// scattered in pieces too small: rare below the load limit).
+std::uint8_t* UserState::Shard::place_or_grow(std::size_t from, std::uint64_t hash, std::size_t size) {
+  if (buckets.empty() || over_load(size)) {
+    grow();
+    from = home_of(hash);
   }
-  ++pairs;
-  return true;
+  for (;;) {
+    if (std::uint8_t* at = place(from, size)) return at;
+    grow();
+    from = home_of(hash);
+  }
+}
+
+std::uint8_t* UserState::Shard::grow_record(std::uint8_t* record) {
+  if (over_load(2)) {
+    const std::uint64_t user = rec::user(record);
+    grow();
+    record = find(user, slot_hash(user));
+    if (record == nullptr) throw std::logic_error("UserState: a record lost in a rehash");
+  }
+  const std::size_t size = rec::size(record);
+  Bucket& bucket = buckets[bucket_of(record)];
+  const auto at = static_cast<std::size_t>(record - bucket.bytes);
+  if (bucket.used + std::size_t{2} <= sizeof(Bucket::bytes)) {  // room here: the records after it shift
+    std::memmove(record + size + 2, record + size, bucket.used - at - size);
+    bucket.used = static_cast<std::uint8_t>(bucket.used + 2);
+    record_bytes += 2;
+    return record;
+  }
+  // Moves on: out of this bucket (the records after it shift back) to the first with room after it,
+  // which keeps it on its probe from home (this bucket gets flagged, as the ones before it were).
+  std::uint8_t copy[rec::kHead + std::size_t{2} * kInline];
+  std::memcpy(copy, record, size);
+  std::memmove(record, record + size, bucket.used - at - size);
+  bucket.used = static_cast<std::uint8_t>(bucket.used - size);
+  record_bytes -= size;
+  const std::uint64_t hash = slot_hash(rec::user(copy));
+  const std::size_t from = bucket_of(record);
+  std::uint8_t* moved = place_or_grow(from, hash, size + 2);
+  std::memcpy(moved, copy, size);
+  if (record_pending(moved)) marked.note(bucket_of(moved));
+  return moved;
+}
+
+void UserState::Shard::grow() { rehash(std::max<std::size_t>(4, buckets.size() + buckets.size() / 8 + 1)); }
+
+// Moves every record to a table of `capacity` buckets, or of more when one finds no room there (its free
+// bytes in pieces too small for a large record: rare below the load limit).
+void UserState::Shard::rehash(std::size_t capacity, const TableAllocator<Bucket>& alloc) {
+  TableSlots<Bucket> old(capacity, alloc);
+  old.swap(buckets);
+  for (;;) {
+    record_bytes = 0;
+    bool placed = true;
+    for (const Bucket& b : old) {
+      for_each_in(b, [&](const std::uint8_t* r) {
+        const std::size_t size = rec::size(r);
+        std::uint8_t* at = placed ? place(home_of(slot_hash(rec::user(r))), size) : nullptr;
+        if (at != nullptr) std::memcpy(at, r, size);
+        placed = at != nullptr;
+      });
+      if (!placed) break;
+    }
+    if (placed) break;
+    TableSlots<Bucket>(buckets.size() + buckets.size() / 8 + 1).swap(buckets);
+  }
+  marked.rehash(buckets.size());
 }
 
 void UserState::clear() {
@@ -194,106 +158,106 @@ void UserState::clear() {
   slab_ = TableSlab{};
 }
 
-void UserState::reserve(std::uint64_t users) {
-  const auto per_shard = static_cast<std::size_t>(static_cast<double>(users) / kShards);
-  const std::size_t capacity = reserved_capacity(per_shard);
-  reserve_shards<Slot>(
-      slab_, kShards, capacity, [&](std::size_t s) { return shards_[s].slots.size(); },
-      [&](std::size_t s, const TableAllocator<Slot>& alloc) { shards_[s].rehash(capacity, alloc); });
+// Bytes of records expected: 11 per user and 2 per pair inline (the rest in the overflow set); buckets
+// for them at most kMaxLoadPercent full, with four standard deviations of a shard's share to spare.
+void UserState::reserve(std::uint64_t users, std::uint64_t pairs) {
+  const double per_shard_users = static_cast<double>(users) / kShards;
+  const double pairs_per_user =
+      users == 0 ? 0.0 : std::min<double>(kInline, static_cast<double>(pairs) / static_cast<double>(users));
+  const double bytes_per_user = rec::kHead + 2 * pairs_per_user;
+  const double bytes = (per_shard_users + 4 * std::sqrt(per_shard_users)) * bytes_per_user;
+  const auto capacity =
+      static_cast<std::size_t>(std::ceil(bytes * 100 / kMaxLoadPercent / static_cast<double>(sizeof(Bucket::bytes))));
+  if (capacity < 4) return;
+  reserve_shards<Bucket>(
+      slab_, kShards, capacity, [&](std::size_t s) { return shards_[s].buckets.size(); },
+      [&](std::size_t s, const TableAllocator<Bucket>& alloc) { shards_[s].rehash(capacity, alloc); });
 }
 
 void UserState::clear_journal() {
 #pragma omp parallel for schedule(dynamic, 8)
   for (std::size_t s = 0; s < kShards; ++s) {
     Shard& sh = shards_[s];
-    for (Slot& slot : sh.slots)
-      if (occupied(slot)) mark_journaled(slot, sh.words);
-    sh.marked.clear();
+    sh.marked.drain(
+        sh.buckets.size(), [](std::size_t) {},
+        [&](std::size_t b) { Shard::for_each_in(sh.buckets[b], mark_journaled); });
     std::vector<UserFingerprint>().swap(sh.overflow_journal);
     sh.pending = {};
   }
 }
 
 bool UserState::journal_empty() const {
-  for (const Shard& sh : shards_) {
-    if (!sh.overflow_journal.empty()) return false;
-    for (const Slot& slot : sh.slots)
-      if (occupied(slot) && pending(slot)) return false;
-  }
-  return true;
+  const JournalSize j = journal_size();
+  return j.changed_users == 0 && j.new_pairs == 0;
 }
 
 std::uint32_t UserState::key_fingerprint(std::uint64_t key) {
-  return static_cast<std::uint32_t>(partition::salted_hash(key, partition::kFingerprintSalt) >> 32);
+  return static_cast<std::uint32_t>(partition::salted_hash(key, partition::kFingerprintSalt) >>
+                                    (64 - kFingerprintBits));
 }
 
-std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user) {
+std::pair<UserState::UserRef, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user) {
   return find_or_add(shard, user, slot_hash(user));
 }
 
-std::pair<UserState::Slot*, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t hash) {
+std::pair<UserState::UserRef, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t hash) {
   Shard& sh = shards_[shard];
-  if (table_full(sh.users, sh.slots.size())) sh.grow();
-  for (std::size_t i = sh.home_of(hash);;) {
-    Slot& s = sh.slots[i];
-    if (!occupied(s)) {
-      s = Slot{user, 0, kOccupied, {}};
-      ++sh.users;
-      return {&s, true};
-    }
-    if (s.user == user) return {&s, false};
-    i = next_slot(i, sh.slots.size());
-  }
+  if (std::uint8_t* r = sh.find(user, hash)) return {{r}, false};
+  std::uint8_t* r = sh.place_or_grow(sh.buckets.empty() ? 0 : sh.home_of(hash), hash, rec::kHead);
+  std::memcpy(r, &user, sizeof user);
+  rec::set_tag(r, 0);
+  rec::set_kept_byte(r, 0);
+  ++sh.users;
+  return {{r}, true};
+}
+
+void UserState::set_kept(std::size_t shard, UserRef u, std::uint32_t kept) {
+  Shard& sh = shards_[shard];
+  if (rec::kept_byte(u.record) == rec::kWideKept) sh.wide_kept.erase(rec::user(u.record));
+  rec::set_kept_byte(u.record, static_cast<std::uint8_t>(std::min<std::uint32_t>(kept, rec::kWideKept)));
+  if (kept >= rec::kWideKept) sh.wide_kept[rec::user(u.record)] = kept;
 }
 
 void UserState::prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const {
   const Shard& sh = shards_[shard];
-  if (!sh.slots.empty()) prefetch_probe(sh.slots, sh.home_of(slot_hash));
+  if (!sh.buckets.empty()) prefetch_probe(sh.buckets, sh.home_of(slot_hash));
 }
 
-void UserState::prefetch_block(std::size_t shard, std::uint64_t user, std::uint64_t hash) const {
-  const Shard& sh = shards_[shard];
-  const Slot* s = sh.find(user, hash);
-  if (s == nullptr || !has_block(s->meta)) return;
-  const std::size_t block = block_of(*s);
-  dpstream::prefetch(sh.words.data() + block);  // header and the first fingerprints
-  // The line after, wherever the boundary falls: all of a block of up to 16 words (most users); a larger
-  // block's later words load on use.
-  if (block + 15 < sh.words.size()) dpstream::prefetch(sh.words.data() + block + 15);
-}
-
-void UserState::reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more) {
+bool UserState::add_pair(std::size_t shard, std::uint64_t user, UserRef& u, std::uint32_t fingerprint) {
+  if (fingerprint >> kFingerprintBits != 0)
+    throw std::out_of_range("UserState: a key fingerprint of more than kFingerprintBits bits");
   Shard& sh = shards_[shard];
-  const std::uint32_t ih = inline_held(slot.meta);
-  if (has_block(slot.meta))
-    sh.grow_block(slot, more);
-  else if (ih + more > kInline)
-    sh.move_to_block(slot, ih + more - kLast);
-}
-
-bool UserState::add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std::uint32_t fingerprint) {
-  Shard& sh = shards_[shard];
-  bool held_already = false;
-  for_each_fingerprint(slot, sh.words, false, [&](std::uint32_t f) { held_already |= f == fingerprint; });
-  if (held_already) return false;
-  if (const std::uint32_t ih = inline_held(slot.meta); ih < inline_capacity(slot.meta)) {
-    slot.fp[ih] = fingerprint;
-    const std::uint32_t done = recorded_after_add(inline_journaled(slot.meta), ih, journal);
-    slot.meta = with_inline(slot.meta, ih + 1, done);
-    sh.pending.new_pairs += done <= ih ? 1 : 0;
-    if (done <= ih) sh.note_pending(slot);
+  const std::uint16_t t = rec::tag(u.record);
+  const std::uint32_t n = rec::held(t);
+  for (std::uint32_t i = 0; i < n; ++i)
+    if (rec::fingerprint(u.record, i) == fingerprint) return false;
+  if (n == kInline) {
+    if (!sh.overflow.insert({user, fingerprint}).second) return false;
+    if (journal) {
+      sh.overflow_journal.emplace_back(user, fingerprint);
+      ++sh.pending.new_pairs;
+    }
     ++sh.pairs;
     return true;
   }
-  if (!has_block(slot.meta)) sh.move_to_block(slot, 2);
-  return sh.append_to_block(slot, user, fingerprint, journal);
+  u.record = sh.grow_record(u.record);
+  rec::set_fingerprint(u.record, n, static_cast<std::uint16_t>(fingerprint));
+  const std::uint32_t done = recorded_after_add(rec::journaled(t), n, journal);
+  rec::set_tag(u.record, rec::with_counts(t, n + 1, done));
+  if (done <= n) {
+    ++sh.pending.new_pairs;
+    sh.marked.note(sh.bucket_of(u.record));
+  }
+  ++sh.pairs;
+  return true;
 }
 
-void UserState::mark_changed(std::size_t shard, Slot& slot) {
+void UserState::mark_changed(std::size_t shard, UserRef u) {
   Shard& sh = shards_[shard];
-  sh.pending.changed_users += (slot.meta & kChanged) == 0 ? 1 : 0;
-  slot.meta |= kChanged;
-  sh.note_pending(slot);
+  const std::uint16_t t = rec::tag(u.record);
+  sh.pending.changed_users += (t & rec::kChanged) == 0 ? 1 : 0;
+  rec::set_tag(u.record, static_cast<std::uint16_t>(t | rec::kChanged));
+  sh.marked.note(sh.bucket_of(u.record));
 }
 
 UserState::JournalSize UserState::journal_size(std::size_t shard) const { return shards_[shard].pending; }
@@ -311,8 +275,9 @@ std::vector<UserState::UserFingerprint> UserState::pairs(std::size_t shard) cons
   const Shard& sh = shards_[shard];
   std::vector<UserFingerprint> out;
   out.reserve(sh.pairs);
-  for (const Slot& s : sh.slots)
-    if (occupied(s)) for_each_fingerprint(s, sh.words, false, [&](std::uint32_t f) { out.emplace_back(s.user, f); });
+  sh.for_each_record([&](const std::uint8_t* r) {
+    for (std::uint32_t i = 0; i < rec::held(rec::tag(r)); ++i) out.emplace_back(rec::user(r), rec::fingerprint(r, i));
+  });
   out.insert(out.end(), sh.overflow.begin(), sh.overflow.end());
   return out;
 }
@@ -323,15 +288,18 @@ void UserState::drain_journal(std::size_t shard, std::vector<UserFingerprint>& c
   // Sized from the counts, not grown by doubling: the commit holds these until they are written.
   changed_users.reserve(changed_users.size() + sh.pending.changed_users);
   new_pairs.reserve(new_pairs.size() + sh.pending.new_pairs);
-  // Only the groups noted since the last drain can hold a pending slot (GroupMarks).
+  // Only the buckets noted since the last drain can hold a pending record (GroupMarks).
   sh.marked.drain(
-      sh.slots.size(), [&](std::size_t i) { dpstream::prefetch(&sh.slots[i]); },
-      [&](std::size_t i) {
-        Slot& s = sh.slots[i];
-        if (!occupied(s) || !pending(s)) return;
-        if ((s.meta & kChanged) != 0) changed_users.emplace_back(s.user, s.kept);
-        for_each_fingerprint(s, sh.words, true, [&](std::uint32_t f) { new_pairs.emplace_back(s.user, f); });
-        mark_journaled(s, sh.words);
+      sh.buckets.size(), [&](std::size_t b) { prefetch_probe(sh.buckets, b); },
+      [&](std::size_t b) {
+        Shard::for_each_in(sh.buckets[b], [&](std::uint8_t* r) {
+          const std::uint16_t t = rec::tag(r);
+          if (!record_pending(r)) return;
+          if ((t & rec::kChanged) != 0) changed_users.emplace_back(rec::user(r), kept_of(sh, r));
+          for (std::uint32_t i = rec::journaled(t); i < rec::held(t); ++i)
+            new_pairs.emplace_back(rec::user(r), rec::fingerprint(r, i));
+          mark_journaled(r);
+        });
       });
   new_pairs.insert(new_pairs.end(), sh.overflow_journal.begin(), sh.overflow_journal.end());
   std::vector<UserFingerprint>().swap(sh.overflow_journal);
@@ -353,8 +321,8 @@ std::uint64_t UserState::user_key_pairs() const {
 std::uint64_t UserState::memory_bytes() const {
   std::uint64_t b = slab_.bytes();
   for (const auto& sh : shards_)
-    b += (slab_.holds(sh.slots.data()) ? 0 : sh.slots.capacity() * sizeof(Slot)) +
-         sh.words.capacity() * sizeof(std::uint32_t) + hash_table_bytes(sh.overflow) +
+    b += (slab_.holds(sh.buckets.data()) ? 0 : sh.buckets.capacity() * sizeof(Bucket)) +
+         hash_table_bytes(sh.wide_kept) + hash_table_bytes(sh.overflow) +
          sh.overflow_journal.capacity() * sizeof(UserFingerprint);
   return b;
 }
@@ -365,17 +333,12 @@ std::uint64_t UserState::digest(std::uint64_t seed) const {
 #pragma omp parallel for schedule(dynamic, 4) reduction(+ : total)
   for (std::size_t s = 0; s < kShards; ++s) {
     const Shard& sh = shards_[s];
-    constexpr std::size_t kAhead = 16;  // blocks lie in arrival order, slots in hash order: a DRAM miss each
-    for (std::size_t i = 0; i < sh.slots.size(); ++i) {
-      if (i + kAhead < sh.slots.size())
-        if (const std::uint32_t b = block_of(sh.slots[i + kAhead]); b != 0) dpstream::prefetch(sh.words.data() + b);
-      const Slot& slot = sh.slots[i];
-      if (!occupied(slot)) continue;
-      const std::uint64_t u = partition::hash_combine(seed, slot.user);
-      total += partition::hash_combine(u, slot.kept);
-      for_each_fingerprint(slot, sh.words, false,
-                           [&](std::uint32_t f) { total += partition::hash_combine(u ^ kPairDomain, f); });
-    }
+    sh.for_each_record([&](const std::uint8_t* r) {
+      const std::uint64_t u = partition::hash_combine(seed, rec::user(r));
+      total += partition::hash_combine(u, kept_of(sh, r));
+      for (std::uint32_t i = 0; i < rec::held(rec::tag(r)); ++i)
+        total += partition::hash_combine(u ^ kPairDomain, rec::fingerprint(r, i));
+    });
     for (const auto& [user, fingerprint] : sh.overflow)
       total += partition::hash_combine(partition::hash_combine(seed, user) ^ kPairDomain, fingerprint);
   }
@@ -390,15 +353,14 @@ struct alignas(64) ThreadOut {  // padded: threads update their own counters
 };
 
 // Bounds a run of shards' records on one thread. Users are visited in groups (a user's records of the
-// trigger, in stream order); their state is random in memory, so it is prefetched a few users ahead
-// (the slot kSlotAhead users ahead, then its block kBlockAhead ahead, once the slot is cached): the
-// DRAM latency of many users overlaps instead of adding up. Prefetches retire at once, where loads
-// that miss would fill the reorder buffer and stall it (perf: 60 ns per user with batched loads).
-// The prefetch runs on across the shards of the run: per shard it started cold, and at T = 1000 (about
-// 24 users per shard and trigger) most users' blocks were never prefetched.
+// trigger, in stream order); their state is random in memory, so its home bucket is prefetched
+// kSlotAhead users ahead: the DRAM latency of many users overlaps instead of adding up. Prefetches
+// retire at once, where loads that miss would fill the reorder buffer and stall it (perf: 60 ns per
+// user with batched loads). The prefetch runs on across the shards of the run: per shard it started
+// cold, and at T = 1000 (about 24 users per shard and trigger) most users were never prefetched.
 class ShardBounder {
  public:
-  static constexpr std::size_t kSlotAhead = 32, kBlockAhead = 16;
+  static constexpr std::size_t kSlotAhead = 32;
   ShardBounder(const BoundingParams& params, UserState& state, ThreadOut& out)
       : params_(params), state_(state), out_(out) {}
 
@@ -418,7 +380,6 @@ class ShardBounder {
     for (std::size_t i = 0; i < std::min(n, kSlotAhead); ++i) prefetch_slot(i);
     for (std::size_t i = 0; i < n; ++i) {
       if (i + kSlotAhead < n) prefetch_slot(i + kSlotAhead);
-      if (i + kBlockAhead < n) prefetch_block(records, i + kBlockAhead);
       bound_user(groups_[i].shard, records, groups_[i].at, groups_[i + 1].at);
     }
   }
@@ -441,10 +402,6 @@ class ShardBounder {
   std::uint64_t user_of(const Record* records, std::size_t at) const { return records[order_[at].index].user; }
   void prefetch_slot(std::size_t group) const {
     state_.prefetch_slot(groups_[group].shard, order_[groups_[group].at].slot_hash);
-  }
-  void prefetch_block(const Record* records, std::size_t group) const {
-    state_.prefetch_block(groups_[group].shard, user_of(records, groups_[group].at),
-                          order_[groups_[group].at].slot_hash);
   }
 
   // Appends to order_ one shard's records [first, last) by user, each user's in stream order (timestamp,
@@ -498,16 +455,17 @@ class ShardBounder {
   // clamps, counts.
   void bound_user(std::size_t s, const Record* records, std::size_t from, std::size_t to) {
     const std::uint64_t user = user_of(records, from);
-    auto [slot, added] = state_.find_or_add(s, user, order_[from].slot_hash);
+    auto [ref, added] = state_.find_or_add(s, user, order_[from].slot_hash);
     if (added) ++out_.stats.new_users;
     const auto n = static_cast<std::uint32_t>(to - from);
-    const std::uint32_t take = std::min(n, params_.max_records_per_user - slot->kept);
-    slot->kept += take;
+    const std::uint32_t kept = state_.kept(s, ref);
+    const std::uint32_t take = std::min(n, params_.max_records_per_user - kept);
+    if (take > 0) state_.set_kept(s, ref, kept + take);
     out_.stats.kept += take;
     out_.stats.dropped += n - take;
     if (take == 1) {  // most users of a trigger: one record, one key, nothing to sort or group
       const Record& r = records[order_[from].index];
-      count_key(s, user, *slot, r.key, 1, kept_value(r));
+      count_key(s, user, ref, r.key, 1, kept_value(r));
     } else if (take > 1) {
       kept_values_.clear();
       for (std::uint32_t i = 0; i < take; ++i) {
@@ -516,7 +474,6 @@ class ShardBounder {
       }
       // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
       std::sort(kept_values_.begin(), kept_values_.end());
-      if (added && kept_values_.size() > UserState::kInline) state_.reserve_pairs(s, *slot, distinct_keys());
       for (std::size_t i = 0; i < kept_values_.size();) {
         const std::uint64_t key = kept_values_[i].first;
         std::int64_t count = 0;
@@ -525,10 +482,10 @@ class ShardBounder {
           ++count;
           sum += kept_values_[i].second;
         }
-        count_key(s, user, *slot, key, count, sum);
+        count_key(s, user, ref, key, count, sum);
       }
     }
-    if (state_.journal && take > 0) state_.mark_changed(s, *slot);
+    if (state_.journal && take > 0) state_.mark_changed(s, ref);
   }
 
   // A kept record's value: clamped, in fixed point, rounded to the value quantum.
@@ -542,16 +499,10 @@ class ShardBounder {
   }
 
   // The user's kept records of one key: its first touch counted, its partial emitted.
-  void count_key(std::size_t s, std::uint64_t user, Slot& slot, std::uint64_t key, std::int64_t count, int128 sum) {
-    const bool first_touch = state_.add_pair(s, user, slot, UserState::key_fingerprint(key));
+  void count_key(std::size_t s, std::uint64_t user, UserState::UserRef& ref, std::uint64_t key, std::int64_t count,
+                 int128 sum) {
+    const bool first_touch = state_.add_pair(s, user, ref, UserState::key_fingerprint(key));
     append_partial(out_.partials, key, count, sum, first_touch || params_.users_per_trigger ? 1 : 0);
-  }
-
-  std::uint32_t distinct_keys() const {  // in the sorted kept_values_
-    std::uint32_t distinct = 1;
-    for (std::size_t i = 1; i < kept_values_.size(); ++i)
-      distinct += kept_values_[i].first != kept_values_[i - 1].first;
-    return distinct;
   }
 
   const BoundingParams& params_;

@@ -8,6 +8,7 @@
 #include <absl/container/flat_hash_set.h>
 
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -40,84 +41,117 @@ struct BoundingStats {
   std::uint64_t new_users = 0;  // users seen for the first time in the window
 };
 
+// One user's record in the user table (UserState): user id (8 bytes), tag (2: fingerprints held in bits
+// 0-5, of which the first ones already journaled in bits 6-11, kept count changed since the last drain
+// in bit 12), kept count (1 byte; kWideKept: in the shard's wide_kept map), then `held` 16-bit key
+// fingerprints. Unaligned: read and written with memcpy.
+namespace user_record {
+inline constexpr std::size_t kHead = 11;
+inline constexpr std::uint8_t kWideKept = 255;
+inline constexpr std::uint16_t kChanged = 1u << 12;
+inline std::uint64_t user(const std::uint8_t* r) {
+  std::uint64_t u;
+  std::memcpy(&u, r, sizeof u);
+  return u;
+}
+inline std::uint16_t tag(const std::uint8_t* r) {
+  std::uint16_t t;
+  std::memcpy(&t, r + 8, sizeof t);
+  return t;
+}
+inline void set_tag(std::uint8_t* r, std::uint16_t t) { std::memcpy(r + 8, &t, sizeof t); }
+inline std::uint32_t held(std::uint16_t t) { return t & 63u; }
+inline std::uint32_t journaled(std::uint16_t t) { return t >> 6 & 63u; }
+inline std::uint16_t with_counts(std::uint16_t t, std::uint32_t held, std::uint32_t done) {
+  return static_cast<std::uint16_t>((t & ~0xfffu) | held | done << 6);
+}
+inline std::uint8_t kept_byte(const std::uint8_t* r) { return r[10]; }
+inline void set_kept_byte(std::uint8_t* r, std::uint8_t k) { r[10] = k; }
+inline std::size_t size(const std::uint8_t* r) { return kHead + std::size_t{2} * held(tag(r)); }
+inline std::uint32_t fingerprint(const std::uint8_t* r, std::uint32_t i) {
+  std::uint16_t f;
+  std::memcpy(&f, r + kHead + std::size_t{2} * i, sizeof f);
+  return f;
+}
+inline void set_fingerprint(std::uint8_t* r, std::uint32_t i, std::uint16_t f) {
+  std::memcpy(r + kHead + std::size_t{2} * i, &f, sizeof f);
+}
+}  // namespace user_record
+
 // Per-user state of one window, owned by the rank that owns the user. Sharded by the low bits
 // of the user hash so that OpenMP threads own disjoint shards.
 //
-// A user is one 32-byte slot in its shard's open-addressing table (linear probing from a salted home
-// position, never more than 80% full): user id, kept count, flags and the 32-bit fingerprints of the
-// first keys it was counted for, so a visit costs one cache line. A user with more than kInline keys
-// moves the last inline fingerprint and the rest to a block of its shard's arena (the slot's last
-// word then holds the block's offset); a user with more than kInline - 1 + 63 keys keeps the rest in
-// an exact (user, fingerprint) set.
+// A user is one variable-length record (user_record) packed with others into the 128-byte buckets (two
+// cache lines) of its shard's table, holding the 16-bit fingerprints of the first kInline keys it was
+// counted for; more go to an exact (user, fingerprint) set. So a visit reads one bucket, and a user costs 11 + 2 x keys
+// bytes (paper workload: ~6 keys, 23 bytes) over the table's load.
+//
+// Buckets are probed linearly from the user's home bucket (from slot_hash): a record lies in the first
+// bucket from home that had room when it was placed, or moved to when it grew (the bucket's records
+// shift to make room for a fingerprint, or the record moves on to the next bucket with room). A bucket
+// a record passed is flagged, and a lookup goes on past flagged buckets only. The table grows (by 1/8)
+// before its records fill kMaxLoadPercent of its bytes.
 //
 // First touches: a user adds at most 1 to a key's user count. Two keys of the same user with equal
-// fingerprints (probability <= C / 2^32 per new key) count that user once for both: an under-count
+// fingerprints (probability <= C / 2^16 per new key) count that user once for both: an under-count
 // of that user's own contribution only, never another user's, and never an over-count (a false
 // negative is impossible: a key always has its fingerprint). docs/PRIVACY.md section 4.
-//
-// Block layout: one header word (fingerprints held, fingerprints already journaled, size class) and
-// 2^(class+1) - 1 fingerprints. Freed blocks go to a free list per class.
 class UserState {
  public:
   static constexpr std::size_t kShards = 256;
-  static constexpr std::uint32_t kInline = 4;                                  // fingerprints in the slot
-  static constexpr std::uint32_t kClasses = 6;                                 // blocks of 2, 4, ..., 64 words
-  static constexpr std::uint32_t kBlockCapacity = (2u << (kClasses - 1)) - 1;  // 63 fingerprints
-  struct alignas(32) Slot {  // 32-aligned: a slot never straddles a cache line
-    std::uint64_t user = 0;
-    std::uint32_t kept = 0;  // records kept so far in the window
-    std::uint32_t meta = 0;  // occupied, changed, has-block flags and the inline counts (bounding.cpp)
-    std::uint32_t fp[kInline] = {};
-  };
-  static_assert(sizeof(Slot) == 32);
+  static constexpr std::size_t kBucketBytes = 128;                  // two cache lines
+  static constexpr std::uint32_t kInline = 32;                      // fingerprints in a record (11 + 64 = 75 bytes)
+  static_assert(kInline < 64);                                      // user_record's 6-bit counts
+  static constexpr std::uint32_t kFingerprintBits = 16;             // key_fingerprint's values are below 2^16
+  static constexpr std::uint32_t kMaxLoadPercent = 85;              // of a table's record bytes
   using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
+  // Where a user's record lies: valid until the shard's next find_or_add or add_pair (add_pair updates
+  // the one it is given).
+  struct UserRef {
+    std::uint8_t* record = nullptr;
+  };
 
   void clear();  // also clears the journal
-  // Sizes every shard's table for its share of `users` users in all (hashing spreads them evenly) and the
-  // share's spread (reserved_capacity), so that it does not grow step by step while they arrive (a shard
-  // far above its share grows once more); never shrinks a table. Contents stay as they are.
-  void reserve(std::uint64_t users);
+  // Sizes every shard's table for its share of `users` users holding `pairs` (user, key) pairs in all
+  // (hashing spreads them evenly) and the share's spread, so that it does not grow step by step while
+  // they arrive (a shard far above its share grows once more); never shrinks a table. Contents stay.
+  void reserve(std::uint64_t users, std::uint64_t pairs);
   void clear_journal();
   std::uint64_t users() const;
   std::uint64_t user_key_pairs() const;
-  std::uint64_t memory_bytes() const;  // from the tables' and arenas' capacities
+  std::uint64_t memory_bytes() const;  // from the tables' and sets' capacities
   // Order-free hash of the contents (each user's kept count and key fingerprints) under `seed`: a sum
   // over users and pairs mod 2^64, so digests of the parts of a partitioned state add up to the whole's.
   std::uint64_t digest(std::uint64_t seed) const;
   // f(user, kept) for every user of the window, shard by shard.
   template <class F>
   void for_each_user(F&& f) const {
-    for (const Shard& sh : shards_)
-      for (const Slot& slot : sh.slots)
-        if (occupied(slot)) f(slot.user, slot.kept);
+    for (std::size_t s = 0; s < kShards; ++s)
+      shards_[s].for_each_record([&](const std::uint8_t* r) { f(user_record::user(r), kept_of(shards_[s], r)); });
   }
 
-  static std::uint32_t key_fingerprint(std::uint64_t key);
-  // The hash that places a user in its shard's table (a bijection of the id; home slots grow with it).
+  static std::uint32_t key_fingerprint(std::uint64_t key);  // below 2^kFingerprintBits
+  // The hash that places a user in its shard's table (a bijection of the id; home buckets grow with it).
   static std::uint64_t slot_hash(std::uint64_t user);
-  // The user's slot in `shard`, added with kept = 0 and no fingerprint when new (second: added). The
-  // pointer is valid until the next user is added to the shard.
-  std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user);
+  // The user's record in `shard`, added with kept = 0 and no fingerprint when new (second: added).
+  std::pair<UserRef, bool> find_or_add(std::size_t shard, std::uint64_t user);
   // The same with slot_hash(user) given (bounding has it from its sort); a wrong one would add the user twice.
-  std::pair<Slot*, bool> find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t slot_hash);
+  std::pair<UserRef, bool> find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t slot_hash);
+  std::uint32_t kept(std::size_t shard, UserRef u) const { return kept_of(shards_[shard], u.record); }
+  void set_kept(std::size_t shard, UserRef u, std::uint32_t kept);
   // Prefetches ahead of find_or_add, so that the misses of many users' state overlap instead of adding
-  // up: the cache line of the user's home slot (from slot_hash(user)) and the next one, then, once those
-  // are cached, the start of its block.
-  // Hints only: a prefetch never blocks and a stale one (the table grew since) costs nothing but a line.
+  // up: the user's home bucket (from slot_hash(user)). A hint: a stale one costs nothing but a line.
   void prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const;
-  void prefetch_block(std::size_t shard, std::uint64_t user, std::uint64_t slot_hash) const;
-  // Room for `more` new fingerprints (one block move at most; optional, add_pair grows too).
-  void reserve_pairs(std::size_t shard, Slot& slot, std::uint32_t more);
   // Counts (user, key fingerprint) among the user's first touches; false if it was there. With the
-  // journal on, the pair stays in the journal until drain_journal().
-  bool add_pair(std::size_t shard, std::uint64_t user, Slot& slot, std::uint32_t fingerprint);
+  // journal on, the pair stays in the journal until drain_journal(). Moves the record (updates `u`).
+  bool add_pair(std::size_t shard, std::uint64_t user, UserRef& u, std::uint32_t fingerprint);
   // Marks the user's kept count as changed since the last drain (journal on).
-  void mark_changed(std::size_t shard, Slot& slot);
+  void mark_changed(std::size_t shard, UserRef u);
   // Every counted pair as (user, key fingerprint), per shard in no particular order.
   std::vector<UserFingerprint> pairs(std::size_t shard) const;
   // The changes of `shard` since the last drain, as (user, kept) of every changed user and its new
-  // (user, fingerprint) pairs; afterwards the shard holds no change. Reads only the cache lines of slots
-  // marked since the last drain (GroupMarks).
+  // (user, fingerprint) pairs; afterwards the shard holds no change. Reads only the buckets that
+  // held a record marked since the last drain (GroupMarks).
   void drain_journal(std::size_t shard, std::vector<UserFingerprint>& changed_users,
                      std::vector<UserFingerprint>& new_pairs);
   bool journal_empty() const;
@@ -132,28 +166,43 @@ class UserState {
   bool journal = false;  // record changes for the checkpoint (drain_journal)
 
  private:
-  static bool occupied(const Slot& slot) { return slot.meta != 0; }
+  struct alignas(64) Bucket {
+    std::uint8_t used = 0;   // bytes of records
+    std::uint8_t flags = 0;  // kPassed: a record placed past this bucket may have its home at or before it
+    std::uint8_t bytes[kBucketBytes - 2] = {};
+  };
+  static_assert(sizeof(Bucket) == kBucketBytes);
   struct Shard {
-    TableSlots<Slot> slots;  // open addressing; empty slots have meta == 0
-    std::uint64_t users = 0;
-    std::vector<std::uint32_t> words{0, 0};  // fingerprint blocks; offset 0 is "no block"
-    std::uint32_t free_head[kClasses] = {};  // a freed block's first word links to the next one
-    std::uint64_t pairs = 0;
-    absl::flat_hash_set<UserFingerprint> overflow;  // beyond a full block of kBlockCapacity
+    TableSlots<Bucket> buckets;
+    std::uint64_t users = 0, pairs = 0;
+    std::uint64_t record_bytes = 0;                               // of all records: the table's load
+    absl::flat_hash_map<std::uint64_t, std::uint32_t> wide_kept;  // kept counts of kWideKept or more
+    absl::flat_hash_set<UserFingerprint> overflow;                // beyond kInline fingerprints
     std::vector<UserFingerprint> overflow_journal;
     JournalSize pending;   // what drain_journal will return (its new_pairs include overflow_journal)
-    GroupMarks<2> marked;  // groups of slots that may be pending (2 slots of 32 bytes: a cache line)
-    void note_pending(const Slot& s) { marked.note(static_cast<std::size_t>(&s - slots.data())); }
+    GroupMarks<1> marked;  // buckets that may hold a pending record
     std::size_t home_of(std::uint64_t slot_hash) const;  // monotone in the hash
-    const Slot* find(std::uint64_t user, std::uint64_t slot_hash) const;
+    std::size_t bucket_of(const std::uint8_t* record) const;
+    std::uint8_t* find(std::uint64_t user, std::uint64_t slot_hash);
+    std::uint8_t* place(std::size_t from, std::size_t size);  // room in the first bucket from `from` with room
+    std::uint8_t* place_or_grow(std::size_t from, std::uint64_t slot_hash, std::size_t size);
+    std::uint8_t* grow_record(std::uint8_t* record);  // two more bytes at its end; returns where it is now
+    bool over_load(std::size_t more) const;
     void grow();
-    void rehash(std::size_t capacity, const TableAllocator<Slot>& alloc = {});
-    std::uint32_t allocate(std::uint32_t cls);
-    void release(std::uint32_t block, std::uint32_t cls);
-    void move_to_block(Slot& slot, std::uint32_t capacity);
-    void grow_block(Slot& slot, std::uint32_t more);
-    bool append_to_block(Slot& slot, std::uint64_t user, std::uint32_t fingerprint, bool journal);
+    void rehash(std::size_t buckets, const TableAllocator<Bucket>& alloc = {});
+    template <class B, class F>  // f(record) for every record of bucket `b` (const or not)
+    static void for_each_in(B& b, F&& f) {
+      for (std::size_t at = 0; at < b.used; at += user_record::size(b.bytes + at)) f(b.bytes + at);
+    }
+    template <class F>
+    void for_each_record(F&& f) const {
+      for (const Bucket& b : buckets) for_each_in(b, f);
+    }
   };
+  static std::uint32_t kept_of(const Shard& sh, const std::uint8_t* record) {
+    const std::uint8_t k = user_record::kept_byte(record);
+    return k != user_record::kWideKept ? k : sh.wide_kept.at(user_record::user(record));
+  }
   TableSlab slab_;  // the shards' reserved tables (reserve()); declared first, so it outlives them
   std::vector<Shard> shards_{kShards};
 };

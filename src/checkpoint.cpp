@@ -39,8 +39,9 @@ namespace {
 
 constexpr const char* kSegmentFormat = "dpstream-checkpoint-segment";
 constexpr const char* kJobFormat = "dpstream-checkpoint-job";
-// 2: key sums in 128 bits (keys/sum_low, keys/sum_high); 3: pairs as (user, key fingerprint)
-constexpr std::uint64_t kFormatVersion = 3;
+// 2: key sums in 128 bits (keys/sum_low, keys/sum_high); 3: pairs as (user, key fingerprint); 4: key
+// fingerprints of 16 bits (UserState::kFingerprintBits)
+constexpr std::uint64_t kFormatVersion = 4;
 constexpr std::uint64_t kTrimJournalBytes = std::uint64_t{64} << 20;  // see Store::commit
 constexpr mode_t kFileMode = 0600;
 constexpr const char* kJobFile = "job.h5";
@@ -466,6 +467,10 @@ Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string
       s.key_sum_low.size() != nk || s.key_sum_high.size() != nk || s.key_users.size() != nk ||
       s.key_round_base_users.size() != nk || s.key_round.size() != nk || s.key_round_start.size() != nk)
     throw std::runtime_error("its columns have different lengths");
+  for (const std::uint32_t f : s.pair_fingerprint)
+    if (f >> kernels::UserState::kFingerprintBits != 0)
+      throw std::runtime_error(
+          fmt::format("a key fingerprint ({}) has more than {} bits", f, kernels::UserState::kFingerprintBits));
   return s;
 }
 
@@ -674,13 +679,15 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
   for (std::size_t i = 0; i < seg.user_id.size(); ++i) {
     const std::uint64_t h = salted_hash(seg.user_id[i], kUserSalt);
     if (filter && owner_rank(h, ranks) != rank) continue;
-    users.find_or_add(local_shard(h, kernels::UserState::kShards), seg.user_id[i]).first->kept = seg.user_kept[i];
+    const std::size_t shard = local_shard(h, kernels::UserState::kShards);
+    users.set_kept(shard, users.find_or_add(shard, seg.user_id[i]).first, seg.user_kept[i]);
   }
   for (std::size_t i = 0; i < seg.pair_user.size(); ++i) {
     const std::uint64_t h = salted_hash(seg.pair_user[i], kUserSalt);
     if (filter && owner_rank(h, ranks) != rank) continue;
     const std::size_t shard = local_shard(h, kernels::UserState::kShards);
-    users.add_pair(shard, seg.pair_user[i], *users.find_or_add(shard, seg.pair_user[i]).first, seg.pair_fingerprint[i]);
+    auto user = users.find_or_add(shard, seg.pair_user[i]).first;
+    users.add_pair(shard, seg.pair_user[i], user, seg.pair_fingerprint[i]);
   }
   for (std::size_t i = 0; i < seg.key_id.size(); ++i) {
     const std::uint64_t h = salted_hash(seg.key_id[i], kKeySalt);

@@ -64,7 +64,8 @@ void Engine::run_window(std::uint32_t wi) {
 // evenly over ranks); a hint, so a reservation that fails leaves the tables to grow.
 void Engine::reserve_tables() {
   const auto ranks = static_cast<std::uint64_t>(comm_.size());
-  if (const std::uint64_t users = source_->users_per_window()) users_.reserve(users / ranks);
+  if (const std::uint64_t users = source_->users_per_window())
+    users_.reserve(users / ranks, source_->kept_records_per_window() / ranks);
   if (const std::uint64_t keys = source_->keys_per_window()) keys_.reserve(keys / ranks);
 }
 

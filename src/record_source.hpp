@@ -45,6 +45,9 @@ class RecordSource {
   // Distinct keys a window of the whole input is expected to touch (0: unknown), likewise for the key
   // tables; an estimate: a table above it grows as before.
   virtual std::uint64_t keys_per_window() const { return 0; }
+  // Records a window of the whole input is expected to keep (at most C per user; 0: unknown): an upper
+  // bound on its (user, key) pairs, which size the user tables with users_per_window.
+  virtual std::uint64_t kept_records_per_window() const { return 0; }
 
  private:
   absl::flat_hash_map<std::uint64_t, std::string> no_names_;

@@ -58,6 +58,7 @@ SyntheticSource::SyntheticSource(const JobConfig& config, int rank, int ranks)
   const double records = static_cast<double>(config.input.users) *
                          records_per_user_.mean_of_min(config.input.records_per_user_min == 0 ? 1.0 : 0.0,
                                                        static_cast<double>(config.privacy.max_records_per_user));
+  kept_records_per_window_ = static_cast<std::uint64_t>(records);
   const auto K = static_cast<double>(config.input.keys);
   keys_per_window_ = static_cast<std::uint64_t>(config.input.key_distribution == KeyDistribution::Uniform
                                                     ? -K * std::expm1(records * std::log1p(-1.0 / K))

@@ -34,6 +34,7 @@ class SyntheticSource final : public RecordSource {
   // Every user has at least one record in every window.
   std::uint64_t users_per_window() const override { return config_.input.users; }
   std::uint64_t keys_per_window() const override { return keys_per_window_; }
+  std::uint64_t kept_records_per_window() const override { return kept_records_per_window_; }
   // Earlier windows are only counted (n_u per user), not generated.
   void skip_to(std::int64_t first_window, std::int64_t window, std::uint32_t trigger) override;
 
@@ -70,7 +71,8 @@ class SyntheticSource final : public RecordSource {
   ZipfMandelbrot records_per_user_;
   ZipfMandelbrot key_zipf_;
   std::uint64_t first_user_, last_user_;
-  std::uint64_t keys_per_window_ = 0;  // expected distinct keys of a window (all ranks)
+  std::uint64_t keys_per_window_ = 0;          // expected distinct keys of a window (all ranks)
+  std::uint64_t kept_records_per_window_ = 0;  // expected kept records of a window (all ranks)
   std::int64_t window_ = -1;
   std::uint64_t window_node_ = 0;                // the hash of (seed, window_)
   kernels::TableSlots<Cursor> cursor_;           // visited at random (12 MB at 1M users a rank): on huge pages

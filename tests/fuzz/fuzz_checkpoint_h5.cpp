@@ -183,7 +183,7 @@ std::vector<std::byte> job_file(Builder& b) {
   h5::MemoryFile f(1 << 16);
   const hid_t root = f.get();
   b.string_attribute(root, "format", "dpstream-checkpoint-job");
-  b.uint_attribute(root, "version", 3);
+  b.uint_attribute(root, "version", 4);
   b.string_attribute(root, "job_id", b.text());
   b.string_attribute(root, "job_name", b.text());
   b.string_attribute(root, "started_at", b.text());
@@ -198,7 +198,7 @@ std::vector<std::byte> segment_file(Builder& b, const checkpoint::SegmentRef& re
   h5::MemoryFile f(1 << 16);
   const hid_t root = f.get();
   b.string_attribute(root, "format", "dpstream-checkpoint-segment");
-  b.uint_attribute(root, "version", 3);
+  b.uint_attribute(root, "version", 4);
   b.string_attribute(root, "job_id", job_id);
   b.uint_attribute(root, "seq", ref.seq);
   b.uint_attribute(root, "rank", static_cast<std::uint64_t>(ref.rank));
@@ -260,6 +260,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         seg.key_users.size() != nk || seg.key_round_base_users.size() != nk || seg.key_round.size() != nk ||
         seg.key_round_start.size() != nk)
       fuzz::property_failed("read_segment returned columns of different lengths");
+    for (const std::uint32_t f : seg.pair_fingerprint)
+      if (f >> kernels::UserState::kFingerprintBits != 0)
+        fuzz::property_failed("read_segment returned a key fingerprint wider than UserState keeps");
     kernels::UserState users;
     kernels::KeyStateTable keys;
     checkpoint::apply(seg, users, keys, 1, 2, /*filter=*/true);

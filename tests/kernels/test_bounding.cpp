@@ -35,6 +35,11 @@ std::vector<Record> random_trigger(std::mt19937_64& rng, int trigger, std::uint6
   return out;
 }
 
+// The k-th of a test user's fingerprints: distinct for k < 2^16, below 2^16 as key_fingerprint's.
+std::uint32_t fingerprint_of(std::uint64_t id, std::uint32_t k) {
+  return static_cast<std::uint32_t>(((id >> 32) + k) & 0xffff);
+}
+
 struct Totals {
   std::int64_t count;
   int128 sum;
@@ -120,8 +125,8 @@ TEST(Bounding, ClampsAndCountsAUserOncePerKey) {
   EXPECT_EQ(users.users(), 0u);
 }
 
-// Two keys whose 32-bit fingerprints collide (birthday search over consecutive keys: expected near
-// 2^16 of them).
+// Two keys whose 16-bit fingerprints collide (birthday search over consecutive keys: expected near
+// 2^8 of them).
 std::pair<std::uint64_t, std::uint64_t> colliding_keys() {
   std::unordered_map<std::uint32_t, std::uint64_t> seen;
   for (std::uint64_t k = 1;; ++k) {
@@ -180,10 +185,10 @@ TEST(Bounding, FirstTouchFingerprintsNeverOverCountAndOnlyUnderCountTheSameUser)
   EXPECT_EQ(listed, users.user_key_pairs());
 }
 
-// A user's fingerprints live in a block that grows 1 -> 3 -> 7 -> ... -> 63 and then spills into the
+// A user's fingerprints live in its record, which grows to kInline of them and then spills into the
 // exact overflow set: every key counts once whatever the size, across triggers and after a journal
 // drain; the journal returns each new pair once and each changed user's last kept count.
-TEST(Bounding, ManyKeysPerUserGrowBlocksAndOverflowExactly) {
+TEST(Bounding, ManyKeysPerUserGrowRecordsAndOverflowExactly) {
   const kernels::BoundingParams params{100000, 0.0, 1.0};
   kernels::UserState users;
   users.journal = true;
@@ -199,8 +204,16 @@ TEST(Bounding, ManyKeysPerUserGrowBlocksAndOverflowExactly) {
     }
     EXPECT_TRUE(users.journal_empty());
   };
-  // Users 1..40 get i * 5 distinct keys over 5 triggers (user 40: 200 keys, beyond one block); every
-  // trigger also repeats the previous trigger's keys, which must not count again.
+  // Users 1..40 get i * 5 distinct keys over 5 triggers (user 40: 200 keys, beyond its record); every
+  // trigger also repeats the previous trigger's keys, which must not count again. A user's keys have
+  // distinct fingerprints (keys whose 16-bit fingerprint collides with one of its earlier keys are
+  // skipped), so that every first touch counts.
+  std::map<std::uint64_t, std::vector<std::uint64_t>> keys_of;
+  for (std::uint64_t u = 1; u <= 40; ++u) {
+    std::set<std::uint32_t> fingerprints;
+    for (std::uint64_t key = u * 1000003; keys_of[u].size() < 5 * u; ++key)
+      if (fingerprints.insert(kernels::UserState::key_fingerprint(key)).second) keys_of[u].push_back(key);
+  }
   std::int64_t counted = 0;
   std::uint64_t ts = 0;
   std::vector<Record> previous;
@@ -210,7 +223,7 @@ TEST(Bounding, ManyKeysPerUserGrowBlocksAndOverflowExactly) {
     std::vector<Record> fresh;
     for (std::uint64_t u = 1; u <= 40; ++u)
       for (std::uint64_t i = 0; i < u; ++i)
-        fresh.push_back({u, u * 1000003 + t * 101 + i, static_cast<std::int64_t>(t), ++ts, 0.5});
+        fresh.push_back({u, keys_of[u][t * u + i], static_cast<std::int64_t>(t), ++ts, 0.5});
     batch.insert(batch.end(), fresh.begin(), fresh.end());
     for (const auto& p : kernels::bound_and_aggregate(batch, params, users, stats)) counted += p.new_users;
     EXPECT_EQ(counted, std::int64_t{20} * 41 * (t + 1)) << "trigger " << t;
@@ -224,8 +237,9 @@ TEST(Bounding, ManyKeysPerUserGrowBlocksAndOverflowExactly) {
     for (const auto& p : users.pairs(s)) EXPECT_TRUE(listed.insert(p).second);
   EXPECT_EQ(listed, journaled_pairs);
   for (std::uint64_t u = 1; u <= 40; ++u) EXPECT_EQ(journaled_kept[u], u * 5 + (u * 4)) << "user " << u;
-  // Fingerprint words dominate: 4 bytes per pair plus slack, not a hash set of 8-byte codes.
-  EXPECT_LT(users.memory_bytes(), 256u * 2048 + 20u * 41u * 5u * 16u);
+  // Records of 11 + 2 x 32 bytes and 2937 pairs past them in the overflow set (17 bytes an entry, at
+  // least 7/16 full), on the shards' smallest tables.
+  EXPECT_LT(users.memory_bytes(), 256u * 2048 + 2937u * 17u * 16u / 7u);
 }
 
 TEST(Bounding, SumsBeyondInt64NeverAbortAndStayExact) {
@@ -271,7 +285,7 @@ TEST(Bounding, StateDigestIsOrderFreeAndAddsOverAPartitionByUser) {
   std::vector<std::vector<Record>> triggers;
   triggers.reserve(20);
   for (int t = 0; t < 20; ++t) triggers.push_back(random_trigger(rng, t, position));
-  // Users with many keys, so that blocks grow and overflow (kBlockCapacity) take part too.
+  // Users with many keys, so that records grow to kInline and the overflow set takes part too.
   for (std::uint64_t k = 0; k < 200; ++k)
     triggers.back().push_back(Record{1000 + k % 3, 5000 + k, 1999, position++, 1.0});
   auto digest_of = [&](int threads, const std::function<bool(std::uint64_t)>& owns) {
@@ -311,11 +325,11 @@ TEST(Bounding, UserTablesGrowAndFindEveryUserInAnyOrder) {
     kernels::UserState users;
     for (const std::uint64_t id : order) {
       const std::size_t shard = id % kernels::UserState::kShards;
-      auto [slot, added] = users.find_or_add(shard, id);
+      auto [user, added] = users.find_or_add(shard, id);
       EXPECT_TRUE(added);
-      slot->kept = static_cast<std::uint32_t>(id % 1000);
-      for (std::uint32_t k = 0; k < id % 9; ++k)  // 0-8 keys: inline only, and inline plus a block
-        EXPECT_TRUE(users.add_pair(shard, id, *slot, static_cast<std::uint32_t>(id >> 32) + k));
+      users.set_kept(shard, user, static_cast<std::uint32_t>(id % 1000));  // 255 and more: the wide map
+      for (std::uint32_t k = 0; k < id % 9; ++k)                           // 0-8 keys: records of 11-27 bytes
+        EXPECT_TRUE(users.add_pair(shard, id, user, fingerprint_of(id, k)));
     }
     return users;
   };
@@ -326,17 +340,20 @@ TEST(Bounding, UserTablesGrowAndFindEveryUserInAnyOrder) {
   EXPECT_EQ(forward.digest(11), backward.digest(11));
   for (const std::uint64_t id : ids) {
     const std::size_t shard = id % kernels::UserState::kShards;
-    auto [slot, added] = backward.find_or_add(shard, id);
+    auto [user, added] = backward.find_or_add(shard, id);
     ASSERT_FALSE(added);
-    EXPECT_EQ(slot->kept, id % 1000);
-    EXPECT_FALSE(backward.add_pair(shard, id, *slot, static_cast<std::uint32_t>(id >> 32)) && id % 9 != 0);
+    EXPECT_EQ(backward.kept(shard, user), id % 1000);
+    EXPECT_FALSE(backward.add_pair(shard, id, user, fingerprint_of(id, 0)) && id % 9 != 0);
   }
   EXPECT_EQ(backward.users(), ids.size());
   std::map<std::uint64_t, std::uint32_t> kept;
   forward.for_each_user([&](std::uint64_t user, std::uint32_t k) { EXPECT_TRUE(kept.emplace(user, k).second); });
   EXPECT_EQ(kept.size(), ids.size());
-  EXPECT_LT(forward.memory_bytes(),
-            ids.size() * (sizeof(kernels::UserState::Slot) * 100 / 64 + std::size_t{5} * 4) + std::size_t{256} * 8192);
+  // Grown by 1/8 before 85% of the bytes are records: at least 75% full, plus the wide kept counts
+  // (id % 1000 >= 255: three users in four, 16-byte entries of an absl map at least 7/16 full).
+  std::uint64_t record_bytes = 0;
+  for (const std::uint64_t id : ids) record_bytes += 11 + 2 * (id % 9);
+  EXPECT_LT(forward.memory_bytes(), record_bytes * 4 / 3 + ids.size() * 3 / 4 * 17 * 16 / 7 + std::size_t{256} * 2048);
 }
 
 // reserve() sizes the tables up front: users added before it are found after it with their counts and
@@ -347,32 +364,33 @@ TEST(Bounding, ReserveKeepsContentsAndMatchesGrowth) {
   for (auto& id : ids) id = rng();
   auto add = [](kernels::UserState& users, std::uint64_t id) {
     const std::size_t shard = id % kernels::UserState::kShards;
-    auto [slot, added] = users.find_or_add(shard, id);
+    auto [user, added] = users.find_or_add(shard, id);
     EXPECT_TRUE(added);
-    slot->kept = static_cast<std::uint32_t>(id % 1000);
-    for (std::uint32_t k = 0; k < id % 9; ++k)
-      EXPECT_TRUE(users.add_pair(shard, id, *slot, static_cast<std::uint32_t>(id >> 32) + k));
+    users.set_kept(shard, user, static_cast<std::uint32_t>(id % 200));
+    for (std::uint32_t k = 0; k < id % 9; ++k) EXPECT_TRUE(users.add_pair(shard, id, user, fingerprint_of(id, k)));
   };
   kernels::UserState grown, reserved;
   for (const std::uint64_t id : ids) add(grown, id);
   for (std::size_t i = 0; i < ids.size() / 2; ++i) add(reserved, ids[i]);
   const std::uint64_t half_digest = reserved.digest(5);
-  reserved.reserve(ids.size());
+  std::uint64_t pairs = 0;
+  for (const std::uint64_t id : ids) pairs += id % 9;
+  reserved.reserve(ids.size(), pairs);
   EXPECT_EQ(reserved.digest(5), half_digest);
   const std::uint64_t reserved_bytes = reserved.memory_bytes();
-  EXPECT_GE(reserved_bytes, grown.memory_bytes() * 3 / 4);  // the slots for all users before they come (no blocks yet)
-  reserved.reserve(0);                                      // never shrinks
+  EXPECT_GE(reserved_bytes, grown.memory_bytes() * 3 / 4);  // the buckets for all users before they come
+  reserved.reserve(0, 0);                                   // never shrinks
   EXPECT_EQ(reserved.memory_bytes(), reserved_bytes);
   for (std::size_t i = ids.size() / 2; i < ids.size(); ++i) add(reserved, ids[i]);
   EXPECT_EQ(reserved.users(), ids.size());
   EXPECT_EQ(reserved.digest(5), grown.digest(5));
   for (const std::uint64_t id : ids) {
-    auto [slot, added] = reserved.find_or_add(id % kernels::UserState::kShards, id);
+    auto [user, added] = reserved.find_or_add(id % kernels::UserState::kShards, id);
     ASSERT_FALSE(added);
-    EXPECT_EQ(slot->kept, id % 1000);
+    EXPECT_EQ(reserved.kept(id % kernels::UserState::kShards, user), id % 200);
   }
   // The reserved tables are about the size growth reaches: room for the share and its spread, at most
-  // 4/5 full (kernels/table_memory.hpp reserved_capacity).
+  // 85% full (UserState::reserve).
   EXPECT_LE(reserved.memory_bytes(), grown.memory_bytes() * 5 / 4);
   EXPECT_GE(reserved.memory_bytes(), grown.memory_bytes() * 4 / 5);
 }
@@ -437,33 +455,32 @@ TEST(TableMemory, SlabPiecesAreDisjointAndStayWithTheirArray) {
 // Reserved tables live in the store's slab: users far beyond the reservation grow their shards out of
 // it with every count and fingerprint kept, clear() gives it back, and the next window reserves again.
 TEST(Bounding, SlabTablesGrowOutAndComeBackAfterClear) {
-  std::vector<std::uint64_t> ids(120000);
+  std::vector<std::uint64_t> ids(240000);
   std::mt19937_64 rng(21);
   for (auto& id : ids) id = rng();
   auto fill = [&](kernels::UserState& users, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint64_t id = ids[i];
       const std::size_t shard = id % kernels::UserState::kShards;
-      auto [slot, added] = users.find_or_add(shard, id);
-      slot->kept = static_cast<std::uint32_t>(id % 1000);
-      for (std::uint32_t k = 0; k < id % 7; ++k)
-        users.add_pair(shard, id, *slot, static_cast<std::uint32_t>(id >> 40) + k);
+      auto [user, added] = users.find_or_add(shard, id);
+      users.set_kept(shard, user, static_cast<std::uint32_t>(id % 1000));
+      for (std::uint32_t k = 0; k < id % 7; ++k) users.add_pair(shard, id, user, fingerprint_of(id, k));
     }
   };
   kernels::UserState grown, reserved;
   fill(grown, ids.size());
   for (int window = 0; window < 2; ++window) {
-    reserved.reserve(40000);  // 2.5 MB of slots: a slab
-    EXPECT_GE(reserved.memory_bytes(), std::uint64_t{40000} * sizeof(kernels::UserState::Slot));
-    fill(reserved, 40000);
+    reserved.reserve(80000, std::uint64_t{80000} * 4);  // 80000 x 19 bytes of records / 0.85: 2.2 MB, a slab
+    EXPECT_GE(reserved.memory_bytes(), std::uint64_t{80000} * 19);
+    fill(reserved, 80000);
     fill(reserved, ids.size());  // three times the reservation: every shard grows out of its piece
     EXPECT_EQ(reserved.users(), ids.size());
     EXPECT_EQ(reserved.digest(4), grown.digest(4));
     EXPECT_GT(reserved.memory_bytes(), grown.memory_bytes());  // the slab stays until clear()
     for (const std::uint64_t id : ids) {
-      auto [slot, added] = reserved.find_or_add(id % kernels::UserState::kShards, id);
+      auto [user, added] = reserved.find_or_add(id % kernels::UserState::kShards, id);
       ASSERT_FALSE(added);
-      EXPECT_EQ(slot->kept, id % 1000);
+      EXPECT_EQ(reserved.kept(id % kernels::UserState::kShards, user), id % 1000);
     }
     reserved.clear();
     EXPECT_EQ(reserved.users(), 0u);
@@ -471,7 +488,7 @@ TEST(Bounding, SlabTablesGrowOutAndComeBackAfterClear) {
   }
   // A reservation below what every table holds already (a resume's restored state) maps nothing.
   const std::uint64_t grown_bytes = grown.memory_bytes();
-  grown.reserve(40000);
+  grown.reserve(80000, std::uint64_t{80000} * 4);
   EXPECT_EQ(grown.memory_bytes(), grown_bytes);
 }
 
@@ -512,10 +529,10 @@ struct UserStateModel {
 }  // namespace
 
 // Model-based: long random sequences of UserState operations against a std::map/std::set model. Most
-// users share shards 0 and 1 (tables grow many times and probe chains are long); users hold 0-150
-// distinct fingerprints (inline, every block class, the overflow set), drawn from small values (equal to
-// block offsets in the arena), values shared between users and random ones, and are offered fingerprints
-// they hold again and again; reserve_pairs with any `more`; drains of one or all shards, journal on and
+// users share shards 0 and 1 (tables grow many times, records move on and probe chains are long); users
+// hold 0-150 distinct fingerprints (records of every size up to kInline, then the overflow set), drawn
+// from small values, values shared between users and random ones, and are offered fingerprints they hold
+// again and again; kept counts either side of the one-byte field; drains of one or all shards, journal on and
 // off phases and clear_journal between them. Privacy: add_pair is true exactly once per new (user,
 // fingerprint), and the journal returns every pair added with the journal on exactly once.
 TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
@@ -533,10 +550,12 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
       std::size_t shard;
       std::vector<std::uint32_t> universe;
     };
+    const auto any_fingerprint = [&] { return static_cast<std::uint32_t>(rng() & 0xffff); };
     std::vector<std::uint32_t> shared(48);  // fingerprints many users hold
-    for (auto& f : shared) f = static_cast<std::uint32_t>(rng());
-    // Totals where a user's layout changes: 4 inline; 3 inline + blocks of 1, 3, ..., 63; then the overflow.
-    const std::vector<std::uint32_t> edges{0, 1, 3, 4, 5, 6, 7, 10, 11, 18, 19, 34, 35, 66, 67, 68};
+    for (auto& f : shared) f = any_fingerprint();
+    // Totals where a user's layout changes: a record of up to kInline fingerprints, then the overflow set.
+    constexpr std::uint32_t kInline = kernels::UserState::kInline;
+    const std::vector<std::uint32_t> edges{0, 1, 2, kInline - 1, kInline, kInline + 1, kInline + 2, 2 * kInline};
     std::vector<Candidate> pool;
     std::set<std::uint64_t> ids;
     const std::size_t n_users = 500 + below(300);
@@ -557,8 +576,8 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
                    : f < 8   ? static_cast<std::uint32_t>(below(1u << 16))
                    : f < 12  ? shared[below(shared.size())]
                    : f == 12 ? std::uint32_t{0}
-                   : f == 13 ? ~std::uint32_t{0}
-                             : static_cast<std::uint32_t>(rng()));
+                   : f == 13 ? std::uint32_t{0xffff}
+                             : any_fingerprint());
       }
       std::vector<std::uint32_t> universe(fps.begin(), fps.end());
       std::shuffle(universe.begin(), universe.end(), rng);
@@ -619,7 +638,7 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
       const std::uint64_t r = below(1000);
       if (r < 600) {  // add_pair: often a fingerprint the user holds already
         const Candidate& c = pick();
-        auto [slot, added] = state.find_or_add(c.shard, c.id);
+        auto [user, added] = state.find_or_add(c.shard, c.id);
         auto [it, model_added] = model.users.try_emplace(c.id);
         it->second.shard = c.shard;
         ASSERT_EQ(added, model_added) << "user " << c.id << " at op " << op;
@@ -628,35 +647,37 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
         std::uint32_t f = c.universe[below(c.universe.size())];
         if (!held.empty() && below(3) == 0) f = *std::next(held.begin(), static_cast<long>(below(held.size())));
         const bool is_new = it->second.fingerprints.insert(f).second;
-        ASSERT_EQ(state.add_pair(c.shard, c.id, *slot, f), is_new)
+        ASSERT_EQ(state.add_pair(c.shard, c.id, user, f), is_new)
             << "user " << c.id << " fingerprint " << f << " (held " << held.size() << ") at op " << op;
         if (is_new && state.journal) model.pending[c.shard].emplace(c.id, f);
       } else if (r < 680) {  // kept records
         const Candidate& c = pick();
-        auto [slot, added] = state.find_or_add(c.shard, c.id);
+        auto [user, added] = state.find_or_add(c.shard, c.id);
         auto& u = model.users[c.id];
         u.shard = c.shard;
-        slot->kept = u.kept = below(4) == 0 ? static_cast<std::uint32_t>(rng()) : u.kept + 1;
+        const std::uint64_t k = below(8);  // kept counts either side of the one-byte field's 255
+        u.kept = k == 0   ? static_cast<std::uint32_t>(rng())
+                 : k == 1 ? static_cast<std::uint32_t>(below(4))
+                 : k == 2 ? 253 + static_cast<std::uint32_t>(below(4))
+                          : u.kept + 1;
+        state.set_kept(c.shard, user, u.kept);
+        EXPECT_EQ(state.kept(c.shard, user), u.kept);
         if (state.journal) {
-          state.mark_changed(c.shard, *slot);
+          state.mark_changed(c.shard, user);
           model.changed[c.shard].insert(c.id);
         }
-      } else if (r < 760) {  // reserve_pairs with any `more`
+      } else if (r < 760) {  // a fingerprint of more than 16 bits: refused, nothing changes
         const Candidate& c = pick();
-        auto [slot, added] = state.find_or_add(c.shard, c.id);
+        auto [user, added] = state.find_or_add(c.shard, c.id);
+        ASSERT_EQ(added, model.users.try_emplace(c.id).second) << "user " << c.id << " at op " << op;
         model.users[c.id].shard = c.shard;
-        const std::uint64_t m = below(8);
-        const auto more = static_cast<std::uint32_t>(m < 4    ? below(8)
-                                                     : m < 6  ? below(200)
-                                                     : m == 6 ? ~std::uint32_t{0} - below(8)
-                                                              : rng());
-        state.reserve_pairs(c.shard, *slot, more);
-      } else if (r < 800) {  // a user's first visit without keys, and the prefetch loads
+        EXPECT_THROW(state.add_pair(c.shard, c.id, user, 0x10000 + static_cast<std::uint32_t>(below(1u << 16))),
+                     std::out_of_range);
+      } else if (r < 800) {  // a user's first visit without keys, and the prefetch load
         const Candidate& c = pick();
         const std::uint64_t hash = kernels::UserState::slot_hash(c.id);
         state.prefetch_slot(c.shard, hash);
-        state.prefetch_block(c.shard, c.id, hash);
-        auto [slot, added] = state.find_or_add(c.shard, c.id, hash);
+        auto [user, added] = state.find_or_add(c.shard, c.id, hash);
         ASSERT_EQ(added, model.users.try_emplace(c.id).second) << "user " << c.id << " at op " << op;
         model.users[c.id].shard = c.shard;
       } else if (r < 830) {
@@ -693,13 +714,12 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
     std::shuffle(order.begin(), order.end(), rng);
     for (const std::uint64_t id : order) {
       const auto& u = model.users.at(id);
-      auto [slot, added] = rebuilt.find_or_add(u.shard, id);
+      auto [user, added] = rebuilt.find_or_add(u.shard, id);
       ASSERT_TRUE(added);
-      slot->kept = u.kept;
+      rebuilt.set_kept(u.shard, user, u.kept);
       std::vector<std::uint32_t> fps(u.fingerprints.begin(), u.fingerprints.end());
       std::shuffle(fps.begin(), fps.end(), rng);
-      if (below(2) == 0) rebuilt.reserve_pairs(u.shard, *slot, static_cast<std::uint32_t>(fps.size()));
-      for (const std::uint32_t f : fps) EXPECT_TRUE(rebuilt.add_pair(u.shard, id, *slot, f));
+      for (const std::uint32_t f : fps) EXPECT_TRUE(rebuilt.add_pair(u.shard, id, user, f));
     }
     EXPECT_EQ(rebuilt.users(), state.users());
     EXPECT_EQ(rebuilt.user_key_pairs(), state.user_key_pairs());
@@ -715,20 +735,22 @@ TEST(Bounding, UserStateMatchesAModelUnderRandomOperations) {
 
 // The journal returns a pair added with the journal on even when the journal is turned off before the
 // drain ("the pair stays in the journal until drain_journal()"), whatever the user's layout. (It once
-// lost it: add_pair with the journal off marked the user's whole inline prefix or block as journaled.)
+// lost it: add_pair with the journal off marked the user's whole journaled prefix as journaled.)
 // A pair added while the journal is off behind a pending one may be journaled too: the journal is a
 // journaled-prefix count per user, and recording a pair twice is harmless (a resume adds it once),
 // losing one is not.
 TEST(Bounding, JournalKeepsPairsAddedWhileOnAfterItIsTurnedOff) {
-  for (const std::uint32_t before : {0u, 3u, 10u, 70u}) {  // A inline, A moved to a block, in a block, overflow
+  constexpr std::uint32_t kInline = kernels::UserState::kInline;
+  // A and B in the record, A the record's last and B in the overflow set, both in the overflow set.
+  for (const std::uint32_t before : {0u, 3u, kInline - 1, 70u}) {
     SCOPED_TRACE(::testing::Message() << before << " fingerprints before");
     kernels::UserState users;
-    auto [slot, added] = users.find_or_add(0, 42);
-    for (std::uint32_t i = 0; i < before; ++i) EXPECT_TRUE(users.add_pair(0, 42, *slot, 1000 + i));
+    auto [user, added] = users.find_or_add(0, 42);
+    for (std::uint32_t i = 0; i < before; ++i) EXPECT_TRUE(users.add_pair(0, 42, user, 1000 + i));
     users.journal = true;
-    EXPECT_TRUE(users.add_pair(0, 42, *slot, 1));  // A: journal on
+    EXPECT_TRUE(users.add_pair(0, 42, user, 1));  // A: journal on
     users.journal = false;
-    EXPECT_TRUE(users.add_pair(0, 42, *slot, 2));  // B: journal off
+    EXPECT_TRUE(users.add_pair(0, 42, user, 2));  // B: journal off
     std::vector<kernels::UserState::UserFingerprint> changed, new_pairs;
     const auto size = users.journal_size();
     users.drain_journal(0, changed, new_pairs);
