@@ -45,16 +45,18 @@ std::uint64_t UserState::slot_hash(std::uint64_t user) {
   return partition::salted_hash(user, partition::kUserSlotSalt);
 }
 
-std::size_t UserState::Shard::home_of(std::uint64_t slot_hash) const {
-  return static_cast<std::size_t>(static_cast<uint128>(slot_hash) * buckets.size() >> 64);  // uniform on [0, size)
+std::size_t UserState::Shard::home_in(std::size_t buckets, std::uint64_t slot_hash) {
+  return static_cast<std::size_t>(static_cast<uint128>(slot_hash) * buckets >> 64);  // uniform on [0, buckets)
 }
+
+std::size_t UserState::Shard::home_of(std::uint64_t slot_hash) const { return home_in(buckets.size(), slot_hash); }
 
 std::size_t UserState::Shard::bucket_of(const std::uint8_t* record) const {
   return static_cast<std::size_t>(record - reinterpret_cast<const std::uint8_t*>(buckets.data())) / kBucketBytes;
 }
 
 std::uint8_t* UserState::Shard::find(std::uint64_t user, std::uint64_t hash) {
-  std::size_t b = buckets.empty() ? 0 : home_of(hash);
+  std::size_t b = home_of(hash);
   for (std::size_t n = 0; n < buckets.size(); ++n, b = next_slot(b, buckets.size())) {
     Bucket& bucket = buckets[b];
     for (std::size_t at = 0; at < bucket.used; at += rec::size(bucket.bytes + at))
@@ -68,14 +70,16 @@ bool UserState::Shard::over_load(std::size_t more) const {
   return (record_bytes + more) * 100 > buckets.size() * sizeof(Bucket::bytes) * kMaxLoadPercent;
 }
 
-std::uint8_t* UserState::Shard::place(std::size_t from, std::size_t size) {
+std::size_t UserState::Shard::grown(std::size_t buckets) { return std::max<std::size_t>(4, buckets + buckets / 8 + 1); }
+
+std::uint8_t* UserState::Shard::place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size,
+                                         std::size_t max_probe) {
   std::size_t b = from;
-  for (std::size_t n = 0; n < buckets.size(); ++n, b = next_slot(b, buckets.size())) {
-    Bucket& bucket = buckets[b];
+  for (std::size_t n = 0; n < std::min(max_probe, table.size()); ++n, b = next_slot(b, table.size())) {
+    Bucket& bucket = table[b];
     if (bucket.used + size <= sizeof(Bucket::bytes)) {
       std::uint8_t* at = bucket.bytes + bucket.used;
       bucket.used = static_cast<std::uint8_t>(bucket.used + size);
-      record_bytes += size;
       return at;
     }
     bucket.flags |= kPassed;
@@ -83,15 +87,16 @@ std::uint8_t* UserState::Shard::place(std::size_t from, std::size_t size) {
   return nullptr;
 }
 
-// place(), growing the table first while it is over its load or when no bucket has room (its free bytes
-// scattered in pieces too small: rare below the load limit).
 std::uint8_t* UserState::Shard::place_or_grow(std::size_t from, std::uint64_t hash, std::size_t size) {
   if (buckets.empty() || over_load(size)) {
     grow();
     from = home_of(hash);
   }
   for (;;) {
-    if (std::uint8_t* at = place(from, size)) return at;
+    if (std::uint8_t* at = place_in(buckets, from, size, kMaxProbe)) {
+      record_bytes += size;
+      return at;
+    }
     grow();
     from = home_of(hash);
   }
@@ -120,37 +125,34 @@ std::uint8_t* UserState::Shard::grow_record(std::uint8_t* record) {
   std::memmove(record, record + size, bucket.used - at - size);
   bucket.used = static_cast<std::uint8_t>(bucket.used - size);
   record_bytes -= size;
-  const std::uint64_t hash = slot_hash(rec::user(copy));
-  const std::size_t from = bucket_of(record);
-  std::uint8_t* moved = place_or_grow(from, hash, size + 2);
+  std::uint8_t* moved = place_or_grow(bucket_of(record), slot_hash(rec::user(copy)), size + 2);
   std::memcpy(moved, copy, size);
   if (record_pending(moved)) marked.note(bucket_of(moved));
   return moved;
 }
 
-void UserState::Shard::grow() { rehash(std::max<std::size_t>(4, buckets.size() + buckets.size() / 8 + 1)); }
+void UserState::Shard::grow() { rehash(grown(buckets.size())); }
 
-// Moves every record to a table of `capacity` buckets, or of more when one finds no room there (its free
-// bytes in pieces too small for a large record: rare below the load limit).
-void UserState::Shard::rehash(std::size_t capacity, const TableAllocator<Bucket>& alloc) {
-  TableSlots<Bucket> old(capacity, alloc);
-  old.swap(buckets);
-  for (;;) {
-    record_bytes = 0;
-    bool placed = true;
-    for (const Bucket& b : old) {
-      for_each_in(b, [&](const std::uint8_t* r) {
-        const std::size_t size = rec::size(r);
-        std::uint8_t* at = placed ? place(home_of(slot_hash(rec::user(r))), size) : nullptr;
-        if (at != nullptr) std::memcpy(at, r, size);
-        placed = at != nullptr;
-      });
-      if (!placed) break;
-    }
-    if (placed) break;
-    TableSlots<Bucket>(buckets.size() + buckets.size() / 8 + 1).swap(buckets);
+bool UserState::Shard::copy_records_to(TableSlots<Bucket>& table) const {
+  bool placed = true;
+  for (const Bucket& b : buckets) {
+    for_each_in(b, [&](const std::uint8_t* r) {
+      const std::size_t size = rec::size(r);
+      std::uint8_t* at =
+          placed ? place_in(table, home_in(table.size(), slot_hash(rec::user(r))), size, table.size()) : nullptr;
+      if (at != nullptr) std::memcpy(at, r, size);
+      placed = at != nullptr;
+    });
+    if (!placed) return false;
   }
-  marked.rehash(buckets.size());
+  return true;
+}
+
+void UserState::Shard::rehash(std::size_t capacity, const TableAllocator<Bucket>& alloc) {
+  TableSlots<Bucket> table(capacity, alloc);
+  while (!copy_records_to(table)) TableSlots<Bucket>(grown(table.size())).swap(table);
+  marked.rehash(table.size());
+  buckets.swap(table);
 }
 
 void UserState::clear() {
@@ -191,9 +193,9 @@ bool UserState::journal_empty() const {
   return j.changed_users == 0 && j.new_pairs == 0;
 }
 
-std::uint32_t UserState::key_fingerprint(std::uint64_t key) {
-  return static_cast<std::uint32_t>(partition::salted_hash(key, partition::kFingerprintSalt) >>
-                                    (64 - kFingerprintBits));
+std::uint32_t UserState::key_fingerprint(std::uint64_t key, std::uint64_t user) {
+  const std::uint64_t salt = partition::salted_hash(user, partition::kFingerprintSalt);
+  return static_cast<std::uint32_t>(partition::salted_hash(key, salt) >> (64 - kFingerprintBits));
 }
 
 std::pair<UserState::UserRef, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user) {
@@ -203,7 +205,7 @@ std::pair<UserState::UserRef, bool> UserState::find_or_add(std::size_t shard, st
 std::pair<UserState::UserRef, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t hash) {
   Shard& sh = shards_[shard];
   if (std::uint8_t* r = sh.find(user, hash)) return {{r}, false};
-  std::uint8_t* r = sh.place_or_grow(sh.buckets.empty() ? 0 : sh.home_of(hash), hash, rec::kHead);
+  std::uint8_t* r = sh.place_or_grow(sh.home_of(hash), hash, rec::kHead);
   std::memcpy(r, &user, sizeof user);
   rec::set_tag(r, 0);
   rec::set_kept_byte(r, 0);
@@ -501,7 +503,7 @@ class ShardBounder {
   // The user's kept records of one key: its first touch counted, its partial emitted.
   void count_key(std::size_t s, std::uint64_t user, UserState::UserRef& ref, std::uint64_t key, std::int64_t count,
                  int128 sum) {
-    const bool first_touch = state_.add_pair(s, user, ref, UserState::key_fingerprint(key));
+    const bool first_touch = state_.add_pair(s, user, ref, UserState::key_fingerprint(key, user));
     append_partial(out_.partials, key, count, sum, first_touch || params_.users_per_trigger ? 1 : 0);
   }
 

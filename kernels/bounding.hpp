@@ -83,30 +83,34 @@ inline void set_fingerprint(std::uint8_t* r, std::uint32_t i, std::uint16_t f) {
 //
 // A user is one variable-length record (user_record) packed with others into the 128-byte buckets (two
 // cache lines) of its shard's table, holding the 16-bit fingerprints of the first kInline keys it was
-// counted for; more go to an exact (user, fingerprint) set. So a visit reads one bucket, and a user costs 11 + 2 x keys
-// bytes (paper workload: ~6 keys, 23 bytes) over the table's load.
+// counted for; more go to an exact (user, fingerprint) set. So a visit reads the user's home bucket (or
+// the next few, where its record moved on), and a user costs 11 + 2 x keys bytes (paper workload: ~6
+// keys, 23 bytes) over the table's load.
 //
 // Buckets are probed linearly from the user's home bucket (from slot_hash): a record lies in the first
 // bucket from home that had room when it was placed, or moved to when it grew (the bucket's records
 // shift to make room for a fingerprint, or the record moves on to the next bucket with room). A bucket
 // a record passed is flagged, and a lookup goes on past flagged buckets only. The table grows (by 1/8)
-// before its records fill kMaxLoadPercent of its bytes.
+// before its records fill kMaxLoadPercent of its bytes, and when a record would pass more than
+// kMaxProbe buckets.
 //
 // First touches: a user adds at most 1 to a key's user count. Two keys of the same user with equal
-// fingerprints (probability <= C / 2^16 per new key) count that user once for both: an under-count
+// fingerprints (probability < C / 2^16 per new key) count that user once for both: an under-count
 // of that user's own contribution only, never another user's, and never an over-count (a false
 // negative is impossible: a key always has its fingerprint). docs/PRIVACY.md section 4.
 class UserState {
  public:
   static constexpr std::size_t kShards = 256;
-  static constexpr std::size_t kBucketBytes = 128;                  // two cache lines
-  static constexpr std::uint32_t kInline = 32;                      // fingerprints in a record (11 + 64 = 75 bytes)
-  static_assert(kInline < 64);                                      // user_record's 6-bit counts
+  static constexpr std::size_t kBucketBytes = 128;  // two cache lines
+  static constexpr std::uint32_t kInline = 32;      // fingerprints in a record (11 + 64 = 75 bytes)
+  static_assert(kInline < 64);                      // user_record's 6-bit counts
+  static_assert(user_record::kHead + std::size_t{2} * kInline <= kBucketBytes - 2, "a full record fits a bucket");
   static constexpr std::uint32_t kFingerprintBits = 16;             // key_fingerprint's values are below 2^16
   static constexpr std::uint32_t kMaxLoadPercent = 85;              // of a table's record bytes
+  static constexpr std::size_t kMaxProbe = 256;                     // see place_or_grow
   using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
   // Where a user's record lies: valid until the shard's next find_or_add or add_pair (add_pair updates
-  // the one it is given).
+  // the one it is given), or the next reserve() or clear().
   struct UserRef {
     std::uint8_t* record = nullptr;
   };
@@ -130,7 +134,11 @@ class UserState {
       shards_[s].for_each_record([&](const std::uint8_t* r) { f(user_record::user(r), kept_of(shards_[s], r)); });
   }
 
-  static std::uint32_t key_fingerprint(std::uint64_t key);  // below 2^kFingerprintBits
+  // The user's fingerprint of `key`, below 2^kFingerprintBits. Salted by the user, so that two keys
+  // collide for a user with probability 2^-16 independently of other users: with one salt for all, the
+  // same pairs of keys would collide for every user in every window (a pair of popular keys losing the
+  // same share of their users each time).
+  static std::uint32_t key_fingerprint(std::uint64_t key, std::uint64_t user);
   // The hash that places a user in its shard's table (a bijection of the id; home buckets grow with it).
   static std::uint64_t slot_hash(std::uint64_t user);
   // The user's record in `shard`, added with kept = 0 and no fingerprint when new (second: added).
@@ -181,16 +189,29 @@ class UserState {
     std::vector<UserFingerprint> overflow_journal;
     JournalSize pending;   // what drain_journal will return (its new_pairs include overflow_journal)
     GroupMarks<1> marked;  // buckets that may hold a pending record
-    std::size_t home_of(std::uint64_t slot_hash) const;  // monotone in the hash
+    static std::size_t home_in(std::size_t buckets, std::uint64_t slot_hash);  // monotone in the hash
+    std::size_t home_of(std::uint64_t slot_hash) const;
     std::size_t bucket_of(const std::uint8_t* record) const;
     std::uint8_t* find(std::uint64_t user, std::uint64_t slot_hash);
-    std::uint8_t* place(std::size_t from, std::size_t size);  // room in the first bucket from `from` with room
+    // Room for `size` bytes at the end of the first bucket of `table` with room, from `from` on within
+    // `max_probe` buckets, flagging the buckets passed; nullptr if none.
+    static std::uint8_t* place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size, std::size_t max_probe);
+    // place_in() this table within kMaxProbe buckets, growing it first while it is over its load, and
+    // again while no bucket near enough has room: records of many keys leave buckets too full for
+    // another one below the load limit (a user with 32 keys fills 75 of a bucket's 126 bytes), and a
+    // table of such users would otherwise grow only once a scan passed every bucket, every lookup of a
+    // new user scanning the flagged runs. The paper workload at 85% places a few records past 128
+    // buckets (a limit of 128 cost it 2 B per user in growth) and hardly any past 256.
     std::uint8_t* place_or_grow(std::size_t from, std::uint64_t slot_hash, std::size_t size);
     std::uint8_t* grow_record(std::uint8_t* record);  // two more bytes at its end; returns where it is now
     bool over_load(std::size_t more) const;
+    static std::size_t grown(std::size_t buckets);  // by 1/8 and a bucket
     void grow();
+    // Moves every record to a table of `buckets` buckets, or of more while one finds no room there; the
+    // current table stays as it is until the new one holds them all (a failed allocation loses nothing).
     void rehash(std::size_t buckets, const TableAllocator<Bucket>& alloc = {});
-    template <class B, class F>  // f(record) for every record of bucket `b` (const or not)
+    bool copy_records_to(TableSlots<Bucket>& table) const;  // false when one found no room
+    template <class B, class F>                             // f(record) for every record of bucket `b` (const or not)
     static void for_each_in(B& b, F&& f) {
       for (std::size_t at = 0; at < b.used; at += user_record::size(b.bytes + at)) f(b.bytes + at);
     }

@@ -31,7 +31,7 @@ class NaiveReference {
   std::uint32_t c_;
   double lo_, hi_;
   std::unordered_map<std::uint64_t, std::uint32_t> kept_;
-  std::unordered_set<std::pair<std::uint64_t, std::uint64_t>, PairHash> touched_;
+  std::unordered_set<std::pair<std::uint64_t, std::uint64_t>, PairHash> touched_;  // (user, key fingerprint)
   std::unordered_map<std::uint64_t, KeyTotals> totals_;
 };
 
