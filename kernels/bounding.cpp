@@ -93,7 +93,7 @@ std::uint8_t* UserState::Shard::place_or_grow(std::size_t from, std::uint64_t ha
     from = home_of(hash);
   }
   for (;;) {
-    if (std::uint8_t* at = place_in(buckets, from, size, kMaxProbe)) {
+    if (std::uint8_t* at = place_in(buckets, from, size, buckets.size())) {
       record_bytes += size;
       return at;
     }

@@ -91,8 +91,7 @@ inline void set_fingerprint(std::uint8_t* r, std::uint32_t i, std::uint16_t f) {
 // bucket from home that had room when it was placed, or moved to when it grew (the bucket's records
 // shift to make room for a fingerprint, or the record moves on to the next bucket with room). A bucket
 // a record passed is flagged, and a lookup goes on past flagged buckets only. The table grows (by 1/8)
-// before its records fill kMaxLoadPercent of its bytes, and when a record would pass more than
-// kMaxProbe buckets.
+// before its records fill kMaxLoadPercent of its bytes.
 //
 // First touches: a user adds at most 1 to a key's user count. Two keys of the same user with equal
 // fingerprints (probability < C / 2^16 per new key) count that user once for both: an under-count
@@ -107,7 +106,6 @@ class UserState {
   static_assert(user_record::kHead + std::size_t{2} * kInline <= kBucketBytes - 2, "a full record fits a bucket");
   static constexpr std::uint32_t kFingerprintBits = 16;             // key_fingerprint's values are below 2^16
   static constexpr std::uint32_t kMaxLoadPercent = 85;              // of a table's record bytes
-  static constexpr std::size_t kMaxProbe = 256;                     // see place_or_grow
   using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
   // Where a user's record lies: valid until the shard's next find_or_add or add_pair (add_pair updates
   // the one it is given), or the next reserve() or clear().
@@ -196,12 +194,12 @@ class UserState {
     // Room for `size` bytes at the end of the first bucket of `table` with room, from `from` on within
     // `max_probe` buckets, flagging the buckets passed; nullptr if none.
     static std::uint8_t* place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size, std::size_t max_probe);
-    // place_in() this table within kMaxProbe buckets, growing it first while it is over its load, and
-    // again while no bucket near enough has room: records of many keys leave buckets too full for
-    // another one below the load limit (a user with 32 keys fills 75 of a bucket's 126 bytes), and a
-    // table of such users would otherwise grow only once a scan passed every bucket, every lookup of a
-    // new user scanning the flagged runs. The paper workload at 85% places a few records past 128
-    // buckets (a limit of 128 cost it 2 B per user in growth) and hardly any past 256.
+    // place_in() this table, growing it first while it is over its load, and again when no bucket has
+    // room. Records of many keys leave buckets too full for another one below the load limit (a user
+    // with 32 keys fills 75 of a bucket's 126 bytes): a table of such users grows late, and new users'
+    // lookups scan its flagged runs (docs/PERFORMANCE.md round 13). A limit on the buckets a placement
+    // may pass (256) bounded that, but at 1/10 of the billion-key job it grew tables out of their
+    // reserved slab (58.7 B per user instead of 27.7).
     std::uint8_t* place_or_grow(std::size_t from, std::uint64_t slot_hash, std::size_t size);
     std::uint8_t* grow_record(std::uint8_t* record);  // two more bytes at its end; returns where it is now
     bool over_load(std::size_t more) const;
