@@ -63,34 +63,33 @@ class Absl:
     bytes = staticmethod(lambda cap, slot: cap * (slot + 1) + 16)
 
 
-class Packed:
-    """PackedSlots and UserState::Shard geometry (kernels/table_memory.hpp): 16, then steps of 1/4 (1/8 from 2^16), at most
-    4/5 full."""
+class Stepped:
+    """A table grown in steps (top: the largest count a capacity holds, next: the capacity after it)."""
+    smallest = 16
+
+    @classmethod
+    def first(cls, items):
+        cap = cls.smallest
+        while items > cls.top(cap):
+            cap = cls.next(cap)
+        return cap
+
+
+class Packed(Stepped):
+    """PackedSlots geometry, the key table (kernels/table_memory.hpp): 16, then steps of 1/4 (1/8 from 2^16),
+    at most 4/5 full."""
     top = staticmethod(lambda cap: cap * 4 // 5)  # table_full: grows when (items + 1) * 5 > cap * 4
     next = staticmethod(lambda cap: max(16, cap + cap // (4 if cap < 65536 else 8)))
     bytes = staticmethod(lambda cap, slot: cap * slot)
 
-    @staticmethod
-    def first(items):
-        cap = 16
-        while items > Packed.top(cap):
-            cap = Packed.next(cap)
-        return cap
 
-
-class Buckets:
-    """UserState::Shard geometry (kernels/bounding.cpp), counted in record bytes: grows by 1/8 + 1 bucket
-    before its records fill 85% of its buckets' room."""
+class Buckets(Stepped):
+    """UserState::Shard geometry (kernels/bounding.cpp), counted in record bytes: 4 buckets, grown by 1/8 + 1
+    bucket before its records fill 85% of its buckets' room."""
+    smallest = 4
     top = staticmethod(lambda cap: cap * BUCKET_ROOM * MAX_LOAD_PERCENT // 100)
     next = staticmethod(lambda cap: cap + cap // 8 + 1)
     bytes = staticmethod(lambda cap, slot: cap * BUCKET)
-
-    @staticmethod
-    def first(items):
-        cap = 4
-        while items > Buckets.top(cap):
-            cap = Buckets.next(cap)
-        return cap
 
 
 def reserved_buckets(users, record_bytes_per_user):
