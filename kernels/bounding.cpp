@@ -72,10 +72,9 @@ bool UserState::Shard::over_load(std::size_t more) const {
 
 std::size_t UserState::Shard::grown(std::size_t buckets) { return std::max<std::size_t>(4, buckets + buckets / 8 + 1); }
 
-std::uint8_t* UserState::Shard::place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size,
-                                         std::size_t max_probe) {
+std::uint8_t* UserState::Shard::place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size) {
   std::size_t b = from;
-  for (std::size_t n = 0; n < std::min(max_probe, table.size()); ++n, b = next_slot(b, table.size())) {
+  for (std::size_t n = 0; n < table.size(); ++n, b = next_slot(b, table.size())) {
     Bucket& bucket = table[b];
     if (bucket.used + size <= sizeof(Bucket::bytes)) {
       std::uint8_t* at = bucket.bytes + bucket.used;
@@ -93,7 +92,7 @@ std::uint8_t* UserState::Shard::place_or_grow(std::size_t from, std::uint64_t ha
     from = home_of(hash);
   }
   for (;;) {
-    if (std::uint8_t* at = place_in(buckets, from, size, buckets.size())) {
+    if (std::uint8_t* at = place_in(buckets, from, size)) {
       record_bytes += size;
       return at;
     }
@@ -138,8 +137,7 @@ bool UserState::Shard::copy_records_to(TableSlots<Bucket>& table) const {
   for (const Bucket& b : buckets) {
     for_each_in(b, [&](const std::uint8_t* r) {
       const std::size_t size = rec::size(r);
-      std::uint8_t* at =
-          placed ? place_in(table, home_in(table.size(), slot_hash(rec::user(r))), size, table.size()) : nullptr;
+      std::uint8_t* at = placed ? place_in(table, home_in(table.size(), slot_hash(rec::user(r))), size) : nullptr;
       if (at != nullptr) std::memcpy(at, r, size);
       placed = at != nullptr;
     });

@@ -191,9 +191,9 @@ class UserState {
     std::size_t home_of(std::uint64_t slot_hash) const;
     std::size_t bucket_of(const std::uint8_t* record) const;
     std::uint8_t* find(std::uint64_t user, std::uint64_t slot_hash);
-    // Room for `size` bytes at the end of the first bucket of `table` with room, from `from` on within
-    // `max_probe` buckets, flagging the buckets passed; nullptr if none.
-    static std::uint8_t* place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size, std::size_t max_probe);
+    // Room for `size` bytes at the end of the first bucket of `table` with room, from `from` on,
+    // flagging the buckets passed; nullptr if none has room.
+    static std::uint8_t* place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size);
     // place_in() this table, growing it first while it is over its load, and again when no bucket has
     // room. Records of many keys leave buckets too full for another one below the load limit (a user
     // with 32 keys fills 75 of a bucket's 126 bytes): a table of such users grows late, and new users'
