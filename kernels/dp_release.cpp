@@ -299,15 +299,14 @@ void DpReleaser::begin_window(std::int64_t window) {
     for (auto& m : shards) m.clear();
   };
   clear(count_trees_), clear(sum_trees_), clear(count_bands_), clear(sum_bands_);
-  for (auto& c : calendar_) c.clear();
   std::fill(above_mu_.begin(), above_mu_.end(), 0);
   scan_all_next_ = true;
 }
 
 std::uint64_t DpReleaser::cached_keys() const {
   std::uint64_t n = 0;
-  for (const auto& c : tree_caches_) n += c.index.size();
-  for (const auto& c : banded_caches_) n += c.index.size();
+  for (const auto& c : tree_caches_) n += c.size();
+  for (const auto& c : banded_caches_) n += c.size();
   return n;
 }
 
@@ -321,10 +320,6 @@ std::uint64_t DpReleaser::memory_bytes() const {
     return n;
   };
   b += map_bytes(count_trees_) + map_bytes(sum_trees_) + map_bytes(count_bands_) + map_bytes(sum_bands_);
-  for (const auto& cal : calendar_) {
-    b += hash_table_bytes(cal);
-    for (const auto& [t, due] : cal) b += due.capacity() * sizeof(std::uint64_t);
-  }
   return b;
 }
 
@@ -407,6 +402,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
         return noise::node_noise(prf, {key, family, round, level, index}, dg);
       };
     };
+    std::vector<std::uint32_t> due_entries;  // a shard's entries due at this trigger
     const auto keep_first_error = [&](const char* what) {
 #pragma omp critical(dp_release_error)
       if (error.empty()) error = what;
@@ -415,33 +411,25 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) try {  // an exception may not leave the loop
         if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
         auto& cache = caches[s];
-        auto& calendar = calendar_[s];
+        using Cache = std::remove_reference_t<decltype(cache)>;
         std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
 
         // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
         // on, the simulation of its next steps with no new user, which schedules its next visit.
         // `known`: the key's cache entry when the caller has found it already.
-        auto visit = [&](std::uint64_t key, KeyState st, bool touched, CacheIndex* known = nullptr) {
+        auto visit = [&](std::uint64_t key, KeyState st, bool touched, std::uint32_t known = Cache::kNone) {
           ++visited;
           const std::int64_t round_users = st.users - st.round_base_users;
           if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
           const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
-          CacheIndex* h = known;
-          if (h == nullptr) {
-            const auto [it, added] = cache.index.try_emplace(key);
-            if (added) it->second.entry = cache.add();
-            h = &it->second;
-          }
-          auto& c = cache.entry(h->entry);
-          if (h->selection_round != st.round) {
-            Selection::reset(c.noise);
-            h->selection_round = st.round;
-          }
+          const std::uint32_t entry = known != Cache::kNone ? known : cache.find_or_add(key).first;
+          auto& c = cache.entry(entry);  // of the key's current round: a release resets it
           if (scan_all || Selection::untested(c.noise))
             ++above;  // first test of its round (users only grow in a round)
-          if (h->next_visit != kNoVisit && h->next_visit != trigger) ++discarded;  // new records came first (case 1)
-          const bool due = !touched && h->next_visit == trigger;                   // visited for its prediction alone
-          h->next_visit = kNoVisit;
+          const std::uint32_t next = cache.next_visit(entry);
+          if (next != Cache::kNoVisit && next != trigger) ++discarded;  // new records came first (case 1)
+          const bool due = !touched && next == trigger;                 // visited for its prediction alone
+          cache.set_next_visit(entry, Cache::kNoVisit);
           const auto& noise_now = selection.seek(c.noise, key, st.round, step);
           if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
             KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
@@ -472,7 +460,6 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             keys.put(key, st);
             keys.mark_changed(key);
             Selection::reset(c.noise);
-            h->selection_round = st.round;
             c.horizon = 0;
             return;
           }
@@ -504,10 +491,9 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           }
           selection.end_ahead(c.noise);
           // Stored in 32 bits, never above the bound; round users are >= 0, so every negative bound skips nothing.
-          h->quiet_users = static_cast<std::int32_t>(
+          c.quiet_users = static_cast<std::int32_t>(
               std::clamp<std::int64_t>(quiet_users, -1, std::numeric_limits<std::int32_t>::max()));
-          h->next_visit = st.round_start + q - 1;
-          calendar[h->next_visit].push_back(key);
+          cache.set_next_visit(entry, st.round_start + q - 1);
           ++scheduled;
         };
 
@@ -517,16 +503,14 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           // Lookups a few keys ahead: the key and cache entries are DRAM misses, independent per key.
           // The first kAhead are prefetched before the walk: at T = 1000 a shard lists ~15 keys per trigger.
           constexpr std::size_t kAhead = 8;
-          const auto fetch = [&](std::uint64_t key) { keys.prefetch(key), cache.index.prefetch(key); };
+          const auto fetch = [&](std::uint64_t key) { keys.prefetch(key), cache.prefetch(key); };
           const auto warm_up = [&](const std::vector<std::uint64_t>& list) {
             for (std::size_t j = 0; j < std::min(kAhead, list.size()); ++j) fetch(list[j]);
           };
-          // Then, halfway there, the key's noise entry, found through its index entry fetched before.
+          // Then, halfway there, the key's cache entry, through the index slots fetched before.
           const auto ahead = [&](const std::vector<std::uint64_t>& list, std::size_t i) {
             if (i + kAhead < list.size()) fetch(list[i + kAhead]);
-            if (i + kAhead / 2 < list.size())
-              if (const auto it = cache.index.find(list[i + kAhead / 2]); it != cache.index.end())
-                dpstream::prefetch_object(&cache.entry(it->second.entry));
+            if (i + kAhead / 2 < list.size()) cache.prefetch_entry_of(list[i + kAhead / 2]);
           };
           const auto& touched = keys.touched[s];
           visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
@@ -539,28 +523,27 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
               ++visited;  // never tested (as visit() finds first)
               continue;
             }
-            const auto it = cache.index.find(key);
+            const std::uint32_t n = cache.find(key);
             // New records that leave the round's users within the quiet bound change no test before
             // the scheduled visit (every one of those steps fails for any count up to the bound), so the
             // schedule and its simulated nodes stay valid: no visit now.
-            if (it != cache.index.end() && it->second.next_visit != kNoVisit && it->second.next_visit != trigger &&
-                it->second.selection_round == st.round && st.users - st.round_base_users <= it->second.quiet_users) {
-              ++quiet;
-              continue;
+            if (n != Cache::kNone) {
+              const std::uint32_t next = cache.next_visit(n);
+              if (next != Cache::kNoVisit && next != trigger &&
+                  st.users - st.round_base_users <= cache.entry(n).quiet_users) {
+                ++quiet;
+                continue;
+              }
             }
-            visit(key, st, true, it != cache.index.end() ? &it->second : nullptr);
+            visit(key, st, true, n);
           }
-          if (auto due = calendar.extract(trigger)) {
-            const auto& list = due.mapped();
-            warm_up(list);
-            for (std::size_t i = 0; i < list.size(); ++i) {
-              ahead(list, i);
-              const std::uint64_t key = list[i];
-              const auto it =
-                  cache.index.find(key);  // skip entries whose key was visited since (rescheduled or released)
-              if (it != cache.index.end() && it->second.next_visit == trigger)
-                visit(key, keys.at(key), false, &it->second);
-            }
+          // The keys due for their scheduled visit alone (the touched ones were visited above), looked up
+          // a few ahead as the touched keys are.
+          cache.due(trigger, due_entries);
+          for (std::size_t i = 0; i < due_entries.size(); ++i) {
+            if (i + kAhead < due_entries.size()) keys.prefetch(cache.entry(due_entries[i + kAhead]).key);
+            const std::uint64_t key = cache.entry(due_entries[i]).key;
+            visit(key, keys.at(key), false, due_entries[i]);
           }
         }
         tested += above;  // every key above mu is tested at every trigger, visited or not

@@ -24,6 +24,7 @@
 #include "kernels/key_accumulate.hpp"
 #include "kernels/key_scan.hpp"
 #include "kernels/noise.hpp"
+#include "kernels/selection_cache.hpp"
 
 namespace dpstream::kernels {
 
@@ -83,50 +84,9 @@ class DpReleaser {
   const DpParams& params() const { return params_; }
 
  private:
-  // Noise stacks of the keys that have been tested (derivable: a cache, never needed for privacy).
-  static constexpr std::uint32_t kNoVisit = 0xffffffffu;
-  // A tested key's schedule, in its shard's index: what a visit and the quiet check read first (a
-  // small table that mostly stays in cache), and where the key's noise is.
-  struct CacheIndex {
-    std::uint32_t entry = 0;  // the noise's number in its CacheShard
-    std::uint32_t selection_round = 0;
-    std::uint32_t next_visit = kNoVisit;  // trigger of the scheduled visit
-    // Every simulated step before next_visit fails with this many round users or fewer (the least of
-    // the steps' largest failing counts), so new records up to it change no test before next_visit.
-    std::int32_t quiet_users = 0;
-  };
-  // A tested key's selection noise (State: TreeSelectionNoise or BandedSelectionNoise).
+  // Per shard, the tested keys' selection noise and schedules (kernels/selection_cache.hpp).
   template <class State>
-  struct NoiseCache {
-    std::uint32_t horizon = 0;  // steps the last simulation looked ahead (doubles while no record comes)
-    State noise;
-  };
-  // Entries are dense (an index and chunks of 64: a hash map's free slots cost an index entry, not a
-  // whole noise state, and growth a chunk, not a copy of them all) and live until the window ends.
-  template <class State>
-  struct CacheShard {
-    static constexpr std::uint32_t kChunk = 64;
-    absl::flat_hash_map<std::uint64_t, CacheIndex> index;
-    std::vector<std::unique_ptr<NoiseCache<State>[]>> chunks;
-    std::uint32_t entries = 0;
-
-    NoiseCache<State>& entry(std::uint32_t i) { return chunks[i / kChunk][i % kChunk]; }
-    std::uint32_t add() {  // a fresh entry's number
-      if (entries % kChunk == 0) chunks.push_back(std::make_unique<NoiseCache<State>[]>(kChunk));
-      return entries++;
-    }
-    void clear() {
-      index.clear();
-      chunks.clear();
-      entries = 0;
-    }
-    std::uint64_t memory_bytes() const {
-      return hash_table_bytes(index) + chunks.capacity() * sizeof(chunks[0]) +
-             chunks.size() * kChunk * sizeof(NoiseCache<State>);
-    }
-  };
-  template <class State>
-  using CacheShards = std::vector<CacheShard<State>>;
+  using CacheShards = std::vector<SelectionCache<State>>;
   // Per shard, the noise of a released key's value counter at its last release (most tested keys are
   // never released). Only the columns the job releases, of its counter kind, get entries: one struct
   // of all four held 320 B per released key where a count-only banded job needs 88.
@@ -161,10 +121,7 @@ class DpReleaser {
   CacheShards<BandedSelectionNoise> banded_caches_{KeyStateTable::kShards};
   ValueNoises<dptree::PrefixNoise> count_trees_{KeyStateTable::kShards}, sum_trees_{KeyStateTable::kShards};
   ValueNoises<banded::BandedNoise> count_bands_{KeyStateTable::kShards}, sum_bands_{KeyStateTable::kShards};
-  // Per shard: trigger -> keys scheduled to be visited then (a key may be listed again by a later
-  // schedule; entries whose key's next_visit moved on are skipped). And the number of keys whose
-  // round users exceed mu (each is tested at every trigger until released).
-  std::vector<absl::flat_hash_map<std::uint32_t, std::vector<std::uint64_t>>> calendar_{KeyStateTable::kShards};
+  // Per shard, the number of keys whose round users exceed mu (each is tested at every trigger until released).
   std::vector<std::uint64_t> above_mu_ = std::vector<std::uint64_t>(KeyStateTable::kShards);
 };
 

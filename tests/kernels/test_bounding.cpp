@@ -408,7 +408,9 @@ TEST(TableMemory, SlabPiecesAreDisjointAndStayWithTheirArray) {
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab.piece(0)) % kernels::TableSlab::kHugePage, 0u);
   for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab.piece(i)) % 64, 0u);
-    if (i > 0) EXPECT_GE(static_cast<char*>(slab.piece(i)) - static_cast<char*>(slab.piece(i - 1)), 1000);
+    if (i > 0) {
+      EXPECT_GE(static_cast<char*>(slab.piece(i)) - static_cast<char*>(slab.piece(i - 1)), 1000);
+    }
     EXPECT_TRUE(slab.holds(static_cast<char*>(slab.piece(i)) + 999));
   }
   EXPECT_FALSE(slab.holds(static_cast<char*>(slab.piece(0)) - 1));

@@ -80,7 +80,7 @@ void expect_same(const std::vector<KeyRelease>& full, const std::vector<KeyRelea
 }
 
 // Two windows of the stream; in window 1 the predicting releaser is replaced at `resume_at` by a new
-// one (a resumed run: the key table is restored, the releaser's caches and calendar are not).
+// one (a resumed run: the key table is restored, the releaser's selection caches are not).
 void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t resume_at, Totals& totals,
                       CounterKind counter) {
   const testing::ScopedOmpThreads scoped(threads);

@@ -333,7 +333,8 @@ TEST(Journal, KeyMarksNameEachChangedKeyOnceThroughGrowth) {
   keys.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
   keys.accumulate({{5, 1, 0, 1}, {7, 1, 0, 0}}, kernels::KeyStateTable::Report::Nothing);  // again: counted once
   EXPECT_EQ(keys.changed_key_count(), 1000u);
-  for (std::uint64_t k = 100000; k < 120000; ++k) keys.put(k, kernels::KeyState{.count = 1, .users = 1});  // grows
+  for (std::uint64_t k = 100000; k < 120000; ++k)
+    keys.put(k, kernels::KeyState{.count = 1, .sum = {}, .users = 1});  // grows
   kernels::KeyState released = keys.at(9);
   released.round = 1;
   keys.put(9, released);  // widened: its mark stays
@@ -342,7 +343,7 @@ TEST(Journal, KeyMarksNameEachChangedKeyOnceThroughGrowth) {
   std::map<std::uint64_t, kernels::KeyState> drained;
   for (const auto& shard : j.count_keys)
     for (const auto& k : shard)
-      EXPECT_TRUE(drained.emplace(k.id, kernels::KeyState{.count = k.count, .users = k.users}).second);
+      EXPECT_TRUE(drained.emplace(k.id, kernels::KeyState{.count = k.count, .sum = {}, .users = k.users}).second);
   for (const auto& shard : j.full_keys)
     for (const auto& [id, st] : shard) EXPECT_TRUE(drained.emplace(id, st).second);
   ASSERT_EQ(drained.size(), 1000u);

@@ -1,0 +1,128 @@
+// Key selection's cache of tested keys (kernels/dp_release.cpp), one per key shard: per key its
+// selection noise (a pure function of its node: a cache, never needed for privacy), the horizon of its
+// last simulation, its quiet bound and its scheduled visit.
+//
+// Layout, for memory: entries are dense, numbered in the order keys are added, in chunks of 16 (a
+// shard's slack is at most 15 entries); an open-addressing index of 4-byte slots finds them (8 bits of
+// the key's hash as a tag, so that a probe reads another entry only on a tag match, and the entry's
+// number); the scheduled visits are a dense array of their own, scanned at each trigger for the visits
+// due. 40 + 4 + 4 / load bytes per tested key with the banded counter's frontier, where an absl index of
+// 16-byte values (48 B at its load), 32-byte noise entries and a calendar of key lists (18 B) cost ~98.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "common/prefetch.hpp"
+#include "kernels/table_memory.hpp"
+#include "partition/hash.hpp"
+
+namespace dpstream::kernels {
+
+template <class State>
+class SelectionCache {
+ public:
+  static constexpr std::uint32_t kNone = 0xffffffffu;     // find(): no entry
+  static constexpr std::uint32_t kNoVisit = 0xffffffffu;  // next_visit(): none scheduled
+  // Entry numbers fit the index's 24 bits: 2^24 tested keys per shard, 4.3e9 per rank (about 200 GB of
+  // entries: memory runs out first).
+  static constexpr std::uint32_t kMaxEntries = (1u << 24) - 1;
+
+  // A tested key. It belongs to the key's current round: a release resets it, a window's start clears all.
+  struct Entry {
+    std::uint64_t key = 0;
+    // Every simulated step before the scheduled visit fails with this many round users or fewer.
+    std::int32_t quiet_users = 0;
+    std::uint32_t horizon = 0;  // steps the last simulation looked ahead
+    State noise{};
+  };
+
+  std::uint32_t size() const { return size_; }
+
+  std::uint32_t find(std::uint64_t key) const {
+    if (slots_.empty()) return kNone;
+    const std::uint64_t hash = hash_of(key);
+    const std::uint32_t tag = tag_of(hash);
+    for (std::size_t i = home(hash);; i = next_slot(i, slots_.size())) {
+      const std::uint32_t s = slots_[i];
+      if (s == kFree) return kNone;
+      if ((s & kTagMask) == tag && entry(number(s)).key == key) return number(s);
+    }
+  }
+  // The key's entry number and whether it was added now (a fresh entry: noise reset, no visit scheduled).
+  std::pair<std::uint32_t, bool> find_or_add(std::uint64_t key) {
+    if (const std::uint32_t found = find(key); found != kNone) return {found, false};
+    if (size_ >= kMaxEntries)
+      throw std::length_error("key selection: more than 2^24 tested keys in one shard of a rank; run on more ranks");
+    if (table_full(size_, slots_.size())) rehash(grown_capacity(slots_.size()));
+    const std::uint32_t n = size_++;
+    if (n % kChunk == 0) chunks_.push_back(std::make_unique<Entry[]>(kChunk));
+    if (next_visit_.size() == next_visit_.capacity()) next_visit_.reserve(next_visit_.size() * 9 / 8 + kChunk);
+    next_visit_.push_back(kNoVisit);
+    entry(n).key = key;
+    place(n, hash_of(key));
+    return {n, true};
+  }
+
+  Entry& entry(std::uint32_t n) { return chunks_[n / kChunk][n % kChunk]; }
+  const Entry& entry(std::uint32_t n) const { return chunks_[n / kChunk][n % kChunk]; }
+  std::uint32_t next_visit(std::uint32_t n) const { return next_visit_[n]; }
+  void set_next_visit(std::uint32_t n, std::uint32_t trigger) { next_visit_[n] = trigger; }
+
+  // The entries whose visit is scheduled at `trigger`, ascending, into `out` (a scan of 4 bytes per entry).
+  void due(std::uint32_t trigger, std::vector<std::uint32_t>& out) const {
+    out.clear();
+    for (std::uint32_t n = 0; n < size_; ++n)
+      if (next_visit_[n] == trigger) out.push_back(n);
+  }
+
+  void prefetch(std::uint64_t key) const {
+    if (!slots_.empty()) prefetch_probe(slots_, home(hash_of(key)));
+  }
+  // The entries find(key) may read: those of its probe's slots whose tag matches (most often one); the
+  // slots themselves should be in cache (prefetch(key) earlier), the entries are not read.
+  void prefetch_entry_of(std::uint64_t key) const {
+    if (slots_.empty()) return;
+    const std::uint64_t hash = hash_of(key);
+    for (std::size_t i = home(hash); slots_[i] != kFree; i = next_slot(i, slots_.size()))
+      if ((slots_[i] & kTagMask) == tag_of(hash)) dpstream::prefetch_object(&entry(number(slots_[i])));
+  }
+
+  void clear() { *this = SelectionCache{}; }
+  std::uint64_t memory_bytes() const {
+    return slots_.capacity() * sizeof(std::uint32_t) + chunks_.capacity() * sizeof(chunks_[0]) +
+           chunks_.size() * kChunk * sizeof(Entry) + next_visit_.capacity() * sizeof(std::uint32_t);
+  }
+
+ private:
+  static constexpr std::uint32_t kChunk = 16;
+  static constexpr std::uint32_t kFree = 0;  // a slot holds tag | (number + 1)
+  static constexpr std::uint32_t kTagMask = 0xffu << 24;
+  // The key table's salted hash (its shard and owner rank in the other bits): bits 8-39 pick the home
+  // slot, bits 40-47 the tag.
+  static std::uint64_t hash_of(std::uint64_t key) { return partition::salted_hash(key, partition::kKeySalt); }
+  static std::uint32_t tag_of(std::uint64_t hash) { return static_cast<std::uint32_t>(hash >> 40 & 0xff) << 24; }
+  static std::uint32_t number(std::uint32_t slot) { return (slot & ~kTagMask) - 1; }
+  std::size_t home(std::uint64_t hash) const { return ((hash >> 8) & 0xffffffffu) * slots_.size() >> 32; }
+
+  void place(std::uint32_t n, std::uint64_t hash) {
+    std::size_t i = home(hash);
+    while (slots_[i] != kFree) i = next_slot(i, slots_.size());
+    slots_[i] = tag_of(hash) | (n + 1);
+  }
+  // Every entry placed again from its key's hash (not stored: a rehash is rare, growth by 1/4 or 1/8).
+  void rehash(std::size_t capacity) {
+    slots_.assign(capacity, kFree);
+    for (std::uint32_t n = 0; n < size_; ++n) place(n, hash_of(entry(n).key));
+  }
+
+  std::vector<std::uint32_t> slots_;
+  std::vector<std::unique_ptr<Entry[]>> chunks_;
+  std::vector<std::uint32_t> next_visit_;  // per entry: the trigger of its scheduled visit, or kNoVisit
+  std::uint32_t size_ = 0;
+};
+
+}  // namespace dpstream::kernels

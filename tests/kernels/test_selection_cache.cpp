@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "kernels/selection_cache.hpp"
+
+using namespace dpstream;
+
+namespace {
+struct Marker {  // stands for a selection noise state
+  std::uint64_t value = 0;
+};
+using Cache = kernels::SelectionCache<Marker>;
+
+struct Expected {
+  std::uint32_t number;
+  std::uint32_t next_visit = Cache::kNoVisit;
+  std::int32_t quiet = 0;
+  std::uint64_t marker = 0;
+};
+}  // namespace
+
+// Against a std::map: entries numbered in the order keys are added, every field kept through the index's
+// growth, and due() listing exactly the entries scheduled at a trigger, ascending.
+TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
+  for (const std::uint64_t seed : {1u, 2u, 3u}) {
+    std::mt19937_64 rng(seed);
+    Cache cache;
+    std::map<std::uint64_t, Expected> model;
+    // Keys of one shard of the key space and random ones, so that probes run through slots of both.
+    std::uniform_int_distribution<std::uint64_t> pick(0, 60000);
+    const auto key_of = [&](std::uint64_t i) { return i % 2 == 0 ? i * 256 : i * 0x9E3779B97F4A7C15ULL; };
+    for (int op = 0; op < 200000; ++op) {
+      const std::uint64_t key = key_of(pick(rng));
+      const auto [n, added] = cache.find_or_add(key);
+      const auto it = model.find(key);
+      ASSERT_EQ(added, it == model.end()) << "key " << key;
+      if (added) {
+        ASSERT_EQ(n, model.size()) << "entries are numbered in the order keys are added";
+        EXPECT_EQ(cache.next_visit(n), Cache::kNoVisit);
+        EXPECT_EQ(cache.entry(n).noise.value, 0u);
+        model[key] = Expected{n};
+      } else {
+        ASSERT_EQ(n, it->second.number);
+      }
+      Expected& e = model[key];
+      ASSERT_EQ(cache.entry(n).key, key);
+      ASSERT_EQ(cache.entry(n).quiet_users, e.quiet);
+      ASSERT_EQ(cache.entry(n).noise.value, e.marker);
+      ASSERT_EQ(cache.next_visit(n), e.next_visit);
+      e.next_visit = rng() % 3 == 0 ? Cache::kNoVisit : static_cast<std::uint32_t>(rng() % 64);
+      e.quiet = static_cast<std::int32_t>(rng() % 1000) - 1;
+      e.marker = rng();
+      cache.set_next_visit(n, e.next_visit);
+      cache.entry(n).quiet_users = e.quiet;
+      cache.entry(n).noise.value = e.marker;
+      if (op % 20000 == 0) {
+        const auto t = static_cast<std::uint32_t>(rng() % 64);
+        std::vector<std::uint32_t> due, want;
+        cache.due(t, due);
+        for (const auto& [k, x] : model)
+          if (x.next_visit == t) want.push_back(x.number);
+        std::sort(want.begin(), want.end());
+        ASSERT_EQ(due, want) << "trigger " << t;
+      }
+    }
+    ASSERT_EQ(cache.size(), model.size());
+    for (const auto& [key, e] : model) {
+      const std::uint32_t n = cache.find(key);
+      ASSERT_EQ(n, e.number) << "key " << key;
+      ASSERT_EQ(cache.entry(n).noise.value, e.marker);
+    }
+    for (std::uint64_t i = 60001; i < 70000; ++i) ASSERT_EQ(cache.find(key_of(i)), Cache::kNone);
+    // The documented cost: the entry, its visit and its index slot at a load of at least 0.64, with at
+    // most 15 entries of slack per cache and the visits' array grown by 1/8.
+    const double per_entry = static_cast<double>(cache.memory_bytes()) / static_cast<double>(cache.size());
+    EXPECT_LE(per_entry, sizeof(Cache::Entry) * 1.01 + 4 * 1.13 + 4 / 0.64 + 1) << per_entry;
+    cache.clear();
+    EXPECT_EQ(cache.size(), 0u);
+    EXPECT_EQ(cache.find(key_of(0)), Cache::kNone);
+  }
+}
+
+// A prefetch never reads past the slots or changes what a lookup finds.
+TEST(SelectionCache, PrefetchesAreHintsOnly) {
+  Cache cache;
+  cache.prefetch(7), cache.prefetch_entry_of(7);  // empty: no slots
+  for (std::uint64_t k = 0; k < 1000; ++k) cache.find_or_add(k * 256);
+  for (std::uint64_t k = 0; k < 2000; ++k) {
+    cache.prefetch(k * 256), cache.prefetch_entry_of(k * 256);
+    ASSERT_EQ(cache.find(k * 256), k < 1000 ? static_cast<std::uint32_t>(k) : Cache::kNone);
+  }
+}
