@@ -537,10 +537,13 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             }
             visit(key, st, true, n);
           }
-          // The keys due for their scheduled visit alone (the touched ones were visited above), looked up
-          // a few ahead as the touched keys are.
+          // The keys due for their scheduled visit alone (the touched ones were visited above): entries
+          // fetched 2 kAhead ahead, so that their keys' lookups kAhead ahead read them from cache.
           cache.due(trigger, due_entries);
+          for (std::size_t j = 0; j < std::min(2 * kAhead, due_entries.size()); ++j)
+            cache.prefetch_entry(due_entries[j]);
           for (std::size_t i = 0; i < due_entries.size(); ++i) {
+            if (i + 2 * kAhead < due_entries.size()) cache.prefetch_entry(due_entries[i + 2 * kAhead]);
             if (i + kAhead < due_entries.size()) keys.prefetch(cache.entry(due_entries[i + kAhead]).key);
             const std::uint64_t key = cache.entry(due_entries[i]).key;
             visit(key, keys.at(key), false, due_entries[i]);

@@ -75,20 +75,25 @@ class SelectionCache {
   // The entries whose visit is scheduled at `trigger`, ascending, into `out` (a scan of 4 bytes per entry).
   void due(std::uint32_t trigger, std::vector<std::uint32_t>& out) const {
     out.clear();
-    for (std::uint32_t n = 0; n < size_; ++n)
-      if (next_visit_[n] == trigger) out.push_back(n);
+    const std::uint32_t* visits = next_visit_.data();  // locals: out's stores cannot alias them
+    for (std::uint32_t n = 0, size = size_; n < size; ++n)
+      if (visits[n] == trigger) out.push_back(n);
   }
 
   void prefetch(std::uint64_t key) const {
     if (!slots_.empty()) prefetch_probe(slots_, home(hash_of(key)));
   }
-  // The entries find(key) may read: those of its probe's slots whose tag matches (most often one); the
-  // slots themselves should be in cache (prefetch(key) earlier), the entries are not read.
+  // The entries find(key) may read, with their scheduled visits: those of its probe's slots whose tag
+  // matches (most often one); the slots themselves should be in cache (prefetch(key) earlier).
   void prefetch_entry_of(std::uint64_t key) const {
     if (slots_.empty()) return;
     const std::uint64_t hash = hash_of(key);
     for (std::size_t i = home(hash); slots_[i] != kFree; i = next_slot(i, slots_.size()))
-      if ((slots_[i] & kTagMask) == tag_of(hash)) dpstream::prefetch_object(&entry(number(slots_[i])));
+      if ((slots_[i] & kTagMask) == tag_of(hash)) prefetch_entry(number(slots_[i]));
+  }
+  void prefetch_entry(std::uint32_t n) const {
+    dpstream::prefetch_object(&entry(n));
+    dpstream::prefetch(&next_visit_[n]);
   }
 
   void clear() { *this = SelectionCache{}; }
