@@ -99,6 +99,7 @@ struct RunCounters {
 struct StatePeaks {
   std::uint64_t active_users = 0, user_bytes = 0;
   std::uint64_t keys = 0, key_bytes = 0;  // key table plus the releaser's caches
+  std::uint64_t key_table_bytes = 0;      // of key_bytes, the key table's
   std::uint64_t state_bytes = 0;          // users, keys and caches together
   std::uint64_t cached_keys = 0;          // keys with a releaser cache, summed over windows
 
@@ -106,8 +107,8 @@ struct StatePeaks {
                const kernels::Releaser& releaser) {
     cached_keys += releaser.cached_keys();
     if (users.users() >= active_users) active_users = users.users(), user_bytes = users.memory_bytes();
-    const std::uint64_t kb = table.memory_bytes() + releaser.memory_bytes();
-    if (table.keys() >= keys) keys = table.keys(), key_bytes = kb;
+    const std::uint64_t table_bytes = table.memory_bytes(), kb = table_bytes + releaser.memory_bytes();
+    if (table.keys() >= keys) keys = table.keys(), key_bytes = kb, key_table_bytes = table_bytes;
     state_bytes = std::max(state_bytes, users.memory_bytes() + kb);
   }
 };

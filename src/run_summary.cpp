@@ -58,7 +58,12 @@ void add_job_and_privacy(nlohmann::json& j, const RunFigures& run, const shuffle
              {"predicted_releases", comm.sum(c.dp.predicted)},
              {"quiet_keys", comm.sum(c.dp.quiet)},
              {"keys_with_noise_cache", comm.sum(run.peaks.cached_keys)},
-             {"key_state_bytes_per_tracked_key", per_unit(comm, run.peaks.key_bytes, run.peaks.keys)}};
+             {"key_state_bytes_per_tracked_key", per_unit(comm, run.peaks.key_bytes, run.peaks.keys)},
+             // Its parts: the key table (totals and round state) and key selection's and the value
+             // counters' noise caches (derivable state, kernels/selection_cache.hpp).
+             {"key_state_bytes_per_tracked_key_parts",
+              {{"key_table", per_unit(comm, run.peaks.key_table_bytes, run.peaks.keys)},
+               {"noise_caches", per_unit(comm, run.peaks.key_bytes - run.peaks.key_table_bytes, run.peaks.keys)}}}};
 }
 
 // Input rows by kind, records through bounding, distinct users and keys, the state's digest.
