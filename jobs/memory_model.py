@@ -31,7 +31,7 @@ import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
 # The user table (kernels/bounding.hpp, UserState) packs a record per user (11 bytes: user, tag, kept; then
-# 2 bytes per key fingerprint, up to 32) into 128-byte buckets of 126 bytes of records, reserved for the
+# 2 bytes per key fingerprint, up to 32) into 256-byte buckets of 254 bytes of records, reserved for the
 # window's expected users and kept records (four standard deviations of a shard's users to spare) at
 # most 85% full, grown by 1/8 + 1 bucket beyond it; fingerprints past 32 go to an exact absl set of
 # 16-byte (user, fingerprint) entries, kept counts of 255 or more to an absl map. The key table
@@ -40,7 +40,7 @@ SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
 # synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep a 48-byte full
 # state in a side table: few in a large uniform key space, not modelled.
 OVERFLOW_SLOT, WIDE_KEPT_SLOT, KEY_SLOT = 16, 16, 16
-BUCKET, BUCKET_ROOM, MAX_LOAD_PERCENT = 128, 126, 85
+BUCKET, BUCKET_ROOM, MAX_LOAD_PERCENT = 256, 254, 85
 RECORD_HEAD, INLINE_FINGERPRINTS, WIDE_KEPT = 11, 32, 255
 # The synthetic generator keeps, per local user, U_(k) and k (12 bytes) and its place in a due list (4).
 GENERATOR_USER = 16

@@ -220,7 +220,7 @@ void UserState::set_kept(std::size_t shard, UserRef u, std::uint32_t kept) {
 
 void UserState::prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const {
   const Shard& sh = shards_[shard];
-  if (!sh.buckets.empty()) prefetch_probe(sh.buckets, sh.home_of(slot_hash));
+  if (!sh.buckets.empty()) dpstream::prefetch_object(&sh.buckets[sh.home_of(slot_hash)]);  // its four lines
 }
 
 bool UserState::add_pair(std::size_t shard, std::uint64_t user, UserRef& u, std::uint32_t fingerprint) {
@@ -290,7 +290,7 @@ void UserState::drain_journal(std::size_t shard, std::vector<UserFingerprint>& c
   new_pairs.reserve(new_pairs.size() + sh.pending.new_pairs);
   // Only the buckets noted since the last drain can hold a pending record (GroupMarks).
   sh.marked.drain(
-      sh.buckets.size(), [&](std::size_t b) { prefetch_probe(sh.buckets, b); },
+      sh.buckets.size(), [&](std::size_t b) { dpstream::prefetch_object(&sh.buckets[b]); },
       [&](std::size_t b) {
         Shard::for_each_in(sh.buckets[b], [&](std::uint8_t* r) {
           const std::uint16_t t = rec::tag(r);

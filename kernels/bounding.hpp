@@ -81,7 +81,7 @@ inline void set_fingerprint(std::uint8_t* r, std::uint32_t i, std::uint16_t f) {
 // Per-user state of one window, owned by the rank that owns the user. Sharded by the low bits
 // of the user hash so that OpenMP threads own disjoint shards.
 //
-// A user is one variable-length record (user_record) packed with others into the 128-byte buckets (two
+// A user is one variable-length record (user_record) packed with others into the 256-byte buckets (four
 // cache lines) of its shard's table, holding the 16-bit fingerprints of the first kInline keys it was
 // counted for; more go to an exact (user, fingerprint) set. So a visit reads the user's home bucket (or
 // the next few, where its record moved on), and a user costs 11 + 2 x keys bytes (paper workload: ~6
@@ -100,9 +100,11 @@ inline void set_fingerprint(std::uint8_t* r, std::uint32_t i, std::uint16_t f) {
 class UserState {
  public:
   static constexpr std::size_t kShards = 256;
-  static constexpr std::size_t kBucketBytes = 128;  // two cache lines
-  static constexpr std::uint32_t kInline = 32;      // fingerprints in a record (11 + 64 = 75 bytes)
-  static_assert(kInline < 64);                      // user_record's 6-bit counts
+  // Four cache lines: three records of 32 keys (75 bytes) fit one, so a table of such users fills to its
+  // load limit; in 128-byte buckets one did (126 bytes of records), and such a table cost 218 B per user.
+  static constexpr std::size_t kBucketBytes = 256;
+  static constexpr std::uint32_t kInline = 32;  // fingerprints in a record (11 + 64 = 75 bytes)
+  static_assert(kInline < 64);                  // user_record's 6-bit counts
   static_assert(user_record::kHead + std::size_t{2} * kInline <= kBucketBytes - 2, "a full record fits a bucket");
   static constexpr std::uint32_t kFingerprintBits = 16;             // key_fingerprint's values are below 2^16
   static constexpr std::uint32_t kMaxLoadPercent = 85;              // of a table's record bytes
@@ -178,6 +180,7 @@ class UserState {
     std::uint8_t bytes[kBucketBytes - 2] = {};
   };
   static_assert(sizeof(Bucket) == kBucketBytes);
+  static_assert(sizeof(Bucket::bytes) <= 255, "Bucket::used counts its bytes in 8 bits");
   struct Shard {
     TableSlots<Bucket> buckets;
     std::uint64_t users = 0, pairs = 0;
@@ -195,11 +198,7 @@ class UserState {
     // flagging the buckets passed; nullptr if none has room.
     static std::uint8_t* place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size);
     // place_in() this table, growing it first while it is over its load, and again when no bucket has
-    // room. Records of many keys leave buckets too full for another one below the load limit (a user
-    // with 32 keys fills 75 of a bucket's 126 bytes): a table of such users grows late, and new users'
-    // lookups scan its flagged runs (docs/PERFORMANCE.md round 13). A limit on the buckets a placement
-    // may pass (256) bounded that, but at 1/10 of the billion-key job it grew tables out of their
-    // reserved slab (58.7 B per user instead of 27.7).
+    // room (docs/PERFORMANCE.md rounds 13 and 15: buckets of three full records keep that rare).
     std::uint8_t* place_or_grow(std::size_t from, std::uint64_t slot_hash, std::size_t size);
     std::uint8_t* grow_record(std::uint8_t* record);  // two more bytes at its end; returns where it is now
     bool over_load(std::size_t more) const;

@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <random>
@@ -358,6 +359,35 @@ TEST(Bounding, UserTablesGrowAndFindEveryUserInAnyOrder) {
   std::uint64_t record_bytes = 0;
   for (const std::uint64_t id : ids) record_bytes += 11 + 2 * (id % 9);
   EXPECT_LT(forward.memory_bytes(), record_bytes * 4 / 3 + ids.size() * 3 / 4 * 17 * 16 / 7 + std::size_t{256} * 2048);
+}
+
+// Users who all reach 32 keys, their records growing as a stream adds one key per user per trigger: the
+// buckets must still fill to the load limit (three 75-byte records per bucket). With 128-byte buckets
+// one such record filled a bucket and the table cost ~218 B per user instead of ~100.
+TEST(Bounding, TablesOfUsersWithManyKeysFillToTheirLoad) {
+  constexpr std::uint32_t kKeys = kernels::UserState::kInline;
+  constexpr std::size_t kUsers = 100000;
+  std::vector<std::uint64_t> ids(kUsers);
+  std::mt19937_64 rng(5);
+  for (auto& id : ids) id = rng();
+  for (const bool reserved : {false, true}) {
+    kernels::UserState users;
+    if (reserved) users.reserve(kUsers, kUsers * kKeys);
+    for (std::uint32_t k = 0; k < kKeys; ++k)
+      for (const std::uint64_t id : ids) {
+        const std::size_t shard = id % kernels::UserState::kShards;
+        auto [user, added] = users.find_or_add(shard, id);
+        ASSERT_EQ(added, k == 0);
+        ASSERT_TRUE(users.add_pair(shard, id, user, fingerprint_of(id, k)));
+      }
+    ASSERT_EQ(users.user_key_pairs(), kUsers * kKeys);
+    const double record = 11 + 2.0 * kKeys;  // bytes per user
+    // Grown step by step: at least 75% full; reserved: 85% full for a shard's share and four standard
+    // deviations of it (sqrt(390) users: 20% more). 2% for the buckets' packing, 4 KiB per shard.
+    const double spare = reserved ? (1 + 4 / std::sqrt(kUsers / 256.0)) / 0.85 : 1 / 0.75;
+    const double per_user = static_cast<double>(users.memory_bytes()) / kUsers;
+    EXPECT_LT(per_user, record * spare * 1.02 + 256.0 * 4096 / kUsers) << (reserved ? "reserved" : "grown");
+  }
 }
 
 // reserve() sizes the tables up front: users added before it are found after it with their counts and
