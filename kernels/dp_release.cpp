@@ -249,14 +249,22 @@ class BandedSelection {
   std::size_t next_ = 0;    // steps of the simulation taken
 };
 
-// A released value counter's noise at `leaf` on the grid q, banded.
-int128 banded_value_noise(banded::BandedNoise& n, const banded::BandedPlan& plan, noise::WindowPrf& prf,
+// A released value counter's noise at `leaf` on the grid q, banded, from its frontier at the last
+// release (kept instead of the counter: 24 bytes, not 88): the ring of b - 1 samples drawn again
+// (BandedNoise::restore), the steps since added, the frontier written back.
+int128 banded_value_noise(banded::BandedFrontier& frontier, const banded::BandedPlan& plan, noise::WindowPrf& prf,
                           std::uint64_t key, noise::Family family, std::uint32_t leaf, std::int64_t q,
                           std::uint64_t& draws) {
-  const std::uint32_t from = n.at();
-  n.advance(plan, leaf,
-            [&](std::uint32_t i) { return noise::normal_fixed64(BandedSelection::sample(prf, key, 0, i, 1, family)); });
-  draws += leaf > from ? leaf - from : 0;
+  const auto draw_fixed = [&](std::uint32_t i) {
+    return noise::normal_fixed64(BandedSelection::sample(prf, key, 0, i, 1, family));
+  };
+  banded::BandedNoise n;
+  const std::uint32_t from = frontier.at;
+  const auto [first, last] = banded::BandedNoise::rewind_steps(plan, from, from);
+  n.restore(plan, frontier, from, draw_fixed);
+  n.advance(plan, leaf, draw_fixed);
+  draws += (last >= first ? last - first + 1 : 0) + (leaf > from ? leaf - from : 0);
+  frontier = n.frontier();
   return n.prefix_noise(
       plan, q, [&](std::uint32_t i, std::size_t w) { return BandedSelection::sample(prf, key, 0, i, w, family); });
 }

@@ -89,7 +89,8 @@ class DpReleaser {
   using CacheShards = std::vector<SelectionCache<State>>;
   // Per shard, the noise of a released key's value counter at its last release (most tested keys are
   // never released). Only the columns the job releases, of its counter kind, get entries: one struct
-  // of all four held 320 B per released key where a count-only banded job needs 88.
+  // of all four held 320 B per released key where a count-only banded job needs 88; a banded counter
+  // keeps its frontier (24 B) and draws its ring again at the next release.
   template <class Noise>
   using ValueNoises = std::vector<absl::flat_hash_map<std::uint64_t, Noise>>;
   template <class Selection>
@@ -120,7 +121,7 @@ class DpReleaser {
   CacheShards<TreeSelectionNoise> tree_caches_{KeyStateTable::kShards};
   CacheShards<BandedSelectionNoise> banded_caches_{KeyStateTable::kShards};
   ValueNoises<dptree::PrefixNoise> count_trees_{KeyStateTable::kShards}, sum_trees_{KeyStateTable::kShards};
-  ValueNoises<banded::BandedNoise> count_bands_{KeyStateTable::kShards}, sum_bands_{KeyStateTable::kShards};
+  ValueNoises<banded::BandedFrontier> count_bands_{KeyStateTable::kShards}, sum_bands_{KeyStateTable::kShards};
   // Per shard, the number of keys whose round users exceed mu (each is tested at every trigger until released).
   std::vector<std::uint64_t> above_mu_ = std::vector<std::uint64_t>(KeyStateTable::kShards);
 };
