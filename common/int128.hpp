@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace dpstream {
 
@@ -32,6 +33,19 @@ struct Int128Words {
   Int128Words(int128 v) : low(low_word(v)), high(high_word(v)) {}  // NOLINT: implicit by design
   operator int128() const { return from_words(low, high); }        // NOLINT: implicit by design
   Int128Words& operator+=(int128 v) { return *this = int128(*this) + v; }
+};
+
+// An int128 kept as four 32-bit words (alignment 4), so that a struct can pack it right after a 4-byte
+// field: a 4-byte step and one of these make 20 bytes, where Int128Words would pad them to 24.
+struct Int128Words32 {
+  std::uint32_t words[4] = {};
+  Int128Words32() = default;
+  Int128Words32(int128 v) { std::memcpy(words, &v, sizeof v); }  // NOLINT: implicit by design
+  operator int128() const {                                      // NOLINT: implicit by design
+    int128 v;
+    std::memcpy(&v, words, sizeof v);
+    return v;
+  }
 };
 
 }  // namespace dpstream

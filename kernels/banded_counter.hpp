@@ -91,13 +91,15 @@ double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t 
 // section 6 needs it for the thresholds' union bound).
 std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b);
 
-// A counter's state without its ring (24 bytes with alignment where BandedNoise holds 88): its step and
+// A counter's state without its ring (20 bytes, aligned to 4, where BandedNoise holds 88): its step and
 // running sum. The ring's samples are a pure function of the secret and the counter's node, so
-// BandedNoise::restore draws them again; for caches that keep many counters between visits.
+// BandedNoise::restore draws them again; for caches that keep many counters between visits (a key
+// selection cache entry is its key, this and 4 bytes: 32, kernels/selection_cache.hpp).
 struct BandedFrontier {
   std::uint32_t at = 0;
-  Int128Words older;
+  Int128Words32 older;
 };
+static_assert(sizeof(BandedFrontier) == 20 && alignof(BandedFrontier) == 4);
 
 // The prefix noise of one counter: the steps' normal samples enter one at a time (64-bit digits);
 // prefix_noise gives round(q N_t) exactly.
@@ -143,14 +145,14 @@ class BandedNoise {
     return {to > keep ? to - keep + 1 : 1, std::max(to, at > keep ? at - keep : 0)};
   }
 
-  BandedFrontier frontier() const { return {at_, older_}; }
+  BandedFrontier frontier() const { return {at_, int128{older_}}; }
   // The counter at step `to` <= f.at of the counter that frontier() returned as `f`, exactly what
   // advance(to) reaches: f's running sum less the steps that entered it after `to`, and the ring of
   // `to`, from `draw_fixed(index)` (as for advance) for steps rewind_steps(plan, f.at, to) only.
   template <class DrawFixed>
   void restore(const BandedPlan& plan, const BandedFrontier& f, std::uint32_t to, DrawFixed&& draw_fixed) {
     at_ = f.at;
-    older_ = f.older;
+    older_ = int128{f.older};
     recent_.assign(plan.band() - 1, 0);  // rewind writes every slot of the ring of `to` it holds
     rewind(plan, to, std::forward<DrawFixed>(draw_fixed));
   }

@@ -28,6 +28,9 @@ constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or
 // visit 6.3k / 3.6k / 3.1k keys per trigger and draw 225.7M / 230.1M / 242.3M nodes (the full scan:
 // 427k keys, 225.2M).
 constexpr std::uint32_t kMaxHorizon = 64;
+static_assert(kMaxHorizon <= SelectionCache<BandedSelectionNoise>::Entry::kMaxHorizon);
+// Key selection's cache entry, banded (the default): 32 bytes.
+static_assert(sizeof(SelectionCache<BandedSelectionNoise>::Entry) == 32);
 
 #ifdef DPSTREAM_TEST_HOOKS
 // Test-hooks build only: the target dpstream_test_hooks (tests/e2e/CMakeLists.txt) compiles this file
@@ -468,7 +471,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             keys.put(key, st);
             keys.mark_changed(key);
             Selection::reset(c.noise);
-            c.horizon = 0;
+            c.set_horizon(0);
             return;
           }
           if (!predict) return;
@@ -477,8 +480,8 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           // Look ahead twice as far as last time, at most kMaxHorizon: new records that pass the
           // quiet bound make the steps simulated past them a redraw (touched keys included: most new
           // records stay quiet; one step after new records visited 1.5x the keys for 0.2% fewer draws).
-          c.horizon = std::min({std::max(c.horizon, 1u) * 2, last, kMaxHorizon});
-          const std::uint32_t until = std::min(last, step + c.horizon);
+          c.set_horizon(std::min({std::max(c.horizon(), 1u) * 2, last, kMaxHorizon}));
+          const std::uint32_t until = std::min(last, step + c.horizon());
           selection.begin_ahead(c.noise, key, st.round, until);
           std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
           std::uint32_t q = step;
@@ -498,9 +501,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             lower_quiet_bound(quiet_users, lo, q);
           }
           selection.end_ahead(c.noise);
-          // Stored in 32 bits, never above the bound; round users are >= 0, so every negative bound skips nothing.
-          c.quiet_users = static_cast<std::int32_t>(
-              std::clamp<std::int64_t>(quiet_users, -1, std::numeric_limits<std::int32_t>::max()));
+          c.set_quiet_users(quiet_users);  // stored in 25 bits, never above the bound
           cache.set_next_visit(entry, st.round_start + q - 1);
           ++scheduled;
         };
@@ -538,7 +539,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             if (n != Cache::kNone) {
               const std::uint32_t next = cache.next_visit(n);
               if (next != Cache::kNoVisit && next != trigger &&
-                  st.users - st.round_base_users <= cache.entry(n).quiet_users) {
+                  st.users - st.round_base_users <= cache.entry(n).quiet_users()) {
                 ++quiet;
                 continue;
               }

@@ -6,10 +6,11 @@
 // shard's slack is at most 15 entries); an open-addressing index of 4-byte slots finds them (8 bits of
 // the key's hash as a tag, so that a probe reads another entry only on a tag match, and the entry's
 // number); the scheduled visits are a dense array of their own, scanned at each trigger for the visits
-// due. 40 + 4 + 4 / load bytes per tested key with the banded counter's frontier, where an absl index of
+// due. 32 + 4 + 4 / load bytes per tested key with the banded counter's frontier, where an absl index of
 // 16-byte values (48 B at its load), 32-byte noise entries and a calendar of key lists (18 B) cost ~98.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -32,12 +33,32 @@ class SelectionCache {
   static constexpr std::uint32_t kMaxEntries = (1u << 24) - 1;
 
   // A tested key. It belongs to the key's current round: a release resets it, a window's start clears all.
+  // 32 bytes with the banded counter's 20-byte frontier: the quiet bound and the horizon share a word.
   struct Entry {
+    static constexpr std::uint32_t kMaxHorizon = 127;              // 7 bits
+    static constexpr std::int64_t kMaxQuietUsers = (1 << 24) - 1;  // 25 bits hold -1 .. 2^24 - 1
+
     std::uint64_t key = 0;
-    // Every simulated step before the scheduled visit fails with this many round users or fewer.
-    std::int32_t quiet_users = 0;
-    std::uint32_t horizon = 0;  // steps the last simulation looked ahead
     State noise{};
+
+    // Every simulated step before the scheduled visit fails with quiet_users() round users or fewer.
+    std::int64_t quiet_users() const { return static_cast<std::int64_t>(quiet_and_horizon_ >> 7) - 1; }
+    // Stored clamped to [-1, kMaxQuietUsers], never above `bound`: a lower bound only skips fewer keys,
+    // each then visited, and round users are >= 0, so -1 skips none.
+    void set_quiet_users(std::int64_t bound) {
+      const auto stored = static_cast<std::uint32_t>(std::clamp<std::int64_t>(bound, -1, kMaxQuietUsers) + 1);
+      quiet_and_horizon_ = stored << 7 | horizon();
+    }
+    std::uint32_t horizon() const {
+      return quiet_and_horizon_ & kMaxHorizon;
+    }  // steps the last simulation looked ahead
+    void set_horizon(std::uint32_t steps) {
+      if (steps > kMaxHorizon) throw std::logic_error("SelectionCache: a horizon above 127 steps");
+      quiet_and_horizon_ = (quiet_and_horizon_ & ~kMaxHorizon) | steps;
+    }
+
+   private:
+    std::uint32_t quiet_and_horizon_ = 0;  // (quiet bound + 1) << 7 | horizon
   };
 
   std::uint32_t size() const { return size_; }

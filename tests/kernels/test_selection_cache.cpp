@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/selection_cache.hpp"
@@ -19,7 +20,8 @@ using Cache = kernels::SelectionCache<Marker>;
 struct Expected {
   std::uint32_t number;
   std::uint32_t next_visit = Cache::kNoVisit;
-  std::int32_t quiet = 0;
+  std::int64_t quiet = -1;  // a fresh entry skips nothing
+  std::uint32_t horizon = 0;
   std::uint64_t marker = 0;
 };
 }  // namespace
@@ -49,14 +51,25 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
       }
       Expected& e = model[key];
       ASSERT_EQ(cache.entry(n).key, key);
-      ASSERT_EQ(cache.entry(n).quiet_users, e.quiet);
+      // The quiet bound as stored: clamped to [-1, 2^24 - 1], never above what was set.
+      ASSERT_EQ(cache.entry(n).quiet_users(), std::clamp<std::int64_t>(e.quiet, -1, (1 << 24) - 1));
+      ASSERT_EQ(cache.entry(n).horizon(), e.horizon);
       ASSERT_EQ(cache.entry(n).noise.value, e.marker);
       ASSERT_EQ(cache.next_visit(n), e.next_visit);
       e.next_visit = rng() % 3 == 0 ? Cache::kNoVisit : static_cast<std::uint32_t>(rng() % 64);
-      e.quiet = static_cast<std::int32_t>(rng() % 1000) - 1;
+      // Bounds on both sides of the stored range, and horizons up to the largest.
+      e.quiet = rng() % 4 == 0 ? static_cast<std::int64_t>(rng() % (1u << 26)) - 3
+                               : static_cast<std::int64_t>(rng() % 1000) - 1;
+      e.horizon = static_cast<std::uint32_t>(rng() % (Cache::Entry::kMaxHorizon + 1));
       e.marker = rng();
       cache.set_next_visit(n, e.next_visit);
-      cache.entry(n).quiet_users = e.quiet;
+      if (rng() % 2 == 0) {  // either order: neither field overwrites the other
+        cache.entry(n).set_quiet_users(e.quiet);
+        cache.entry(n).set_horizon(e.horizon);
+      } else {
+        cache.entry(n).set_horizon(e.horizon);
+        cache.entry(n).set_quiet_users(e.quiet);
+      }
       cache.entry(n).noise.value = e.marker;
       if (op % 20000 == 0) {
         const auto t = static_cast<std::uint32_t>(rng() % 64);
@@ -73,7 +86,9 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
       const std::uint32_t n = cache.find(key);
       ASSERT_EQ(n, e.number) << "key " << key;
       ASSERT_EQ(cache.entry(n).noise.value, e.marker);
+      ASSERT_EQ(cache.entry(n).horizon(), e.horizon);
     }
+    EXPECT_THROW(cache.entry(0).set_horizon(Cache::Entry::kMaxHorizon + 1), std::logic_error);
     for (std::uint64_t i = 60001; i < 70000; ++i) ASSERT_EQ(cache.find(key_of(i)), Cache::kNone);
     // The documented cost: the entry, its visit and its index slot at a load of at least 0.64, with at
     // most 15 entries of slack per cache and the visits' array grown by 1/8.
