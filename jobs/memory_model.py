@@ -30,9 +30,12 @@ import sys
 import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
+# kernels/table_memory.hpp kSpareSigmas: a reservation's spare; a table grown past it gives its piece back,
+# so a shard costs only its final capacity (table_bytes).
+SPARE_SIGMAS = 2
 # The user table (kernels/bounding.hpp, UserState) packs a record per user (11 bytes: user, tag, kept; then
 # 2 bytes per key fingerprint, up to 32) into 256-byte buckets of 254 bytes of records, reserved for the
-# window's expected users and kept records (four standard deviations of a shard's users to spare) at
+# window's expected users and kept records (SPARE_SIGMAS standard deviations of a shard's users to spare) at
 # most 85% full, grown by 1/8 + 1 bucket beyond it; fingerprints past 32 go to an exact absl set of
 # 16-byte (user, fingerprint) entries, kept counts of 255 or more to an absl map. The key table
 # (kernels/key_accumulate.hpp, PackedSlots) has 16-byte slots (key, count, users), no control byte, a
@@ -93,16 +96,16 @@ class Buckets(Stepped):
 
 
 def reserved_buckets(users, record_bytes_per_user):
-    """UserState::reserve: buckets for a shard's expected users and four standard deviations of their
-    spread, at most 85% full."""
-    return math.ceil((users + 4 * math.sqrt(users)) * record_bytes_per_user * 100 / MAX_LOAD_PERCENT / BUCKET_ROOM)
+    """UserState::reserve: buckets for a shard's expected users and SPARE_SIGMAS standard deviations of
+    their spread, at most 85% full."""
+    return math.ceil((users + SPARE_SIGMAS * math.sqrt(users)) * record_bytes_per_user * 100 / MAX_LOAD_PERCENT / BUCKET_ROOM)
 
 
 def reserved_capacity(items):
-    """kernels/table_memory.hpp reserved_capacity: room for a shard's expected share and four standard
-    deviations of its spread, at most 4/5 full (the synthetic source tells the tables its window up front)."""
+    """kernels/table_memory.hpp reserved_capacity: room for a shard's expected share and SPARE_SIGMAS
+    standard deviations of its spread, at most 4/5 full (the synthetic source tells the tables its window up front)."""
     items = int(items)
-    spare = math.ceil(4 * math.sqrt(items))
+    spare = math.ceil(SPARE_SIGMAS * math.sqrt(items))
     cap = (items + spare) * 5 // 4
     while Packed.top(cap) < items + spare + 1:  # table_full(items + spare, cap): one more would grow it
         cap += 1

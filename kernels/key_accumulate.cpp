@@ -132,10 +132,9 @@ std::uint64_t KeyStateTable::keys() const {
 }
 
 std::uint64_t KeyStateTable::memory_bytes() const {
-  std::uint64_t b = slab_.bytes();
+  std::uint64_t b = 0;
   for (const auto& sh : shards_)
-    b += (slab_.holds(sh.packed.data()) ? 0 : sh.packed.capacity() * sizeof(Packed)) + hash_table_bytes(sh.wide) +
-         hash_table_bytes(sh.excess);
+    b += sh.packed.slots_bytes(slab_) + hash_table_bytes(sh.wide) + hash_table_bytes(sh.excess);
   return b;
 }
 

@@ -52,6 +52,7 @@ class PackedSlots {
   std::size_t size() const { return size_; }
   std::size_t capacity() const { return slots_.size(); }
   const Slot* data() const { return slots_.data(); }
+  std::uint64_t slots_bytes(const TableSlab& slab) const { return kernels::slots_bytes(slab, slots_); }
   // Room for `keys` and their spread (reserved_capacity), in `alloc`'s memory; never shrinks.
   void reserve(std::size_t keys, const TableAllocator<Slot>& alloc = {});
   // `hash` is the key's salted hash (partition/hash.hpp): bits 8-39 pick the home slot, independent
