@@ -134,7 +134,8 @@ std::uint64_t KeyStateTable::keys() const {
 std::uint64_t KeyStateTable::memory_bytes() const {
   std::uint64_t b = 0;
   for (const auto& sh : shards_)
-    b += sh.packed.slots_bytes(slab_) + hash_table_bytes(sh.wide) + hash_table_bytes(sh.excess);
+    b += sh.packed.slots_bytes(slab_) + hash_table_bytes(sh.wide) + hash_table_bytes(sh.rounds) +
+         hash_table_bytes(sh.excess);
   return b;
 }
 
@@ -158,25 +159,40 @@ std::uint64_t KeyStateTable::digest(std::uint64_t seed) const {
 KeyState KeyStateTable::load(const Shard& sh, const Packed& p) const {
   if (p.count == kWide) return sh.wide.at(p.key);
   KeyState st;
-  st.count = p.count;
+  st.count = p.count & ~kHasRound;
   st.users = p.users & ~kChanged;
+  if ((p.count & kHasRound) != 0) {
+    const RoundState& r = sh.rounds.at(p.key);
+    st.round_base_users = r.base_users;
+    st.round = r.round;
+    st.round_start = r.start;
+  }
   if (!track_sums_) return st;
-  int128 sum = int128{p.count} * kOne;
+  int128 sum = int128{st.count} * kOne;
   if (!sh.excess.empty())
     if (const auto it = sh.excess.find(p.key); it != sh.excess.end()) sum += int128(it->second);
   st.sum = sum;
   return st;
 }
 
-// Packed while the round state is zero, the count below kFree and the users below 2^31; once not, the
-// key's state stays full width (with its sum) for the rest of the window. The journal mark stays.
+// Packed while the count is below 2^31 - 2 (so that with kHasRound it is neither kFree nor kWide), the
+// users below 2^31 and the round's base users below 2^32, with the
+// round state in Shard::rounds when it is not zero; once not, the key's state stays full width (with its
+// sum) for the rest of the window. The journal mark stays.
 void KeyStateTable::store(Shard& sh, Packed& p, const KeyState& st) {
-  if (p.count != kWide && st.count >= 0 && st.count < std::int64_t{PackedSlots::kFree} && st.users >= 0 &&
-      st.users < std::int64_t{kChanged} && st.round_base_users == 0 && st.round == 0 && st.round_start == 0) {
-    p.count = static_cast<std::uint32_t>(st.count);
+  const bool has_round = st.round_base_users != 0 || st.round != 0 || st.round_start != 0;
+  const bool had_round = p.count != kWide && (p.count & kHasRound) != 0;
+  if (p.count != kWide && st.count >= 0 && st.count < std::int64_t{kHasRound} - 2 && st.users >= 0 &&
+      st.users < std::int64_t{kChanged} && st.round_base_users >= 0 &&
+      st.round_base_users <= std::int64_t{std::numeric_limits<std::uint32_t>::max()}) {
+    p.count = static_cast<std::uint32_t>(st.count) | (has_round ? kHasRound : 0);
     p.users = static_cast<std::uint32_t>(st.users) | (p.users & kChanged);
+    if (has_round)
+      sh.rounds[p.key] = {static_cast<std::uint32_t>(st.round_base_users), st.round, st.round_start};
+    else if (had_round)
+      sh.rounds.erase(p.key);
     if (!track_sums_) return;
-    // |sum| < 2^115 and count * 2^20 < 2^52 (record.hpp): the excess fits 128 bits.
+    // |sum| < 2^115 and count * 2^20 < 2^51 (record.hpp): the excess fits 128 bits.
     if (const int128 excess = int128(st.sum) - int128{st.count} * kOne; excess != 0)
       sh.excess[p.key] = excess;
     else if (!sh.excess.empty())
@@ -186,6 +202,7 @@ void KeyStateTable::store(Shard& sh, Packed& p, const KeyState& st) {
   KeyState& wide = sh.wide[p.key];
   wide = st;
   if (!track_sums_) wide.sum = 0;
+  if (had_round) sh.rounds.erase(p.key);
   if (p.count != kWide && track_sums_ && !sh.excess.empty()) sh.excess.erase(p.key);
   p.count = kWide;
 }

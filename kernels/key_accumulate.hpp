@@ -92,10 +92,10 @@ class PackedSlots {
 };
 
 // Per-key state of the key owner, in 256 shards (a thread owns a shard at a time). A key costs one
-// 16-byte slot of PackedSlots while it has never been released, its count is below 2^32 - 2 and its
-// users below 2^31: almost every key of a large key space. A key released at least once (its round state is
-// not zero) or with a larger value keeps its full state in a side table, so every value stays exact
-// whatever the data. A sum, when the query has a sum column, is stored as its excess over count * 2^20
+// 16-byte slot of PackedSlots while its count is below 2^31 - 2 and its users below 2^31: almost every key of a large
+// key space. A key released at least once adds its round state (round, its start and base users, each below 2^32) in a
+// side table of 24-byte entries; a key with larger values keeps its full state (48 bytes) in another, so every value
+// stays exact whatever the data. A sum, when the query has a sum column, is stored as its excess over count * 2^20
 // (what the values add up to if each is 1.0): zero, and then not stored, for counting data; a table
 // of its own otherwise.
 class KeyStateTable {
@@ -170,18 +170,25 @@ class KeyStateTable {
     });
     changed_[s] = 0;
   }
-  // Keys of shard s whose full state is kept (released, or values beyond 32 bits): O(1).
-  std::size_t full_state_keys(std::size_t s) const { return shards_[s].wide.size(); }
+  // Keys of shard s with more than a count and users (released, or values beyond 31 bits): O(1).
+  std::size_t full_state_keys(std::size_t s) const { return shards_[s].wide.size() + shards_[s].rounds.size(); }
 
  private:
   using Packed = PackedSlots::Slot;
   static constexpr std::uint32_t kWide = 0xffffffffu;  // Packed::count of a key whose state is in Shard::wide
+  // Packed::count of any other key: its count (below 2^31 - 2) in bits 0-30, and in bit 31 whether its
+  // round state is in Shard::rounds (zero otherwise).
+  static constexpr std::uint32_t kHasRound = 1u << 31;
+  struct RoundState {  // KeyState's round fields, in 32 bits each
+    std::uint32_t base_users = 0, round = 0, start = 0;
+  };
   // Packed::users: the key's users in bits 0-30 (a packed key has fewer than 2^31), its journal mark in
   // bit 31 (also for a wide key, whose users live in Shard::wide).
   static constexpr std::uint32_t kChanged = 1u << 31;
   struct Shard {
     PackedSlots packed;                                      // every tracked key
     absl::flat_hash_map<std::uint64_t, KeyState> wide;       // keys whose Packed::count is kWide
+    absl::flat_hash_map<std::uint64_t, RoundState> rounds;   // keys whose Packed::count has kHasRound
     absl::flat_hash_map<std::uint64_t, Int128Words> excess;  // sum - count * 2^20 of packed keys, when not 0
   };
   KeyState load(const Shard& sh, const Packed& p) const;

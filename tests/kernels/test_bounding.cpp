@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
-#include <sys/mman.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>

@@ -98,7 +98,19 @@ TEST(KeyAccumulate, CountsBeyond32BitsMoveTheKeyToFullWidthExactly) {
 // put back with small values after going wide stays exact too.
 TEST(KeyAccumulate, EveryStateRoundTripsPackedOrWide) {
   kernels::KeyStateTable table;
-  const std::int64_t edges[] = {0, 1, 0xfffffffeLL, 0xffffffffLL, 0x100000000LL, INT64_MAX, -1, INT64_MIN};
+  const std::int64_t edges[] = {0,
+                                1,
+                                0x7ffffffdLL,
+                                0x7ffffffeLL,
+                                0x7fffffffLL,
+                                0x80000000LL,
+                                0xfffffffeLL,
+                                0xffffffffLL,
+                                0x100000000LL,
+                                0x1fffffffeLL,
+                                INT64_MAX,
+                                -1,
+                                INT64_MIN};
   std::uint64_t key = 1;
   std::vector<std::pair<std::uint64_t, kernels::KeyState>> put;
   for (const std::int64_t count : edges)
@@ -126,6 +138,57 @@ TEST(KeyAccumulate, EveryStateRoundTripsPackedOrWide) {
     EXPECT_TRUE(table.at(k) == st);
   });
   EXPECT_EQ(visited, put.size());
+}
+
+// A released key keeps its round state beside its slot (24-byte entries, not a 48-byte full state): exact
+// through every change (released, released again, back to no round, beyond the packed limits and back),
+// with base users up to 2^32 - 1 packed, and the side table costs what the entries need.
+TEST(KeyAccumulate, ReleasedKeysKeepTheirRoundBesideTheSlotExactly) {
+  constexpr std::uint64_t kKeys = 10000;
+  kernels::KeyStateTable never(false), released(false);
+  std::vector<KeyPartial> partials;
+  for (std::uint64_t k = 0; k < kKeys; ++k) partials.push_back({k, 5, 0, 4});
+  never.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
+  released.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
+  for (std::uint64_t k = 0; k < kKeys; ++k) {
+    kernels::KeyState st = released.at(k);
+    st.round = 1, st.round_start = 7, st.round_base_users = st.users;
+    released.put(k, st);
+  }
+  // 10,000 keys over 256 side tables of 24-byte entries, each at most 7/8 and at least 7/16 full, plus a
+  // control byte: under 58 B a key, where full states (56 B a slot) cost 130 at the same load.
+  EXPECT_LE(released.memory_bytes() - never.memory_bytes(), kKeys * 58);
+  released.accumulate(partials, kernels::KeyStateTable::Report::Nothing);  // a new trigger's records
+  never.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
+  for (std::uint64_t k = 0; k < kKeys; ++k) {
+    const kernels::KeyState st = released.at(k);
+    ASSERT_EQ(st.count, 10);
+    ASSERT_EQ(st.users, 8);
+    ASSERT_EQ(st.round, 1u);
+    ASSERT_EQ(st.round_start, 7u);
+    ASSERT_EQ(st.round_base_users, 4);
+  }
+  // Every transition, on one key: each state read back exactly, and the digest as if put fresh.
+  const std::int64_t big = 0xffffffffLL;
+  const kernels::KeyState states[] = {
+      {.count = 3, .users = 2, .round_base_users = 1, .round = 2, .round_start = 9},
+      {.count = 3, .users = 2},  // no round again
+      {.count = 0x7ffffffd, .users = 0x7fffffff, .round_base_users = 0x7fffffff, .round = 1, .round_start = 1},
+      {.count = 0x7ffffffd, .users = 0x7fffffff, .round_base_users = big, .round = 1, .round_start = 1},
+      {.count = 0x7ffffffe, .users = 1, .round_base_users = 1, .round = 1, .round_start = 1},    // not kFree: wide
+      {.count = 0x80000000LL, .users = 5, .round_base_users = 1, .round = 3, .round_start = 4},  // wide
+      {.count = 6, .users = 5, .round_base_users = 1, .round = 3, .round_start = 4},             // stays wide
+      {.count = 1, .users = big + 1, .round_base_users = big + 1, .round = 7, .round_start = 8}};
+  for (const kernels::KeyState& st : states) {
+    released.put(3, st);
+    EXPECT_TRUE(released.at(3) == st) << st.count << " " << st.users << " " << st.round_base_users;
+    kernels::KeyStateTable fresh(false);
+    for (std::uint64_t k = 0; k < kKeys; ++k)
+      if (k != 3) fresh.put(k, released.at(k));
+    fresh.put(3, st);
+    EXPECT_EQ(fresh.digest(11), released.digest(11));
+  }
+  EXPECT_EQ(released.full_state_keys(kernels::KeyStateTable::shard_of(3)) > 0, true);
 }
 
 // A count-only query stores no sums: the same keys take less memory, and a never-released key is one
@@ -193,7 +256,7 @@ TEST(KeyAccumulate, StateDigestIsOrderFreeAndSeesEveryField) {
 // key): the values on either side of that edge are exact, whether put or accumulated.
 TEST(KeyAccumulate, PackedEdgeAtTwoToThe32MinusTwoIsExact) {
   kernels::KeyStateTable table;
-  const std::int64_t top = 0xfffffffdLL;  // the largest packed value
+  const std::int64_t top = 0xfffffffdLL;  // once the largest packed value (2^31 - 1 now): exact either way
   table.accumulate({{1, top, 0, top}, {2, top - 1, 0, top - 1}});
   auto totals = table.accumulate({{1, 1, 0, 1}, {2, 1, 0, 1}});
   ASSERT_EQ(totals.size(), 2u);
