@@ -28,7 +28,8 @@ constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or
 // visit 6.3k / 3.6k / 3.1k keys per trigger and draw 225.7M / 230.1M / 242.3M nodes (the full scan:
 // 427k keys, 225.2M).
 constexpr std::uint32_t kMaxHorizon = 64;
-static_assert(kMaxHorizon <= SelectionCache<BandedSelectionNoise>::Entry::kMaxHorizon);
+static_assert(kMaxHorizon <= SelectionCache<BandedSelectionNoise>::Entry::kMaxHorizon &&
+              kMaxHorizon <= SelectionCache<BandedSelectionNoise>::kMaxAhead);
 // Key selection's cache entry, banded (the default): 32 bytes.
 static_assert(sizeof(SelectionCache<BandedSelectionNoise>::Entry) == 32);
 
@@ -437,10 +438,10 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           auto& c = cache.entry(entry);  // of the key's current round: a release resets it
           if (scan_all || Selection::untested(c.noise))
             ++above;  // first test of its round (users only grow in a round)
-          const std::uint32_t next = cache.next_visit(entry);
-          if (next != Cache::kNoVisit && next != trigger) ++discarded;  // new records came first (case 1)
-          const bool due = !touched && next == trigger;                 // visited for its prediction alone
-          cache.set_next_visit(entry, Cache::kNoVisit);
+          const auto next = cache.visit(entry, trigger);
+          if (next == Cache::Visit::Later) ++discarded;            // new records came first (case 1)
+          const bool due = !touched && next == Cache::Visit::Due;  // visited for its prediction alone
+          cache.unschedule(entry);
           const auto& noise_now = selection.seek(c.noise, key, st.round, step);
           if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
             KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
@@ -502,7 +503,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           }
           selection.end_ahead(c.noise);
           c.set_quiet_users(quiet_users);  // stored in 25 bits, never above the bound
-          cache.set_next_visit(entry, st.round_start + q - 1);
+          cache.schedule(entry, st.round_start + q - 1, trigger);
           ++scheduled;
         };
 
@@ -537,8 +538,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             // the scheduled visit (every one of those steps fails for any count up to the bound), so the
             // schedule and its simulated nodes stay valid: no visit now.
             if (n != Cache::kNone) {
-              const std::uint32_t next = cache.next_visit(n);
-              if (next != Cache::kNoVisit && next != trigger &&
+              if (cache.visit(n, trigger) == Cache::Visit::Later &&
                   st.users - st.round_base_users <= cache.entry(n).quiet_users()) {
                 ++quiet;
                 continue;

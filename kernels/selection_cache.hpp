@@ -5,9 +5,10 @@
 // Layout, for memory: entries are dense, numbered in the order keys are added, in chunks of 16 (a
 // shard's slack is at most 15 entries); an open-addressing index of 4-byte slots finds them (8 bits of
 // the key's hash as a tag, so that a probe reads another entry only on a tag match, and the entry's
-// number); the scheduled visits are a dense array of their own, scanned at each trigger for the visits
-// due. 32 + 4 + 4 / load bytes per tested key with the banded counter's frontier, where an absl index of
-// 16-byte values (48 B at its load), 32-byte noise entries and a calendar of key lists (18 B) cost ~98.
+// number); the scheduled visits are a dense array of one byte per entry, scanned at each trigger for the
+// visits due. 32 + 1 + 4 / load bytes per tested key with the banded counter's frontier, where an absl
+// index of 16-byte values (48 B at its load), 32-byte noise entries and a calendar of key lists (18 B)
+// cost ~98.
 #pragma once
 
 #include <algorithm>
@@ -26,8 +27,13 @@ namespace dpstream::kernels {
 template <class State>
 class SelectionCache {
  public:
-  static constexpr std::uint32_t kNone = 0xffffffffu;     // find(): no entry
-  static constexpr std::uint32_t kNoVisit = 0xffffffffu;  // next_visit(): none scheduled
+  static constexpr std::uint32_t kNone = 0xffffffffu;  // find(): no entry
+  // A visit is scheduled 1 to kMaxAhead triggers ahead, and release() runs at every trigger, where the
+  // due scan visits it (which unschedules or reschedules it): so trigger mod 128 names it (one byte).
+  // Were one left behind, it would come due 128 triggers on: a visit more, which changes no output (a
+  // visit is the full scan's test); only skipping a test could.
+  static constexpr std::uint32_t kMaxAhead = 127;
+  enum class Visit { None, Due, Later };  // an entry's scheduled visit, seen from a trigger
   // Entry numbers fit the index's 24 bits: 2^24 tested keys per shard, 4.3e9 per rank (about 200 GB of
   // entries: memory runs out first).
   static constexpr std::uint32_t kMaxEntries = (1u << 24) - 1;
@@ -80,10 +86,10 @@ class SelectionCache {
       throw std::length_error("key selection: more than 2^24 tested keys in one shard of a rank; run on more ranks");
     // Every allocation first: one that fails leaves the cache as it was.
     if (table_full(size_, slots_.size())) rehash(grown_capacity(slots_.size()));
-    if (next_visit_.size() == next_visit_.capacity()) next_visit_.reserve(next_visit_.size() * 9 / 8 + kChunk);
+    if (next_visit_.size() == next_visit_.capacity()) next_visit_.reserve(next_visit_.size() * 9 / 8 + 64);
     if (chunks_.size() * kChunk == size_) chunks_.push_back(std::make_unique<Entry[]>(kChunk));
     const std::uint32_t n = size_++;
-    next_visit_.push_back(kNoVisit);
+    next_visit_.push_back(kUnscheduled);
     entry(n).key = key;
     place(n, hash_of(key));
     return {n, true};
@@ -91,17 +97,26 @@ class SelectionCache {
 
   Entry& entry(std::uint32_t n) { return chunks_[n / kChunk][n % kChunk]; }
   const Entry& entry(std::uint32_t n) const { return chunks_[n / kChunk][n % kChunk]; }
-  std::uint32_t next_visit(std::uint32_t n) const { return next_visit_[n]; }
-  void set_next_visit(std::uint32_t n, std::uint32_t trigger) { next_visit_[n] = trigger; }
+  Visit visit(std::uint32_t n, std::uint32_t trigger) const {
+    if (next_visit_[n] == kUnscheduled) return Visit::None;
+    return next_visit_[n] == residue(trigger) ? Visit::Due : Visit::Later;
+  }
+  // Entry n's visit at trigger `at`, 1 to kMaxAhead triggers after `now`.
+  void schedule(std::uint32_t n, std::uint32_t at, std::uint32_t now) {
+    if (at <= now || at - now > kMaxAhead) throw std::logic_error("SelectionCache: a visit beyond 127 triggers ahead");
+    next_visit_[n] = residue(at);
+  }
+  void unschedule(std::uint32_t n) { next_visit_[n] = kUnscheduled; }
 
-  // The entries whose visit is scheduled at `trigger`, ascending, into `out`: a scan of 4 bytes per entry
-  // (~0.5 ns), where visits come at least every kMaxHorizon = 64 triggers (kernels/dp_release.cpp) and
-  // each draws its steps' noise (~20 ns a step): the scan stays a few percent of the visits' work.
+  // The entries whose visit is scheduled at `trigger`, ascending, into `out`: a scan of a byte per entry,
+  // where visits come at least every kMaxHorizon = 64 triggers (kernels/dp_release.cpp) and each draws
+  // its steps' noise (~20 ns a step): the scan stays a few percent of the visits' work.
   void due(std::uint32_t trigger, std::vector<std::uint32_t>& out) const {
     out.clear();
-    const std::uint32_t* visits = next_visit_.data();  // locals: out's stores cannot alias them
+    const std::uint8_t* visits = next_visit_.data();  // locals: out's stores cannot alias them
+    const std::uint8_t want = residue(trigger);
     for (std::uint32_t n = 0, size = size_; n < size; ++n)
-      if (visits[n] == trigger) out.push_back(n);
+      if (visits[n] == want) out.push_back(n);
   }
 
   void prefetch(std::uint64_t key) const {
@@ -123,11 +138,13 @@ class SelectionCache {
   void clear() { *this = SelectionCache{}; }
   std::uint64_t memory_bytes() const {
     return slots_.capacity() * sizeof(std::uint32_t) + chunks_.capacity() * sizeof(chunks_[0]) +
-           chunks_.size() * kChunk * sizeof(Entry) + next_visit_.capacity() * sizeof(std::uint32_t);
+           chunks_.size() * kChunk * sizeof(Entry) + next_visit_.capacity();
   }
 
  private:
   static constexpr std::uint32_t kChunk = 16;
+  static constexpr std::uint8_t kUnscheduled = 0;  // else 0x80 | trigger mod 128
+  static std::uint8_t residue(std::uint32_t trigger) { return static_cast<std::uint8_t>(0x80 | (trigger & 0x7f)); }
   static constexpr std::uint32_t kFree = 0;  // a slot holds tag | (number + 1)
   static constexpr std::uint32_t kTagMask = 0xffu << 24;
   // The key table's salted hash (its shard and owner rank in the other bits): bits 8-39 pick the home
@@ -150,7 +167,7 @@ class SelectionCache {
 
   std::vector<std::uint32_t> slots_;
   std::vector<std::unique_ptr<Entry[]>> chunks_;
-  std::vector<std::uint32_t> next_visit_;  // per entry: the trigger of its scheduled visit, or kNoVisit
+  std::vector<std::uint8_t> next_visit_;  // per entry: its scheduled visit's trigger mod 128 | 0x80, or kUnscheduled
   std::uint32_t size_ = 0;
 };
 

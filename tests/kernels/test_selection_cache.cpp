@@ -17,9 +17,10 @@ struct Marker {  // stands for a selection noise state
 };
 using Cache = kernels::SelectionCache<Marker>;
 
+constexpr std::uint32_t kNoVisit = 0xffffffffu;
 struct Expected {
   std::uint32_t number;
-  std::uint32_t next_visit = Cache::kNoVisit;
+  std::uint32_t next_visit = kNoVisit;
   std::int64_t quiet = -1;  // a fresh entry skips nothing
   std::uint32_t horizon = 0;
   std::uint64_t marker = 0;
@@ -27,7 +28,8 @@ struct Expected {
 }  // namespace
 
 // Against a std::map: entries numbered in the order keys are added, every field kept through the index's
-// growth, and due() listing exactly the entries scheduled at a trigger, ascending.
+// growth, visit() telling a visit due now from one later, and due() listing exactly the entries scheduled
+// at a trigger, ascending, as triggers pass (each due visit consumed, as release() does).
 TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
   for (const std::uint64_t seed : {1u, 2u, 3u}) {
     std::mt19937_64 rng(seed);
@@ -35,6 +37,11 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
     std::map<std::uint64_t, Expected> model;
     // Keys of one shard of the key space and random ones, so that probes run through slots of both.
     std::uniform_int_distribution<std::uint64_t> pick(0, 60000);
+    std::uint32_t now = 1000;  // the trigger
+    const auto expected_visit = [&](const Expected& e) {
+      if (e.next_visit == kNoVisit) return Cache::Visit::None;
+      return e.next_visit == now ? Cache::Visit::Due : Cache::Visit::Later;
+    };
     const auto key_of = [&](std::uint64_t i) { return i % 2 == 0 ? i * 256 : i * 0x9E3779B97F4A7C15ULL; };
     for (int op = 0; op < 200000; ++op) {
       const std::uint64_t key = key_of(pick(rng));
@@ -43,7 +50,7 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
       ASSERT_EQ(added, it == model.end()) << "key " << key;
       if (added) {
         ASSERT_EQ(n, model.size()) << "entries are numbered in the order keys are added";
-        EXPECT_EQ(cache.next_visit(n), Cache::kNoVisit);
+        EXPECT_EQ(cache.visit(n, now), Cache::Visit::None);
         EXPECT_EQ(cache.entry(n).noise.value, 0u);
         model[key] = Expected{n};
       } else {
@@ -55,14 +62,19 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
       ASSERT_EQ(cache.entry(n).quiet_users(), std::clamp<std::int64_t>(e.quiet, -1, (1 << 24) - 1));
       ASSERT_EQ(cache.entry(n).horizon(), e.horizon);
       ASSERT_EQ(cache.entry(n).noise.value, e.marker);
-      ASSERT_EQ(cache.next_visit(n), e.next_visit);
-      e.next_visit = rng() % 3 == 0 ? Cache::kNoVisit : static_cast<std::uint32_t>(rng() % 64);
+      ASSERT_EQ(cache.visit(n, now), expected_visit(e));
+      // 1 to 127 triggers ahead, most often a few (key selection's horizons).
+      e.next_visit =
+          rng() % 3 == 0 ? kNoVisit : now + 1 + static_cast<std::uint32_t>(rng() % (rng() % 8 == 0 ? 127 : 8));
       // Bounds on both sides of the stored range, and horizons up to the largest.
       e.quiet = rng() % 4 == 0 ? static_cast<std::int64_t>(rng() % (1u << 26)) - 3
                                : static_cast<std::int64_t>(rng() % 1000) - 1;
       e.horizon = static_cast<std::uint32_t>(rng() % (Cache::Entry::kMaxHorizon + 1));
       e.marker = rng();
-      cache.set_next_visit(n, e.next_visit);
+      if (e.next_visit == kNoVisit)
+        cache.unschedule(n);
+      else
+        cache.schedule(n, e.next_visit, now);
       if (rng() % 2 == 0) {  // either order: neither field overwrites the other
         cache.entry(n).set_quiet_users(e.quiet);
         cache.entry(n).set_horizon(e.horizon);
@@ -71,14 +83,21 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
         cache.entry(n).set_quiet_users(e.quiet);
       }
       cache.entry(n).noise.value = e.marker;
-      if (op % 20000 == 0) {
-        const auto t = static_cast<std::uint32_t>(rng() % 64);
+      if (op % 200 == 0) {  // the next trigger: its due visits, each consumed
+        ++now;
         std::vector<std::uint32_t> due, want;
-        cache.due(t, due);
-        for (const auto& [k, x] : model)
-          if (x.next_visit == t) want.push_back(x.number);
+        cache.due(now, due);
+        for (auto& [k, x] : model)
+          if (x.next_visit == now) {
+            want.push_back(x.number);
+            ASSERT_EQ(cache.visit(x.number, now), Cache::Visit::Due);
+            cache.unschedule(x.number);
+            x.next_visit = kNoVisit;
+          } else {
+            ASSERT_EQ(cache.visit(x.number, now), expected_visit(x));
+          }
         std::sort(want.begin(), want.end());
-        ASSERT_EQ(due, want) << "trigger " << t;
+        ASSERT_EQ(due, want) << "trigger " << now;
       }
     }
     ASSERT_EQ(cache.size(), model.size());
@@ -89,11 +108,13 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
       ASSERT_EQ(cache.entry(n).horizon(), e.horizon);
     }
     EXPECT_THROW(cache.entry(0).set_horizon(Cache::Entry::kMaxHorizon + 1), std::logic_error);
+    EXPECT_THROW(cache.schedule(0, now + 128, now), std::logic_error);  // its residue would name two triggers
+    EXPECT_THROW(cache.schedule(0, now, now), std::logic_error);
     for (std::uint64_t i = 60001; i < 70000; ++i) ASSERT_EQ(cache.find(key_of(i)), Cache::kNone);
     // The documented cost: the entry, its visit and its index slot at a load of at least 0.64, with at
     // most 15 entries of slack per cache and the visits' array grown by 1/8.
     const double per_entry = static_cast<double>(cache.memory_bytes()) / static_cast<double>(cache.size());
-    EXPECT_LE(per_entry, sizeof(Cache::Entry) * 1.01 + 4 * 1.13 + 4 / 0.64 + 1) << per_entry;
+    EXPECT_LE(per_entry, sizeof(Cache::Entry) * 1.01 + 1.13 + 4 / 0.64 + 1) << per_entry;
     cache.clear();
     EXPECT_EQ(cache.size(), 0u);
     EXPECT_EQ(cache.find(key_of(0)), Cache::kNone);
