@@ -39,7 +39,7 @@ SPARE_SIGMAS = 2
 # most 85% full, grown by 1/8 + 1 bucket beyond it; fingerprints past 32 go to an exact absl set of
 # 16-byte (user, fingerprint) entries, kept counts of 255 or more to an absl map. The key table
 # (kernels/key_accumulate.hpp, PackedSlots) has 16-byte slots (key, count, users), no control byte, a
-# capacity of 16 grown by 1/4 at load 4/5. A sum is stored as its excess over count * 2^20: zero for the
+# capacity of 16 grown by 1/4 at load 5/6. A sum is stored as its excess over count * 2^20: zero for the
 # synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep a 48-byte full
 # state in a side table: few in a large uniform key space, not modelled.
 OVERFLOW_SLOT, WIDE_KEPT_SLOT, KEY_SLOT = 16, 16, 16
@@ -80,8 +80,8 @@ class Stepped:
 
 class Packed(Stepped):
     """PackedSlots geometry, the key table (kernels/table_memory.hpp): 16, then steps of 1/4 (1/8 from 2^16),
-    at most 4/5 full."""
-    top = staticmethod(lambda cap: cap * 4 // 5)  # table_full: grows when (items + 1) * 5 > cap * 4
+    at most 5/6 full."""
+    top = staticmethod(lambda cap: cap * 5 // 6)  # table_full: grows when (items + 1) * 6 > cap * 5
     next = staticmethod(lambda cap: max(16, cap + cap // (4 if cap < 65536 else 8)))
     bytes = staticmethod(lambda cap, slot: cap * slot)
 
@@ -103,10 +103,10 @@ def reserved_buckets(users, record_bytes_per_user):
 
 def reserved_capacity(items):
     """kernels/table_memory.hpp reserved_capacity: room for a shard's expected share and SPARE_SIGMAS
-    standard deviations of its spread, at most 4/5 full (the synthetic source tells the tables its window up front)."""
+    standard deviations of its spread, at most 5/6 full (the synthetic source tells the tables its window up front)."""
     items = int(items)
     spare = math.ceil(SPARE_SIGMAS * math.sqrt(items))
-    cap = (items + spare) * 5 // 4
+    cap = (items + spare) * 6 // 5
     while Packed.top(cap) < items + spare + 1:  # table_full(items + spare, cap): one more would grow it
         cap += 1
     return max(16, cap)

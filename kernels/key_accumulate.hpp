@@ -35,8 +35,8 @@ struct KeyState {
 };
 
 // A hash table of 16-byte slots (key, count, users) with linear probing from a home slot chosen by
-// multiply-shift, so the capacity can be any size: it grows by 1/4, or 1/8 once large, at a load of 4/5
-// (kernels/table_memory.hpp), and a key costs 16 / load = 20 to 25 bytes (a power-of-two table at
+// multiply-shift, so the capacity can be any size: it grows by 1/4, or 1/8 once large, at a load of 5/6
+// (kernels/table_memory.hpp), and a key costs 16 / load = 19 to 24 bytes (a power-of-two table at
 // absl's 7/8 costs 18 to 39 bytes with its control byte; growing by 3/2 cost 20 to 30). A free slot has count kFree;
 // keys are never erased.
 class PackedSlots {

@@ -23,8 +23,10 @@ namespace dpstream::kernels {
 
 inline constexpr std::size_t kMinTableCapacity = 16;
 
-// At most 4/5 full: whether a table of `capacity` slots holding `items` grows before one more is added.
-constexpr bool table_full(std::size_t items, std::size_t capacity) { return (items + 1) * 5 > capacity * 4; }
+// At most 5/6 full: whether a table of `capacity` slots holding `items` grows before one more is added.
+// Linear probing reads (1 + 1/(1 - load)) / 2 slots to find an item: 3.5 at 5/6, within the two cache
+// lines a probe prefetches (4/5 cost 1.5 B more per key and saved 0.5 slots).
+constexpr bool table_full(std::size_t items, std::size_t capacity) { return (items + 1) * 6 > capacity * 5; }
 
 // Linear probing's next slot after `i`, wrapping at the end.
 constexpr std::size_t next_slot(std::size_t i, std::size_t capacity) { return i + 1 == capacity ? 0 : i + 1; }
@@ -40,7 +42,7 @@ void prefetch_probe(const Slots& slots, std::size_t home) {
   if (home + kCacheLine / sizeof(slots[0]) < slots.size()) dpstream::prefetch(at + kCacheLine);
 }
 
-// Never 2x: by 1/4 (64-80% full) and, once large, by 1/8 (71-80% full: a billion-key job holds ~1e6
+// Never 2x: by 1/4 (67-83% full) and, once large, by 1/8 (74-83% full: a billion-key job holds ~1e6
 // keys per shard); rehashing stays amortised O(1) per item.
 constexpr std::size_t grown_capacity(std::size_t capacity) {
   return std::max(kMinTableCapacity, capacity + capacity / (capacity < (std::size_t{1} << 16) ? 4 : 8));
@@ -52,13 +54,13 @@ constexpr std::size_t grown_capacity(std::size_t capacity) {
 // (1,200 keys: 1.064 of the share at k = 2, 1.116 at k = 4, where the spare was set before pieces went back).
 inline constexpr double kSpareSigmas = 2;
 
-// The capacity for `items` expected in a table (a shard's share of items hashed to shards): at most 4/5
+// The capacity for `items` expected in a table (a shard's share of items hashed to shards): at most 5/6
 // full with kSpareSigmas standard deviations of the share to spare, so that a shard grows with
-// probability about 2.3% and a table holds its share 76-80% full, where one that grew step by step is
-// 64-80% full (a user slot cost 49 B at 2M users instead of ~41). jobs/memory_model.py repeats this rule.
+// probability about 2.3% and a table holds its share 79-83% full, where one that grew step by step is
+// 67-83% full (a user slot cost 49 B at 2M users instead of ~41). jobs/memory_model.py repeats this rule.
 inline std::size_t reserved_capacity(std::size_t items) {
   const auto spare = static_cast<std::size_t>(std::ceil(kSpareSigmas * std::sqrt(static_cast<double>(items))));
-  std::size_t capacity = (items + spare) * 5 / 4;
+  std::size_t capacity = (items + spare) * 6 / 5;
   while (table_full(items + spare, capacity)) ++capacity;  // a step or two
   return std::max(kMinTableCapacity, capacity);
 }

@@ -342,8 +342,8 @@ TEST(KeyAccumulate, ReportIsSortedAndThreadFree) {
   for (const auto& shard : touched[0]) EXPECT_TRUE(std::is_sorted(shard.begin(), shard.end()));
 }
 
-// The table grows in steps of 3/2 at a load of 4/5: a key costs at most 16 / (8/15) = 30 bytes, and
-// every key inserted so far is found after each growth.
+// The table grows in steps of 1/4 at a load of 5/6: a key costs at most 16 / (2/3) = 24 bytes (25 at
+// 4/5), and every key inserted so far is found after each growth.
 TEST(KeyAccumulate, PackedTableStaysDenseThroughGrowth) {
   kernels::KeyStateTable table(false);
   std::uint64_t inserted = 0;
@@ -354,7 +354,7 @@ TEST(KeyAccumulate, PackedTableStaysDenseThroughGrowth) {
     inserted += batch;
     table.accumulate(partials, kernels::KeyStateTable::Report::Nothing);
     EXPECT_EQ(table.keys(), inserted);
-    EXPECT_LE(table.memory_bytes(), inserted * 30 + std::uint64_t{256} * 16 * 16);
+    EXPECT_LE(table.memory_bytes(), inserted * 24 + std::uint64_t{256} * 16 * 16);
     for (std::uint64_t k = 0; k < inserted; k += 997) EXPECT_EQ(table.at(k * 0x9E3779B97F4A7C15ull).count, 1);
   }
 }
