@@ -30,18 +30,18 @@ import sys
 import tomllib
 
 SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
-# kernels/table_memory.hpp kSpareSigmas: a reservation's spare; a table grown past it gives its piece back,
-# so a shard costs only its final capacity (table_bytes).
+# kernels/table_memory.hpp kSpareSigmas: a key table reservation's spare, which its table fills to 7/8
+# (Packed.piece_top) before it leaves its slab piece (kept mapped: table_bytes counts it).
 SPARE_SIGMAS = 2
 # The user table (kernels/bounding.hpp, UserState) packs a record per user (11 bytes: user, tag, kept; then
 # 2 bytes per key fingerprint, up to 32) into 256-byte buckets of 254 bytes of records, reserved for the
-# window's expected users and kept records (SPARE_SIGMAS standard deviations of a shard's users to spare) at
+# window's expected users and kept records (four standard deviations of a shard's users to spare) at
 # most 85% full, grown by 1/8 + 1 bucket beyond it; fingerprints past 32 go to an exact absl set of
 # 16-byte (user, fingerprint) entries, kept counts of 255 or more to an absl map. The key table
 # (kernels/key_accumulate.hpp, PackedSlots) has 16-byte slots (key, count, users), no control byte, a
 # capacity of 16 grown by 1/4 at load 5/6. A sum is stored as its excess over count * 2^20: zero for the
-# synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep a 48-byte full
-# state in a side table: few in a large uniform key space, not modelled.
+# synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep their round
+# state (12 bytes) in a side table: few in a large uniform key space, not modelled.
 OVERFLOW_SLOT, WIDE_KEPT_SLOT, KEY_SLOT = 16, 16, 16
 BUCKET, BUCKET_ROOM, MAX_LOAD_PERCENT = 256, 254, 85
 RECORD_HEAD, INLINE_FINGERPRINTS, WIDE_KEPT = 11, 32, 255
@@ -82,6 +82,7 @@ class Packed(Stepped):
     """PackedSlots geometry, the key table (kernels/table_memory.hpp): 16, then steps of 1/4 (1/8 from 2^16),
     at most 5/6 full."""
     top = staticmethod(lambda cap: cap * 5 // 6)  # table_full: grows when (items + 1) * 6 > cap * 5
+    piece_top = staticmethod(lambda cap: cap * 7 // 8)  # table_full_in_piece: a reservation fills to 7/8
     next = staticmethod(lambda cap: max(16, cap + cap // (4 if cap < 65536 else 8)))
     bytes = staticmethod(lambda cap, slot: cap * slot)
 
@@ -96,9 +97,9 @@ class Buckets(Stepped):
 
 
 def reserved_buckets(users, record_bytes_per_user):
-    """UserState::reserve: buckets for a shard's expected users and SPARE_SIGMAS standard deviations of
-    their spread, at most 85% full."""
-    return math.ceil((users + SPARE_SIGMAS * math.sqrt(users)) * record_bytes_per_user * 100 / MAX_LOAD_PERCENT / BUCKET_ROOM)
+    """UserState::reserve: buckets for a shard's expected users and four standard deviations of their
+    spread, at most 85% full."""
+    return math.ceil((users + 4 * math.sqrt(users)) * record_bytes_per_user * 100 / MAX_LOAD_PERCENT / BUCKET_ROOM)
 
 
 def reserved_capacity(items):
@@ -123,17 +124,20 @@ def table_bytes(mean_items, slot, var_items=None, geometry=Absl, reserved=False,
     lo, hi = max(0.0, mean_items - 6 * sd), mean_items + 6 * sd
     cdf = lambda x: 0.5 * math.erfc((mean_items - x) / (sd * math.sqrt(2)))  # noqa: E731
     total, cap = 0.0, geometry.first(lo)
+    piece = None  # a reservation's capacity: its slab piece stays mapped once the table grows out of it
     if reserved:  # the table starts at the reserved capacity and grows from there
-        cap = start if start is not None else reserved_capacity(mean_items)
-        while geometry.top(cap) < lo:
-            cap = geometry.next(cap)
+        cap = piece = start if start is not None else reserved_capacity(mean_items)
     while True:
-        top = geometry.top(cap)
-        p = cdf(min(top, hi) + 0.5) - cdf(lo - 0.5)
-        total += p * geometry.bytes(cap, slot)
+        # in its piece a table may fill to piece_top (PackedSlots: 7/8), elsewhere to top
+        top = getattr(geometry, "piece_top", geometry.top)(cap) if cap == piece else geometry.top(cap)
+        if top >= lo:
+            p = cdf(min(top, hi) + 0.5) - cdf(lo - 0.5)
+            kept_piece = geometry.bytes(piece, slot) if piece is not None and cap != piece else 0
+            total += p * (geometry.bytes(cap, slot) + kept_piece)
+            lo = top + 1
         if top >= hi:
             return total
-        lo, cap = top + 1, geometry.next(cap)
+        cap = geometry.next(cap)
 
 
 def workload(job, users):

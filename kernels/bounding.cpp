@@ -159,13 +159,13 @@ void UserState::clear() {
 }
 
 // Bytes of records expected: 11 per user and 2 per pair inline (the rest in the overflow set); buckets
-// for them at most kMaxLoadPercent full, with kSpareSigmas standard deviations of a shard's share to spare.
+// for them at most kMaxLoadPercent full, with four standard deviations of a shard's share to spare.
 void UserState::reserve(std::uint64_t users, std::uint64_t pairs) {
   const double per_shard_users = static_cast<double>(users) / kShards;
   const double pairs_per_user =
       users == 0 ? 0.0 : std::min<double>(kInline, static_cast<double>(pairs) / static_cast<double>(users));
   const double bytes_per_user = rec::kHead + 2 * pairs_per_user;
-  const double bytes = (per_shard_users + kSpareSigmas * std::sqrt(per_shard_users)) * bytes_per_user;
+  const double bytes = (per_shard_users + 4 * std::sqrt(per_shard_users)) * bytes_per_user;
   const auto capacity =
       static_cast<std::size_t>(std::ceil(bytes * 100 / kMaxLoadPercent / static_cast<double>(sizeof(Bucket::bytes))));
   if (capacity < 4) return;
@@ -319,9 +319,9 @@ std::uint64_t UserState::user_key_pairs() const {
 }
 
 std::uint64_t UserState::memory_bytes() const {
-  std::uint64_t b = 0;
+  std::uint64_t b = slab_.bytes();
   for (const auto& sh : shards_)
-    b += slots_bytes(slab_, sh.buckets) +
+    b += (slab_.holds(sh.buckets.data()) ? 0 : sh.buckets.capacity() * sizeof(Bucket)) +
          hash_table_bytes(sh.wide_kept) + hash_table_bytes(sh.overflow) +
          sh.overflow_journal.capacity() * sizeof(UserFingerprint);
   return b;

@@ -67,7 +67,7 @@ PackedSlots::Slot& PackedSlots::find_or_insert(std::uint64_t key, std::uint64_t 
       if (slots_[i].count == kFree) break;
       if (slots_[i].key == key) return slots_[i];
     }
-  if (table_full(size_, slots_.size())) grow();  // a free slot always ends a probe
+  if (full()) grow();  // a free slot always ends a probe
   for (std::size_t i = home(hash);; i = next_slot(i, slots_.size()))
     if (slots_[i].count == kFree) {
       ++size_;
@@ -132,10 +132,10 @@ std::uint64_t KeyStateTable::keys() const {
 }
 
 std::uint64_t KeyStateTable::memory_bytes() const {
-  std::uint64_t b = 0;
+  std::uint64_t b = slab_.bytes();
   for (const auto& sh : shards_)
-    b += sh.packed.slots_bytes(slab_) + hash_table_bytes(sh.wide) + hash_table_bytes(sh.rounds) +
-         hash_table_bytes(sh.excess);
+    b += (slab_.holds(sh.packed.data()) ? 0 : sh.packed.capacity() * sizeof(Packed)) + hash_table_bytes(sh.wide) +
+         hash_table_bytes(sh.rounds) + hash_table_bytes(sh.excess);
   return b;
 }
 

@@ -52,7 +52,6 @@ class PackedSlots {
   std::size_t size() const { return size_; }
   std::size_t capacity() const { return slots_.size(); }
   const Slot* data() const { return slots_.data(); }
-  std::uint64_t slots_bytes(const TableSlab& slab) const { return kernels::slots_bytes(slab, slots_); }
   // Room for `keys` and their spread (reserved_capacity), in `alloc`'s memory; never shrinks.
   void reserve(std::size_t keys, const TableAllocator<Slot>& alloc = {});
   // `hash` is the key's salted hash (partition/hash.hpp): bits 8-39 pick the home slot, independent
@@ -84,6 +83,11 @@ class PackedSlots {
 
  private:
   std::size_t home(std::uint64_t hash) const { return ((hash >> 8) & 0xffffffffu) * slots_.size() >> 32; }
+  // One more key would pass the load limit: 7/8 in a reservation's slab piece, 5/6 elsewhere (table_memory.hpp).
+  bool full() const {
+    return slots_.data() == slots_.get_allocator().piece ? table_full_in_piece(size_, slots_.size())
+                                                         : table_full(size_, slots_.size());
+  }
   void grow();
   void rehash(std::size_t capacity, const TableAllocator<Slot>& alloc = {});
   TableSlots<Slot> slots_;

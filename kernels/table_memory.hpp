@@ -48,16 +48,16 @@ constexpr std::size_t grown_capacity(std::size_t capacity) {
   return std::max(kMinTableCapacity, capacity + capacity / (capacity < (std::size_t{1} << 16) ? 4 : 8));
 }
 
-// Standard deviations of a shard's share (sqrt(items), Poisson) that a reservation holds beyond the share.
-// A shard above it grows by 1/4 or 1/8 and gives its piece of the slab back (TableAllocator), so the
-// expected bytes (1 + k / sqrt(n)) (1 + P[Z > k] / 4) are least near k = 2 for shares of 10^3 to 10^5
-// (1,200 keys: 1.064 of the share at k = 2, 1.116 at k = 4, where the spare was set before pieces went back).
+// A table in its slab piece (a reservation) grows at 7/8, not 5/6 (table_full): a reservation holds its
+// share n plus kSpareSigmas = 2 standard deviations (sqrt(n), Poisson) at 5/6, so it leaves its piece,
+// which stays mapped, only past n + 2 sqrt(n) + n/20: with probability about 6e-5 at 1,200 keys per
+// shard, where 4 standard deviations at 5/6 cost 5% more bytes. Probes of such a shard read more slots.
+constexpr bool table_full_in_piece(std::size_t items, std::size_t capacity) { return (items + 1) * 8 > capacity * 7; }
 inline constexpr double kSpareSigmas = 2;
 
 // The capacity for `items` expected in a table (a shard's share of items hashed to shards): at most 5/6
-// full with kSpareSigmas standard deviations of the share to spare, so that a shard grows with
-// probability about 2.3% and a table holds its share 79-83% full, where one that grew step by step is
-// 67-83% full (a user slot cost 49 B at 2M users instead of ~41). jobs/memory_model.py repeats this rule.
+// full with kSpareSigmas standard deviations of the share to spare; a table holds its share 79-83% full,
+// where one that grew step by step is 67-83% full. jobs/memory_model.py repeats this rule.
 inline std::size_t reserved_capacity(std::size_t items) {
   const auto spare = static_cast<std::size_t>(std::ceil(kSpareSigmas * std::sqrt(static_cast<double>(items))));
   std::size_t capacity = (items + spare) * 6 / 5;
@@ -69,8 +69,9 @@ inline std::size_t reserved_capacity(std::size_t items) {
 // 10-200 KiB each at a few million users or keys per rank). Taken one by one from the heap, they lie in
 // 4 KiB pages, and a probe of a table larger than the TLB's reach pays a page walk on top of its miss;
 // in one mapping aligned to 2 MiB they share transparent huge pages (bounding's stage -12% at 2M users,
-// docs/PERFORMANCE.md round 10). A piece given up (its table grew past it) gives its whole pages back
-// (release_pages) and stays mapped until the slab goes: the store's clear().
+// docs/PERFORMANCE.md round 10). A piece given up (its table grew past it) stays mapped until the slab
+// goes: the store's clear() (giving its pages back would split the huge pages that its neighbours are on:
+// accumulation +12% with 2M users).
 class TableSlab {
  public:
   static constexpr std::size_t kHugePage = std::size_t{2} << 20;
@@ -125,15 +126,6 @@ class TableSlab {
   std::shared_ptr<std::atomic<bool>[]> claims_;
 };
 
-// Gives the whole pages within [p, p + bytes) back to the system (a slab's piece its table grew out of:
-// resident until the slab goes otherwise); they read as zeros when touched again. Advice only.
-inline void release_pages(void* p, std::size_t bytes) noexcept {
-  constexpr std::uintptr_t kPage = 4096;
-  const auto begin = (reinterpret_cast<std::uintptr_t>(p) + kPage - 1) / kPage * kPage;
-  const auto end = (reinterpret_cast<std::uintptr_t>(p) + bytes) / kPage * kPage;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
 // A table's slot array: in a slab's piece when it was given one, asks for exactly the piece's size (a
 // reservation) and no other array holds the piece; else from the heap, or mapped when it is 1 MiB or
 // more: the process keeps freed heap memory (src/main.cpp's mallopt), and tables that grow in small steps
@@ -177,7 +169,6 @@ struct TableAllocator {
   void deallocate(T* p, std::size_t n) noexcept {
     const std::size_t bytes = n * sizeof(T);
     if (p == piece) {
-      release_pages(piece, piece_bytes);  // before the claim goes: whoever claims the piece next writes it
       claim->store(false);
       return;
     }
@@ -228,13 +219,6 @@ void reserve_shards(TableSlab& slab, std::size_t shards, std::size_t capacity, S
     } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a hint, see above
     }
   }
-}
-
-// Bytes of a table's slot array: its piece of `slab`, or what it holds. The slab's other pieces are not
-// counted: given back (release_pages) or never touched.
-template <class T>
-std::uint64_t slots_bytes(const TableSlab& slab, const TableSlots<T>& slots) {
-  return slab.holds(slots.data()) ? slab.piece_bytes() : slots.capacity() * sizeof(T);
 }
 
 // Bytes of an absl flat hash map or set: one control byte plus the slot per capacity entry.
