@@ -185,12 +185,13 @@ void KeyStateTable::store(Shard& sh, Packed& p, const KeyState& st) {
   if (p.count != kWide && st.count >= 0 && st.count < std::int64_t{kHasRound} - 2 && st.users >= 0 &&
       st.users < std::int64_t{kChanged} && st.round_base_users >= 0 &&
       st.round_base_users <= std::int64_t{std::numeric_limits<std::uint32_t>::max()}) {
-    p.count = static_cast<std::uint32_t>(st.count) | (has_round ? kHasRound : 0);
-    p.users = static_cast<std::uint32_t>(st.users) | (p.users & kChanged);
+    // The side entry before the mark: an insertion that throws leaves the slot as it was.
     if (has_round)
       sh.rounds[p.key] = {static_cast<std::uint32_t>(st.round_base_users), st.round, st.round_start};
     else if (had_round)
       sh.rounds.erase(p.key);
+    p.count = static_cast<std::uint32_t>(st.count) | (has_round ? kHasRound : 0);
+    p.users = static_cast<std::uint32_t>(st.users) | (p.users & kChanged);
     if (!track_sums_) return;
     // |sum| < 2^115 and count * 2^20 < 2^51 (record.hpp): the excess fits 128 bits.
     if (const int128 excess = int128(st.sum) - int128{st.count} * kOne; excess != 0)

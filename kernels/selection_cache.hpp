@@ -30,8 +30,7 @@ class SelectionCache {
   static constexpr std::uint32_t kNone = 0xffffffffu;  // find(): no entry
   // A visit is scheduled 1 to kMaxAhead triggers ahead, and release() runs at every trigger, where the
   // due scan visits it (which unschedules or reschedules it): so trigger mod 128 names it (one byte).
-  // Were one left behind, it would come due 128 triggers on: a visit more, which changes no output (a
-  // visit is the full scan's test); only skipping a test could.
+  // (One left behind would be wrong with any encoding: its key would go untested until it came due.)
   static constexpr std::uint32_t kMaxAhead = 127;
   enum class Visit { None, Due, Later };  // an entry's scheduled visit, seen from a trigger
   // Entry numbers fit the index's 24 bits: 2^24 tested keys per shard, 4.3e9 per rank (about 200 GB of
