@@ -54,9 +54,8 @@ class SelectionCache {
       const auto stored = static_cast<std::uint32_t>(std::clamp<std::int64_t>(bound, -1, kMaxQuietUsers) + 1);
       quiet_and_horizon_ = stored << 7 | horizon();
     }
-    std::uint32_t horizon() const {
-      return quiet_and_horizon_ & kMaxHorizon;
-    }  // steps the last simulation looked ahead
+    // Steps the last simulation looked ahead.
+    std::uint32_t horizon() const { return quiet_and_horizon_ & kMaxHorizon; }
     void set_horizon(std::uint32_t steps) {
       if (steps > kMaxHorizon) throw std::logic_error("SelectionCache: a horizon above 127 steps");
       quiet_and_horizon_ = (quiet_and_horizon_ & ~kMaxHorizon) | steps;
