@@ -71,6 +71,11 @@ class Stepped:
     smallest = 16
 
     @classmethod
+    def piece_top(cls, cap):
+        """The largest count a reservation's slab piece holds: top unless the table says otherwise."""
+        return cls.top(cap)
+
+    @classmethod
     def first(cls, items):
         cap = cls.smallest
         while items > cls.top(cap):
@@ -82,7 +87,7 @@ class Packed(Stepped):
     """PackedSlots geometry, the key table (kernels/table_memory.hpp): 16, then steps of 1/4 (1/8 from 2^16),
     at most 5/6 full."""
     top = staticmethod(lambda cap: cap * 5 // 6)  # table_full: grows when (items + 1) * 6 > cap * 5
-    piece_top = staticmethod(lambda cap: cap * 7 // 8)  # table_full_in_piece: a reservation fills to 7/8
+    piece_top = staticmethod(lambda cap: cap * 7 // 8)  # kMaxLoadInPiece: a reservation fills to 7/8
     next = staticmethod(lambda cap: max(16, cap + cap // (4 if cap < 65536 else 8)))
     bytes = staticmethod(lambda cap, slot: cap * slot)
 
@@ -129,7 +134,7 @@ def table_bytes(mean_items, slot, var_items=None, geometry=Absl, reserved=False,
         cap = piece = start if start is not None else reserved_capacity(mean_items)
     while True:
         # in its piece a table may fill to piece_top (PackedSlots: 7/8), elsewhere to top
-        top = getattr(geometry, "piece_top", geometry.top)(cap) if cap == piece else geometry.top(cap)
+        top = geometry.piece_top(cap) if cap == piece else geometry.top(cap)
         if top >= lo:
             p = cdf(min(top, hi) + 0.5) - cdf(lo - 0.5)
             kept_piece = geometry.bytes(piece, slot) if piece is not None and cap != piece else 0

@@ -82,11 +82,10 @@ class PackedSlots {
   }
 
  private:
-  std::size_t home(std::uint64_t hash) const { return ((hash >> 8) & 0xffffffffu) * slots_.size() >> 32; }
+  std::size_t home(std::uint64_t hash) const { return home_slot(hash, slots_.size()); }
   // One more key would pass the load limit: 7/8 in a reservation's slab piece, 5/6 elsewhere (table_memory.hpp).
   bool full() const {
-    return slots_.data() == slots_.get_allocator().piece ? table_full_in_piece(size_, slots_.size())
-                                                         : table_full(size_, slots_.size());
+    return table_full(size_, slots_.size(), slots_.data() == slots_.get_allocator().piece ? kMaxLoadInPiece : kMaxLoad);
   }
   void grow();
   void rehash(std::size_t capacity, const TableAllocator<Slot>& alloc = {});

@@ -150,7 +150,7 @@ class SelectionCache {
   static std::uint64_t hash_of(std::uint64_t key) { return partition::salted_hash(key, partition::kKeySalt); }
   static std::uint32_t tag_of(std::uint64_t hash) { return static_cast<std::uint32_t>(hash >> 40 & 0xff) << 24; }
   static std::uint32_t number(std::uint32_t slot) { return (slot & ~kTagMask) - 1; }
-  std::size_t home(std::uint64_t hash) const { return ((hash >> 8) & 0xffffffffu) * slots_.size() >> 32; }
+  std::size_t home(std::uint64_t hash) const { return home_slot(hash, slots_.size()); }
 
   void place(std::uint32_t n, std::uint64_t hash) {
     std::size_t i = home(hash);

@@ -23,10 +23,30 @@ namespace dpstream::kernels {
 
 inline constexpr std::size_t kMinTableCapacity = 16;
 
-// At most 5/6 full: whether a table of `capacity` slots holding `items` grows before one more is added.
-// Linear probing reads (1 + 1/(1 - load)) / 2 slots to find an item: 3.5 at 5/6, within the two cache
-// lines a probe prefetches (4/5 cost 1.5 B more per key and saved 0.5 slots).
-constexpr bool table_full(std::size_t items, std::size_t capacity) { return (items + 1) * 6 > capacity * 5; }
+// A table's load limit, num / den of its slots.
+struct MaxLoad {
+  std::size_t num, den;
+};
+// At most 5/6 full. Linear probing reads (1 + 1/(1 - load)) / 2 slots to find an item: 3.5 at 5/6,
+// within the two cache lines a probe prefetches (4/5 cost 1.5 B more per key and saved 0.5 slots).
+inline constexpr MaxLoad kMaxLoad{5, 6};
+// A table in its slab piece (a reservation) grows at 7/8: a reservation holds its share n plus
+// kSpareSigmas = 2 standard deviations (sqrt(n), Poisson) at 5/6, so it leaves its piece, which stays
+// mapped, only past n + 2 sqrt(n) + n/20: with probability about 6e-5 at 1,200 keys per shard, where 4
+// standard deviations at 5/6 cost 5% more bytes. Probes of such a shard read more slots.
+inline constexpr MaxLoad kMaxLoadInPiece{7, 8};
+inline constexpr double kSpareSigmas = 2;
+
+// Whether a table of `capacity` slots holding `items` grows before one more is added.
+constexpr bool table_full(std::size_t items, std::size_t capacity, MaxLoad limit = kMaxLoad) {
+  return (items + 1) * limit.den > capacity * limit.num;
+}
+
+// The home slot of a hash's bits 8-39 (the low 8 bits pick the shard) in a table of `capacity` slots:
+// a multiplication, not a modulo (capacities are not powers of two).
+constexpr std::size_t home_slot(std::uint64_t hash, std::size_t capacity) {
+  return ((hash >> 8) & 0xffffffffu) * capacity >> 32;
+}
 
 // Linear probing's next slot after `i`, wrapping at the end.
 constexpr std::size_t next_slot(std::size_t i, std::size_t capacity) { return i + 1 == capacity ? 0 : i + 1; }
@@ -47,13 +67,6 @@ void prefetch_probe(const Slots& slots, std::size_t home) {
 constexpr std::size_t grown_capacity(std::size_t capacity) {
   return std::max(kMinTableCapacity, capacity + capacity / (capacity < (std::size_t{1} << 16) ? 4 : 8));
 }
-
-// A table in its slab piece (a reservation) grows at 7/8, not 5/6 (table_full): a reservation holds its
-// share n plus kSpareSigmas = 2 standard deviations (sqrt(n), Poisson) at 5/6, so it leaves its piece,
-// which stays mapped, only past n + 2 sqrt(n) + n/20: with probability about 6e-5 at 1,200 keys per
-// shard, where 4 standard deviations at 5/6 cost 5% more bytes. Probes of such a shard read more slots.
-constexpr bool table_full_in_piece(std::size_t items, std::size_t capacity) { return (items + 1) * 8 > capacity * 7; }
-inline constexpr double kSpareSigmas = 2;
 
 // The capacity for `items` expected in a table (a shard's share of items hashed to shards): at most 5/6
 // full with kSpareSigmas standard deviations of the share to spare; a table holds its share 79-83% full,
