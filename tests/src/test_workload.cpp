@@ -78,7 +78,9 @@ TEST(Workload, RecordsFallInTheirTriggerAndFollowEachUsersStream) {
     ASSERT_EQ(per_user[u].size(), want.size()) << "user " << u;
     for (std::size_t i = 0; i < want.size(); ++i) {
       EXPECT_TRUE(same_record(per_user[u][i], want[i])) << "user " << u << " record " << i;
-      if (i) EXPECT_LE(want[i - 1].timestamp, want[i].timestamp);  // sorted event times
+      if (i) {
+        EXPECT_LE(want[i - 1].timestamp, want[i].timestamp);  // sorted event times
+      }
     }
   }
 }
