@@ -19,7 +19,7 @@ namespace dpstream::kernels {
 // and write. The table stores it packed (KeyStateTable::Packed).
 struct KeyState {
   std::int64_t count = 0;
-  Int128Words sum;         // fixed point, exact (record.hpp); zero when the table tracks no sums
+  Int128Words sum{};       // fixed point, exact (record.hpp); zero when the table tracks no sums
   std::int64_t users = 0;  // distinct users in the window
   // DP key selection (Algorithm 2): the current round began at trigger round_start with
   // round_base_users users; round r + 1 starts right after the key's r-th release.

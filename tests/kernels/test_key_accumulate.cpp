@@ -171,20 +171,14 @@ TEST(KeyAccumulate, ReleasedKeysKeepTheirRoundBesideTheSlotExactly) {
   // Every transition, on one key: each state read back exactly, and the digest as if put fresh.
   const std::int64_t big = 0xffffffffLL;
   const kernels::KeyState states[] = {
-      {.count = 3, .sum = {}, .users = 2, .round_base_users = 1, .round = 2, .round_start = 9},
-      {.count = 3, .sum = {}, .users = 2},  // no round again
-      {.count = 0x7ffffffd,
-       .sum = {},
-       .users = 0x7fffffff,
-       .round_base_users = 0x7fffffff,
-       .round = 1,
-       .round_start = 1},
-      {.count = 0x7ffffffd, .sum = {}, .users = 0x7fffffff, .round_base_users = big, .round = 1, .round_start = 1},
-      {.count = 0x7ffffffe, .sum = {}, .users = 1, .round_base_users = 1, .round = 1, .round_start = 1},  // not kFree:
-                                                                                                          // wide
-      {.count = 0x80000000LL, .sum = {}, .users = 5, .round_base_users = 1, .round = 3, .round_start = 4},  // wide
-      {.count = 6, .sum = {}, .users = 5, .round_base_users = 1, .round = 3, .round_start = 4},  // stays wide
-      {.count = 1, .sum = {}, .users = big + 1, .round_base_users = big + 1, .round = 7, .round_start = 8}};
+      {.count = 3, .users = 2, .round_base_users = 1, .round = 2, .round_start = 9},
+      {.count = 3, .users = 2},  // no round again
+      {.count = 0x7ffffffd, .users = 0x7fffffff, .round_base_users = 0x7fffffff, .round = 1, .round_start = 1},
+      {.count = 0x7ffffffd, .users = 0x7fffffff, .round_base_users = big, .round = 1, .round_start = 1},
+      {.count = 0x7ffffffe, .users = 1, .round_base_users = 1, .round = 1, .round_start = 1},    // not kFree: wide
+      {.count = 0x80000000LL, .users = 5, .round_base_users = 1, .round = 3, .round_start = 4},  // wide
+      {.count = 6, .users = 5, .round_base_users = 1, .round = 3, .round_start = 4},             // stays wide
+      {.count = 1, .users = big + 1, .round_base_users = big + 1, .round = 7, .round_start = 8}};
   for (const kernels::KeyState& st : states) {
     released.put(3, st);
     EXPECT_TRUE(released.at(3) == st) << st.count << " " << st.users << " " << st.round_base_users;
