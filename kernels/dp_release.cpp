@@ -219,12 +219,10 @@ class BandedSelection {
  private:
   // Z~ of steps from+1..to (node index = step - 1).
   void prepare(std::uint64_t key, std::uint32_t round, std::uint32_t from, std::uint32_t to) {
-    ids_.clear();
-    for (std::uint32_t q = from + 1; q <= to; ++q)
-      ids_.push_back({key, noise::Family::BandedSelection, round, 0, q - 1});
-    values_.resize(ids_.size());
-    noise::normal_fixed64_batch(prf_, ids_.data(), ids_.size(), values_.data());
-    draws += ids_.size();
+    values_.resize(to > from ? to - from : 0);
+    noise::normal_fixed64_run(prf_, {key, noise::Family::BandedSelection, round, 0, from}, values_.size(),
+                              values_.data());
+    draws += values_.size();
   }
 
   // Whether counter_ is the key's counter at its State's step: the counter is a pure function of
@@ -246,7 +244,6 @@ class BandedSelection {
   const banded::BandedPlan& plan_;
   Noise counter_;
   Held held_;
-  std::vector<noise::NodeId> ids_;
   std::vector<int128> values_;
   std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>> intervals_;  // of the prepared steps
   std::uint32_t from_ = 0;  // the frontier's step when the simulation began
@@ -255,19 +252,22 @@ class BandedSelection {
 
 // A released value counter's noise at `leaf` on the grid q, banded, from its frontier at the last
 // release (kept instead of the counter: 24 bytes, not 88): the ring of b - 1 samples drawn again
-// (BandedNoise::restore), the steps since added, the frontier written back.
+// (BandedNoise::restore), the steps since added, the frontier written back. The ring's steps and the
+// new ones are one run of indices, drawn together into `z` (a key released again after hundreds of
+// triggers draws hundreds of samples).
 int128 banded_value_noise(banded::BandedFrontier& frontier, const banded::BandedPlan& plan, noise::WindowPrf& prf,
                           std::uint64_t key, noise::Family family, std::uint32_t leaf, std::int64_t q,
-                          std::uint64_t& draws) {
-  const auto draw_fixed = [&](std::uint32_t i) {
-    return noise::normal_fixed64(BandedSelection::sample(prf, key, 0, i, 1, family));
-  };
-  banded::BandedNoise n;
+                          std::uint64_t& draws, std::vector<int128>& z) {
   const std::uint32_t from = frontier.at;
-  const auto [first, last] = banded::BandedNoise::rewind_steps(plan, from, from);
+  const std::uint32_t first = banded::BandedNoise::rewind_steps(plan, from, from).first;  // its ring's oldest step
+  const std::uint32_t last = std::max(from, leaf);  // steps first..last: the ring's, then the new ones
+  z.resize(last + 1 - first);
+  noise::normal_fixed64_run(prf, {key, family, 0, 0, first - 1}, z.size(), z.data());
+  draws += z.size();
+  const auto draw_fixed = [&](std::uint32_t i) { return z.at(i + 1 - first); };
+  banded::BandedNoise n;
   n.restore(plan, frontier, from, draw_fixed);
   n.advance(plan, leaf, draw_fixed);
-  draws += (last >= first ? last - first + 1 : 0) + (leaf > from ? leaf - from : 0);
   frontier = n.frontier();
   return n.prefix_noise(
       plan, q, [&](std::uint32_t i, std::size_t w) { return BandedSelection::sample(prf, key, 0, i, w, family); });
@@ -415,6 +415,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
       };
     };
     std::vector<std::uint32_t> due_entries;  // a shard's entries due at this trigger
+    std::vector<int128> value_z;             // a released value counter's samples (banded_value_noise)
     const auto keep_first_error = [&](const char* what) {
 #pragma omp critical(dp_release_error)
       if (error.empty()) error = what;
@@ -451,8 +452,9 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
               r.count = int128{st.count} * kOne + n.prefix_noise(kOne);
             }
             if (count_band_)
-              r.count = int128{st.count} * kOne + banded_value_noise(count_bands_[s][key], *count_band_, prf, key,
-                                                                     noise::Family::BandedCount, leaf, kOne, draws);
+              r.count =
+                  int128{st.count} * kOne + banded_value_noise(count_bands_[s][key], *count_band_, prf, key,
+                                                               noise::Family::BandedCount, leaf, kOne, draws, value_z);
             if (sum_noise_) {
               dptree::PrefixNoise& n = sum_trees_[s][key];
               n.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
@@ -460,7 +462,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             }
             if (sum_band_)
               r.sum = st.sum + banded_value_noise(sum_bands_[s][key], *sum_band_, prf, key, noise::Family::BandedSum,
-                                                  leaf, params_.sum_quantum, draws);
+                                                  leaf, params_.sum_quantum, draws, value_z);
             out[s].push_back(r);
             ++shard_released;
             predicted += due;

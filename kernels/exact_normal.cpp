@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -247,7 +248,12 @@ std::optional<int128> fixed64_first_accept(const std::array<std::uint64_t, 4>& w
 }
 }  // namespace
 
-void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
+namespace {
+// normal_fixed64_batch's work for n nodes whose packed ids packed_id(i) gives: their first blocks fetched
+// kChunk nodes at a time, a node the shortcut does not decide sampled from its stream, its first
+// blocks already fetched.
+template <class PackedId>
+void fixed64_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, int128* out) {
   constexpr std::size_t kChunk = 32;
   constexpr std::uint32_t kPerNode = NodeStream::kFirstBlocks;  // 4 words: most samples need no more
   std::array<u128, kChunk> packed;
@@ -255,20 +261,39 @@ void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int1
   const CdfTable& table = cell_table();
   for (std::size_t at = 0; at < n; at += kChunk) {
     const std::size_t c = std::min(kChunk, n - at);
-    for (std::size_t i = 0; i < c; ++i) packed[i] = pack(ids[at + i]);
+    for (std::size_t i = 0; i < c; ++i) packed[i] = packed_id(at + i);
     prf.first_blocks(packed.data(), c, kPerNode, fetched.data());
     for (std::size_t i = 0; i < c; ++i) {
       std::array<std::uint64_t, 4> words;  // the stream's first words, as NodeStream reads them
       static_assert(sizeof(words) == std::size_t{16} * kPerNode);
-      std::memcpy(words.data(), fetched.data() + sizeof(words) * i, sizeof(words));
+      const std::uint8_t* first = fetched.data() + sizeof(words) * i;
+      std::memcpy(words.data(), first, sizeof(words));
       if (const auto fast = fixed64_first_accept(words, table)) {
         out[at + i] = *fast;
       } else {
-        NodeStream again(prf, ids[at + i]);
+        NodeStream again(prf, packed[i], kPerNode, first);
         out[at + i] = normal_fixed64(sample_normal(again));
       }
     }
   }
+}
+}  // namespace
+
+void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
+  fixed64_of_nodes(
+      prf, n, [ids](std::size_t i) { return pack(ids[i]); }, out);
+}
+
+void normal_fixed64_run(WindowPrf& prf, const NodeId& first, std::size_t n, int128* out) {
+  if (n == 0) return;
+  NodeId last = first;
+  last.index += static_cast<std::uint32_t>(n - 1);
+  if (n - 1 > std::numeric_limits<std::uint32_t>::max() || last.index < first.index)
+    throw std::invalid_argument("normal_fixed64_run: node index out of range");
+  static_cast<void>(pack(last));  // range-checks the run's last index; the ones between lie between
+  const u128 base = pack(first);
+  fixed64_of_nodes(
+      prf, n, [base](std::size_t i) { return base + (u128{i} << kIndexShift); }, out);
 }
 
 int128 normal_fixed64(const NormalSample& z) {

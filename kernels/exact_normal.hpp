@@ -37,6 +37,9 @@ NormalSample sample_normal_karney(NodeStream& rng, std::size_t min_words = 1);
 // normal_fixed64(sample_normal(node stream)) of n nodes, their first blocks fetched together (many AES
 // blocks in flight instead of one call per node): the same values.
 void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out);
+// The same for the n nodes `first` with index first.index, first.index + 1, ... (a counter's steps):
+// packed by addition, no list of ids. std::invalid_argument if the last index is out of range.
+void normal_fixed64_run(WindowPrf& prf, const NodeId& first, std::size_t n, int128* out);
 
 // The sample as a fixed-point number with 64 fraction bits, truncated toward zero: sign (k 2^64 + f0),
 // within one unit (2^-64) of Z, on Z's side of zero. k < 2^30 (else std::range_error: P[|Z| >= 2^30] < 2^-(10^17)).

@@ -60,7 +60,7 @@ u128 pack(const NodeId& id) {
   if (fam >= 16 || id.round >= (1u << 20) || id.level >= 32 || id.index >= (1u << 20))
     throw std::invalid_argument("NodeId field out of range");
   const std::uint64_t lo = std::uint64_t{fam} << 60 | std::uint64_t{id.round} << 40 | std::uint64_t{id.level} << 35 |
-                           std::uint64_t{id.index} << 15;
+                           std::uint64_t{id.index} << kIndexShift;
   return u128{id.key} << 64 | lo;
 }
 

@@ -48,12 +48,13 @@ struct NodeId {
 // pack(n) = key(64) | family(4) | round(20) | level(5) | index(20) | 15 zero bits for the block
 // counter, as a 128-bit integer; throws std::invalid_argument on out-of-range fields.
 u128 pack(const NodeId& id);
+inline constexpr unsigned kIndexShift = 15;  // the index field's lowest bit in pack(); the block counter below
 
 // AES-256 (ECB on counter blocks) keyed with K_w = HMAC-SHA256(secret, "dpstream window" || window LE8).
 // Block i of node n = AES_{K_w}(big-endian 128-bit pack(n) | i), i < 2^15. One per thread.
 class WindowPrf {
  public:
-  static constexpr std::uint32_t kBlocksPerNode = 1u << 15;
+  static constexpr std::uint32_t kBlocksPerNode = 1u << kIndexShift;
 
   WindowPrf(const Secret& secret, std::int64_t window);
   WindowPrf(WindowPrf&&) noexcept;  // a moved-from WindowPrf must not be used

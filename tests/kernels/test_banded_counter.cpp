@@ -227,8 +227,9 @@ TEST(BandedCounter, RestoreReachesTheStateAdvanceReaches) {
           ASSERT_EQ(restored.at(), advanced.at());
           ASSERT_TRUE(restored.estimate_units(plan) == advanced.estimate_units(plan))
               << "b " << b << " at " << at << " to " << to << " then " << more;
-          if (more > 0)
+          if (more > 0) {
             ASSERT_TRUE(restored.prefix_noise(plan, kGrid, redraw) == advanced.prefix_noise(plan, kGrid, redraw));
+          }
           restored.push(plan, z(more));
           advanced.push(plan, z(more));
         }

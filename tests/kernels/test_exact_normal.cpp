@@ -167,6 +167,24 @@ TEST(ExactNormal, BatchEqualsOneNodeAtATime) {
   EXPECT_GT(beyond_two, 7000u) << "the tails must be exercised (P[|Z| >= 2] = 0.0455)";
 }
 
+// A run of consecutive indices (a counter's steps, packed by addition) draws what the general sampler
+// draws from each node's own stream; a run whose last index passes 2^20 - 1 is refused.
+TEST(ExactNormal, RunEqualsOneNodeAtATime) {
+  WindowPrf prf(secret_from_seed(22), 4);
+  constexpr std::uint32_t kSteps = 70000;  // several chunks of the batch, ending at the index limit
+  const NodeId first{0xfedcba9876543210ull, Family::BandedSelection, 12345, 0, (1u << 20) - kSteps};
+  std::vector<dpstream::int128> run(kSteps);
+  normal_fixed64_run(prf, first, kSteps, run.data());
+  for (std::uint32_t i = 0; i < kSteps; ++i) {
+    NodeId id = first;
+    id.index += i;
+    NodeStream s(prf, id);
+    ASSERT_EQ(run[i], normal_fixed64(sample_normal(s))) << "step " << i;
+  }
+  EXPECT_THROW(normal_fixed64_run(prf, first, kSteps + 1, run.data()), std::invalid_argument);
+  normal_fixed64_run(prf, first, 0, nullptr);  // an empty run draws nothing
+}
+
 // The batch's shortcut reads the cell from the stream's first word: the first entry above it, or
 // nothing where the word ties an entry the search compares (the lower words would decide).
 TEST(CdfTable, SampleFromTopIsTheFirstEntryAboveOrNothingOnATie) {
