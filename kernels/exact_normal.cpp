@@ -235,8 +235,10 @@ namespace {
 // first digits w[1] and w[2], then the sign, bit 0 of w[3] (the stream's order). V >= (2j + 1) 2^-15 >
 // U (2j + U) 2^-15 = f(U) decides below_f (false: accept) from V's first digit alone; a tie in the
 // cell table or that test failing gives nothing, and the caller runs the general sampler on the node's
-// stream from its start (the same sample).
-std::optional<int128> fixed64_first_accept(const std::array<std::uint64_t, 4>& w, const CdfTable& table) {
+// stream from its start (the same sample). Inlined: perf found it called out of line from the batch's
+// template, its optional returned through memory.
+[[gnu::always_inline]] inline std::optional<int128> fixed64_first_accept(const std::array<std::uint64_t, 4>& w,
+                                                                         const CdfTable& table) {
   const std::optional<std::size_t> cell = table.sample_from_top(w[0]);
   if (!cell) return std::nullopt;
   const std::uint64_t j = *cell, u = w[1], v = w[2];
@@ -252,6 +254,12 @@ namespace {
 // normal_fixed64_batch's work for n nodes whose packed ids packed_id(i) gives: their first blocks fetched
 // kChunk nodes at a time, a node the shortcut does not decide sampled from its stream, its first
 // blocks already fetched.
+// The general sampler on a node's stream whose first blocks were fetched: the rare draws, out of line.
+[[gnu::noinline]] int128 general_fixed64(WindowPrf& prf, u128 packed, const std::uint8_t* fetched) {
+  NodeStream again(prf, packed, NodeStream::kFirstBlocks, fetched);
+  return normal_fixed64(sample_normal(again));
+}
+
 template <class PackedId>
 void fixed64_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, int128* out) {
   constexpr std::size_t kChunk = 32;
@@ -271,8 +279,7 @@ void fixed64_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, int12
       if (const auto fast = fixed64_first_accept(words, table)) {
         out[at + i] = *fast;
       } else {
-        NodeStream again(prf, packed[i], kPerNode, first);
-        out[at + i] = normal_fixed64(sample_normal(again));
+        out[at + i] = general_fixed64(prf, packed[i], first);
       }
     }
   }
