@@ -251,15 +251,15 @@ namespace {
 }  // namespace
 
 namespace {
-// normal_fixed64_batch's work for n nodes whose packed ids packed_id(i) gives: their first blocks fetched
-// kChunk nodes at a time, a node the shortcut does not decide sampled from its stream, its first
-// blocks already fetched.
 // The general sampler on a node's stream whose first blocks were fetched: the rare draws, out of line.
 [[gnu::noinline]] int128 general_fixed64(WindowPrf& prf, u128 packed, const std::uint8_t* fetched) {
   NodeStream again(prf, packed, NodeStream::kFirstBlocks, fetched);
   return normal_fixed64(sample_normal(again));
 }
 
+// normal_fixed64_batch's work for n nodes whose packed ids packed_id(i) gives: their first blocks fetched
+// kChunk nodes at a time, a node the shortcut does not decide sampled from its stream, its first
+// blocks already fetched.
 template <class PackedId>
 void fixed64_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, int128* out) {
   constexpr std::size_t kChunk = 32;
