@@ -248,9 +248,7 @@ namespace {
                        int128{(j & ((1u << kCellBits) - 1)) << (64 - kCellBits) | u >> kCellBits};
   return negative ? -value : value;
 }
-}  // namespace
 
-namespace {
 // The general sampler on a node's stream whose first blocks were fetched: the rare draws, out of line.
 [[gnu::noinline]] int128 general_fixed64(WindowPrf& prf, u128 packed, const std::uint8_t* fetched) {
   NodeStream again(prf, packed, NodeStream::kFirstBlocks, fetched);

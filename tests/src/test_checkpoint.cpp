@@ -168,9 +168,9 @@ TEST(H5, NarrowestColumnsRoundTripExactlyAndWiderOnesAreRefused) {
   {
     h5::MemoryFile f;
     for (std::size_t i = 0; i < signed_cases.size(); ++i)
-      h5::write_narrowest_dataset(f.get(), "s" + std::to_string(i), signed_cases[i].values);
+      h5::write_narrowest_dataset(f.get(), fmt::format("s{}", i), signed_cases[i].values);
     for (std::size_t i = 0; i < unsigned_cases.size(); ++i)
-      h5::write_narrowest_dataset(f.get(), "u" + std::to_string(i), unsigned_cases[i].first);
+      h5::write_narrowest_dataset(f.get(), fmt::format("u{}", i), unsigned_cases[i].first);
     h5::write_dataset(f.get(), "wide_u64", std::vector<std::uint64_t>{1, 2});
     h5::write_dataset(f.get(), "wide_i64", std::vector<std::int64_t>{-1});
     image = f.image();
@@ -182,12 +182,12 @@ TEST(H5, NarrowestColumnsRoundTripExactlyAndWiderOnesAreRefused) {
     return H5Tget_size(type.get());
   };
   for (std::size_t i = 0; i < signed_cases.size(); ++i) {
-    const std::string name = "s" + std::to_string(i);
+    const std::string name = fmt::format("s{}", i);
     EXPECT_EQ(h5::read_dataset<std::int64_t>(g.get(), name), signed_cases[i].values) << name;
     EXPECT_EQ(stored_bytes(name), signed_cases[i].bytes) << name;
   }
   for (std::size_t i = 0; i < unsigned_cases.size(); ++i) {
-    const std::string name = "u" + std::to_string(i);
+    const std::string name = fmt::format("u{}", i);
     EXPECT_EQ(h5::read_dataset<std::uint64_t>(g.get(), name), unsigned_cases[i].first) << name;
     EXPECT_EQ(stored_bytes(name), unsigned_cases[i].second) << name;
   }

@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -119,9 +120,7 @@ TEST(CsvSource, ParsesBucketsAndCountsBadRows) {
 
 TEST(CsvSource, RanksSplitTheFileWithoutLosingOrDuplicatingRows) {
   std::string text = "user_id,key,value,timestamp\n";
-  for (int i = 0; i < 1000; ++i)
-    text += "u" + std::to_string(i % 37) + ",k" + std::to_string(i % 11) + "," + std::to_string(i) + "," +
-            std::to_string(i % 100) + "\n";
+  for (int i = 0; i < 1000; ++i) text += fmt::format("u{},k{},{},{}\n", i % 37, i % 11, i, i % 100);
   const auto path = write_temp("split.csv", text);
   std::vector<std::uint64_t> positions_one, positions_many;
   auto one = parsed(csv_job(path), 0, 1);
@@ -172,7 +171,7 @@ TEST(IdPrf, KeyedAndDomainSeparated) {
   EXPECT_NE(a(IdDomain::User, "alice@example.com"), a(IdDomain::Key, "alice@example.com"));
   EXPECT_EQ(a(IdDomain::User, "alice@example.com"), a(IdDomain::User, "alice@example.com"));
   std::set<Id128> seen;
-  for (int i = 0; i < 10000; ++i) seen.insert(a(IdDomain::User, "u" + std::to_string(i)));
+  for (int i = 0; i < 10000; ++i) seen.insert(a(IdDomain::User, fmt::format("u{}", i)));
   EXPECT_EQ(seen.size(), 10000u);
 }
 

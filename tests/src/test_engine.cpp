@@ -1,4 +1,5 @@
 // The whole trigger loop under MPI (run at 1-4 ranks) against the naive single-threaded oracle.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -98,7 +99,7 @@ TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
     const std::string key = (next() % 3 ? "key" : "k,\"") + std::to_string(next() % 30);
     const double value = static_cast<double>(next() % 1000) / 100.0 - 3.0;
     const std::int64_t ts = static_cast<std::int64_t>(next() % 600);
-    const std::string quoted = "\"" + std::regex_replace(key, std::regex("\""), "\"\"") + "\"";
+    const std::string quoted = fmt::format("\"{}\"", std::regex_replace(key, std::regex("\""), "\"\""));
     const std::size_t offset = text.str().size();
     text << '"' << user << "\"," << quoted << ',' << value << ',' << ts << '\n';
     triggers[static_cast<std::size_t>(ts * 6 / 600)].push_back(
