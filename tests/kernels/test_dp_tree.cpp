@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "kernels/dp_tree.hpp"
 
@@ -20,7 +21,9 @@ nlohmann::json reference() {
   std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/honaker_variance.json");
   if (!f) throw std::runtime_error("missing tests/reference/honaker_variance.json");
   // The file is Python's json output: it spells an unbounded formula value "Infinity", not JSON.
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::stringstream whole;  // not istreambuf_iterator: GCC 12 warns of a null dereference inside it at -O3
+  whole << f.rdbuf();
+  std::string text = whole.str();
   for (std::size_t at; (at = text.find("Infinity")) != std::string::npos;) text.replace(at, 8, "null");
   return nlohmann::json::parse(text);
 }
@@ -41,7 +44,9 @@ TEST(DpTree, PrefixVarianceFactorsMatchReference) {
   }
   for (const auto& row : ref["node_variance"]) {
     const auto j = row["height_j_levels_below"].get<std::uint32_t>();
-    if (j < 32) EXPECT_NEAR(prefix_variance_factor(1u << j), row["v_exact"].get<double>(), 1e-12) << "j = " << j;
+    if (j < 32) {
+      EXPECT_NEAR(prefix_variance_factor(1u << j), row["v_exact"].get<double>(), 1e-12) << "j = " << j;
+    }
   }
 }
 

@@ -53,7 +53,9 @@ TEST(Partitioner, GroupsStablyAndCounts) {
     EXPECT_EQ(p.offsets[d + 1] - p.offsets[d], p.counts[d]);
     for (std::size_t i = p.offsets[d]; i < p.offsets[d + 1]; ++i) {
       EXPECT_EQ(dest(p.items[i]), d);
-      if (i > p.offsets[d]) EXPECT_LT(p.items[i - 1], p.items[i]) << "not stable";
+      if (i > p.offsets[d]) {
+        EXPECT_LT(p.items[i - 1], p.items[i]) << "not stable";
+      }
     }
   }
 }
