@@ -22,10 +22,34 @@ namespace dpstream {
 struct StageTimes {
   double ingest = 0, partition_user = 0, shuffle_user = 0, bounding = 0, partition_key = 0, shuffle_key = 0,
          accumulate = 0, dp_release = 0, output = 0, checkpoint = 0;
-  double engine_path() const {
-    return partition_user + shuffle_user + bounding + partition_key + shuffle_key + accumulate + dp_release;
-  }
+  double engine_path() const;  // the stages of kStages marked engine_path
 };
+
+// Every stage by its name in summary.json's stage_seconds_max_over_ranks, in pipeline order. The engine
+// path (what `dpstream bench` times) is the stages from the user partition to the release: not reading
+// the input, writing the output or checkpointing.
+struct Stage {
+  const char* name;
+  double StageTimes::*seconds;
+  bool engine_path;
+};
+inline constexpr std::array<Stage, 10> kStages = {{{"ingest", &StageTimes::ingest, false},
+                                                   {"partition_user", &StageTimes::partition_user, true},
+                                                   {"shuffle_user", &StageTimes::shuffle_user, true},
+                                                   {"bounding", &StageTimes::bounding, true},
+                                                   {"partition_key", &StageTimes::partition_key, true},
+                                                   {"shuffle_key", &StageTimes::shuffle_key, true},
+                                                   {"accumulate", &StageTimes::accumulate, true},
+                                                   {"dp_release", &StageTimes::dp_release, true},
+                                                   {"output", &StageTimes::output, false},
+                                                   {"checkpoint", &StageTimes::checkpoint, false}}};
+
+inline double StageTimes::engine_path() const {
+  double total = 0;
+  for (const Stage& s : kStages)
+    if (s.engine_path) total += this->*s.seconds;
+  return total;
+}
 
 // Why a commit was made (docs/CHECKPOINTS.md, "Cadence"; when several hold at once, the first of
 // these); the names of summary.json's commits_by_cause.

@@ -93,16 +93,8 @@ void add_counts(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& c
 void add_times(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& comm) {
   const StageTimes& stage = run.stage;
   auto stage_max = [&](double v) { return comm.max(v); };
-  j["stage_seconds_max_over_ranks"] = {{"ingest", stage_max(stage.ingest)},
-                                       {"partition_user", stage_max(stage.partition_user)},
-                                       {"shuffle_user", stage_max(stage.shuffle_user)},
-                                       {"bounding", stage_max(stage.bounding)},
-                                       {"partition_key", stage_max(stage.partition_key)},
-                                       {"shuffle_key", stage_max(stage.shuffle_key)},
-                                       {"accumulate", stage_max(stage.accumulate)},
-                                       {"dp_release", stage_max(stage.dp_release)},
-                                       {"output", stage_max(stage.output)},
-                                       {"checkpoint", stage_max(stage.checkpoint)}};
+  nlohmann::json& seconds = j["stage_seconds_max_over_ranks"];
+  for (const Stage& s : kStages) seconds[s.name] = stage_max(stage.*s.seconds);
   if (!run.checkpoint.is_null()) j["checkpoint"] = run.checkpoint;
   const double engine_seconds = stage_max(stage.engine_path());
   const auto records = static_cast<double>(run.global_records);

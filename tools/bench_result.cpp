@@ -60,9 +60,9 @@ std::string bench_result_line(const RunFigures& run, nlohmann::json& j, const sh
       static_cast<double>(comm.max(peak_rss_bytes())) / 1048576.0,
       static_cast<double>(comm.max(run.peaks.state_bytes)) / 1048576.0, j["oversubscribed"].get<bool>() ? "yes" : "no");
   // The engine path's stages (max over ranks), so that a figure names the stage that moved.
-  for (const char* stage :
-       {"partition_user", "shuffle_user", "bounding", "partition_key", "shuffle_key", "accumulate", "dp_release"})
-    line += fmt::format(" {}_seconds={:.3f}", stage, j["stage_seconds_max_over_ranks"][stage].get<double>());
+  for (const Stage& s : kStages)
+    if (s.engine_path)
+      line += fmt::format(" {}_seconds={:.3f}", s.name, j["stage_seconds_max_over_ranks"][s.name].get<double>());
   j["naive_records_per_second"] = naive_rate;
   return line;
 }
