@@ -1,12 +1,14 @@
 // What one random memory access costs on this node, by how many of a page's lines are visited before
 // the next page: a pointer chase (each load's address is the previous load's value, so nothing
-// overlaps) over distinct cache lines of a region larger than the caches. "1 line per page" is a
-// hash table probe at random (the user table at T = 1000); "64 lines per page" is the same DRAM
-// misses with the address translation reused. Under a hypervisor whose guest memory is backed by
-// 4 KiB pages, the difference is the nested page walk that every new page costs, with or without
-// the guest's transparent huge pages (docs/PERFORMANCE.md round 19).
+// overlaps) through the same number of distinct cache lines in every case, flushed from the caches
+// before the chase, spread over 1, 8 or 64 lines of each page. "1 line per page" is a hash table
+// probe at random (the user table at T = 1000); "64 lines per page" the same number of cache misses
+// with each page's address translation reused (and the hardware's neighbour-line prefetch helping).
+// A last case chases the 1-line chain again with its lines in the caches: what translation costs
+// without a DRAM access. docs/PERFORMANCE.md round 19.
 //
-//   bench_memory_latency [REGION_MIB (default 256)] [HOPS (default 2000000)]
+//   bench_memory_latency [REGION_MIB (default 256)]
+#include <emmintrin.h>  // _mm_clflush (SSE2)
 #include <sys/mman.h>
 
 #include <fmt/format.h>
@@ -55,48 +57,66 @@ std::string anon_huge_pages() {
   return "unknown";
 }
 
-// Nanoseconds per load of a chase through `lines_per_page` random lines of each of the region's pages,
-// the pages in random order.
-double chase_ns(const Region& region, std::size_t bytes, std::size_t lines_per_page, std::size_t hops,
-                std::mt19937_64& rng) {
+// A cycle through `lines` distinct lines: `lines_per_page` random lines of each of lines / lines_per_page
+// random pages of the region, the pages in random order; each line holds the address of the next.
+std::vector<std::size_t> build_chain(const Region& region, std::size_t bytes, std::size_t lines,
+                                     std::size_t lines_per_page, std::mt19937_64& rng) {
   std::vector<std::size_t> pages(bytes / kPage);
   std::iota(pages.begin(), pages.end(), std::size_t{0});
   std::shuffle(pages.begin(), pages.end(), rng);
+  pages.resize(lines / lines_per_page);
   std::vector<std::size_t> order;  // byte offsets, in visiting order
-  std::vector<std::size_t> lines(kLinesPerPage);
+  std::vector<std::size_t> in_page(kLinesPerPage);
   for (std::size_t page : pages) {
-    std::iota(lines.begin(), lines.end(), std::size_t{0});
-    std::shuffle(lines.begin(), lines.end(), rng);
-    for (std::size_t i = 0; i < lines_per_page; ++i) order.push_back(page * kPage + lines[i] * kLine);
-    if (order.size() >= hops) break;
+    std::iota(in_page.begin(), in_page.end(), std::size_t{0});
+    std::shuffle(in_page.begin(), in_page.end(), rng);
+    for (std::size_t i = 0; i < lines_per_page; ++i) order.push_back(page * kPage + in_page[i] * kLine);
   }
   char* base = region.base();
-  for (std::size_t i = 0; i < order.size(); ++i)  // each line holds the address of the next
+  for (std::size_t i = 0; i < order.size(); ++i)
     *reinterpret_cast<char**>(base + order[i]) = base + order[(i + 1) % order.size()];
+  return order;
+}
+
+// Nanoseconds per load of one pass through the chain, its lines flushed from the caches first or not.
+double chase_ns(const Region& region, const std::vector<std::size_t>& order, bool flushed) {
+  char* base = region.base();
+  if (flushed) {
+    for (std::size_t at : order) _mm_clflush(base + at);
+    _mm_mfence();
+  }
   char* p = base + order.front();
-  const std::size_t n = std::min(hops, order.size());
   const auto t0 = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < n; ++i) p = *reinterpret_cast<char* volatile*>(p);
+  for (std::size_t i = 0; i < order.size(); ++i) p = *reinterpret_cast<char* volatile*>(p);
   const std::chrono::duration<double, std::nano> elapsed = std::chrono::steady_clock::now() - t0;
-  if (p == nullptr) throw std::logic_error("the chase lost its way");  // uses p: the loads stay
-  return elapsed.count() / static_cast<double>(n);
+  if (p != base + order.front()) throw std::logic_error("the chase lost its way");  // a whole cycle
+  return elapsed.count() / static_cast<double>(order.size());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   const std::size_t mib = argc > 1 ? std::stoull(argv[1]) : 256;
-  const std::size_t hops = argc > 2 ? std::stoull(argv[2]) : 2000000;
-  if (mib < 1 || hops < 1) throw std::invalid_argument("REGION_MIB and HOPS must be at least 1");
+  if (mib < 1) throw std::invalid_argument("REGION_MIB must be at least 1");
   const std::size_t bytes = mib << 20;
+  const std::size_t lines = bytes / kPage;  // one per page in the 1-line case: every case chases as many
   std::mt19937_64 rng(1);
   for (const bool huge : {true, false}) {
     const Region region(bytes, huge);
-    fmt::print("region {} MiB, transparent huge pages {} (AnonHugePages {})\n", mib, huge ? "advised" : "refused",
-               anon_huge_pages());
-    for (const std::size_t lines_per_page : {std::size_t{1}, std::size_t{8}, kLinesPerPage})
-      fmt::print("RESULT bench=memory_latency region_mib={} huge={} lines_per_page={} ns_per_load={:.1f}\n", mib,
-                 huge ? "yes" : "no", lines_per_page, chase_ns(region, bytes, lines_per_page, hops, rng));
+    fmt::print("region {} MiB, transparent huge pages {} (AnonHugePages {}), {} loads per case\n", mib,
+               huge ? "advised" : "refused", anon_huge_pages(), lines);
+    const auto report = [&](std::size_t lines_per_page, bool flushed, double ns) {
+      fmt::print("RESULT bench=memory_latency region_mib={} huge={} lines_per_page={} cached={} ns_per_load={:.1f}\n",
+                 mib, huge ? "yes" : "no", lines_per_page, flushed ? "no" : "yes", ns);
+    };
+    for (const std::size_t lines_per_page : {std::size_t{1}, std::size_t{8}, kLinesPerPage}) {
+      const auto chain = build_chain(region, bytes, lines, lines_per_page, rng);
+      report(lines_per_page, true, chase_ns(region, chain, true));
+      if (lines_per_page == 1) {
+        chase_ns(region, chain, false);  // brings the lines back into the caches
+        report(lines_per_page, false, chase_ns(region, chain, false));
+      }
+    }
   }
   return 0;
 } catch (const std::exception& e) {
