@@ -4,8 +4,8 @@
 // before the chase, spread over 1, 8 or 64 lines of each page. "1 line per page" is a hash table
 // probe at random (the user table at T = 1000); "64 lines per page" the same number of cache misses
 // with each page's address translation reused (and the hardware's neighbour-line prefetch helping).
-// A last case chases the 1-line chain again with its lines in the caches: what translation costs
-// without a DRAM access. docs/PERFORMANCE.md round 19.
+// What makes a new page dearer (its translation, a DRAM row to open, no neighbour-line prefetch)
+// is not told apart: without hardware counters the chase only shows the sum. docs/PERFORMANCE.md round 19.
 //
 //   bench_memory_latency [REGION_MIB (default 256)]
 #include <emmintrin.h>  // _mm_clflush (SSE2)
@@ -78,13 +78,11 @@ std::vector<std::size_t> build_chain(const Region& region, std::size_t bytes, st
   return order;
 }
 
-// Nanoseconds per load of one pass through the chain, its lines flushed from the caches first or not.
-double chase_ns(const Region& region, const std::vector<std::size_t>& order, bool flushed) {
+// Nanoseconds per load of one pass through the chain, its lines flushed from the caches first.
+double chase_ns(const Region& region, const std::vector<std::size_t>& order) {
   char* base = region.base();
-  if (flushed) {
-    for (std::size_t at : order) _mm_clflush(base + at);
-    _mm_mfence();
-  }
+  for (std::size_t at : order) _mm_clflush(base + at);
+  _mm_mfence();
   char* p = base + order.front();
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < order.size(); ++i) p = *reinterpret_cast<char* volatile*>(p);
@@ -105,17 +103,10 @@ int main(int argc, char** argv) try {
     const Region region(bytes, huge);
     fmt::print("region {} MiB, transparent huge pages {} (AnonHugePages {}), {} loads per case\n", mib,
                huge ? "advised" : "refused", anon_huge_pages(), lines);
-    const auto report = [&](std::size_t lines_per_page, bool flushed, double ns) {
-      fmt::print("RESULT bench=memory_latency region_mib={} huge={} lines_per_page={} cached={} ns_per_load={:.1f}\n",
-                 mib, huge ? "yes" : "no", lines_per_page, flushed ? "no" : "yes", ns);
-    };
     for (const std::size_t lines_per_page : {std::size_t{1}, std::size_t{8}, kLinesPerPage}) {
       const auto chain = build_chain(region, bytes, lines, lines_per_page, rng);
-      report(lines_per_page, true, chase_ns(region, chain, true));
-      if (lines_per_page == 1) {
-        chase_ns(region, chain, false);  // brings the lines back into the caches
-        report(lines_per_page, false, chase_ns(region, chain, false));
-      }
+      fmt::print("RESULT bench=memory_latency region_mib={} huge={} lines_per_page={} ns_per_load={:.1f}\n", mib,
+                 huge ? "yes" : "no", lines_per_page, chase_ns(region, chain));
     }
   }
   return 0;
