@@ -9,11 +9,11 @@
 //   bench_bounding JOB.toml [--set section.key=value ...] [--ranks P] [--repeats R]
 #include <fmt/format.h>
 #include <omp.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -37,52 +37,21 @@ struct Args {
   int repeats = 7;
 };
 
-int whole_number(const std::string& option, const std::string& text) {
-  std::size_t used = 0;
-  int value = 0;
-  try {
-    value = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size())
-    throw std::invalid_argument(option + " takes a whole number, not '" + text + "'");
-  return value;
-}
+// The job's first window as rank 0 of `ranks` bounds it: its users' records trigger by trigger, and the
+// window's users and kept records, which size the user table as the engine sizes it (src/engine.cpp).
+struct Window {
+  std::vector<std::vector<Record>> triggers;
+  std::uint64_t users = 0, kept_records = 0;
+};
 
-Args parse_args(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--set" && has_value) {
-      a.overrides.emplace_back(argv[++i]);
-    } else if (arg == "--ranks" && has_value) {
-      a.ranks = whole_number(arg, argv[++i]);
-    } else if (arg == "--repeats" && has_value) {
-      a.repeats = whole_number(arg, argv[++i]);
-    } else if (a.job.empty() && arg.rfind("--", 0) != 0) {
-      a.job = arg;
-    } else {
-      throw std::invalid_argument("unknown argument '" + arg +
-                                  "'; usage: bench_bounding JOB.toml [--set section.key=value ...] [--ranks P] "
-                                  "[--repeats R]");
-    }
-  }
-  if (a.job.empty()) throw std::invalid_argument("name a job file (TOML), e.g. jobs/paper-workload.toml");
-  if (a.ranks < 1 || a.repeats < 1) throw std::invalid_argument("--ranks and --repeats must be at least 1");
-  return a;
-}
-
-// The job's first window's records, trigger by trigger, of the users that rank 0 of `ranks` owns.
-std::vector<std::vector<Record>> owned_window(const dpstream::JobConfig& config, int ranks) {
+Window owned_window(const dpstream::JobConfig& config, int ranks) {
   dpstream::SyntheticSource source(config, 0, 1);
-  const std::int64_t window = config.stream.first_window;
-  std::vector<std::vector<Record>> triggers(source.triggers_per_window());
-  for (std::uint32_t t = 0; t < triggers.size(); ++t)
-    for (const Record& r : source.take_trigger(window, t))
-      if (dpstream::partition::user_owner(r.user, ranks) == 0) triggers[t].push_back(r);
-  return triggers;
+  Window w{std::vector<std::vector<Record>>(source.triggers_per_window()), source.users_per_window() / ranks,
+           source.kept_records_per_window() / ranks};
+  for (std::uint32_t t = 0; t < w.triggers.size(); ++t)
+    for (const Record& r : source.take_trigger(config.stream.first_window, t))
+      if (dpstream::partition::user_owner(r.user, ranks) == 0) w.triggers[t].push_back(r);
+  return w;
 }
 
 // What a repeat leaves: its counts, the user state's digest and an order-free hash of its partials.
@@ -112,26 +81,31 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const Args args = parse_args(argc, argv);
+  Args args;
+  CLI::App app{"Bounding alone on one core, repeated: minimum and median ns per record"};
+  app.add_option("job", args.job, "Job spec (TOML) with synthetic input, e.g. jobs/paper-workload.toml")->required();
+  app.add_option("--set", args.overrides, "Override a job key: --set section.key=value (repeatable)");
+  app.add_option("--ranks", args.ranks, "Bound the share of rank 0 of this many ranks")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--repeats", args.repeats, "Repeats of the whole window")->check(CLI::Range(1, 1 << 20));
+  CLI11_PARSE(app, argc, argv);
   const dpstream::JobConfig config = dpstream::load_job(args.job, args.overrides);
   if (config.input.kind != dpstream::InputKind::Synthetic)
     throw std::invalid_argument("bench_bounding needs a synthetic job ([input] kind = \"synthetic\")");
   omp_set_num_threads(1);
-  const auto triggers = owned_window(config, args.ranks);
+  const Window window = owned_window(config, args.ranks);
   std::uint64_t records = 0;
-  for (const auto& t : triggers) records += t.size();
+  for (const auto& t : window.triggers) records += t.size();
   const kernels::BoundingParams params{config.privacy.max_records_per_user, config.privacy.clamp_min,
                                        config.privacy.clamp_max};
-  dpstream::SyntheticSource sizes(config, 0, 1);  // the engine's reserve: the window's users and kept records
   std::vector<double> ns_per_record;
   double fastest = 0;
   Outcome first;
   for (int r = 0; r < args.repeats; ++r) {
     kernels::UserState state;
-    state.reserve(sizes.users_per_window() / args.ranks, sizes.kept_records_per_window() / args.ranks);
+    state.reserve(window.users, window.kept_records);
     Outcome out;
     std::chrono::duration<double, std::nano> elapsed{0};  // the kernel's calls only
-    for (const auto& t : triggers) {
+    for (const auto& t : window.triggers) {
       const auto t0 = std::chrono::steady_clock::now();
       const std::vector<dpstream::KeyPartial> partials = kernels::bound_and_aggregate(t, params, state, out.stats);
       elapsed += std::chrono::steady_clock::now() - t0;
@@ -151,7 +125,7 @@ int main(int argc, char** argv) try {
   fmt::print(
       "RESULT bench=bounding records={} triggers={} kept={} partials={} repeats={} ns_per_record_min={:.1f} "
       "ns_per_record_median={:.1f} records_per_s_min_time={:.0f}\n",
-      records, triggers.size(), first.stats.kept, first.partials, args.repeats, fastest, median(ns_per_record),
+      records, window.triggers.size(), first.stats.kept, first.partials, args.repeats, fastest, median(ns_per_record),
       fastest > 0 ? 1e9 / fastest : 0.0);
   return 0;
 } catch (const std::exception& e) {

@@ -12,12 +12,12 @@
 #include <sys/mman.h>
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -94,8 +94,11 @@ double chase_ns(const Region& region, const std::vector<std::size_t>& order) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const std::size_t mib = argc > 1 ? std::stoull(argv[1]) : 256;
-  if (mib < 1) throw std::invalid_argument("REGION_MIB must be at least 1");
+  std::size_t mib = 256;
+  CLI::App app{"One dependent load's cost by the lines of a page visited before the next page"};
+  app.add_option("region_mib", mib, "Region to chase through, MiB (larger than the caches)")
+      ->check(CLI::Range(1, 1 << 20));
+  CLI11_PARSE(app, argc, argv);
   const std::size_t bytes = mib << 20;
   const std::size_t lines = bytes / kPage;  // one per page in the 1-line case: every case chases as many
   std::mt19937_64 rng(1);
