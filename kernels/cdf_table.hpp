@@ -11,7 +11,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "kernels/noise.hpp"
@@ -47,12 +46,14 @@ struct CdfTable {
     while (m < last && !below(m)) ++m;
     return m;
   }
-  // sample() from its first word u0 alone, or nothing where it would read the lower two (a tie).
-  std::optional<std::size_t> sample_from_top(std::uint64_t u0) const {
+  // sample() from its first word u0 alone, or kTie where it would read the lower two (u0 equals an entry's
+  // top word before the last).
+  static constexpr std::size_t kTie = ~std::size_t{0};
+  std::size_t cell_from_top(std::uint64_t u0) const {
     const std::size_t last = hi.size() - 1;
     std::size_t m = guide[u0 >> (64 - kGuideBits)];
     for (; m < last; ++m) {
-      if (u0 == hi[m]) return std::nullopt;
+      if (u0 == hi[m]) return kTie;
       if (u0 < hi[m]) break;
     }
     return m;

@@ -8,7 +8,6 @@
 #include <array>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -234,19 +233,21 @@ namespace {
 // first four words w (no NodeStream: a fifth of a draw's time): the cell j from w[0], U's and V's
 // first digits w[1] and w[2], then the sign, bit 0 of w[3] (the stream's order). V >= (2j + 1) 2^-15 >
 // U (2j + U) 2^-15 = f(U) decides below_f (false: accept) from V's first digit alone; a tie in the
-// cell table or that test failing gives nothing, and the caller runs the general sampler on the node's
-// stream from its start (the same sample). Inlined: perf found it called out of line from the batch's
-// template, its optional returned through memory.
-[[gnu::always_inline]] inline std::optional<int128> fixed64_first_accept(const std::array<std::uint64_t, 4>& w,
-                                                                         const CdfTable& table) {
-  const std::optional<std::size_t> cell = table.sample_from_top(w[0]);
-  if (!cell) return std::nullopt;
-  const std::uint64_t j = *cell, u = w[1], v = w[2];
-  if (uint128{v} < uint128{2 * j + 1} << (64 - 2 * kCellBits - 1)) return std::nullopt;
-  const bool negative = (w[3] & 1u) != 0;
-  const int128 value = (int128{static_cast<std::int64_t>(j >> kCellBits)} << 64) +
-                       int128{(j & ((1u << kCellBits) - 1)) << (64 - kCellBits) | u >> kCellBits};
-  return negative ? -value : value;
+// cell table or that test failing gives false, and the caller runs the general sampler on the node's
+// stream from its start (the same sample). Inlined, its value in registers: perf found it called out
+// of line from the batch's template, and an std::optional result kept the value on the stack.
+[[gnu::always_inline]] inline bool fixed64_first_accept(const std::array<std::uint64_t, 4>& w, const CdfTable& table,
+                                                        int128& out) {
+  const std::size_t j = table.cell_from_top(w[0]);
+  if (j == CdfTable::kTie) return false;
+  const std::uint64_t u = w[1], v = w[2];
+  // v < (2j + 1) 2^49 (j < 2^12): the cell's acceptance is not decided by V's first digit.
+  if (v < (std::uint64_t{2 * j + 1} << (64 - 2 * kCellBits - 1))) return false;
+  const std::uint64_t k = j >> kCellBits;
+  const std::uint64_t fraction = (j & ((1u << kCellBits) - 1)) << (64 - kCellBits) | u >> kCellBits;
+  const int128 value = static_cast<int128>(static_cast<uint128>(k) << 64 | fraction);
+  out = (w[3] & 1u) != 0 ? -value : value;
+  return true;
 }
 
 // The general sampler on a node's stream whose first blocks were fetched: the rare draws, out of line.
@@ -274,11 +275,7 @@ void fixed64_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, int12
       static_assert(sizeof(words) == std::size_t{16} * kPerNode);
       const std::uint8_t* first = fetched.data() + sizeof(words) * i;
       std::memcpy(words.data(), first, sizeof(words));
-      if (const auto fast = fixed64_first_accept(words, table)) {
-        out[at + i] = *fast;
-      } else {
-        out[at + i] = general_fixed64(prf, packed[i], first);
-      }
+      if (!fixed64_first_accept(words, table, out[at + i])) out[at + i] = general_fixed64(prf, packed[i], first);
     }
   }
 }

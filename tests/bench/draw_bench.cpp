@@ -1,0 +1,92 @@
+// One exact normal sample's cost, as the banded counters draw them (kernels/exact_normal.hpp): runs of
+// consecutive steps of many keys' counters through normal_fixed64_run (key selection draws its
+// look-ahead, up to 64 steps, and a key's prefix this way), on one core, repeated. Prints the minimum
+// and the median over the repeats in ns per sample (compare builds by the minimum, alternating: this
+// host is shared). Every repeat must give the same samples, and the first run's samples must equal
+// the general sampler's node by node (sample_normal on each node's own stream), so a fast path that
+// drifts from the reference fails here too. docs/PERFORMANCE.md round 20.
+//
+//   bench_draws [--samples N] [--run-length L] [--repeats R]
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/exact_normal.hpp"
+#include "kernels/noise.hpp"
+#include "partition/hash.hpp"
+
+namespace {
+
+namespace noise = dpstream::noise;
+using dpstream::int128;
+
+noise::NodeId first_node(std::uint64_t run) {  // run r: key r of the banded selection family, from step 1
+  return {run, noise::Family::BandedSelection, 0, 0, 0};
+}
+
+// The samples of `runs` runs of `length` steps; returns an order-dependent hash of all of them.
+std::uint64_t draw_runs(noise::WindowPrf& prf, std::uint64_t runs, std::uint32_t length, std::vector<int128>& z) {
+  std::uint64_t h = 0;
+  for (std::uint64_t r = 0; r < runs; ++r) {
+    noise::normal_fixed64_run(prf, first_node(r), length, z.data());
+    for (const int128 v : z)
+      h = dpstream::partition::hash_combine(h, static_cast<std::uint64_t>(v) ^ static_cast<std::uint64_t>(v >> 64));
+  }
+  return h;
+}
+
+void check_against_general_sampler(noise::WindowPrf& prf, std::uint32_t length, std::vector<int128>& z) {
+  noise::normal_fixed64_run(prf, first_node(0), length, z.data());
+  for (std::uint32_t i = 0; i < length; ++i) {
+    noise::NodeId id = first_node(0);
+    id.index = i;
+    noise::NodeStream stream(prf, id);
+    if (noise::normal_fixed64(noise::sample_normal(stream)) != z[i])
+      throw std::logic_error(fmt::format("step {} of the run differs from the general sampler", i + 1));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::uint64_t samples = 4'000'000;
+  std::uint32_t length = 64;
+  int repeats = 5;
+  CLI::App app{"ns per exact normal sample, drawn in runs of consecutive steps as the banded counters do"};
+  app.add_option("--samples", samples, "Samples per repeat (rounded down to whole runs)")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 32));
+  app.add_option("--run-length", length, "Consecutive steps per run (key selection looks up to 64 ahead)")
+      ->check(CLI::Range(1u, 1u << 16));
+  app.add_option("--repeats", repeats, "Repeats; the minimum and the median are printed")->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
+
+  const std::uint64_t runs = std::max<std::uint64_t>(samples / length, 1);
+  noise::WindowPrf prf(noise::secret_from_seed(7), 0);
+  std::vector<int128> z(length);
+  check_against_general_sampler(prf, length, z);
+  std::vector<double> ns;
+  std::uint64_t first_hash = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::uint64_t h = draw_runs(prf, runs, length, z);
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
+    if (r == 0) first_hash = h;
+    if (h != first_hash) throw std::logic_error(fmt::format("repeat {} drew other samples than the first", r));
+    ns.push_back(took.count() / static_cast<double>(runs * length));
+  }
+  std::sort(ns.begin(), ns.end());
+  const double median = ns.size() % 2 == 1 ? ns[ns.size() / 2] : (ns[ns.size() / 2 - 1] + ns[ns.size() / 2]) / 2;
+  fmt::print(
+      "RESULT bench=draws samples={} run_length={} repeats={} ns_per_sample_min={:.2f} ns_per_sample_median={:.2f}\n",
+      runs * length, length, repeats, ns.front(), median);
+  return 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "bench_draws: {}\n", e.what());
+  return 2;
+}
