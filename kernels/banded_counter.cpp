@@ -41,12 +41,12 @@ double grid_scale(const BandedPlan& plan, std::int64_t q) {
 
 // The interval of round(q N) from an estimate y and an error bound `error_units` (both in units of
 // 2^-86): every value within scale error_units of scale y, rounded, plus 1 each side for the bounds' own
-// roundings; nothing where |q N| nears 2^50.
-std::optional<std::pair<std::int64_t, std::int64_t>> rounded_interval(double scale, double y, double error_units) {
+// roundings; unknown where |q N| nears 2^50.
+NoiseInterval rounded_interval(double scale, double y, double error_units) {
   const double v = scale * y;
   const double error = scale * error_units + 0.5;
-  if (!(std::abs(v) + error < 0x1p50)) return std::nullopt;
-  return std::pair{floor_to_int(v - error) - 1, ceil_to_int(v + error) + 1};
+  if (!(std::abs(v) + error < 0x1p50)) return {};
+  return {floor_to_int(v - error) - 1, ceil_to_int(v + error) + 1};
 }
 
 // round(x / 2^shift), ties away from zero.
@@ -249,7 +249,7 @@ void BandedNoise::push_all(const BandedPlan& plan, const int128* z, std::size_t 
 // within 2^-53 of its magnitude), so |od - older| <= drift with drift grown by 2^-52 (|od| + |sample|)
 // a step; its term adds |M_(b-1)| drift to prefix_interval's error, whose other terms are unchanged.
 void BandedNoise::intervals_ahead(const BandedPlan& plan, std::int64_t q, const int128* z, std::size_t n,
-                                  std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>>& out) const {
+                                  std::vector<NoiseInterval>& out) const {
   const double scale = grid_scale(plan, q);
   out.resize(n);
   const std::size_t keep = plan.band() - 1;
@@ -328,10 +328,9 @@ std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std
 // (the running sum converts with one rounding; every product and sum rounds once), scale within
 // 2^-52 of sigma q 2^-118, so sigma q Y~ 2^-118 is within scale 2^-43 S of v; the true value within
 // scale A more, and the rounding moves it by 1/2. The bounds' own roundings are inside the final +-1.
-std::optional<std::pair<std::int64_t, std::int64_t>> BandedNoise::prefix_interval(const BandedPlan& plan,
-                                                                                  std::int64_t q) const {
+NoiseInterval BandedNoise::prefix_interval(const BandedPlan& plan, std::int64_t q) const {
   const double scale = grid_scale(plan, q);
-  if (at_ == 0) return std::pair<std::int64_t, std::int64_t>{0, 0};
+  if (at_ == 0) return {0, 0};
   const std::size_t keep = plan.band() - 1;
   double y = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep))) * to_double(older_);
   double magnitude = std::abs(y);

@@ -101,6 +101,14 @@ struct BandedFrontier {
 };
 static_assert(sizeof(BandedFrontier) == 20 && alignof(BandedFrontier) == 4);
 
+// round(q N) known to lie in [lo, hi] on the output grid; lo > hi (the default) when doubles cannot
+// bound it (|q N| near 2^50) and the caller needs the exact value. A plain pair, not an optional: a
+// simulation reads one per step.
+struct NoiseInterval {
+  std::int64_t lo = 1, hi = 0;
+  bool known() const { return lo <= hi; }
+};
+
 // The prefix noise of one counter: the steps' normal samples enter one at a time (64-bit digits);
 // prefix_noise gives round(q N_t) exactly.
 class BandedNoise {
@@ -158,13 +166,13 @@ class BandedNoise {
   }
 
   // For a simulation: prefix_interval(plan, q) at each of the steps at()+1 .. at()+n that push() of
-  // z[0..n) would reach, without pushing them (nothing where that gives none). Intervals hold
+  // z[0..n) would reach, without pushing them (unknown where that gives none). Intervals hold
   // round(q N) as prefix_interval's do, wider by the drift term (a fraction of a grid unit at the
   // engine's sigma and grid; more only costs exact computations): with a full ring the samples
   // are laid out in step order and every step's estimate computed in one pass, the running sum in a
   // double whose drift is bounded, a few multiply-adds a step instead of push() and prefix_interval().
   void intervals_ahead(const BandedPlan& plan, std::int64_t q, const int128* z, std::size_t n,
-                       std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>>& out) const;
+                       std::vector<NoiseInterval>& out) const;
   // push() of z[0..n), in order.
   void push_all(const BandedPlan& plan, const int128* z, std::size_t n);
 
@@ -180,8 +188,8 @@ class BandedNoise {
   // An interval [lo, hi] (a few grid units wide) that holds round(q N_at), from double arithmetic alone:
   // the estimate's terms in doubles, whose error is bounded by 2^-43 of the sum of their magnitudes,
   // plus the kept samples' error A. Enough to decide a threshold test that is not within a few grid
-  // units of its boundary (a simulation's steps, nearly always). Nothing where |q N| nears 2^50.
-  std::optional<std::pair<std::int64_t, std::int64_t>> prefix_interval(const BandedPlan& plan, std::int64_t q) const;
+  // units of its boundary (a simulation's steps, nearly always). Unknown where |q N| nears 2^50.
+  NoiseInterval prefix_interval(const BandedPlan& plan, std::int64_t q) const;
 
   // The estimate sum_r M_{at-r} Z~_r, Z~ = Z truncated toward zero to 56 fraction bits, in units of
   // 2^-86 (exposed for tests).

@@ -193,7 +193,7 @@ class BandedSelection {
   // cannot bound it; exact_ahead() gives the value.
   std::pair<int128, int128> step_ahead(State& st, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
     if (next_ >= values_.size() || from_ + next_ + 1 != q) throw std::logic_error("BandedSelection: step not prepared");
-    if (const auto& interval = intervals_[next_++]) return *interval;
+    if (const banded::NoiseInterval interval = intervals_[next_++]; interval.known()) return {interval.lo, interval.hi};
     const int128 exact = exact_ahead(st, key, round);
     return {exact, exact};
   }
@@ -245,9 +245,9 @@ class BandedSelection {
   Noise counter_;
   Held held_;
   std::vector<int128> values_;
-  std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>> intervals_;  // of the prepared steps
-  std::uint32_t from_ = 0;  // the frontier's step when the simulation began
-  std::size_t next_ = 0;    // steps of the simulation taken
+  std::vector<banded::NoiseInterval> intervals_;  // of the prepared steps
+  std::uint32_t from_ = 0;                        // the frontier's step when the simulation began
+  std::size_t next_ = 0;                          // steps of the simulation taken
 };
 
 // A released value counter's noise at `leaf` on the grid q, banded, from its frontier at the last
@@ -493,15 +493,14 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             ++simulated;
             // The test's noise, within [lo, hi]: passes() and the quiet bound's shortcut are monotone in
             // it, so both ends agreeing decide them; else the exact value (a boundary within a few grid units).
-            const std::pair<int128, int128> interval = selection.step_ahead(c.noise, q, key, st.round);
-            int128 lo = interval.first, hi = interval.second;
-            const auto settle = [&] { lo = hi = selection.exact_ahead(c.noise, key, st.round); };
-            if (lo != hi && passes(hi, round_users, q) && !passes(lo, round_users, q)) settle();
+            // (Plain locals, no lambda capturing them: they stay in registers in this per-step loop.)
+            auto [lo, hi] = selection.step_ahead(c.noise, q, key, st.round);
+            if (lo != hi && passes(hi, round_users, q) && !passes(lo, round_users, q))
+              lo = hi = selection.exact_ahead(c.noise, key, st.round);
             if (passes(lo, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
             if (q == until || quiet_bound_holds(quiet_users, lo, hi, q)) continue;
             if (lower_quiet_bound_within(quiet_users, lo, hi, q)) continue;
-            settle();
-            lower_quiet_bound(quiet_users, lo, q);
+            lower_quiet_bound(quiet_users, selection.exact_ahead(c.noise, key, st.round), q);
           }
           selection.end_ahead(c.noise);
           c.set_quiet_users(quiet_users);  // stored in 25 bits, never above the bound

@@ -6,7 +6,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -258,12 +257,12 @@ TEST(BandedCounter, PrefixIntervalHoldsTheExactNoise) {
       for (std::uint32_t t = 1; t <= 300; t += 1 + static_cast<std::uint32_t>(key % 7)) {
         n.advance(plan, t, [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); });
         const auto interval = n.prefix_interval(plan, c.q);
-        if (!interval) continue;  // |q N| near 2^50: the caller takes the exact value
+        if (!interval.known()) continue;  // |q N| near 2^50: the caller takes the exact value
         const int128 exact =
             exact_prefix_noise(plan, c.q, t, [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
-        ASSERT_TRUE(interval->first <= exact && exact <= interval->second)
+        ASSERT_TRUE(interval.lo <= exact && exact <= interval.hi)
             << "b " << c.b << " sigma " << c.sigma << " key " << key << " t " << t;
-        widest = std::max(widest, interval->second - interval->first);
+        widest = std::max(widest, interval.hi - interval.lo);
       }
     }
     if (c.q == kGrid && c.sigma < 100) {
@@ -300,18 +299,18 @@ TEST(BandedCounter, IntervalsAheadHoldTheExactNoise) {
           const int128 before = counter.estimate_units(plan);
           std::vector<int128> samples;
           for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(z(i));
-          std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>> intervals;
+          std::vector<NoiseInterval> intervals;
           counter.intervals_ahead(plan, c.q, samples.data(), n, intervals);
           ASSERT_EQ(intervals.size(), n);
           ASSERT_EQ(counter.at(), at);
           ASSERT_TRUE(counter.estimate_units(plan) == before);
           for (std::uint32_t j = 0; j < n; ++j) {
-            if (!intervals[j]) continue;  // |q N| near 2^50: the caller takes the exact value
+            if (!intervals[j].known()) continue;  // |q N| near 2^50: the caller takes the exact value
             const int128 exact = exact_prefix_noise(plan, c.q, at + j + 1,
                                                     [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
-            ASSERT_TRUE(intervals[j]->first <= exact && exact <= intervals[j]->second)
+            ASSERT_TRUE(intervals[j].lo <= exact && exact <= intervals[j].hi)
                 << "b " << c.b << " sigma " << c.sigma << " key " << key << " at " << at << " step " << at + j + 1;
-            widest = std::max(widest, intervals[j]->second - intervals[j]->first);
+            widest = std::max(widest, intervals[j].hi - intervals[j].lo);
             ++checked;
           }
           BandedNoise stepped = counter;
@@ -409,15 +408,15 @@ TEST(BandedCounter, IntervalsAheadHoldOnExtremeSamples) {
             counter.advance(plan, at, [&](std::uint32_t i) { return src.value(i); });
             std::vector<int128> samples;
             for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(src.value(i));
-            std::vector<std::optional<std::pair<std::int64_t, std::int64_t>>> intervals;
+            std::vector<NoiseInterval> intervals;
             counter.intervals_ahead(plan, q, samples.data(), n, intervals);
             BandedNoise stepped = counter;
             for (std::uint32_t j = 0; j < n; ++j) {
               stepped.push(plan, samples[j]);
-              if (!intervals[j]) continue;
+              if (!intervals[j].known()) continue;
               const int128 exact =
                   stepped.prefix_noise(plan, q, [&](std::uint32_t i, std::size_t w) { return src.exact(i, w); });
-              ASSERT_TRUE(intervals[j]->first <= exact && exact <= intervals[j]->second)
+              ASSERT_TRUE(intervals[j].lo <= exact && exact <= intervals[j].hi)
                   << "b " << b << " band " << band_kind << " sigma " << sigma << " kind " << kind << " q " << q
                   << " step " << at + j + 1;
               ++checked;
