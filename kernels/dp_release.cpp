@@ -139,6 +139,11 @@ class TreeSelection {
     return total_->total();
   }
   void end_ahead(State& /*st*/) const {}  // the simulation's stack is at its last step already
+  // A tree's step is known only once taken (step_ahead): none is taken in bulk.
+  template <class Plain>
+  static std::uint32_t take_plain(std::uint32_t /*q*/, std::uint32_t /*last*/, Plain&& /*plain*/) {
+    return 0;
+  }
   std::uint64_t draws = 0;
 
  private:
@@ -196,6 +201,21 @@ class BandedSelection {
     if (const banded::NoiseInterval interval = intervals_[next_++]; interval.known()) return {interval.lo, interval.hi};
     const int128 exact = exact_ahead(st, key, round);
     return {exact, exact};
+  }
+  // Takes the simulation's steps q + 1 .. at most `last` while each one's interval is known and
+  // plain(step, lo, hi) holds, and stops before the first that is not; returns how many. For the steps a
+  // caller would only pass over: cheaper than step_ahead() one at a time.
+  template <class Plain>
+  std::uint32_t take_plain(std::uint32_t q, std::uint32_t last, Plain&& plain) {
+    if (from_ + next_ != q) throw std::logic_error("BandedSelection: step not prepared");
+    const std::size_t end = last > q ? std::min<std::size_t>(intervals_.size(), next_ + (last - q)) : next_;
+    const std::size_t first = next_;
+    for (; next_ < end; ++next_) {
+      const banded::NoiseInterval interval = intervals_[next_];
+      if (!interval.known() || !plain(q + static_cast<std::uint32_t>(next_ - first) + 1, interval.lo, interval.hi))
+        break;
+    }
+    return static_cast<std::uint32_t>(next_ - first);
   }
   int128 exact_ahead(State& st, std::uint64_t key, std::uint32_t round) {
     end_ahead(st);
@@ -488,7 +508,15 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           selection.begin_ahead(c.noise, key, st.round, until);
           std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
           std::uint32_t q = step;
+          // A step that fails at both ends of its interval and leaves the quiet bound as it is changes
+          // nothing (most steps): such steps are taken in bulk, the others one at a time below.
+          const auto plain = [&](std::uint32_t step_at, std::int64_t lo, std::int64_t hi) {
+            return !passes(hi, round_users, step_at) && quiet_bound_holds(quiet_users, lo, hi, step_at);
+          };
           while (q < until) {
+            const std::uint32_t taken = selection.take_plain(q, until - 1, plain);  // never the last step
+            q += taken;
+            simulated += taken;
             ++q;
             ++simulated;
             // The test's noise, within [lo, hi]: passes() and the quiet bound's shortcut are monotone in
