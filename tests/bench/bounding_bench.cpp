@@ -24,6 +24,7 @@
 #include "partition/hash.hpp"
 #include "src/config.hpp"
 #include "src/workload.hpp"
+#include "tests/bench/repeat_stats.hpp"
 
 namespace {
 
@@ -70,12 +71,6 @@ std::uint64_t partial_hash(const dpstream::KeyPartial& p) {
   return hash_combine(
       hash_combine(hash_combine(p.key, static_cast<std::uint64_t>(p.count)), static_cast<std::uint64_t>(p.sum)),
       static_cast<std::uint64_t>(p.new_users));
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace
@@ -125,8 +120,8 @@ int main(int argc, char** argv) try {
   fmt::print(
       "RESULT bench=bounding records={} triggers={} kept={} partials={} repeats={} ns_per_record_min={:.1f} "
       "ns_per_record_median={:.1f} records_per_s_min_time={:.0f}\n",
-      records, window.triggers.size(), first.stats.kept, first.partials, args.repeats, fastest, median(ns_per_record),
-      fastest > 0 ? 1e9 / fastest : 0.0);
+      records, window.triggers.size(), first.stats.kept, first.partials, args.repeats, fastest,
+      dpstream::bench::median(ns_per_record), fastest > 0 ? 1e9 / fastest : 0.0);
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "bench_bounding: {}\n", e.what());

@@ -20,6 +20,7 @@
 #include "kernels/exact_normal.hpp"
 #include "kernels/noise.hpp"
 #include "partition/hash.hpp"
+#include "tests/bench/repeat_stats.hpp"
 
 namespace {
 
@@ -85,11 +86,9 @@ int main(int argc, char** argv) try {
     if (h != first_hash) throw std::logic_error(fmt::format("repeat {} drew other samples than the first", r));
     ns.push_back(took.count() / static_cast<double>(runs * length));
   }
-  std::sort(ns.begin(), ns.end());
-  const double median = ns.size() % 2 == 1 ? ns[ns.size() / 2] : (ns[ns.size() / 2 - 1] + ns[ns.size() / 2]) / 2;
   fmt::print(
       "RESULT bench=draws samples={} run_length={} repeats={} ns_per_sample_min={:.2f} ns_per_sample_median={:.2f}\n",
-      runs * length, length, repeats, ns.front(), median);
+      runs * length, length, repeats, *std::min_element(ns.begin(), ns.end()), dpstream::bench::median(ns));
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "bench_draws: {}\n", e.what());
