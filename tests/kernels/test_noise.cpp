@@ -134,6 +134,29 @@ TEST(Noise, PrfKnownAnswer) {
   }
 }
 
+TEST(Noise, FirstBlocksEqualEachNodesStream) {
+  // first_blocks builds many nodes' plaintexts for one cipher call (its loop unrolled for the batch's
+  // NodeStream::kFirstBlocks): node i's c-th block is block c of that node's own stream, at every
+  // blocks-per-node; more than 64 blocks in one call is refused.
+  WindowPrf prf(secret_from_seed(2), 7);
+  for (std::uint32_t per = 1; per <= 8; ++per) {
+    const std::size_t n = 64 / per;
+    std::vector<u128> packed;
+    for (std::size_t i = 0; i < n; ++i)
+      packed.push_back(pack(NodeId{i * 977 + per, Family::BandedSelection, per, static_cast<std::uint32_t>(i % 3),
+                                   static_cast<std::uint32_t>(i * 40503 % (1u << 20))}));
+    std::vector<std::uint8_t> out(n * per * 16), own(std::size_t{per} * 16);
+    prf.first_blocks(packed.data(), n, per, out.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      prf.blocks_packed(packed[i], 0, per, own.data());
+      ASSERT_EQ(std::memcmp(own.data(), out.data() + i * per * 16, own.size()), 0) << per << " " << i;
+    }
+  }
+  std::vector<u128> many(33, pack(node(1)));
+  std::vector<std::uint8_t> out(std::size_t{66} * 16);
+  EXPECT_THROW(prf.first_blocks(many.data(), many.size(), NodeStream::kFirstBlocks, out.data()), std::invalid_argument);
+}
+
 TEST(Noise, BatchedDrawsEqualSingleDraws) {
   // node_noises fetches the first blocks of many nodes in one cipher call: the same values as node_noise.
   WindowPrf prf(secret_from_seed(4), 3);
