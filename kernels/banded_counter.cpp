@@ -18,8 +18,9 @@ namespace mp = boost::multiprecision;
 
 namespace {
 constexpr std::int64_t kOneCoef = std::int64_t{1} << kCoefBits;
-constexpr int kZBits = 7;      // |Z| < 2^7 keeps every fixed-point sum inside int128 (P[|Z| >= 128] < 10^-3500)
-constexpr int kKeptBits = 56;  // fraction bits of Z kept per step: |Z~| < 2^63 fits an int64 (half the state of 64)
+// Fraction bits of Z kept per step: Z~ (noise::normal_fixed56) is an int64 since |Z| < 2^7 (P[|Z| >= 128]
+// < 10^-3500; the noise layer refuses larger ones), which keeps every fixed-point sum inside int128.
+constexpr int kKeptBits = 56;
 constexpr std::uint32_t kMaxSearchHorizon = 1024;  // the band search's horizon: T beyond it changes the band little
 
 // floor(x) and ceil(x) for |x| < 2^62, without libm's calls (no SSE4.1 rounding in the baseline ISA):
@@ -206,14 +207,7 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
   return memo[{horizon, b}] = grid(m);
 }
 
-std::int64_t BandedNoise::kept_sample(int128 z) {
-  if (z <= -(int128{1} << (64 + kZBits)) || z >= (int128{1} << (64 + kZBits)))
-    throw std::range_error("banded counter: a normal sample beyond 2^7");
-  return static_cast<std::int64_t>(z / (int128{1} << (64 - kKeptBits)));  // toward zero: |Z - Z~| < 2^-56
-}
-
-void BandedNoise::push(const BandedPlan& plan, int128 z) {
-  const std::int64_t kept = kept_sample(z);
+void BandedNoise::push(const BandedPlan& plan, std::int64_t kept) {
   if (at_ >= kMaxSteps) throw std::length_error("banded counter: step beyond 2^20");
   ++at_;
   if (plan.band() == 1) {
@@ -229,7 +223,7 @@ void BandedNoise::push(const BandedPlan& plan, int128 z) {
 // and the ring ends with the last b - 1 of z.
 // Before that, the ring's first turn goes one step at a time; only its steps: a key's first test pushes its
 // whole prefix from step 0 (a third of key selection's draws), and push() costs twice the bulk path a step.
-void BandedNoise::push_all(const BandedPlan& plan, const int128* z, std::size_t n) {
+void BandedNoise::push_all(const BandedPlan& plan, const std::int64_t* z, std::size_t n) {
   const std::size_t keep = plan.band() - 1;
   for (; n > 0 && keep > 0 && at_ < keep; ++z, --n) push(plan, *z);
   if (keep == 0 || n < keep) {
@@ -239,11 +233,9 @@ void BandedNoise::push_all(const BandedPlan& plan, const int128* z, std::size_t 
   if (at_ + n > kMaxSteps) throw std::length_error("banded counter: step beyond 2^20");
   int128 older = older_;
   for (const std::int64_t r : recent_) older += r;
-  for (std::size_t i = 0; i < n - keep; ++i) older += kept_sample(z[i]);
-  std::array<std::int64_t, kMaxBand> last{};  // converted before the ring changes: a range error changes nothing
-  for (std::size_t i = 0; i < keep; ++i) last[i] = kept_sample(z[n - keep + i]);
+  for (std::size_t i = 0; i < n - keep; ++i) older += z[i];
   for (std::size_t i = 0; i < keep; ++i)
-    recent_[plan.ring_slot(static_cast<std::uint32_t>(at_ + n - keep + i + 1))] = last[i];
+    recent_[plan.ring_slot(static_cast<std::uint32_t>(at_ + n - keep + i + 1))] = z[n - keep + i];
   older_ = older;
   at_ += static_cast<std::uint32_t>(n);
 }
@@ -254,7 +246,7 @@ void BandedNoise::push_all(const BandedPlan& plan, const int128* z, std::size_t 
 // within 2^-53 of its magnitude), so |od - older| <= drift with drift grown by 2^-52 (|od| + |sample|)
 // a step; its term adds |M_(b-1)| drift to prefix_interval's error, whose other terms are unchanged.
 // Built for AVX2 as well (common/simd_clones.hpp): a fifth of key selection's instructions run here.
-DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, std::int64_t q, const int128* z,
+DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, std::int64_t q, const std::int64_t* z,
                                                        std::size_t n, std::vector<NoiseInterval>& out) const {
   const double scale = grid_scale(plan, q);
   out.resize(n);
@@ -280,7 +272,7 @@ DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, s
     wd[k] = static_cast<double>(base->recent_[slot]);
     slot = slot + 1 == keep ? 0 : slot + 1;
   }
-  for (std::size_t k = 0; k < m; ++k) wd[keep + k] = static_cast<double>(kept_sample(z[done + k]));
+  for (std::size_t k = 0; k < m; ++k) wd[keep + k] = static_cast<double>(z[done + k]);
   const double tail = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep)));
   double od = to_double(base->older_), e = std::abs(od) * 0x1p-52;
   for (std::size_t k = 0; k < m; ++k) {  // step at + k + 1: step at + k + 1 - keep leaves the band

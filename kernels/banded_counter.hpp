@@ -109,8 +109,8 @@ struct NoiseInterval {
   bool known() const { return lo <= hi; }
 };
 
-// The prefix noise of one counter: the steps' normal samples enter one at a time (64-bit digits);
-// prefix_noise gives round(q N_t) exactly.
+// The prefix noise of one counter: the steps' normal samples enter one at a time as Z~ (Z truncated
+// toward zero to 56 fraction bits, noise::normal_fixed56); prefix_noise gives round(q N_t) exactly.
 class BandedNoise {
  public:
   // draw(index) -> the step's standard normal sample Z (index = step - 1, from its node stream).
@@ -122,24 +122,26 @@ class BandedNoise {
     older_ = int128{0};
   }
 
-  // Adds steps at()+1 .. to; `draw(index)` returns Z of step index + 1 with 64-bit digits.
-  template <class DrawFixed>
-  void advance(const BandedPlan& plan, std::uint32_t to, DrawFixed&& draw_fixed) {
-    while (at_ < to) push(plan, draw_fixed(at_));
+  // Adds steps at()+1 .. to; `draw_kept(index)` returns Z~ of step index + 1 (noise::normal_fixed56).
+  template <class DrawKept>
+  void advance(const BandedPlan& plan, std::uint32_t to, DrawKept&& draw_kept) {
+    while (at_ < to) push(plan, draw_kept(at_));
   }
-  // Adds step at()+1 with its Z~; |Z| < 2^7 (else std::range_error).
-  void push(const BandedPlan& plan, int128 z_fixed64);
-  // Back to step `to` <= at(), exactly the state advance(to) reaches: `draw_fixed(index)` (as for
-  // advance) gives Z of steps max(1, to - b + 2) .. max(to, at - b + 1): the steps that left the band
+  // Adds step at()+1 with its Z~.
+  void push(const BandedPlan& plan, std::int64_t kept);
+  void push(const BandedPlan& plan, int128 z) = delete;  // a 64-bit fixed-point Z is not a Z~: convert it
+  // Back to step `to` <= at(), exactly the state advance(to) reaches: `draw_kept(index)` (as for
+  // advance) gives Z~ of steps max(1, to - b + 2) .. max(to, at - b + 1): the steps that left the band
   // since `to` come out of the running sum, and the ring gets the last b - 1 of `to`. Costs at most
   // at() - to + b - 1 draws, so a counter need not keep its state at each step it was tested at.
-  template <class DrawFixed>
-  void rewind(const BandedPlan& plan, std::uint32_t to, DrawFixed&& draw_fixed) {
+  template <class DrawKept>
+  void rewind(const BandedPlan& plan, std::uint32_t to, DrawKept&& draw_kept) {
     if (to > at_) throw std::logic_error("banded counter: rewind ahead of the counter");
     const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
     const auto [first, last] = rewind_steps(plan, at_, to);
     for (std::uint32_t r = first; r <= last; ++r) {
-      const std::int64_t kept = kept_sample(draw_fixed(r - 1));
+      const std::int64_t kept = draw_kept(r - 1);
+      static_assert(std::is_same_v<decltype(draw_kept(r - 1)), std::int64_t>, "draw_kept returns Z~");
       if (r + keep <= at_ && r + keep > to) older_ = int128(older_) - kept;  // in the sum now, not at `to`
       if (r <= to && keep > 0) recent_slot(plan, r) = kept;
     }
@@ -156,25 +158,25 @@ class BandedNoise {
   BandedFrontier frontier() const { return {at_, int128{older_}}; }
   // The counter at step `to` <= f.at of the counter that frontier() returned as `f`, exactly what
   // advance(to) reaches: f's running sum less the steps that entered it after `to`, and the ring of
-  // `to`, from `draw_fixed(index)` (as for advance) for steps rewind_steps(plan, f.at, to) only.
-  template <class DrawFixed>
-  void restore(const BandedPlan& plan, const BandedFrontier& f, std::uint32_t to, DrawFixed&& draw_fixed) {
+  // `to`, from `draw_kept(index)` (as for advance) for steps rewind_steps(plan, f.at, to) only.
+  template <class DrawKept>
+  void restore(const BandedPlan& plan, const BandedFrontier& f, std::uint32_t to, DrawKept&& draw_kept) {
     at_ = f.at;
     older_ = int128{f.older};
     recent_.assign(plan.band() - 1, 0);  // rewind writes every slot of the ring of `to` it holds
-    rewind(plan, to, std::forward<DrawFixed>(draw_fixed));
+    rewind(plan, to, std::forward<DrawKept>(draw_kept));
   }
 
   // For a simulation: prefix_interval(plan, q) at each of the steps at()+1 .. at()+n that push() of
-  // z[0..n) would reach, without pushing them (unknown where that gives none). Intervals hold
+  // kept[0..n) would reach, without pushing them (unknown where that gives none). Intervals hold
   // round(q N) as prefix_interval's do, wider by the drift term (a fraction of a grid unit at the
   // engine's sigma and grid; more only costs exact computations): with a full ring the samples
   // are laid out in step order and every step's estimate computed in one pass, the running sum in a
   // double whose drift is bounded, a few multiply-adds a step instead of push() and prefix_interval().
-  void intervals_ahead(const BandedPlan& plan, std::int64_t q, const int128* z, std::size_t n,
+  void intervals_ahead(const BandedPlan& plan, std::int64_t q, const std::int64_t* kept, std::size_t n,
                        std::vector<NoiseInterval>& out) const;
-  // push() of z[0..n), in order.
-  void push_all(const BandedPlan& plan, const int128* z, std::size_t n);
+  // push() of kept[0..n), in order.
+  void push_all(const BandedPlan& plan, const std::int64_t* kept, std::size_t n);
 
   // round(q N_at) on the output grid, ties away from zero (a tie has probability 0); q in [1, 2^62].
   // `redraw` is called only when 64 bits per sample leave the rounding undecided (probability about
@@ -213,7 +215,6 @@ class BandedNoise {
       slot = slot == 0 ? keep - 1 : slot - 1;
     }
   }
-  static std::int64_t kept_sample(int128 z_fixed64);  // Z~: Z toward zero to 56 fraction bits (range-checked)
   std::int64_t& recent_slot(const BandedPlan& plan, std::uint32_t step) {  // Z~ of one of the last b - 1 steps
     if (recent_.size() != plan.band() - 1) recent_.resize(plan.band() - 1);
     return recent_[plan.ring_slot(step)];

@@ -240,7 +240,7 @@ class BandedSelection {
   // Z~ of steps from+1..to (node index = step - 1).
   void prepare(std::uint64_t key, std::uint32_t round, std::uint32_t from, std::uint32_t to) {
     values_.resize(to > from ? to - from : 0);
-    noise::normal_fixed64_run(prf_, {key, noise::Family::BandedSelection, round, 0, from}, values_.size(),
+    noise::normal_fixed56_run(prf_, {key, noise::Family::BandedSelection, round, 0, from}, values_.size(),
                               values_.data());
     draws += values_.size();
   }
@@ -264,7 +264,7 @@ class BandedSelection {
   const banded::BandedPlan& plan_;
   Noise counter_;
   Held held_;
-  std::vector<int128> values_;
+  std::vector<std::int64_t> values_;              // Z~ of the prepared steps
   std::vector<banded::NoiseInterval> intervals_;  // of the prepared steps
   std::uint32_t from_ = 0;                        // the frontier's step when the simulation began
   std::size_t next_ = 0;                          // steps of the simulation taken
@@ -277,17 +277,17 @@ class BandedSelection {
 // triggers draws hundreds of samples).
 int128 banded_value_noise(banded::BandedFrontier& frontier, const banded::BandedPlan& plan, noise::WindowPrf& prf,
                           std::uint64_t key, noise::Family family, std::uint32_t leaf, std::int64_t q,
-                          std::uint64_t& draws, std::vector<int128>& z) {
+                          std::uint64_t& draws, std::vector<std::int64_t>& z) {
   const std::uint32_t from = frontier.at;
   const std::uint32_t first = banded::BandedNoise::rewind_steps(plan, from, from).first;  // its ring's oldest step
   const std::uint32_t last = std::max(from, leaf);  // steps first..last: the ring's, then the new ones
   z.resize(last + 1 - first);
-  noise::normal_fixed64_run(prf, {key, family, 0, 0, first - 1}, z.size(), z.data());
+  noise::normal_fixed56_run(prf, {key, family, 0, 0, first - 1}, z.size(), z.data());
   draws += z.size();
-  const auto draw_fixed = [&](std::uint32_t i) { return z.at(i + 1 - first); };
+  const auto draw_kept = [&](std::uint32_t i) { return z.at(i + 1 - first); };
   banded::BandedNoise n;
-  n.restore(plan, frontier, from, draw_fixed);
-  n.advance(plan, leaf, draw_fixed);
+  n.restore(plan, frontier, from, draw_kept);
+  n.advance(plan, leaf, draw_kept);
   frontier = n.frontier();
   return n.prefix_noise(
       plan, q, [&](std::uint32_t i, std::size_t w) { return BandedSelection::sample(prf, key, 0, i, w, family); });
@@ -435,7 +435,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
       };
     };
     std::vector<std::uint32_t> due_entries;  // a shard's entries due at this trigger
-    std::vector<int128> value_z;             // a released value counter's samples (banded_value_noise)
+    std::vector<std::int64_t> value_z;       // a released value counter's Z~ (banded_value_noise)
     const auto keep_first_error = [&](const char* what) {
 #pragma omp critical(dp_release_error)
       if (error.empty()) error = what;

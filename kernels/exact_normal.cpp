@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace dpstream::noise {
@@ -229,6 +230,25 @@ NormalSample sample_normal(NodeStream& rng, std::size_t min_words) { return Cell
 NormalSample sample_normal_karney(NodeStream& rng, std::size_t min_words) { return AlgorithmN(rng).sample(min_words); }
 
 namespace {
+// Fixed-point outputs of the batch: 64 fraction bits in an int128, or Z~ (56 bits) in an int64.
+struct Fixed64 {
+  using Value = int128;
+  static Value of(std::uint64_t k, std::uint64_t fraction, bool negative) {
+    const auto value = static_cast<int128>(static_cast<uint128>(k) << 64 | fraction);
+    return negative ? -value : value;
+  }
+  static Value of(const NormalSample& z) { return normal_fixed64(z); }
+};
+struct Fixed56 {
+  using Value = std::int64_t;
+  static_assert((kCells >> kCellBits) <= 128);  // the table's cells: k < 20 < 2^7, so k 2^56 + f / 2^8 < 2^63
+  static Value of(std::uint64_t k, std::uint64_t fraction, bool negative) {
+    const auto value = static_cast<std::int64_t>(k << 56 | fraction >> 8);
+    return negative ? -value : value;
+  }
+  static Value of(const NormalSample& z) { return normal_fixed56(z); }
+};
+
 // CellSampler's draw when its first cell is accepted at the first digits, read from the node stream's
 // first four words w (no NodeStream: a fifth of a draw's time): the cell j from w[0], U's and V's
 // first digits w[1] and w[2], then the sign, bit 0 of w[3] (the stream's order). V >= (2j + 1) 2^-15 >
@@ -236,8 +256,9 @@ namespace {
 // cell table or that test failing gives false, and the caller runs the general sampler on the node's
 // stream from its start (the same sample). Inlined, its value in registers: perf found it called out
 // of line from the batch's template, and an std::optional result kept the value on the stack.
-[[gnu::always_inline]] inline bool fixed64_first_accept(const std::array<std::uint64_t, 4>& w, const CdfTable& table,
-                                                        int128& out) {
+template <class Fixed>
+[[gnu::always_inline]] inline bool fixed_first_accept(const std::array<std::uint64_t, 4>& w, const CdfTable& table,
+                                                      typename Fixed::Value& out) {
   const std::size_t j = table.cell_from_top(w[0]);
   if (j == CdfTable::kTie) return false;
   const std::uint64_t u = w[1], v = w[2];
@@ -245,22 +266,22 @@ namespace {
   if (v < (std::uint64_t{2 * j + 1} << (64 - 2 * kCellBits - 1))) return false;
   const std::uint64_t k = j >> kCellBits;
   const std::uint64_t fraction = (j & ((1u << kCellBits) - 1)) << (64 - kCellBits) | u >> kCellBits;
-  const int128 value = static_cast<int128>(static_cast<uint128>(k) << 64 | fraction);
-  out = (w[3] & 1u) != 0 ? -value : value;
+  out = Fixed::of(k, fraction, (w[3] & 1u) != 0);
   return true;
 }
 
 // The general sampler on a node's stream whose first blocks were fetched: the rare draws, out of line.
-[[gnu::noinline]] int128 general_fixed64(WindowPrf& prf, u128 packed, const std::uint8_t* fetched) {
+template <class Fixed>
+[[gnu::noinline]] typename Fixed::Value general_fixed(WindowPrf& prf, u128 packed, const std::uint8_t* fetched) {
   NodeStream again(prf, packed, NodeStream::kFirstBlocks, fetched);
-  return normal_fixed64(sample_normal(again));
+  return Fixed::of(sample_normal(again));
 }
 
 // normal_fixed64_batch's work for n nodes whose packed ids packed_id(i) gives: their first blocks fetched
 // kChunk nodes at a time, a node the shortcut does not decide sampled from its stream, its first
 // blocks already fetched.
-template <class PackedId>
-void fixed64_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, int128* out) {
+template <class Fixed, class PackedId>
+void fixed_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, typename Fixed::Value* out) {
   constexpr std::size_t kChunk = 32;
   constexpr std::uint32_t kPerNode = NodeStream::kFirstBlocks;  // 4 words: most samples need no more
   std::array<u128, kChunk> packed;
@@ -275,27 +296,38 @@ void fixed64_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, int12
       static_assert(sizeof(words) == std::size_t{16} * kPerNode);
       const std::uint8_t* first = fetched.data() + sizeof(words) * i;
       std::memcpy(words.data(), first, sizeof(words));
-      if (!fixed64_first_accept(words, table, out[at + i])) out[at + i] = general_fixed64(prf, packed[i], first);
+      if (!fixed_first_accept<Fixed>(words, table, out[at + i]))
+        out[at + i] = general_fixed<Fixed>(prf, packed[i], first);
     }
   }
 }
-}  // namespace
 
-void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
-  fixed64_of_nodes(
-      prf, n, [ids](std::size_t i) { return pack(ids[i]); }, out);
-}
-
-void normal_fixed64_run(WindowPrf& prf, const NodeId& first, std::size_t n, int128* out) {
+// The run's nodes first, first + 1, ..., first + n - 1 as packed ids: packed by addition.
+template <class Fixed>
+void fixed_of_run(WindowPrf& prf, const NodeId& first, std::size_t n, typename Fixed::Value* out, const char* what) {
   if (n == 0) return;
   NodeId last = first;
   last.index += static_cast<std::uint32_t>(n - 1);
   if (n - 1 > std::numeric_limits<std::uint32_t>::max() || last.index < first.index)
-    throw std::invalid_argument("normal_fixed64_run: node index out of range");
+    throw std::invalid_argument(std::string(what) + ": node index out of range");
   static_cast<void>(pack(last));  // range-checks the run's last index; the ones between lie between
   const u128 base = pack(first);
-  fixed64_of_nodes(
+  fixed_of_nodes<Fixed>(
       prf, n, [base](std::size_t i) { return base + (u128{i} << kIndexShift); }, out);
+}
+}  // namespace
+
+void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
+  fixed_of_nodes<Fixed64>(
+      prf, n, [ids](std::size_t i) { return pack(ids[i]); }, out);
+}
+
+void normal_fixed64_run(WindowPrf& prf, const NodeId& first, std::size_t n, int128* out) {
+  fixed_of_run<Fixed64>(prf, first, n, out, "normal_fixed64_run");
+}
+
+void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std::int64_t* out) {
+  fixed_of_run<Fixed56>(prf, first, n, out, "normal_fixed56_run");
 }
 
 int128 normal_fixed64(const NormalSample& z) {
@@ -303,5 +335,13 @@ int128 normal_fixed64(const NormalSample& z) {
   const int128 v = (int128{z.k} << 64) + int128{z.fraction.at(0)};
   return z.negative ? -v : v;
 }
+
+std::int64_t fixed56_of(int128 fixed64) {
+  constexpr int128 kLimit = int128{1} << (64 + 7);  // |Z| < 2^7: |Z~| < 2^63
+  if (fixed64 <= -kLimit || fixed64 >= kLimit) throw std::range_error("normal sample: |Z| >= 2^7 (beyond Z~'s range)");
+  return static_cast<std::int64_t>(fixed64 / (int128{1} << 8));  // toward zero, as |Z| itself is truncated
+}
+
+std::int64_t normal_fixed56(const NormalSample& z) { return fixed56_of(normal_fixed64(z)); }
 
 }  // namespace dpstream::noise

@@ -45,4 +45,13 @@ void normal_fixed64_run(WindowPrf& prf, const NodeId& first, std::size_t n, int1
 // within one unit (2^-64) of Z, on Z's side of zero. k < 2^30 (else std::range_error: P[|Z| >= 2^30] < 2^-(10^17)).
 int128 normal_fixed64(const NormalSample& z);
 
+// Z~: the sample truncated toward zero to 56 fraction bits, sign floor(|Z| 2^56), in an int64 (the
+// banded counters' per-step value: kernels/banded_counter.hpp). |Z| < 2^7, else std::range_error
+// (P[|Z| >= 128] < 10^-3500). fixed56_of(normal_fixed64(z)) == normal_fixed56(z).
+std::int64_t normal_fixed56(const NormalSample& z);
+std::int64_t fixed56_of(int128 fixed64);
+// normal_fixed56 of the n nodes `first`, first + 1, ... as normal_fixed64_run draws them (the same samples;
+// the common draw converted in registers, no 128-bit value stored).
+void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std::int64_t* out);
+
 }  // namespace dpstream::noise

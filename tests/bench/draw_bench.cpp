@@ -1,5 +1,5 @@
 // One exact normal sample's cost, as the banded counters draw them (kernels/exact_normal.hpp): runs of
-// consecutive steps of many keys' counters through normal_fixed64_run (key selection draws its
+// consecutive steps of many keys' counters through normal_fixed56_run (Z~) (key selection draws its
 // look-ahead, up to 64 steps, and a key's prefix this way), on one core, repeated. Prints the minimum
 // and the median over the repeats in ns per sample (compare builds by the minimum, alternating: this
 // host is shared). Every repeat must give the same samples, and the first ~131,000 samples must equal
@@ -25,19 +25,17 @@
 namespace {
 
 namespace noise = dpstream::noise;
-using dpstream::int128;
 
 noise::NodeId first_node(std::uint64_t run) {  // run r: key r of the banded selection family, from step 1
   return {run, noise::Family::BandedSelection, 0, 0, 0};
 }
 
 // The samples of `runs` runs of `length` steps; returns an order-dependent hash of all of them.
-std::uint64_t draw_runs(noise::WindowPrf& prf, std::uint64_t runs, std::uint32_t length, std::vector<int128>& z) {
+std::uint64_t draw_runs(noise::WindowPrf& prf, std::uint64_t runs, std::uint32_t length, std::vector<std::int64_t>& z) {
   std::uint64_t h = 0;
   for (std::uint64_t r = 0; r < runs; ++r) {
-    noise::normal_fixed64_run(prf, first_node(r), length, z.data());
-    for (const int128 v : z)
-      h = dpstream::partition::hash_combine(h, static_cast<std::uint64_t>(v) ^ static_cast<std::uint64_t>(v >> 64));
+    noise::normal_fixed56_run(prf, first_node(r), length, z.data());
+    for (const std::int64_t v : z) h = dpstream::partition::hash_combine(h, static_cast<std::uint64_t>(v));
   }
   return h;
 }
@@ -45,14 +43,14 @@ std::uint64_t draw_runs(noise::WindowPrf& prf, std::uint64_t runs, std::uint32_t
 // Every sample of the first `runs` runs, node by node: at ~0.6% of samples the batch falls back to the
 // general sampler, so thousands of runs reach that path and the shortcut's rare cases.
 void check_against_general_sampler(noise::WindowPrf& prf, std::uint64_t runs, std::uint32_t length,
-                                   std::vector<int128>& z) {
+                                   std::vector<std::int64_t>& z) {
   for (std::uint64_t r = 0; r < runs; ++r) {
-    noise::normal_fixed64_run(prf, first_node(r), length, z.data());
+    noise::normal_fixed56_run(prf, first_node(r), length, z.data());
     for (std::uint32_t i = 0; i < length; ++i) {
       noise::NodeId id = first_node(r);
       id.index = i;
       noise::NodeStream stream(prf, id);
-      if (noise::normal_fixed64(noise::sample_normal(stream)) != z[i])
+      if (noise::normal_fixed56(noise::sample_normal(stream)) != z[i])
         throw std::logic_error(fmt::format("step {} of run {} differs from the general sampler", i + 1, r));
     }
   }
@@ -74,7 +72,7 @@ int main(int argc, char** argv) try {
 
   const std::uint64_t runs = std::max<std::uint64_t>(samples / length, 1);
   noise::WindowPrf prf(noise::secret_from_seed(7), 0);
-  std::vector<int128> z(length);
+  std::vector<std::int64_t> z(length);
   check_against_general_sampler(prf, std::min<std::uint64_t>(runs, (std::uint64_t{1} << 17) / length + 1), length, z);
   std::vector<double> ns;
   std::uint64_t first_hash = 0;

@@ -33,7 +33,7 @@ struct Keyed {
 // Noise of one key's counter after t steps, by the fast path.
 int128 prefix(const BandedPlan& plan, Keyed& k, std::uint32_t t, std::int64_t q, int* redraws = nullptr) {
   BandedNoise n;
-  n.advance(plan, t, [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); });
+  n.advance(plan, t, [&](std::uint32_t i) { return noise::normal_fixed56(k.sample(i, 1)); });
   return n.prefix_noise(plan, q, [&](std::uint32_t i, std::size_t w) {
     if (redraws) ++*redraws;
     return k.sample(i, w);
@@ -156,7 +156,7 @@ TEST(BandedCounter, RewindReachesTheStateAdvanceReaches) {
     const BandedPlan plan(b == 1 ? std::vector<std::int64_t>{std::int64_t{1} << kCoefBits} : optimized_band(60, b),
                           2.0);
     Keyed k{noise::WindowPrf(noise::secret_from_seed(9), 4), 11 + b};
-    const auto z = [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); };
+    const auto z = [&](std::uint32_t i) { return noise::normal_fixed56(k.sample(i, 1)); };
     for (const auto& [at, to] : {std::pair{0u, 0u},
                                  {5u, 0u},
                                  {5u, 5u},
@@ -200,7 +200,7 @@ TEST(BandedCounter, RestoreReachesTheStateAdvanceReaches) {
                           2.0);
     Keyed k{noise::WindowPrf(noise::secret_from_seed(10), 4), 21 + b};
     Keyed other{noise::WindowPrf(noise::secret_from_seed(11), 4), 5};
-    const auto z = [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); };
+    const auto z = [&](std::uint32_t i) { return noise::normal_fixed56(k.sample(i, 1)); };
     const auto redraw = [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); };
     const auto keep = static_cast<std::uint32_t>(b - 1);
     for (const std::uint32_t at : {0u, 1u, keep - 1, keep, keep + 1, 2 * keep + 3, 40u}) {
@@ -211,7 +211,7 @@ TEST(BandedCounter, RestoreReachesTheStateAdvanceReaches) {
         BandedNoise advanced;
         advanced.advance(plan, to, z);
         BandedNoise restored;  // holds another counter's ring first
-        restored.advance(plan, 37, [&](std::uint32_t i) { return noise::normal_fixed64(other.sample(i, 1)); });
+        restored.advance(plan, 37, [&](std::uint32_t i) { return noise::normal_fixed56(other.sample(i, 1)); });
         std::vector<std::uint32_t> asked;
         restored.restore(plan, frontier_source.frontier(), to, [&](std::uint32_t i) {
           asked.push_back(i);
@@ -255,7 +255,7 @@ TEST(BandedCounter, PrefixIntervalHoldsTheExactNoise) {
       Keyed k{noise::WindowPrf(noise::secret_from_seed(12), 3), static_cast<std::uint64_t>(key)};
       BandedNoise n;
       for (std::uint32_t t = 1; t <= 300; t += 1 + static_cast<std::uint32_t>(key % 7)) {
-        n.advance(plan, t, [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); });
+        n.advance(plan, t, [&](std::uint32_t i) { return noise::normal_fixed56(k.sample(i, 1)); });
         const auto interval = n.prefix_interval(plan, c.q);
         if (!interval.known()) continue;  // |q N| near 2^50: the caller takes the exact value
         const int128 exact =
@@ -290,14 +290,14 @@ TEST(BandedCounter, IntervalsAheadHoldTheExactNoise) {
     std::size_t checked = 0;
     for (int key = 0; key < 12; ++key) {
       Keyed k{noise::WindowPrf(noise::secret_from_seed(21), 5), static_cast<std::uint64_t>(key)};
-      const auto z = [&](std::uint32_t i) { return noise::normal_fixed64(k.sample(i, 1)); };
+      const auto z = [&](std::uint32_t i) { return noise::normal_fixed56(k.sample(i, 1)); };
       for (const std::uint32_t at :
            {0u, 1u, static_cast<std::uint32_t>(c.b) - 1, static_cast<std::uint32_t>(c.b), 37u, 600u}) {
         for (const std::uint32_t n : {1u, 2u, 9u, 64u, 100u}) {
           BandedNoise counter;
           counter.advance(plan, at, z);
           const int128 before = counter.estimate_units(plan);
-          std::vector<int128> samples;
+          std::vector<std::int64_t> samples;
           for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(z(i));
           std::vector<NoiseInterval> intervals;
           counter.intervals_ahead(plan, c.q, samples.data(), n, intervals);
@@ -315,7 +315,7 @@ TEST(BandedCounter, IntervalsAheadHoldTheExactNoise) {
           }
           BandedNoise stepped = counter;
           counter.push_all(plan, samples.data(), n);
-          for (const int128 v : samples) stepped.push(plan, v);
+          for (const std::int64_t v : samples) stepped.push(plan, v);
           ASSERT_EQ(counter.at(), stepped.at());
           for (std::uint32_t more = at + n; more < at + n + 2 * c.b + 1; ++more) {  // a whole turn of the ring
             ASSERT_TRUE(counter.estimate_units(plan) == stepped.estimate_units(plan))
@@ -360,6 +360,7 @@ struct Synthetic {
     if (kind == 1) return next() % 50 == 0 ? (next() & 1 ? edge : -edge) : static_cast<int128>(next() >> 40);
     return (int128{100} << 64) + static_cast<int128>(next() >> 1) * (next() & 1 ? 1 : -1);
   }
+  std::int64_t kept(std::uint32_t i) const { return noise::fixed56_of(value(i)); }  // Z~
   noise::NormalSample exact(std::uint32_t i, std::size_t words) const {
     const int128 v = value(i);
     const uint128 m = v < 0 ? -static_cast<uint128>(v) : static_cast<uint128>(v);
@@ -405,9 +406,9 @@ TEST(BandedCounter, IntervalsAheadHoldOnExtremeSamples) {
             const auto at = static_cast<std::uint32_t>(g() % 3000);
             const std::uint32_t n = std::vector<std::uint32_t>{static_cast<std::uint32_t>(b), 64, 300}[g() % 3];
             BandedNoise counter;
-            counter.advance(plan, at, [&](std::uint32_t i) { return src.value(i); });
-            std::vector<int128> samples;
-            for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(src.value(i));
+            counter.advance(plan, at, [&](std::uint32_t i) { return src.kept(i); });
+            std::vector<std::int64_t> samples;
+            for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(src.kept(i));
             std::vector<NoiseInterval> intervals;
             counter.intervals_ahead(plan, q, samples.data(), n, intervals);
             BandedNoise stepped = counter;

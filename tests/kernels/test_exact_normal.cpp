@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/cdf_table.hpp"
@@ -146,6 +148,23 @@ TEST(ExactNormal, FixedPointIsTruncatedTowardZero) {
   }
 }
 
+// Z~ (normal_fixed56) is sign floor(|Z| 2^56): normal_fixed64 divided by 2^8 toward zero, checked here
+// against the sample's own digits; |Z| >= 2^7 is refused (the banded counters' int64 range).
+TEST(ExactNormal, Fixed56IsZTruncatedTowardZeroTo56Bits) {
+  for (const auto& z : draw(1000, 14)) {
+    const std::uint64_t magnitude = std::uint64_t{z.k} << 56 | z.fraction[0] >> 8;
+    const auto expected = static_cast<std::int64_t>(magnitude);
+    EXPECT_EQ(normal_fixed56(z), z.negative ? -expected : expected);
+    EXPECT_EQ(fixed56_of(normal_fixed64(z)), normal_fixed56(z));
+  }
+  const dpstream::int128 edge = (dpstream::int128{1} << 71) - 1;  // |Z| just below 2^7
+  EXPECT_EQ(fixed56_of(edge), std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(fixed56_of(-edge), -std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(fixed56_of(-dpstream::int128{255}), 0);  // toward zero, not down
+  EXPECT_THROW(fixed56_of(edge + 1), std::range_error);
+  EXPECT_THROW(fixed56_of(-edge - 1), std::range_error);
+}
+
 // The batch (fetched first blocks, a shortcut for a cell accepted at the first digits) draws exactly
 // what the general sampler draws from each node's own stream, tail cells (where the shortcut fails
 // more often) included.
@@ -182,6 +201,27 @@ TEST(ExactNormal, RunEqualsOneNodeAtATime) {
   }
   EXPECT_THROW(normal_fixed64_run(prf, first, kSteps + 1, run.data()), std::invalid_argument);
   normal_fixed64_run(prf, first, 0, nullptr);  // an empty run draws nothing
+}
+
+// The engine's Z~ runs: the same samples as normal_fixed64_run, each truncated to 56 bits; the same refusal.
+TEST(ExactNormal, Fixed56RunEqualsOneNodeAtATime) {
+  WindowPrf prf(secret_from_seed(23), 5);
+  constexpr std::uint32_t kSteps = 70000;
+  const NodeId first{0x0123456789abcdefull, Family::BandedSelection, 7, 0, (1u << 20) - kSteps};
+  std::vector<std::int64_t> run(kSteps);
+  normal_fixed56_run(prf, first, kSteps, run.data());
+  std::uint32_t beyond_two = 0;
+  for (std::uint32_t i = 0; i < kSteps; ++i) {
+    NodeId id = first;
+    id.index += i;
+    NodeStream s(prf, id);
+    const NormalSample z = sample_normal(s);
+    ASSERT_EQ(run[i], normal_fixed56(z)) << "step " << i;
+    beyond_two += z.k >= 2;
+  }
+  EXPECT_GT(beyond_two, 2500u) << "the tails must be exercised (P[|Z| >= 2] = 0.0455)";
+  EXPECT_THROW(normal_fixed56_run(prf, first, kSteps + 1, run.data()), std::invalid_argument);
+  normal_fixed56_run(prf, first, 0, nullptr);
 }
 
 // The batch's shortcut reads the cell from the stream's first word: the first entry above it, or
