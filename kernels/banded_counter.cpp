@@ -300,7 +300,7 @@ DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, s
 }
 
 int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
-  // |older| < 2^20 2^71, |M| <= 2^31 units: each term < 2^122, b terms < 2^126.
+  // |older| < 2^20 2^63 (Z~ is an int64), |M| <= 2^31 units: each term < 2^114, b <= 16 terms < 2^118.
   const std::size_t keep = plan.band() - 1;
   int128 y = static_cast<int128>(plan.cumulative(static_cast<std::uint32_t>(keep))) * int128(older_);
   for_each_recent(plan, [&](std::int64_t m, std::int64_t z) { y += static_cast<int128>(m) * z; });

@@ -369,9 +369,10 @@ double DpReleaser::failing_boundary(int128 prefix_noise, std::uint32_t step) con
 }
 
 std::int64_t DpReleaser::max_failing_users(int128 prefix_noise, std::uint32_t step, double boundary) const {
-  constexpr double kLimit = 0x1p50;  // users never come near this; noise numerators are bounded at plan time
-  const auto limit = static_cast<std::int64_t>(kLimit);  // also ends the steps if the boundary is not finite
-  if (std::isnan(boundary)) return -limit;               // no count is known to fail: never quiet
+  constexpr double kLimit = 0x1p50;            // users never come near this; noise numerators are bounded at plan time
+  constexpr std::int64_t limit = kUsersLimit;  // also ends the steps if the boundary is not finite
+  static_assert(static_cast<double>(limit) == kLimit);
+  if (std::isnan(boundary)) return -limit;  // no count is known to fail: never quiet
   auto users = static_cast<std::int64_t>(std::floor(std::clamp(boundary, -kLimit, kLimit)));
   while (users > -limit && passes(prefix_noise, users, step)) --users;
   while (users < limit && !passes(prefix_noise, users + 1, step)) ++users;
@@ -389,9 +390,15 @@ void DpReleaser::lower_quiet_bound(std::int64_t& quiet_users, int128 prefix_nois
 // max_failing_users never rises with the noise (passes() is monotone in it), so for any noise in [lo, hi]
 // it lies between its values at the two ends: equal ends give it without the exact noise. They differ
 // only where a count's boundary falls inside the interval (a few grid units of 2^20 per user).
+// At `lo` it is at least u = its value at `hi` (u fails at hi, so at lo), and equal iff u + 1 passes at lo:
+// one test instead of a second search, for a u strictly inside the search's limits.
 bool DpReleaser::lower_quiet_bound_within(std::int64_t& quiet_users, int128 lo, int128 hi, std::uint32_t step) const {
   const std::int64_t at_hi = max_failing_users(hi, step, failing_boundary(hi, step));
-  if (lo != hi && max_failing_users(lo, step, failing_boundary(lo, step)) != at_hi) return false;
+  if (lo != hi) {
+    const bool inside = at_hi > -kUsersLimit && at_hi < kUsersLimit;
+    if (inside ? !passes(lo, at_hi + 1, step) : max_failing_users(lo, step, failing_boundary(lo, step)) != at_hi)
+      return false;
+  }
   quiet_users = std::min(quiet_users, at_hi);
   return true;
 }

@@ -99,7 +99,9 @@ class DpReleaser {
   bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid
   // The test's boundary in users as a real number: it passes iff round users exceed it (up to rounding).
   double failing_boundary(int128 prefix_noise, std::uint32_t step) const;
-  // The largest round user count that fails the test at `step` with this prefix noise, exactly.
+  // The largest round user count that fails the test at `step` with this prefix noise, exactly, within
+  // [-kUsersLimit, kUsersLimit] (-kUsersLimit also when no count is known to fail).
+  static constexpr std::int64_t kUsersLimit = std::int64_t{1} << 50;
   std::int64_t max_failing_users(int128 prefix_noise, std::uint32_t step, double boundary) const;
   // quiet_users = min(quiet_users, max_failing_users(...)).
   void lower_quiet_bound(std::int64_t& quiet_users, int128 prefix_noise, std::uint32_t step) const;

@@ -241,7 +241,7 @@ struct Fixed64 {
 };
 struct Fixed56 {
   using Value = std::int64_t;
-  static_assert((kCells >> kCellBits) <= 128);  // the table's cells: k < 20 < 2^7, so k 2^56 + f / 2^8 < 2^63
+  static_assert((kCells >> kCellBits) < 128);  // cells 0 .. kCells: k <= 20 < 2^7, so k 2^56 + f / 2^8 < 2^63
   static Value of(std::uint64_t k, std::uint64_t fraction, bool negative) {
     const auto value = static_cast<std::int64_t>(k << 56 | fraction >> 8);
     return negative ? -value : value;
@@ -277,11 +277,11 @@ template <class Fixed>
   return Fixed::of(sample_normal(again));
 }
 
-// normal_fixed64_batch's work for n nodes whose packed ids packed_id(i) gives: their first blocks fetched
-// kChunk nodes at a time, a node the shortcut does not decide sampled from its stream, its first
-// blocks already fetched.
-template <class Fixed, class PackedId>
-void fixed_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, typename Fixed::Value* out) {
+// normal_fixed64_batch's work for n nodes whose packed ids packed_ids(at, c, ids) writes (nodes at .. at + c - 1):
+// their first blocks fetched kChunk nodes at a time, a node the shortcut does not decide sampled from its
+// stream, its first blocks already fetched.
+template <class Fixed, class PackedIds>
+void fixed_of_nodes(WindowPrf& prf, std::size_t n, PackedIds&& packed_ids, typename Fixed::Value* out) {
   constexpr std::size_t kChunk = 32;
   constexpr std::uint32_t kPerNode = NodeStream::kFirstBlocks;  // 4 words: most samples need no more
   std::array<u128, kChunk> packed;
@@ -289,7 +289,7 @@ void fixed_of_nodes(WindowPrf& prf, std::size_t n, PackedId&& packed_id, typenam
   const CdfTable& table = cell_table();
   for (std::size_t at = 0; at < n; at += kChunk) {
     const std::size_t c = std::min(kChunk, n - at);
-    for (std::size_t i = 0; i < c; ++i) packed[i] = packed_id(at + i);
+    packed_ids(at, c, packed.data());
     prf.first_blocks(packed.data(), c, kPerNode, fetched.data());
     for (std::size_t i = 0; i < c; ++i) {
       std::array<std::uint64_t, 4> words;  // the stream's first words, as NodeStream reads them
@@ -310,16 +310,25 @@ void fixed_of_run(WindowPrf& prf, const NodeId& first, std::size_t n, typename F
   last.index += static_cast<std::uint32_t>(n - 1);
   if (n - 1 > std::numeric_limits<std::uint32_t>::max() || last.index < first.index)
     throw std::invalid_argument(std::string(what) + ": node index out of range");
-  static_cast<void>(pack(last));  // range-checks the run's last index; the ones between lie between
-  const u128 base = pack(first);
+  static_cast<void>(pack(last));             // range-checks the run's last index; the ones between lie between
+  const u128 step = u128{1} << kIndexShift;  // the next index: packed by addition (a 128-bit shift a node was 10%)
+  u128 next = pack(first);
   fixed_of_nodes<Fixed>(
-      prf, n, [base](std::size_t i) { return base + (u128{i} << kIndexShift); }, out);
+      prf, n,
+      [&next, step](std::size_t /*at*/, std::size_t c, u128* ids) {
+        for (std::size_t i = 0; i < c; ++i, next += step) ids[i] = next;
+      },
+      out);
 }
 }  // namespace
 
 void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
   fixed_of_nodes<Fixed64>(
-      prf, n, [ids](std::size_t i) { return pack(ids[i]); }, out);
+      prf, n,
+      [ids](std::size_t at, std::size_t c, u128* packed) {
+        for (std::size_t i = 0; i < c; ++i) packed[i] = pack(ids[at + i]);
+      },
+      out);
 }
 
 void normal_fixed64_run(WindowPrf& prf, const NodeId& first, std::size_t n, int128* out) {
