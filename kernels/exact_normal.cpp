@@ -9,7 +9,6 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
-#include <string>
 #include <utility>
 
 namespace dpstream::noise {
@@ -302,24 +301,6 @@ void fixed_of_nodes(WindowPrf& prf, std::size_t n, PackedIds&& packed_ids, typen
   }
 }
 
-// The run's nodes first, first + 1, ..., first + n - 1 as packed ids: packed by addition.
-template <class Fixed>
-void fixed_of_run(WindowPrf& prf, const NodeId& first, std::size_t n, typename Fixed::Value* out, const char* what) {
-  if (n == 0) return;
-  NodeId last = first;
-  last.index += static_cast<std::uint32_t>(n - 1);
-  if (n - 1 > std::numeric_limits<std::uint32_t>::max() || last.index < first.index)
-    throw std::invalid_argument(std::string(what) + ": node index out of range");
-  static_cast<void>(pack(last));             // range-checks the run's last index; the ones between lie between
-  const u128 step = u128{1} << kIndexShift;  // the next index: packed by addition (a 128-bit shift a node was 10%)
-  u128 next = pack(first);
-  fixed_of_nodes<Fixed>(
-      prf, n,
-      [&next, step](std::size_t /*at*/, std::size_t c, u128* ids) {
-        for (std::size_t i = 0; i < c; ++i, next += step) ids[i] = next;
-      },
-      out);
-}
 }  // namespace
 
 void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
@@ -331,12 +312,21 @@ void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int1
       out);
 }
 
-void normal_fixed64_run(WindowPrf& prf, const NodeId& first, std::size_t n, int128* out) {
-  fixed_of_run<Fixed64>(prf, first, n, out, "normal_fixed64_run");
-}
-
 void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std::int64_t* out) {
-  fixed_of_run<Fixed56>(prf, first, n, out, "normal_fixed56_run");
+  if (n == 0) return;
+  NodeId last = first;
+  last.index += static_cast<std::uint32_t>(n - 1);
+  if (n - 1 > std::numeric_limits<std::uint32_t>::max() || last.index < first.index)
+    throw std::invalid_argument("normal_fixed56_run: node index out of range");
+  static_cast<void>(pack(last));             // range-checks the run's last index; the ones between lie between
+  const u128 step = u128{1} << kIndexShift;  // the next index: packed by addition (a 128-bit shift a node was 10%)
+  u128 next = pack(first);
+  fixed_of_nodes<Fixed56>(
+      prf, n,
+      [&next, step](std::size_t /*at*/, std::size_t c, u128* ids) {
+        for (std::size_t i = 0; i < c; ++i, next += step) ids[i] = next;
+      },
+      out);
 }
 
 int128 normal_fixed64(const NormalSample& z) {

@@ -37,9 +37,6 @@ NormalSample sample_normal_karney(NodeStream& rng, std::size_t min_words = 1);
 // normal_fixed64(sample_normal(node stream)) of n nodes, their first blocks fetched together (many AES
 // blocks in flight instead of one call per node): the same values.
 void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out);
-// The same for the n nodes `first` with index first.index, first.index + 1, ... (a counter's steps):
-// packed by addition, no list of ids. std::invalid_argument if the last index is out of range.
-void normal_fixed64_run(WindowPrf& prf, const NodeId& first, std::size_t n, int128* out);
 
 // The sample as a fixed-point number with 64 fraction bits, truncated toward zero: sign (k 2^64 + f0),
 // within one unit (2^-64) of Z, on Z's side of zero. k < 2^30 (else std::range_error: P[|Z| >= 2^30] < 2^-(10^17)).
@@ -50,8 +47,9 @@ int128 normal_fixed64(const NormalSample& z);
 // (P[|Z| >= 128] < 10^-3500). fixed56_of(normal_fixed64(z)) == normal_fixed56(z).
 std::int64_t normal_fixed56(const NormalSample& z);
 std::int64_t fixed56_of(int128 fixed64);
-// normal_fixed56 of the n nodes `first`, first + 1, ... as normal_fixed64_run draws them (the same samples;
-// the common draw converted in registers, no 128-bit value stored).
+// normal_fixed56 of the n nodes `first` with index first.index, first.index + 1, ... (a counter's steps),
+// drawn as normal_fixed64_batch draws them (the same samples, converted in registers); packed by addition,
+// no list of ids. std::invalid_argument if the last index is out of range.
 void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std::int64_t* out);
 
 }  // namespace dpstream::noise

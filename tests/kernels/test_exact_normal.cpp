@@ -186,24 +186,7 @@ TEST(ExactNormal, BatchEqualsOneNodeAtATime) {
 }
 
 // A run of consecutive indices (a counter's steps, packed by addition) draws what the general sampler
-// draws from each node's own stream; a run whose last index passes 2^20 - 1 is refused.
-TEST(ExactNormal, RunEqualsOneNodeAtATime) {
-  WindowPrf prf(secret_from_seed(22), 4);
-  constexpr std::uint32_t kSteps = 70000;  // several chunks of the batch, ending at the index limit
-  const NodeId first{0xfedcba9876543210ull, Family::BandedSelection, 12345, 0, (1u << 20) - kSteps};
-  std::vector<dpstream::int128> run(kSteps);
-  normal_fixed64_run(prf, first, kSteps, run.data());
-  for (std::uint32_t i = 0; i < kSteps; ++i) {
-    NodeId id = first;
-    id.index += i;
-    NodeStream s(prf, id);
-    ASSERT_EQ(run[i], normal_fixed64(sample_normal(s))) << "step " << i;
-  }
-  EXPECT_THROW(normal_fixed64_run(prf, first, kSteps + 1, run.data()), std::invalid_argument);
-  normal_fixed64_run(prf, first, 0, nullptr);  // an empty run draws nothing
-}
-
-// The engine's Z~ runs: the same samples as normal_fixed64_run, each truncated to 56 bits; the same refusal.
+// draws from each node's own stream, as Z~; a run whose last index passes 2^20 - 1 is refused.
 TEST(ExactNormal, Fixed56RunEqualsOneNodeAtATime) {
   WindowPrf prf(secret_from_seed(23), 5);
   constexpr std::uint32_t kSteps = 70000;
