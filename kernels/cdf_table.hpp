@@ -31,8 +31,9 @@ struct CdfTable {
   static CdfTable from_masses(const std::vector<BigFloat>& mass);
   // The first m with U < C_m, U uniform on [0, 2^192): three stream words, the lower two read only
   // when U's top word equals an entry's (probability < 2^-50).
-  std::size_t sample(NodeStream& rng) const {
-    const std::uint64_t u0 = rng.next_u64();
+  std::size_t sample(NodeStream& rng) const { return sample_from_top(rng.next_u64(), rng); }
+  // sample() with U's top word u0 read already (from a fixed place of the stream): the lower two from rng.
+  std::size_t sample_from_top(std::uint64_t u0, NodeStream& rng) const {
     std::uint64_t u1 = 0, u2 = 0;
     bool lower_read = false;
     const auto below = [&](std::size_t m) {  // U < C_m

@@ -20,6 +20,7 @@ namespace {
 class Deviate {
  public:
   void reset() { digits_.clear(); }
+  void reset_to(std::uint64_t first_digit) { digits_.assign(1, first_digit); }
   std::uint64_t digit(NodeStream& rng, std::size_t i) {
     while (digits_.size() <= i) digits_.push_back(rng.next_u64());
     return digits_[i];
@@ -181,19 +182,46 @@ bool below_f(NodeStream& rng, Deviate& v_dev, Deviate& u_dev, std::uint64_t j) {
   }
 }
 
+// Where a sample's first attempt reads its digits (the stream's first two blocks, w0 .. w3), so that
+// block 0 alone decides almost every draw (normal_fixed56_run reads only it):
+//   w0             the cell table's uniform, top word (its lower words, on a tie, come after w3);
+//   w1 bits 63..15 U's top 49 digits (Z~'s 56 kept bits are the cell's 7 and these 49);
+//   w1 bits 14..1  V's top 14 digits;  w1 bit 0  the sign;
+//   w2 bits 63..49 U's next 15 digits;  w3 bits 63..14  V's next 50 digits (the rest of w2, w3 unused).
+// Every digit is read once, for one purpose: U, V, the cell's uniform and the sign are independent
+// uniforms as if each had its own stream. After w3 the stream is read in order (ties, later digits, retries).
+struct FirstAttempt {
+  static constexpr int kKeptBits = 56;                  // Z~'s fraction bits (kernels/banded_counter.hpp)
+  static constexpr int kUHigh = kKeptBits - kCellBits;  // 49
+  static constexpr int kVHigh = 64 - kUHigh - 1;        // 14
+  static std::uint64_t u_high(std::uint64_t w1) { return w1 >> (64 - kUHigh); }
+  static std::uint64_t v_high(std::uint64_t w1) { return (w1 >> 1) & ((std::uint64_t{1} << kVHigh) - 1); }
+  static bool negative(std::uint64_t w1) { return (w1 & 1u) != 0; }
+  static std::uint64_t u_digit(std::uint64_t w1, std::uint64_t w2) {
+    return u_high(w1) << (64 - kUHigh) | w2 >> kUHigh;
+  }
+  static std::uint64_t v_digit(std::uint64_t w1, std::uint64_t w3) {
+    return v_high(w1) << (64 - kVHigh) | w3 >> kVHigh;
+  }
+};
+
 class CellSampler {
  public:
   explicit CellSampler(NodeStream& rng) : rng_(rng), table_(cell_table()) {}
 
   NormalSample sample(std::size_t min_words) {
-    std::uint64_t j = 0;
-    for (;;) {
+    std::array<std::uint64_t, 4> w;
+    for (auto& word : w) word = rng_.next_u64();
+    std::uint64_t j = table_.sample_from_top(w[0], rng_);
+    u_.reset_to(FirstAttempt::u_digit(w[1], w[2]));
+    p_.reset_to(FirstAttempt::v_digit(w[1], w[3]));
+    while (!accept(j)) {  // later attempts: every uniform from the stream in order
       j = table_.sample(rng_);
       u_.reset();
-      if (accept(j)) break;
+      p_.reset();
     }
     NormalSample z;
-    z.negative = rng_.next_bit();
+    z.negative = FirstAttempt::negative(w[1]);
     z.k = static_cast<std::uint32_t>(j >> kCellBits);
     // |Z| = (j + U) 2^-7: fraction word i = low 7 bits of j (i = 0) or of U's digit i - 1, then U's digit i's top 57.
     const std::size_t words = std::max<std::size_t>(min_words, 1);
@@ -208,8 +236,8 @@ class CellSampler {
 
  private:
   // Bernoulli(exp(-f(U))) by von Neumann: V1 > V2 > ... with V1 < f(U); true iff the run has even length.
+  // V1 is p_ (fresh, or its first digit given).
   bool accept(std::uint64_t j) {
-    p_.reset();
     if (!below_f(rng_, p_, u_, j)) return true;
     for (bool even = false;; even = !even) {
       q_.reset();
@@ -229,87 +257,32 @@ NormalSample sample_normal(NodeStream& rng, std::size_t min_words) { return Cell
 NormalSample sample_normal_karney(NodeStream& rng, std::size_t min_words) { return AlgorithmN(rng).sample(min_words); }
 
 namespace {
-// Fixed-point outputs of the batch: 64 fraction bits in an int128, or Z~ (56 bits) in an int64.
-struct Fixed64 {
-  using Value = int128;
-  static Value of(std::uint64_t k, std::uint64_t fraction, bool negative) {
-    const auto value = static_cast<int128>(static_cast<uint128>(k) << 64 | fraction);
-    return negative ? -value : value;
-  }
-  static Value of(const NormalSample& z) { return normal_fixed64(z); }
-};
-struct Fixed56 {
-  using Value = std::int64_t;
-  static_assert((kCells >> kCellBits) < 128);  // cells 0 .. kCells: k <= 20 < 2^7, so k 2^56 + f / 2^8 < 2^63
-  static Value of(std::uint64_t k, std::uint64_t fraction, bool negative) {
-    const auto value = static_cast<std::int64_t>(k << 56 | fraction >> 8);
-    return negative ? -value : value;
-  }
-  static Value of(const NormalSample& z) { return normal_fixed56(z); }
-};
-
-// CellSampler's draw when its first cell is accepted at the first digits, read from the node stream's
-// first four words w (no NodeStream: a fifth of a draw's time): the cell j from w[0], U's and V's
-// first digits w[1] and w[2], then the sign, bit 0 of w[3] (the stream's order). V >= (2j + 1) 2^-15 >
-// U (2j + U) 2^-15 = f(U) decides below_f (false: accept) from V's first digit alone; a tie in the
-// cell table or that test failing gives false, and the caller runs the general sampler on the node's
-// stream from its start (the same sample). Inlined, its value in registers: perf found it called out
-// of line from the batch's template, and an std::optional result kept the value on the stack.
-template <class Fixed>
-[[gnu::always_inline]] inline bool fixed_first_accept(const std::array<std::uint64_t, 4>& w, const CdfTable& table,
-                                                      typename Fixed::Value& out) {
-  const std::size_t j = table.cell_from_top(w[0]);
-  if (j == CdfTable::kTie) return false;
-  const std::uint64_t u = w[1], v = w[2];
-  // v < (2j + 1) 2^49 (j < 2^12): the cell's acceptance is not decided by V's first digit.
-  if (v < (std::uint64_t{2 * j + 1} << (64 - 2 * kCellBits - 1))) return false;
-  const std::uint64_t k = j >> kCellBits;
-  const std::uint64_t fraction = (j & ((1u << kCellBits) - 1)) << (64 - kCellBits) | u >> kCellBits;
-  out = Fixed::of(k, fraction, (w[3] & 1u) != 0);
+// CellSampler's Z~ when its first attempt is decided by block 0 alone (w0, w1: FirstAttempt): the cell j
+// from w0 and V's top 14 digits above j, i.e. V >= (j + 1) 2^-14 > (2j + 1) 2^-15 > U (2j + U) 2^-15 = f(U),
+// so below_f is false and the cell accepted; Z~ = sign (j 2^49 + U's top 49 digits). Else (a tie in the
+// cell table, or V's top digits not above j: probability about (j + 1) 2^-14) false, and the caller runs
+// the general sampler on the node's stream from its start (the same sample). Inlined, its value in registers.
+[[gnu::always_inline]] inline bool fixed56_from_block0(std::uint64_t w0, std::uint64_t w1, const CdfTable& table,
+                                                       std::int64_t& out) {
+  static_assert(kCells < (std::size_t{1} << FirstAttempt::kVHigh));         // every cell's j + 1 is a 14-digit V
+  static_assert(kCells < (std::size_t{1} << (63 - FirstAttempt::kUHigh)));  // j 2^49 + U's digits < 2^63
+  const std::size_t j = table.cell_from_top(w0);
+  if (j == CdfTable::kTie || FirstAttempt::v_high(w1) <= j) return false;
+  const auto value = static_cast<std::int64_t>(std::uint64_t{j} << FirstAttempt::kUHigh | FirstAttempt::u_high(w1));
+  out = FirstAttempt::negative(w1) ? -value : value;
   return true;
 }
 
-// The general sampler on a node's stream whose first blocks were fetched: the rare draws, out of line.
-template <class Fixed>
-[[gnu::noinline]] typename Fixed::Value general_fixed(WindowPrf& prf, u128 packed, const std::uint8_t* fetched) {
-  NodeStream again(prf, packed, NodeStream::kFirstBlocks, fetched);
-  return Fixed::of(sample_normal(again));
-}
-
-// normal_fixed64_batch's work for n nodes whose packed ids packed_ids(at, c, ids) writes (nodes at .. at + c - 1):
-// their first blocks fetched kChunk nodes at a time, a node the shortcut does not decide sampled from its
-// stream, its first blocks already fetched.
-template <class Fixed, class PackedIds>
-void fixed_of_nodes(WindowPrf& prf, std::size_t n, PackedIds&& packed_ids, typename Fixed::Value* out) {
-  constexpr std::size_t kChunk = 32;
-  constexpr std::uint32_t kPerNode = NodeStream::kFirstBlocks;  // 4 words: most samples need no more
-  std::array<u128, kChunk> packed;
-  std::array<std::uint8_t, kChunk * 16 * kPerNode> fetched;
-  const CdfTable& table = cell_table();
-  for (std::size_t at = 0; at < n; at += kChunk) {
-    const std::size_t c = std::min(kChunk, n - at);
-    packed_ids(at, c, packed.data());
-    prf.first_blocks(packed.data(), c, kPerNode, fetched.data());
-    for (std::size_t i = 0; i < c; ++i) {
-      std::array<std::uint64_t, 4> words;  // the stream's first words, as NodeStream reads them
-      static_assert(sizeof(words) == std::size_t{16} * kPerNode);
-      const std::uint8_t* first = fetched.data() + sizeof(words) * i;
-      std::memcpy(words.data(), first, sizeof(words));
-      if (!fixed_first_accept<Fixed>(words, table, out[at + i]))
-        out[at + i] = general_fixed<Fixed>(prf, packed[i], first);
-    }
-  }
+// The general sampler on a node's stream whose block 0 was fetched: the rare draws, out of line.
+[[gnu::noinline]] std::int64_t general_fixed56(WindowPrf& prf, u128 packed, const std::uint8_t* block0) {
+  NodeStream again(prf, packed, 1, block0);
+  return normal_fixed56(sample_normal(again));
 }
 
 }  // namespace
 
-void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out) {
-  fixed_of_nodes<Fixed64>(
-      prf, n,
-      [ids](std::size_t at, std::size_t c, u128* packed) {
-        for (std::size_t i = 0; i < c; ++i) packed[i] = pack(ids[at + i]);
-      },
-      out);
+bool fixed56_from_first_block(const std::array<std::uint64_t, 2>& block0, std::int64_t& out) {
+  return fixed56_from_block0(block0[0], block0[1], cell_table(), out);
 }
 
 void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std::int64_t* out) {
@@ -321,12 +294,22 @@ void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std:
   static_cast<void>(pack(last));             // range-checks the run's last index; the ones between lie between
   const u128 step = u128{1} << kIndexShift;  // the next index: packed by addition (a 128-bit shift a node was 10%)
   u128 next = pack(first);
-  fixed_of_nodes<Fixed56>(
-      prf, n,
-      [&next, step](std::size_t /*at*/, std::size_t c, u128* ids) {
-        for (std::size_t i = 0; i < c; ++i, next += step) ids[i] = next;
-      },
-      out);
+  // Block 0 of kChunk nodes fetched together (many AES blocks in flight instead of one call per node).
+  constexpr std::size_t kChunk = 64, kBlock = 16;  // nodes a cipher call; bytes of block 0 (w0, w1)
+  std::array<u128, kChunk> packed;
+  std::array<std::uint8_t, kChunk * kBlock> fetched;
+  const CdfTable& table = cell_table();
+  for (std::size_t at = 0; at < n; at += kChunk) {
+    const std::size_t c = std::min(kChunk, n - at);
+    for (std::size_t i = 0; i < c; ++i, next += step) packed[i] = next;
+    prf.first_blocks(packed.data(), c, 1, fetched.data());
+    for (std::size_t i = 0; i < c; ++i) {
+      std::array<std::uint64_t, 2> w;  // the stream's first words, as NodeStream reads them
+      const std::uint8_t* block0 = fetched.data() + kBlock * i;
+      std::memcpy(w.data(), block0, sizeof(w));
+      if (!fixed56_from_block0(w[0], w[1], table, out[at + i])) out[at + i] = general_fixed56(prf, packed[i], block0);
+    }
+  }
 }
 
 int128 normal_fixed64(const NormalSample& z) {

@@ -7,13 +7,15 @@
 //    probabilities (kernels/cdf_table.hpp; cells up to |Z| < 20, the mass beyond < 2^-280), then a
 //    uniform point of the cell accepted with probability exp(-(z^2 - a^2)/2) (a = the cell's inner
 //    edge; > 0.85) by von Neumann's exact comparisons of lazy digits. Within 2^-179 of N(0, 1) in
-//    total variation (the table's rounding: docs/PRIVACY.md section 5). About 4 stream words.
+//    total variation (the table's rounding: docs/PRIVACY.md section 4). Its first attempt reads fixed places
+//    of the stream's first two blocks, laid out so that block 0 (two words) decides ~99.4% of draws.
 //  - sample_normal_karney: Karney's Algorithm N ("Sampling exactly from the normal distribution",
 //    ACM TOMS 42(1), 2016; arXiv 1303.6257), exact, no table; about ten times slower. The reference.
 #pragma once
 
 #include <absl/container/inlined_vector.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -34,10 +36,6 @@ struct NormalSample {
 NormalSample sample_normal(NodeStream& rng, std::size_t min_words = 1);
 NormalSample sample_normal_karney(NodeStream& rng, std::size_t min_words = 1);
 
-// normal_fixed64(sample_normal(node stream)) of n nodes, their first blocks fetched together (many AES
-// blocks in flight instead of one call per node): the same values.
-void normal_fixed64_batch(WindowPrf& prf, const NodeId* ids, std::size_t n, int128* out);
-
 // The sample as a fixed-point number with 64 fraction bits, truncated toward zero: sign (k 2^64 + f0),
 // within one unit (2^-64) of Z, on Z's side of zero. k < 2^30 (else std::range_error: P[|Z| >= 2^30] < 2^-(10^17)).
 int128 normal_fixed64(const NormalSample& z);
@@ -47,9 +45,13 @@ int128 normal_fixed64(const NormalSample& z);
 // (P[|Z| >= 128] < 10^-3500). fixed56_of(normal_fixed64(z)) == normal_fixed56(z).
 std::int64_t normal_fixed56(const NormalSample& z);
 std::int64_t fixed56_of(int128 fixed64);
-// normal_fixed56 of the n nodes `first` with index first.index, first.index + 1, ... (a counter's steps),
-// drawn as normal_fixed64_batch draws them (the same samples, converted in registers); packed by addition,
-// no list of ids. std::invalid_argument if the last index is out of range.
+// normal_fixed56(sample_normal(node stream)) of the n nodes `first` with index first.index, first.index + 1,
+// ... (a counter's steps): the same values, block 0 of many nodes encrypted in one call and decided by
+// fixed56_from_first_block, the rest by the general sampler; packed by addition, no list of ids.
+// std::invalid_argument if the last index is out of range.
 void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std::int64_t* out);
+// normal_fixed56(sample_normal(stream)) from the stream's first two words alone when they decide it (about
+// 99.4% of draws: true, `out` set); false when the sample needs more of the stream.
+bool fixed56_from_first_block(const std::array<std::uint64_t, 2>& block0, std::int64_t& out);
 
 }  // namespace dpstream::noise

@@ -118,7 +118,7 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
     throw std::invalid_argument("first_blocks: at most 64 blocks per call");
   std::uint8_t in[kMaxBlocks * 16];
   // plaintext = big-endian (pack(n) | counter); each word swapped once. `per` a compile-time constant for the
-  // batch's kFirstBlocks a node: the inner loop unrolls (it was half of this function's instructions).
+  // batches' one or two blocks a node: the inner loop unrolls (it was half of this function's instructions).
   const auto fill = [&](auto per) {
     std::uint8_t* block = in;
     for (std::size_t i = 0; i < n; ++i) {
@@ -131,8 +131,10 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
       }
     }
   };
-  if (per_node == NodeStream::kFirstBlocks)
-    fill(std::integral_constant<std::uint32_t, NodeStream::kFirstBlocks>{});
+  if (per_node == 1)
+    fill(std::integral_constant<std::uint32_t, 1>{});
+  else if (per_node == 2)
+    fill(std::integral_constant<std::uint32_t, 2>{});
   else
     fill(per_node);
   const std::size_t b = n * per_node;

@@ -552,7 +552,8 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
     f["engine.banded_band"] = fmt::format("{}; ||C e_1||^2 = {:a}", numerators,
                                           kernels::banded::sensitivity_squared(band, c.stream.triggers));
     f["engine.banded_mechanism"] =
-        "normal by a 2^-7 cell table (192-bit) and exact in-cell rejection, 56 kept bits; band by Hooke-Jeeves "
+        "normal by a 2^-7 cell table (192-bit) and exact in-cell rejection, 56 kept bits, first attempt laid out in "
+        "two blocks (cell; U 49, V 14, sign; U 15; V 50); band by Hooke-Jeeves "
         "search v2 (steps to 2^-16, horizon <= 1024) on the 2^-30 grid; sigma on the 2^-32 grid";
   }
   // Not spec keys, but they define the output too.

@@ -3,8 +3,10 @@
 // false-failure rate under a fresh seed.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -165,24 +167,103 @@ TEST(ExactNormal, Fixed56IsZTruncatedTowardZeroTo56Bits) {
   EXPECT_THROW(fixed56_of(-edge - 1), std::range_error);
 }
 
-// The batch (fetched first blocks, a shortcut for a cell accepted at the first digits) draws exactly
-// what the general sampler draws from each node's own stream, tail cells (where the shortcut fails
-// more often) included.
-TEST(ExactNormal, BatchEqualsOneNodeAtATime) {
-  WindowPrf prf(secret_from_seed(21), 3);
-  constexpr std::uint32_t kNodes = 200000;
-  std::vector<NodeId> ids;
-  for (std::uint32_t i = 0; i < kNodes; ++i) ids.push_back(NodeId{i % 97, Family::BandedSelection, i % 5, 0, i});
-  std::vector<dpstream::int128> batch(kNodes);
-  normal_fixed64_batch(prf, ids.data(), ids.size(), batch.data());
-  std::uint32_t beyond_two = 0;
-  for (std::uint32_t i = 0; i < kNodes; ++i) {
-    NodeStream s(prf, ids[i]);
-    const NormalSample z = sample_normal(s);
-    ASSERT_EQ(batch[i], normal_fixed64(z)) << "node " << i;
-    beyond_two += z.k >= 2;
+namespace {
+// The general sampler fed the stream `words` (w0 .. w3, as the stream's first two blocks) and then the node's
+// own PRF stream.
+NormalSample sample_from_words(WindowPrf& prf, const NodeId& id, const std::array<std::uint64_t, 4>& words) {
+  std::array<std::uint8_t, sizeof(words)> bytes;
+  std::memcpy(bytes.data(), words.data(), sizeof(words));
+  NodeStream s(prf, pack(id), 2, bytes.data());
+  return sample_normal(s);
+}
+}  // namespace
+
+// The first-block shortcut decides a draw only where the general sampler's first attempt accepts at V's first
+// digit, and then gives its Z~: crafted blocks at every edge. The stream's layout (docs/PRIVACY.md section 4):
+// w0 the cell's uniform; w1 = U's top 49 digits, V's top 14, the sign; w2, w3 the rest of U's and V's first
+// digits. Cell j's V test: accepted from block 0 iff V's top 14 digits exceed j.
+TEST(ExactNormal, FirstBlockDecidesExactlyWhereTheGeneralSamplerAcceptsAtOnce) {
+  WindowPrf prf(secret_from_seed(25), 2);
+  constexpr std::uint64_t kAcceptAll = ~std::uint64_t{0} - 1;  // w1 with V's top digits at their maximum
+  const auto tie = [&](std::uint64_t w0) {  // w0 equals a table entry's top word: the lower words decide
+    std::int64_t z = 0;
+    return !fixed56_from_first_block({w0, kAcceptAll}, z);
+  };
+  const auto cell_of = [&](std::uint64_t w0) {  // the cell w0 gives (a tie counted as the cell above it)
+    std::int64_t z = 0;
+    while (!fixed56_from_first_block({w0, kAcceptAll}, z)) ++w0;
+    return static_cast<std::uint64_t>(z) >> 49;
+  };
+  const auto lowest_word_of_cell = [&](std::uint64_t j) {  // the smallest w0 with cell_of(w0) >= j
+    std::uint64_t lo = 0, hi = ~std::uint64_t{0};
+    while (lo < hi) {
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      if (cell_of(mid) >= j)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  };
+  std::uint32_t decided = 0, refused = 0, ties = 0;
+  for (const std::uint64_t want : std::array<std::uint64_t, 9>{0, 1, 100, 127, 128, 700, 2000, 2559, 2560}) {
+    const std::uint64_t w0_first = lowest_word_of_cell(want);
+    for (const std::uint64_t w0 : {w0_first, w0_first + 1, w0_first + (std::uint64_t{1} << 40)}) {
+      const std::uint64_t j = cell_of(w0);
+      ASSERT_LT(j, 2561u);
+      ties += tie(w0);
+      for (const std::uint64_t v_top : {j == 0 ? j : j - 1, j, j + 1, j + 2, (std::uint64_t{1} << 14) - 1}) {
+        for (const std::uint64_t u_top :
+             std::array<std::uint64_t, 4>{0, 1, (std::uint64_t{1} << 49) - 1, 0x123456789abc}) {
+          for (const std::uint64_t sign : std::array<std::uint64_t, 2>{0, 1}) {
+            const std::uint64_t w1 = u_top << 15 | v_top << 1 | sign;
+            for (const std::uint64_t w2 : std::array<std::uint64_t, 2>{0, ~std::uint64_t{0}}) {
+              const std::array<std::uint64_t, 4> words{w0, w1, w2, 0x0f0f0f0f0f0f0f0full};
+              const NodeId id{want, Family::BandedSelection, static_cast<std::uint32_t>(v_top % 7), 0,
+                              static_cast<std::uint32_t>(u_top & 0xffff)};
+              std::int64_t fast = 0;
+              const bool shortcut = fixed56_from_first_block({w0, w1}, fast);
+              ASSERT_EQ(shortcut, !tie(w0) && v_top > j) << "cell " << j << " V top " << v_top;
+              if (!shortcut) {
+                ++refused;
+                continue;
+              }
+              ++decided;
+              const NormalSample z = sample_from_words(prf, id, words);
+              ASSERT_EQ(fast, normal_fixed56(z)) << "cell " << j << " V top " << v_top << " U top " << u_top;
+              const auto expected = static_cast<std::int64_t>(j << 49 | u_top);
+              ASSERT_EQ(fast, sign ? -expected : expected);
+            }
+          }
+        }
+      }
+    }
   }
-  EXPECT_GT(beyond_two, 7000u) << "the tails must be exercised (P[|Z| >= 2] = 0.0455)";
+  EXPECT_GT(decided, 0u);
+  EXPECT_GT(refused, 0u);
+  EXPECT_GT(ties, 0u) << "the lowest word of a cell above 0 is its lower entry's top word: a tie";
+}
+
+// The sign (w1's bit 0) is independent of the magnitude: P[negative] is 1/2 within 5 standard errors in each
+// of |Z|'s ranges [0, 1/2), [1/2, 1), [1, 2), [2, 20) and for each value of Z~'s two lowest bits (U's
+// digits next to the sign in w1). False failure < 1e-5 in all.
+TEST(ExactNormal, SignIsIndependentOfTheMagnitude) {
+  WindowPrf prf(secret_from_seed(27), 1);
+  constexpr std::uint32_t kN = 400000;
+  std::vector<std::int64_t> run(kN);
+  normal_fixed56_run(prf, NodeId{5, Family::BandedSelection, 1, 0, 0}, kN, run.data());
+  std::array<double, 4> range_n{}, range_neg{}, low_n{}, low_neg{};
+  for (const std::int64_t z : run) {
+    const auto mag = static_cast<std::uint64_t>(z < 0 ? -z : z);
+    const double v = std::ldexp(static_cast<double>(mag), -56);
+    const int r = v < 0.5 ? 0 : (v < 1 ? 1 : (v < 2 ? 2 : 3));
+    range_n[r] += 1, range_neg[r] += z < 0;
+    low_n[mag & 3] += 1, low_neg[mag & 3] += z < 0;
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_LT(std::abs(range_neg[i] / range_n[i] - 0.5), 5 * 0.5 / std::sqrt(range_n[i])) << "range " << i;
+    EXPECT_LT(std::abs(low_neg[i] / low_n[i] - 0.5), 5 * 0.5 / std::sqrt(low_n[i])) << "low bits " << i;
+  }
 }
 
 // A run of consecutive indices (a counter's steps, packed by addition) draws what the general sampler
