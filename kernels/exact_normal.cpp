@@ -124,7 +124,7 @@ class AlgorithmN {
 // ---- the table sampler ---------------------------------------------------------------------
 namespace {
 constexpr int kCellBits = 7;                      // cells of width h = 2^-7
-constexpr std::size_t kCells = 20u << kCellBits;  // |Z| < 20: P[|Z| >= 20] < 2^-280
+constexpr std::size_t kCells = 20u << kCellBits;  // masses for |Z| < 20; the table stops at 2071 (its C_m reach 2^192)
 
 // Cell j of |Z| is [j h, (j + 1) h), proposed with mass w_j = exp(-(j h)^2 / 2) (the density at its
 // inner edge): w_j = w_(j-1) r_j with r_1 = exp(-h^2/2), r_j = r_(j-1) exp(-h^2), in 320-bit floating point.

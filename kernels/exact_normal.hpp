@@ -4,7 +4,7 @@
 // independent of everything else, drawn from the same stream on demand, so any precision is exact.
 // Two samplers of the same distribution:
 //  - sample_normal (the engine's): a cell of width 2^-7 of |Z| from an inverse-CDF table of 192-bit
-//    probabilities (kernels/cdf_table.hpp; cells up to |Z| < 20, the mass beyond < 2^-280), then a
+//    probabilities (kernels/cdf_table.hpp; 2071 cells, |Z| < 16.18, the last taking the mass beyond, < 2^-193), then a
 //    uniform point of the cell accepted with probability exp(-(z^2 - a^2)/2) (a = the cell's inner
 //    edge; > 0.85) by von Neumann's exact comparisons of lazy digits. Within 2^-179 of N(0, 1) in
 //    total variation (the table's rounding: docs/PRIVACY.md section 4). Its first attempt reads fixed places
