@@ -339,7 +339,7 @@ TEST(CdfTable, CellFromTopIsTheFirstEntryAboveOrATie) {
 TEST(ExactNormal, RunsMatchTheNormalCdfAtScale) {
   WindowPrf prf(secret_from_seed(91), 4);
   constexpr int kBins = 128;  // per sign: [b / 16, (b + 1) / 16) for b < kBins, then [8, inf)
-  std::vector<double> count(2 * (kBins + 1), 0);
+  std::vector<double> count(std::size_t{2} * (kBins + 1), 0);
   std::vector<std::int64_t> run(std::size_t{1} << 16);
   double n = 0;
   for (std::uint32_t key = 0; key < 500; ++key) {
