@@ -546,25 +546,18 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
         if (scan_all) {
           keys.for_each_in(s, [&](std::uint64_t key, const KeyState& st) { visit(key, st, false); });
         } else {
-          // Lookups a few keys ahead: the key and cache entries are DRAM misses, independent per key.
-          // The first kAhead are prefetched before the walk: at T = 1000 a shard lists ~15 keys per trigger.
+          // The touched keys come with their state (accumulate's list); their cache entries are DRAM misses,
+          // independent per key: the index slots kAhead keys ahead, the first kAhead before the walk (at
+          // T = 1000 a shard lists ~15 keys per trigger), then halfway there the entry through them.
           constexpr std::size_t kAhead = 8;
-          const auto fetch = [&](std::uint64_t key) { keys.prefetch(key), cache.prefetch(key); };
-          const auto warm_up = [&](const std::vector<std::uint64_t>& list) {
-            for (std::size_t j = 0; j < std::min(kAhead, list.size()); ++j) fetch(list[j]);
-          };
-          // Then, halfway there, the key's cache entry, through the index slots fetched before.
-          const auto ahead = [&](const std::vector<std::uint64_t>& list, std::size_t i) {
-            if (i + kAhead < list.size()) fetch(list[i + kAhead]);
-            if (i + kAhead / 2 < list.size()) cache.prefetch_entry_of(list[i + kAhead / 2]);
-          };
           const auto& touched = keys.touched[s];
+          for (std::size_t j = 0; j < std::min(kAhead, touched.size()); ++j) cache.prefetch(touched[j].key);
           visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
-          warm_up(touched);
           for (std::size_t i = 0; i < touched.size(); ++i) {
-            ahead(touched, i);
-            const std::uint64_t key = touched[i];
-            const KeyState st = keys.at(key);
+            if (i + kAhead < touched.size()) cache.prefetch(touched[i + kAhead].key);
+            if (i + kAhead / 2 < touched.size()) cache.prefetch_entry_of(touched[i + kAhead / 2].key);
+            const std::uint64_t key = touched[i].key;
+            const KeyState& st = touched[i].state;
             if (st.round_users() <= params_.mu) {
               ++visited;  // never tested (as visit() finds first)
               continue;

@@ -233,19 +233,35 @@ void KeyStateTable::put(std::uint64_t key, const KeyState& st) {
   store(sh, sh.packed.find_or_insert(key, h), st);
 }
 
+// store()'s packed case for a key it packed before: count below 2^31 - 2, users below 2^31 (the
+// round's base users are unchanged, so still below 2^32). Partials' counts and users are below 2^63.
+bool KeyStateTable::add_in_place(Packed& p, const KeyTotals& t) const {
+  if (p.count == kWide || t.count < 0 || t.users < 0) return false;
+  if (track_sums_ && t.sum != int128{t.count} * kOne) return false;
+  const std::uint64_t count = (p.count & ~kHasRound) + static_cast<std::uint64_t>(t.count);
+  const std::uint64_t users = (p.users & ~kChanged) + static_cast<std::uint64_t>(t.users);
+  if (count >= kHasRound - 2 || users >= kChanged) return false;
+  p.count = static_cast<std::uint32_t>(count) | (p.count & kHasRound);
+  p.users = static_cast<std::uint32_t>(users) | (p.users & kChanged);
+  return true;
+}
+
 // Adds one key's trigger totals t to its state; t becomes its running totals if so reported.
 void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report report, double touched_above) {
   Shard& sh = shards_[s];
   Packed& packed = sh.packed.find_or_insert(t.key, hash);
+  const bool in_place = add_in_place(packed, t);
   KeyState st = load(sh, packed);
-  st.count += t.count;
-  if (track_sums_) st.sum += t.sum;
-  st.users += t.users;
-  store(sh, packed, st);
+  if (!in_place) {
+    st.count += t.count;
+    if (track_sums_) st.sum += t.sum;
+    st.users += t.users;
+    store(sh, packed, st);
+  }
   if (journal) mark(s, packed);
   if (report == Report::RunningTotals) t = KeyTotals{t.key, st.count, st.sum, st.users};
   if (st.round_users() > touched_above)
-    touched[s].push_back(t.key);
+    touched[s].push_back({t.key, st});
   else
     ++touched_below[s];
 }

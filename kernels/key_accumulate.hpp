@@ -147,8 +147,14 @@ class KeyStateTable {
   std::vector<KeyTotals> accumulate(std::vector<KeyPartial> partials, Report report = Report::RunningTotals,
                                     double touched_above = -std::numeric_limits<double>::infinity());
 
-  // Keys of the last accumulate, per shard, ascending (those above `touched_above`), and the others' count.
-  std::vector<std::vector<std::uint64_t>> touched{kShards};
+  // Keys of the last accumulate, per shard, ascending (those above `touched_above`), each with its state
+  // after it (what find() returns until the key is put again: key selection reads it here instead of
+  // looking the key up a second time), and the others' count.
+  struct TouchedKey {
+    std::uint64_t key;
+    KeyState state;
+  };
+  std::vector<std::vector<TouchedKey>> touched{kShards};
   std::vector<std::uint64_t> touched_below = std::vector<std::uint64_t>(kShards);
 
   // Journal (only when `journal` is on): a mark in the slot of every key whose state changed since
@@ -197,6 +203,10 @@ class KeyStateTable {
   KeyState load(const Shard& sh, const Packed& p) const;
   void store(Shard& sh, Packed& p, const KeyState& st);
   void add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report report, double touched_above);
+  // Adds t's count and users to a packed key's slot in place when they stay within its bits and t adds
+  // nothing to the sum beyond count * 2^20: the round state and the sum's excess are unchanged, so
+  // store() would write the side tables with what they hold. False (nothing changed) otherwise.
+  bool add_in_place(Packed& p, const KeyTotals& t) const;
   void mark(std::size_t s, Packed& p) {
     if ((p.users & kChanged) != 0) return;
     p.users |= kChanged;

@@ -4,12 +4,25 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "kernels/key_accumulate.hpp"
 #include "tests/scoped_omp_threads.hpp"
 
 using namespace dpstream;
+
+namespace {
+// The touched lists' key ids, per shard.
+std::vector<std::vector<std::uint64_t>> touched_keys(const kernels::KeyStateTable& table) {
+  std::vector<std::vector<std::uint64_t>> keys;
+  for (const auto& shard : table.touched) {
+    keys.emplace_back();
+    for (const auto& t : shard) keys.back().push_back(t.key);
+  }
+  return keys;
+}
+}  // namespace
 
 TEST(KeyAccumulate, RunningTotalsAndChangedKeysSorted) {
   kernels::KeyStateTable table;
@@ -327,7 +340,7 @@ TEST(KeyAccumulate, ReportIsSortedAndThreadFree) {
     dpstream::testing::ScopedOmpThreads scoped(threads);
     kernels::KeyStateTable table;
     reports.push_back(table.accumulate(partials));
-    touched.push_back(table.touched);
+    touched.push_back(touched_keys(table));
     EXPECT_EQ(table.keys(), counts.size());
   }
   ASSERT_EQ(reports[0].size(), counts.size());
@@ -373,8 +386,9 @@ TEST(KeyAccumulate, TouchedListsOnlyKeysAboveTheBoundAndCountsTheRest) {
   table.accumulate(second, kernels::KeyStateTable::Report::Nothing, 3.0);
   std::uint64_t listed = 0, below = 0;
   for (std::size_t s = 0; s < kernels::KeyStateTable::kShards; ++s) {
-    EXPECT_TRUE(std::is_sorted(table.touched[s].begin(), table.touched[s].end()));
-    for (const std::uint64_t k : table.touched[s]) {
+    const std::vector<std::uint64_t> keys = touched_keys(table)[s];
+    EXPECT_TRUE(std::is_sorted(keys.begin(), keys.end()));
+    for (const std::uint64_t k : keys) {
       const kernels::KeyState st = table.at(k);
       EXPECT_GT(static_cast<double>(st.users - st.round_base_users), 3.0) << k;
       EXPECT_EQ(k % 2, 1u);
@@ -455,4 +469,84 @@ TEST(KeyAccumulate, PutOfAHeldKeyDuringAScanNeverReallocates) {
     ++scans;
   }
   EXPECT_EQ(scans, keys.size());
+}
+
+// Key selection reads a touched key's state from the list: after every trigger each listed state must
+// be the table's, and both the sums of an independent model, whichever way accumulate took (in the
+// slot, or through the side tables: released keys' rounds, sums off count * 2^20, counts and users
+// crossing the packed limits, partials split into int64 chunks), with sums tracked or not.
+TEST(KeyAccumulate, TouchedStatesAreTheTablesAfterEveryTrigger) {
+  constexpr std::int64_t one = std::int64_t{1} << 20;
+  constexpr std::int64_t edge = (std::int64_t{1} << 31) - 2;  // the first count a slot cannot hold
+  for (const bool sums : {true, false}) {
+    kernels::KeyStateTable table(sums);
+    std::map<std::uint64_t, kernels::KeyState> model;
+    std::mt19937_64 rng(sums ? 11 : 12);
+    std::uint64_t in_side_tables = 0;
+    for (int trigger = 0; trigger < 40; ++trigger) {
+      std::vector<KeyPartial> partials;
+      for (int i = 0; i < 3000; ++i) {
+        const std::uint64_t key = rng() % 2000;
+        const std::uint64_t kind = rng() % 100;
+        std::int64_t count = 1 + static_cast<std::int64_t>(rng() % 4), users = static_cast<std::int64_t>(rng() % 2);
+        if (kind == 0 && key % 50 == 0) count = users = edge / 3;  // a few keys grow past the slot's bits
+        const std::int64_t sum = kind < 5    ? count * one + static_cast<std::int64_t>(rng() % 9) - 4
+                                 : kind == 5 ? INT64_MAX
+                                             : count * one;
+        partials.push_back({key, count, sum, users});
+        kernels::KeyState& m = model[key];
+        m.count += count;
+        m.users += users;
+        if (sums) m.sum = int128(m.sum) + sum;
+      }
+      table.accumulate(partials, kernels::KeyStateTable::Report::Nothing, 2.0);
+      std::uint64_t listed = 0;
+      for (const auto& shard : table.touched)
+        for (const auto& t : shard) {
+          ++listed;
+          EXPECT_TRUE(t.state == table.at(t.key)) << t.key << " at trigger " << trigger;
+          EXPECT_TRUE(t.state == model.at(t.key)) << t.key << " at trigger " << trigger;
+          EXPECT_GT(t.state.round_users(), 2.0);
+        }
+      std::uint64_t below = 0;
+      for (const std::uint64_t b : table.touched_below) below += b;
+      std::set<std::uint64_t> distinct;
+      for (const KeyPartial& p : partials) distinct.insert(p.key);
+      EXPECT_EQ(listed + below, distinct.size());
+      // Release some keys as key selection does: a new round from the users so far.
+      for (std::uint64_t key = static_cast<std::uint64_t>(trigger) % 7; key < 2000; key += 37) {
+        if (!model.count(key)) continue;
+        kernels::KeyState& m = model[key];
+        ++m.round;
+        m.round_start = static_cast<std::uint32_t>(trigger) + 1;
+        m.round_base_users = m.users;
+        table.put(key, m);
+      }
+    }
+    for (const auto& [key, m] : model) {
+      EXPECT_TRUE(table.at(key) == m) << key;
+      in_side_tables += m.count >= edge || m.round != 0;
+    }
+    EXPECT_GT(in_side_tables, 50u);  // both ways were taken
+    // A released key's count or users reaching the slot's limits by one in-place add (with the round's
+    // bit a count of 2^31 - 2 would read as a free slot, 2^31 - 1 as a wide key).
+    for (const std::int64_t target : {edge - 1, edge, edge + 1}) {
+      for (const bool of_users : {false, true}) {
+        const std::uint64_t key = 100000 + static_cast<std::uint64_t>(target - edge + 1) * 2 + of_users;
+        kernels::KeyState st;
+        st.count = of_users ? 5 : target - 1;
+        st.users = of_users ? (std::int64_t{1} << 31) - 2 + (target - edge) : 3;
+        st.sum = sums ? int128{st.count} * one : 0;
+        st.round = 2, st.round_start = 9, st.round_base_users = 1;
+        table.put(key, st);
+        table.accumulate({{key, 1, one, of_users ? 1 : 0}}, kernels::KeyStateTable::Report::Nothing, 0.0);
+        st.count += 1;
+        st.users += of_users ? 1 : 0;
+        if (sums) st.sum = int128(st.sum) + one;
+        EXPECT_TRUE(table.at(key) == st) << target << " users " << of_users;
+        ASSERT_EQ(table.touched[kernels::KeyStateTable::shard_of(key)].size(), 1u);
+        EXPECT_TRUE(table.touched[kernels::KeyStateTable::shard_of(key)][0].state == st);
+      }
+    }
+  }
 }
