@@ -421,6 +421,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
   const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
   const bool predict = scan_ == KeyScan::Predicted;
   const bool scan_all = !predict || scan_all_next_;
+  const bool states_current = keys.touched_states_current;  // else a release since the last accumulate put some
   std::vector<std::vector<KeyRelease>> out(KeyStateTable::kShards);
   std::uint64_t tested = 0, released = 0, draws = 0, visited = 0, simulated = 0, scheduled = 0, discarded = 0,
                 predicted = 0, quiet = 0;
@@ -546,9 +547,9 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
         if (scan_all) {
           keys.for_each_in(s, [&](std::uint64_t key, const KeyState& st) { visit(key, st, false); });
         } else {
-          // The touched keys come with their state (accumulate's list); their cache entries are DRAM misses,
-          // independent per key: the index slots kAhead keys ahead, the first kAhead before the walk (at
-          // T = 1000 a shard lists ~15 keys per trigger), then halfway there the entry through them.
+          // The touched keys come with their states (accumulate's, unless a release came since); their cache
+          // entries are DRAM misses, independent per key: the index slots kAhead keys ahead, the first kAhead
+          // before the walk (at T = 1000 a shard lists ~15 keys per trigger), then halfway there the entry.
           constexpr std::size_t kAhead = 8;
           const auto& touched = keys.touched[s];
           for (std::size_t j = 0; j < std::min(kAhead, touched.size()); ++j) cache.prefetch(touched[j].key);
@@ -557,7 +558,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             if (i + kAhead < touched.size()) cache.prefetch(touched[i + kAhead].key);
             if (i + kAhead / 2 < touched.size()) cache.prefetch_entry_of(touched[i + kAhead / 2].key);
             const std::uint64_t key = touched[i].key;
-            const KeyState& st = touched[i].state;
+            const KeyState st = states_current ? touched[i].state : keys.at(key);
             if (st.round_users() <= params_.mu) {
               ++visited;  // never tested (as visit() finds first)
               continue;
@@ -598,6 +599,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
 #pragma omp critical(dp_release_error)
     if (error.empty()) error = e.what();
   }
+  keys.touched_states_current = false;
   if (!error.empty()) throw std::runtime_error("DP release: " + error);
   scan_all_next_ = false;
   stats.tested += tested;

@@ -106,6 +106,7 @@ void KeyStateTable::clear() {
   for (auto& sh : shards_) sh = Shard{};
   slab_ = TableSlab{};
   for (auto& t : touched) t.clear();
+  touched_states_current = false;
   std::fill(touched_below.begin(), touched_below.end(), 0);
   std::fill(changed_.begin(), changed_.end(), 0);
 }
@@ -298,6 +299,7 @@ std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partial
 #pragma omp parallel
   accumulate_owned(groups, hashes, report, touched_above, static_cast<std::size_t>(omp_get_thread_num()),
                    static_cast<std::size_t>(omp_get_num_threads()));
+  touched_states_current = true;
   if (report == Report::Nothing) return {};
   return groups;
 }

@@ -148,13 +148,15 @@ class KeyStateTable {
                                     double touched_above = -std::numeric_limits<double>::infinity());
 
   // Keys of the last accumulate, per shard, ascending (those above `touched_above`), each with its state
-  // after it (what find() returns until the key is put again: key selection reads it here instead of
-  // looking the key up a second time), and the others' count.
+  // after it, and the others' count. The states are the table's while `touched_states_current`: accumulate
+  // sets it, key selection reads them instead of looking each key up again and clears it (its releases put
+  // new rounds), so a release with no accumulate before it looks the keys up.
   struct TouchedKey {
     std::uint64_t key;
     KeyState state;
   };
   std::vector<std::vector<TouchedKey>> touched{kShards};
+  bool touched_states_current = false;
   std::vector<std::uint64_t> touched_below = std::vector<std::uint64_t>(kShards);
 
   // Journal (only when `journal` is on): a mark in the slot of every key whose state changed since

@@ -21,8 +21,8 @@ class ExactReleaser final : public Releaser {
 class DpSqlpReleaser final : public Releaser {
  public:
   DpSqlpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan) : impl_(std::move(params), secret, scan) {}
-  // Key selection visits the trigger's keys above mu through keys.touched and reads their state from
-  // the table.
+  // Key selection visits the trigger's keys above mu through keys.touched, with the states accumulate
+  // left there.
   KeyStateTable::Report accumulation() const override { return KeyStateTable::Report::Nothing; }
   double touched_above() const override { return impl_.params().mu; }  // DP-SQLP tests only above mu
   void begin_window(std::int64_t window) override { impl_.begin_window(window); }

@@ -183,6 +183,34 @@ TEST_P(KeyScanCounters, SilentKeysAreReleasedAtTheirPredictedTrigger) {
   EXPECT_GT(releases, 20u) << "noise alone releases some of the one-user keys";
 }
 
+// Releases with no accumulate between them (a caller that accumulates once, as the threshold tests do):
+// the touched list still names the keys of the last accumulate, but its states are the table's only
+// until a release puts a new round, so later walks must read the table (a stale round 0 would test a
+// released key again on its old noise).
+TEST_P(KeyScanCounters, ReleasesWithoutAnAccumulateBetweenReadTheTable) {
+  const auto secret = noise::secret_from_seed(78);
+  DpParams p = params(0.0, GetParam());
+  for (auto& tau : p.tau) tau = -50.0;  // every test passes: each key starts a new round at every trigger
+  std::vector<std::vector<std::vector<KeyRelease>>> got;
+  std::vector<std::vector<std::uint32_t>> rounds;
+  for (const KeyScan scan : {KeyScan::Full, KeyScan::Predicted}) {
+    DpReleaser releaser(p, secret, scan);
+    releaser.begin_window(0);
+    KeyStateTable keys;
+    std::vector<KeyPartial> first;
+    for (int k = 0; k < 50; ++k) first.push_back({static_cast<std::uint64_t>(k) + 1, 2, 2 << 20, 2});
+    keys.accumulate(first, KeyStateTable::Report::Nothing);
+    DpStats stats;
+    got.emplace_back();
+    for (std::uint32_t t = 0; t < 4; ++t) got.back().push_back(releaser.release(keys, t, stats));
+    rounds.emplace_back();
+    for (int k = 0; k < 50; ++k) rounds.back().push_back(keys.at(static_cast<std::uint64_t>(k) + 1).round);
+  }
+  for (std::uint32_t t = 0; t < 4; ++t) expect_same(got[0][t], got[1][t], "trigger " + std::to_string(t));
+  EXPECT_EQ(rounds[0], rounds[1]);
+  EXPECT_EQ(rounds[1][0], 1u) << "released at trigger 0 only: a new round has no users until new records come";
+}
+
 INSTANTIATE_TEST_SUITE_P(Counters, KeyScanCounters, ::testing::Values(CounterKind::Tree, CounterKind::Banded),
                          [](const auto& param_info) {
                            return param_info.param == CounterKind::Tree ? "Tree" : "Banded";
