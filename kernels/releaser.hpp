@@ -22,8 +22,9 @@ class Releaser {
   virtual ~Releaser() = default;
   // What KeyStateTable::accumulate returns at each trigger, to be passed to release().
   virtual KeyStateTable::Report accumulation() const = 0;
-  // Round users at or below which a key is never tested: keys.touched lists only the keys above it.
-  virtual double touched_above() const { return -std::numeric_limits<double>::infinity(); }
+  // Round users at or below which a key is never tested: keys.touched lists only the keys above it. A
+  // releaser that does not read keys.touched lists none (a listed key carries its 48-byte state).
+  virtual double touched_above() const { return std::numeric_limits<double>::infinity(); }
   // Starts a window, or resumes one from a checkpoint.
   virtual void begin_window(std::int64_t window) = 0;
   // The trigger's rows sorted by key, from `reported` (what accumulate returned; consumed) and the
