@@ -198,6 +198,7 @@ TEST_P(KeyScanCounters, ReleasesWithoutAnAccumulateBetweenReadTheTable) {
     releaser.begin_window(0);
     KeyStateTable keys;
     std::vector<KeyPartial> first;
+    first.reserve(50);
     for (int k = 0; k < 50; ++k) first.push_back({static_cast<std::uint64_t>(k) + 1, 2, 2 << 20, 2});
     keys.accumulate(first, KeyStateTable::Report::Nothing);
     DpStats stats;
