@@ -1,6 +1,7 @@
 #include "shuffle/comm.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -38,6 +39,20 @@ void skip_fabric_probing_on_one_node() {
 
 }  // namespace
 
+class Comm::Timed {
+ public:
+  explicit Timed(const Comm& comm) : comm_(comm), t0_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    comm_.collective_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  const Comm& comm_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 MpiSession::MpiSession(int& argc, char**& argv) {
   skip_fabric_probing_on_one_node();
   int provided = 0;
@@ -59,6 +74,7 @@ Comm::Comm(MPI_Comm comm) : comm_(comm) {
 std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::vector<std::uint64_t>& offsets,
                                              std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic,
                                              const char* fault_point) const {
+  const Timed timed(*this);
   const auto P = static_cast<std::size_t>(size_);
   if (offsets.size() != P + 1) throw std::invalid_argument("alltoallv_bytes: offsets must have P+1 entries");
   // 1. counts first (64-bit, so sizes past 2^31 are exact).
@@ -131,6 +147,7 @@ std::vector<std::byte> Comm::gather_bytes_to_root(const std::vector<std::byte>& 
 }
 
 Comm::NodeShare Comm::share_with_node(std::vector<std::uint64_t> words) const {
+  const Timed timed(*this);
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
   NodeShare share;
@@ -144,12 +161,14 @@ Comm::NodeShare Comm::share_with_node(std::vector<std::uint64_t> words) const {
 }
 
 std::uint64_t Comm::sum(std::uint64_t v) const {
+  const Timed timed(*this);
   std::uint64_t out = 0;
   check_mpi(MPI_Allreduce(&v, &out, 1, MPI_UINT64_T, MPI_SUM, comm_), "MPI_Allreduce");
   return out;
 }
 
 std::vector<std::uint64_t> Comm::sum(const std::vector<std::uint64_t>& v) const {
+  const Timed timed(*this);
   std::vector<std::uint64_t> out(v.size());
   check_mpi(MPI_Allreduce(v.data(), out.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM, comm_),
             "MPI_Allreduce");
@@ -157,24 +176,28 @@ std::vector<std::uint64_t> Comm::sum(const std::vector<std::uint64_t>& v) const 
 }
 
 std::uint64_t Comm::max(std::uint64_t v) const {
+  const Timed timed(*this);
   std::uint64_t out = 0;
   check_mpi(MPI_Allreduce(&v, &out, 1, MPI_UINT64_T, MPI_MAX, comm_), "MPI_Allreduce");
   return out;
 }
 
 double Comm::max(double v) const {
+  const Timed timed(*this);
   double out = 0;
   check_mpi(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm_), "MPI_Allreduce");
   return out;
 }
 
 std::vector<std::uint64_t> Comm::allgather(std::uint64_t v) const {
+  const Timed timed(*this);
   std::vector<std::uint64_t> out(static_cast<std::size_t>(size_));
   check_mpi(MPI_Allgather(&v, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, comm_), "MPI_Allgather");
   return out;
 }
 
 std::string Comm::agree_on_error(const std::string& local_error) const {
+  const Timed timed(*this);
   // Lowest failing rank wins; its message is broadcast so every rank reports the same thing.
   const int mine = local_error.empty() ? size_ : rank_;
   int first = size_;
@@ -188,6 +211,7 @@ std::string Comm::agree_on_error(const std::string& local_error) const {
 }
 
 void Comm::broadcast(void* data, std::size_t bytes, int root) const {
+  const Timed timed(*this);
   check_mpi(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
 }
 
@@ -202,6 +226,9 @@ void broadcast_string(const Comm& comm, std::string& s, int root) {
   }
 }
 
-void Comm::barrier() const { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+void Comm::barrier() const {
+  const Timed timed(*this);
+  check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+}
 
 }  // namespace dpstream::shuffle

@@ -20,6 +20,7 @@ Engine::Engine(const JobConfig& job, const shuffle::Comm& comm, const RunOptions
       comm_(comm),
       options_(options),
       run_start_(Clock::now()),
+      collective_seconds_at_start_(comm.collective_seconds()),
       root_(comm.rank() == 0),
       dp_(is_private(job.privacy.mode)),  // DP-SQLP or a baseline: a privacy plan and a noise secret
       checkpointing_(options.write_output && job.checkpoint.enabled()),
@@ -153,6 +154,7 @@ RunReport Engine::finish() {
                        .release_rows = writer_ ? writer_->rows() + writer_->pending_rows() : 0,
                        .total_triggers = total_triggers_,
                        .wall_seconds = wall,
+                       .collective_seconds = comm_.collective_seconds() - collective_seconds_at_start_,
                        .global_records = comm_.sum(counters_.records),
                        .checkpoint = commits_->json(resumed_from_)};
   nlohmann::json j = build_run_summary(run, comm_);

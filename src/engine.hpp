@@ -93,6 +93,7 @@ class Engine {
   const shuffle::Comm& comm_;
   const RunOptions options_;
   const Clock::time_point run_start_;
+  const double collective_seconds_at_start_;  // comm_'s, so that the summary counts this run's only
   const bool root_, dp_, checkpointing_;
   const ReleaseColumns release_columns_;
   RunReport report_;

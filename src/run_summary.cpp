@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "dpstream_version.hpp"
@@ -100,6 +101,15 @@ void add_times(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& co
   const auto records = static_cast<double>(run.global_records);
   j["engine_path_seconds"] = engine_seconds;
   j["wall_seconds"] = stage_max(run.wall_seconds);
+  // Per rank: its wall and its seconds inside collectives (waiting for the slowest rank, moving data):
+  // a rank that spends much longer there than the others computed less (load imbalance).
+  const auto per_rank = [&](double value) {
+    std::vector<double> out;
+    for (const std::uint64_t us : comm.allgather(static_cast<std::uint64_t>(std::llround(value * 1e6))))
+      out.push_back(static_cast<double>(us) * 1e-6);
+    return out;
+  };
+  j["seconds_per_rank"] = {{"wall", per_rank(run.wall_seconds)}, {"in_collectives", per_rank(run.collective_seconds)}};
   j["records_per_second"] = records / std::max(stage_max(run.wall_seconds), 1e-9);
   j["engine_records_per_second"] = records / std::max(engine_seconds, 1e-9);
   const double per_record = 1.0 / std::max<double>(1.0, records);

@@ -25,6 +25,7 @@ struct RunFigures {
   std::uint64_t release_rows = 0;    // rank 0: rows handed to commits and still pending
   std::uint64_t total_triggers = 0;  // the job's
   double wall_seconds = 0;           // this rank's
+  double collective_seconds = 0;     // this rank's inside collectives (shuffle::Comm::collective_seconds)
   std::uint64_t global_records = 0;  // records read, summed over ranks
   nlohmann::json checkpoint;         // the "checkpoint" block (CommitScheduler::json), null without checkpoints
 };

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "partition/hash.hpp"
 #include "shuffle/comm.hpp"
 
@@ -146,4 +149,26 @@ TEST(Collectives, SumMaxAllgather) {
   EXPECT_EQ(comm.max(static_cast<std::uint64_t>(comm.rank())), P - 1);
   const auto all = comm.allgather(static_cast<std::uint64_t>(comm.rank()) * 10);
   for (std::uint64_t r = 0; r < P; ++r) EXPECT_EQ(all[r], r * 10);
+}
+
+// collective_seconds counts the time a rank waits inside collectives: while the last rank sleeps before
+// a barrier, every other rank waits there at least as long (a lower bound only: timing on a shared host).
+// Local work outside collectives is not counted.
+TEST(Collectives, SecondsInsideCollectivesCountTheWait) {
+  Comm comm;
+  comm.barrier();
+  const double before = comm.collective_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (comm.rank() == comm.size() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double local = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(comm.collective_seconds(), before);  // the sleep is not inside a collective
+  comm.barrier();
+  const double waited = comm.collective_seconds() - before;
+  if (comm.rank() != comm.size() - 1) {
+    EXPECT_GE(waited, 0.25);
+  }
+  EXPECT_GE(waited, 0.0);
+  EXPECT_LE(waited, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - local + 1e-6);
+  (void)comm.sum(std::uint64_t{1});  // every collective adds to it
+  EXPECT_GT(comm.collective_seconds(), before + waited);
 }

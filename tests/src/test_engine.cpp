@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -80,6 +81,15 @@ TEST(Engine, SyntheticJobMatchesNaiveReference) {
   EXPECT_EQ(read_file(dir / "releases.csv"), want);
   EXPECT_TRUE(fs::exists(dir / "summary.json"));
   EXPECT_FALSE(fs::exists(dir / ".releases.csv.partial"));
+  // Every rank's wall and seconds inside collectives, the latter a part of the former.
+  const auto per_rank = nlohmann::json::parse(read_file(dir / "summary.json")).at("seconds_per_rank");
+  ASSERT_EQ(per_rank.at("wall").size(), static_cast<std::size_t>(comm.size()));
+  ASSERT_EQ(per_rank.at("in_collectives").size(), static_cast<std::size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) {
+    EXPECT_GT(per_rank["wall"][r].get<double>(), 0.0);
+    EXPECT_GE(per_rank["in_collectives"][r].get<double>(), 0.0);
+    EXPECT_LE(per_rank["in_collectives"][r].get<double>(), per_rank["wall"][r].get<double>());
+  }
 }
 
 TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
