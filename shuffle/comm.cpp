@@ -39,11 +39,13 @@ void skip_fabric_probing_on_one_node() {
 
 }  // namespace
 
+// Only the outermost collective adds its time: alltoallv_bytes calls max(), for one.
 class Comm::Timed {
  public:
-  explicit Timed(const Comm& comm) : comm_(comm), t0_(std::chrono::steady_clock::now()) {}
+  explicit Timed(const Comm& comm) : comm_(comm), t0_(std::chrono::steady_clock::now()) { ++comm_.timed_depth_; }
   ~Timed() {
-    comm_.collective_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (--comm_.timed_depth_ == 0)
+      comm_.collective_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   }
   Timed(const Timed&) = delete;
   Timed& operator=(const Timed&) = delete;

@@ -95,13 +95,15 @@ class Comm {
   // Copies `bytes` bytes at `data` from `root` to every rank.
   void broadcast(void* data, std::size_t bytes, int root = 0) const;
 
-  // Seconds this rank has spent inside this communicator's collectives: waiting for the slowest
-  // rank, and moving the data. With the wall time, what a rank computed and how unbalanced the ranks are.
+  // Seconds this rank has spent inside this communicator's collective methods since it was built: waiting
+  // for the other ranks, moving the data, and the local copies around it (alltoallv's buffers). Next to the
+  // wall time it shows how much a rank computed, and so how unbalanced the ranks were. Main thread only.
   double collective_seconds() const { return collective_seconds_; }
 
  private:
-  class Timed;  // adds a collective's seconds to collective_seconds_
+  class Timed;  // adds an outermost collective's seconds to collective_seconds_
   mutable double collective_seconds_ = 0;
+  mutable int timed_depth_ = 0;
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;

@@ -87,7 +87,7 @@ TEST(Engine, SyntheticJobMatchesNaiveReference) {
   ASSERT_EQ(per_rank.at("in_collectives").size(), static_cast<std::size_t>(comm.size()));
   for (int r = 0; r < comm.size(); ++r) {
     EXPECT_GT(per_rank["wall"][r].get<double>(), 0.0);
-    EXPECT_GE(per_rank["in_collectives"][r].get<double>(), 0.0);
+    EXPECT_GT(per_rank["in_collectives"][r].get<double>(), 0.0);  // every trigger shuffles, even at one rank
     EXPECT_LE(per_rank["in_collectives"][r].get<double>(), per_rank["wall"][r].get<double>());
   }
 }
