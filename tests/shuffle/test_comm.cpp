@@ -154,7 +154,7 @@ TEST(Collectives, SumMaxAllgather) {
 // collective_seconds counts the time a rank waits inside collectives: while the last rank sleeps before
 // a barrier, every other rank waits there (a lower bound far below the sleep: ranks may leave the first
 // barrier apart on a loaded host). Local work outside collectives is not counted, and a collective that
-// calls another (alltoallv's count agreement) is counted once: never more than the time around the call.
+// calls another (alltoallv's agreement on rounds) is counted once: never more than the time around the call.
 TEST(Collectives, SecondsInsideCollectivesCountTheWaitOnce) {
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t0) {
