@@ -1,12 +1,12 @@
 #include "shuffle/comm.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 
+#include "common/elapsed.hpp"
 #include "common/fault_injection.hpp"
 
 namespace dpstream::shuffle {
@@ -42,17 +42,16 @@ void skip_fabric_probing_on_one_node() {
 // Only the outermost collective adds its time: alltoallv_bytes calls max(), for one.
 class Comm::Timed {
  public:
-  explicit Timed(const Comm& comm) : comm_(comm), t0_(std::chrono::steady_clock::now()) { ++comm_.timed_depth_; }
+  explicit Timed(const Comm& comm) : comm_(comm), t0_(SteadyClock::now()) { ++comm_.timed_depth_; }
   ~Timed() {
-    if (--comm_.timed_depth_ == 0)
-      comm_.collective_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (--comm_.timed_depth_ == 0) comm_.collective_seconds_ += seconds_since(t0_);
   }
   Timed(const Timed&) = delete;
   Timed& operator=(const Timed&) = delete;
 
  private:
   const Comm& comm_;
-  std::chrono::steady_clock::time_point t0_;
+  SteadyClock::time_point t0_;
 };
 
 MpiSession::MpiSession(int& argc, char**& argv) {

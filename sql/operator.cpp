@@ -13,11 +13,11 @@
 #include <memory>
 #include <numeric>
 
+#include "common/elapsed.hpp"
 #include "partition/hash.hpp"
 #include "sql/table.hpp"
 #include "src/csv_input.hpp"
 #include "src/durable_io.hpp"
-#include "src/elapsed.hpp"
 #include "src/errors.hpp"
 #include "src/id_prf.hpp"
 #include "src/ledger.hpp"

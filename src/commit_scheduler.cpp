@@ -3,7 +3,7 @@
 #include <memory>
 #include <string>
 
-#include "src/elapsed.hpp"
+#include "common/elapsed.hpp"
 #include "src/stop_request.hpp"
 
 namespace dpstream {

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/elapsed.hpp"
 #include "common/fault_injection.hpp"
 #include "src/durable_io.hpp"
-#include "src/elapsed.hpp"
 #include "src/errors.hpp"
 #include "src/run_summary.hpp"
 #include "src/stop_request.hpp"

@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/elapsed.hpp"
 #include "src/durable_io.hpp"
-#include "src/elapsed.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 

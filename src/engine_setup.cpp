@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/elapsed.hpp"
 #include "common/fault_injection.hpp"
 #include "src/csv_input.hpp"
-#include "src/elapsed.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/ledger.hpp"

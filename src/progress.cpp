@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "src/elapsed.hpp"
+#include "common/elapsed.hpp"
 
 namespace dpstream {
 

@@ -2,9 +2,9 @@
 
 #include <utility>
 
+#include "common/elapsed.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
-#include "src/elapsed.hpp"
 #include "src/errors.hpp"
 
 namespace dpstream {

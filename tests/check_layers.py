@@ -3,7 +3,7 @@
 
 Layers bottom-up (docs/DESIGN-NOTES.md, "Layers"):
 
-    common/     record types, 128-bit integers, fault points  includes nothing of the project
+    common/     record types, 128-bit integers, fault points, elapsed seconds  includes nothing of the project
     partition/  hashes, owner rule, partitioner               common/
     shuffle/    the MPI data exchange                         common/, partition/
     kernels/    OpenMP compute: bounding, accumulation, noise common/, partition/

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "src/elapsed.hpp"
+#include "common/elapsed.hpp"
 #include "src/summary.hpp"
 #include "src/workload.hpp"
 #include "tools/naive_reference.hpp"

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "common/elapsed.hpp"
 #include "partition/hash.hpp"
 #include "shuffle/comm.hpp"
 
@@ -156,10 +157,8 @@ TEST(Collectives, SumMaxAllgather) {
 // barrier apart on a loaded host). Local work outside collectives is not counted, and a collective that
 // calls another (alltoallv's agreement on rounds) is counted once: never more than the time around the call.
 TEST(Collectives, SecondsInsideCollectivesCountTheWaitOnce) {
-  using Clock = std::chrono::steady_clock;
-  const auto seconds_since = [](Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
+  using dpstream::seconds_since;
+  using Clock = dpstream::SteadyClock;
   Comm comm;
   comm.barrier();
   double before = comm.collective_seconds();

@@ -1,4 +1,5 @@
-// Wall-clock seconds for the engine's stage times, progress and commit cadence (one steady clock).
+// Wall-clock seconds (one steady clock): the engine's stage times, progress, commit cadence, and the
+// time each rank spends inside collectives (shuffle::Comm).
 #pragma once
 
 #include <chrono>
