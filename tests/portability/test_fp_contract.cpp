@@ -1,5 +1,5 @@
 // The project's doubles do not depend on the instruction set it is compiled for: no a * b + c is fused into
-// one FMA (CMakeLists.txt, -ffp-contract=off). A fused one rounds once where IEEE arithmetic rounds twice,
+// one FMA (cmake/FloatingPoint.cmake, -ffp-contract=off). A fused one rounds once where IEEE arithmetic rounds twice,
 // and a -march=native build drew another synthetic stream (docs/PERFORMANCE.md round 26).
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@ TEST(FloatingPoint, NoMultiplyAddIsFused) {
   const double r = multiply_add(a, a, c);
   EXPECT_EQ(r, 0.0) << "a * a + c = " << r << " (2^-60 = " << std::ldexp(1.0, -60)
                     << "): the build fuses multiply-adds, so its results depend on -march; keep -ffp-contract=off "
-                       "in CMakeLists.txt";
+                       "(cmake/FloatingPoint.cmake)";
 }
 
 }  // namespace
