@@ -42,14 +42,15 @@ double grid_scale(const BandedPlan& plan, std::int64_t q) {
   return static_cast<double>(plan.sigma_numerator()) * static_cast<double>(q) * 0x1p-118;
 }
 
-// The interval of round(q N) from an estimate y and an error bound `error_units` (both in units of
-// 2^-86): every value within scale error_units of scale y, rounded, plus 1 each side for the bounds' own
-// roundings; unknown where |q N| nears 2^50.
-NoiseInterval rounded_interval(double scale, double y, double error_units) {
+// The edges of round(q N) from an estimate y and an error bound `error_units` (both in units of 2^-86):
+// every value within scale error_units of scale y, rounded (NoiseEdges::interval adds 1 each side for the
+// bounds' own roundings); unknown where |q N| nears 2^50. Branch-free: a simulation's loop vectorizes.
+NoiseEdges rounded_edges(double scale, double y, double error_units) {
   const double v = scale * y;
   const double error = scale * error_units + 0.5;
-  if (!(std::abs(v) + error < 0x1p50)) return {};
-  return {floor_to_int(v - error) - 1, ceil_to_int(v + error) + 1};
+  const bool known = std::abs(v) + error < 0x1p50;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  return {known ? v - error : nan, known ? v + error : nan};
 }
 
 // round(x / 2^shift), ties away from zero.
@@ -247,7 +248,7 @@ void BandedNoise::push_all(const BandedPlan& plan, const std::int64_t* z, std::s
 // a step; its term adds |M_(b-1)| drift to prefix_interval's error, whose other terms are unchanged.
 // Built for AVX2 as well (common/simd_clones.hpp): a fifth of key selection's instructions run here.
 DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, std::int64_t q, const std::int64_t* z,
-                                                       std::size_t n, std::vector<NoiseInterval>& out) const {
+                                                       std::size_t n, std::vector<NoiseEdges>& out) const {
   const double scale = grid_scale(plan, q);
   out.resize(n);
   const std::size_t keep = plan.band() - 1;
@@ -259,28 +260,34 @@ DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, s
     base = &partial;
     for (; done < n && (keep == 0 || partial.at_ < keep); ++done) {
       partial.push(plan, z[done]);
-      out[done] = partial.prefix_interval(plan, q);
+      out[done] = partial.prefix_edges(plan, q);
     }
   }
   if (done == n) return;
   if (base->at_ + (n - done) > kMaxSteps) throw std::length_error("banded counter: step beyond 2^20");
   const std::size_t m = n - done;
-  thread_local std::vector<double> wd, y, magnitude, drift;
-  wd.resize(keep + m), y.resize(m), magnitude.resize(m), drift.resize(m);
+  thread_local std::vector<double> wd, y, magnitude, bound;
+  wd.resize(keep + m), y.resize(m), magnitude.resize(m), bound.resize(m);
   std::size_t slot = plan.ring_slot(base->at_ - static_cast<std::uint32_t>(keep) + 1);  // the oldest step's
   for (std::size_t k = 0; k < keep; ++k) {
     wd[k] = static_cast<double>(base->recent_[slot]);
     slot = slot + 1 == keep ? 0 : slot + 1;
   }
   for (std::size_t k = 0; k < m; ++k) wd[keep + k] = static_cast<double>(z[done + k]);
-  const double tail = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep)));
+  const double tail = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep))), abs_tail = std::abs(tail);
+  // A_t of the steps ahead (t >= b: A grows by |M_(b-1)| a step), an integer below 2^51: exact in doubles,
+  // and no 64-bit unsigned conversion per step (a dozen instructions each without AVX-512).
+  const auto first = static_cast<std::uint32_t>(base->at_ + 1);
+  double a = static_cast<double>(plan.abs_cumulative_sum(first));
+  const double a_step = static_cast<double>(plan.abs_cumulative_sum(first + 1) - plan.abs_cumulative_sum(first));
   double od = to_double(base->older_), e = std::abs(od) * 0x1p-52;
   for (std::size_t k = 0; k < m; ++k) {  // step at + k + 1: step at + k + 1 - keep leaves the band
     od += wd[k];
     e += (std::abs(od) + std::abs(wd[k])) * 0x1p-52;
     y[k] = tail * od;
     magnitude[k] = std::abs(y[k]);
-    drift[k] = e;
+    bound[k] = a + abs_tail * e;  // the error bound but for the terms' roundings (their magnitude, below)
+    a += a_step;
   }
   for (std::size_t j = 0; j < keep; ++j) {  // M_j Z~ of step at + k + 1 - j, for every k at once
     const double mj = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(j)));
@@ -291,12 +298,12 @@ DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, s
       magnitude[k] += std::abs(term);
     }
   }
-  for (std::size_t k = 0; k < m; ++k) {
-    const auto step = static_cast<std::uint32_t>(base->at_ + k + 1);
-    out[done + k] = rounded_interval(
-        scale, y[k],
-        static_cast<double>(plan.abs_cumulative_sum(step)) + magnitude[k] * 0x1p-43 + std::abs(tail) * drift[k]);
-  }
+  for (std::size_t k = 0; k < m; ++k) out[done + k] = rounded_edges(scale, y[k], bound[k] + magnitude[k] * 0x1p-43);
+}
+
+NoiseInterval NoiseEdges::interval() const {
+  if (std::isnan(below) || std::isnan(above)) return {};
+  return {floor_to_int(below) - 1, ceil_to_int(above) + 1};
 }
 
 int128 BandedNoise::estimate_units(const BandedPlan& plan) const {
@@ -326,9 +333,9 @@ std::optional<int128> BandedNoise::fast_prefix_noise(const BandedPlan& plan, std
 // (the running sum converts with one rounding; every product and sum rounds once), scale within
 // 2^-52 of sigma q 2^-118, so sigma q Y~ 2^-118 is within scale 2^-43 S of v; the true value within
 // scale A more, and the rounding moves it by 1/2. The bounds' own roundings are inside the final +-1.
-NoiseInterval BandedNoise::prefix_interval(const BandedPlan& plan, std::int64_t q) const {
+NoiseEdges BandedNoise::prefix_edges(const BandedPlan& plan, std::int64_t q) const {
   const double scale = grid_scale(plan, q);
-  if (at_ == 0) return {0, 0};
+  if (at_ == 0) return {1, -1};  // the interval [0, 0]: no noise yet
   const std::size_t keep = plan.band() - 1;
   double y = static_cast<double>(plan.cumulative(static_cast<std::uint32_t>(keep))) * to_double(older_);
   double magnitude = std::abs(y);
@@ -337,7 +344,7 @@ NoiseInterval BandedNoise::prefix_interval(const BandedPlan& plan, std::int64_t 
     y += term;
     magnitude += std::abs(term);
   });
-  return rounded_interval(scale, y, static_cast<double>(plan.abs_cumulative_sum(at_)) + magnitude * 0x1p-43);
+  return rounded_edges(scale, y, static_cast<double>(plan.abs_cumulative_sum(at_)) + magnitude * 0x1p-43);
 }
 
 // N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-86).

@@ -27,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -109,6 +110,14 @@ struct NoiseInterval {
   bool known() const { return lo <= hi; }
 };
 
+// A NoiseInterval before its bounds are rounded to the grid: round(q N) lies in [floor(below) - 1,
+// ceil(above) + 1]; NaN edges where doubles cannot bound it. A simulation decides most steps on the
+// edges alone (kernels/plain_steps.hpp) and rounds only the others'.
+struct NoiseEdges {
+  double below = std::numeric_limits<double>::quiet_NaN(), above = std::numeric_limits<double>::quiet_NaN();
+  NoiseInterval interval() const;  // exactly the interval prefix_interval() gives for the same estimate
+};
+
 // The prefix noise of one counter: the steps' normal samples enter one at a time as Z~ (Z truncated
 // toward zero to 56 fraction bits, noise::normal_fixed56); prefix_noise gives round(q N_t) exactly.
 class BandedNoise {
@@ -174,7 +183,7 @@ class BandedNoise {
   // are laid out in step order and every step's estimate computed in one pass, the running sum in a
   // double whose drift is bounded, a few multiply-adds a step instead of push() and prefix_interval().
   void intervals_ahead(const BandedPlan& plan, std::int64_t q, const std::int64_t* kept, std::size_t n,
-                       std::vector<NoiseInterval>& out) const;
+                       std::vector<NoiseEdges>& out) const;
   // push() of kept[0..n), in order.
   void push_all(const BandedPlan& plan, const std::int64_t* kept, std::size_t n);
 
@@ -191,7 +200,10 @@ class BandedNoise {
   // the estimate's terms in doubles, whose error is bounded by 2^-43 of the sum of their magnitudes,
   // plus the kept samples' error A. Enough to decide a threshold test that is not within a few grid
   // units of its boundary (a simulation's steps, nearly always). Unknown where |q N| nears 2^50.
-  NoiseInterval prefix_interval(const BandedPlan& plan, std::int64_t q) const;
+  NoiseInterval prefix_interval(const BandedPlan& plan, std::int64_t q) const {
+    return prefix_edges(plan, q).interval();
+  }
+  NoiseEdges prefix_edges(const BandedPlan& plan, std::int64_t q) const;  // prefix_interval's, unrounded
 
   // The estimate sum_r M_{at-r} Z~_r, Z~ = Z truncated toward zero to 56 fraction bits, in units of
   // 2^-86 (exposed for tests).

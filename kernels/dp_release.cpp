@@ -190,7 +190,7 @@ class BandedSelection {
   void begin_ahead(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
     if (!holds(st, key, round)) throw std::logic_error("BandedSelection: simulation of a key not sought");
     prepare(key, round, counter_.at(), until);
-    counter_.intervals_ahead(plan_, kOne, values_.data(), values_.size(), intervals_);
+    counter_.intervals_ahead(plan_, kOne, values_.data(), values_.size(), edges_);
     from_ = counter_.at();
     next_ = 0;
   }
@@ -198,23 +198,20 @@ class BandedSelection {
   // cannot bound it; exact_ahead() gives the value.
   std::pair<int128, int128> step_ahead(State& st, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
     if (next_ >= values_.size() || from_ + next_ + 1 != q) throw std::logic_error("BandedSelection: step not prepared");
-    if (const banded::NoiseInterval interval = intervals_[next_++]; interval.known()) return {interval.lo, interval.hi};
+    if (const banded::NoiseInterval interval = edges_[next_++].interval(); interval.known())
+      return {interval.lo, interval.hi};
     const int128 exact = exact_ahead(st, key, round);
     return {exact, exact};
   }
-  // Takes the simulation's steps q + 1 .. at most `last` while each one's interval is known and
-  // plain(step, lo, hi) holds, and stops before the first that is not; returns how many. For the steps a
-  // caller would only pass over: cheaper than step_ahead() one at a time.
+  // Takes the simulation's steps q + 1 .. at most `last` while plain(step, edges) holds of each one's
+  // interval edges, and stops before the first that it does not; returns how many. For the steps a caller
+  // would only pass over: cheaper than step_ahead() one at a time.
   template <class Plain>
   std::uint32_t take_plain(std::uint32_t q, std::uint32_t last, Plain&& plain) {
     if (from_ + next_ != q) throw std::logic_error("BandedSelection: step not prepared");
-    const std::size_t end = last > q ? std::min<std::size_t>(intervals_.size(), next_ + (last - q)) : next_;
+    const std::size_t end = last > q ? std::min<std::size_t>(edges_.size(), next_ + (last - q)) : next_;
     const std::size_t first = next_;
-    for (; next_ < end; ++next_) {
-      const banded::NoiseInterval interval = intervals_[next_];
-      if (!interval.known() || !plain(q + static_cast<std::uint32_t>(next_ - first) + 1, interval.lo, interval.hi))
-        break;
-    }
+    while (next_ < end && plain(q + static_cast<std::uint32_t>(next_ - first) + 1, edges_[next_])) ++next_;
     return static_cast<std::uint32_t>(next_ - first);
   }
   int128 exact_ahead(State& st, std::uint64_t key, std::uint32_t round) {
@@ -264,10 +261,10 @@ class BandedSelection {
   const banded::BandedPlan& plan_;
   Noise counter_;
   Held held_;
-  std::vector<std::int64_t> values_;              // Z~ of the prepared steps
-  std::vector<banded::NoiseInterval> intervals_;  // of the prepared steps
-  std::uint32_t from_ = 0;                        // the frontier's step when the simulation began
-  std::size_t next_ = 0;                          // steps of the simulation taken
+  std::vector<std::int64_t> values_;       // Z~ of the prepared steps
+  std::vector<banded::NoiseEdges> edges_;  // of the prepared steps' noise intervals
+  std::uint32_t from_ = 0;                 // the frontier's step when the simulation began
+  std::size_t next_ = 0;                   // steps of the simulation taken
 };
 
 // A released value counter's noise at `leaf` on the grid q, banded, from its frontier at the last
@@ -301,6 +298,9 @@ DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret, KeyScan sca
 #endif
   if (params_.triggers < 1 || params_.triggers > dptree::kMaxSteps || params_.tau.size() != params_.triggers + 1u)
     throw std::invalid_argument("DpParams: need 1 <= T <= 2^20 and tau[0..T]");
+  std::vector<double> thresholds(params_.tau.size());  // mu + tau[s], as passes() computes it
+  for (std::size_t s = 0; s < thresholds.size(); ++s) thresholds[s] = params_.mu + params_.tau[s];
+  plain_steps_ = PlainSteps(thresholds, kOne);
   const bool banded_values = params_.value_counter == CounterKind::Banded;
   // Only the selection counter in use is built (the tree's sampler table costs a 320-bit computation).
   if (params_.selection_counter == CounterKind::Banded)
@@ -517,11 +517,12 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
           std::uint32_t q = step;
           // A step that fails at both ends of its interval and leaves the quiet bound as it is changes
-          // nothing (most steps): such steps are taken in bulk, the others one at a time below.
-          const auto plain = [&](std::uint32_t step_at, std::int64_t lo, std::int64_t hi) {
-            return !passes(hi, round_users, step_at) && quiet_bound_holds(quiet_users, lo, hi, step_at);
-          };
+          // nothing (most steps): such steps are taken in bulk (PlainSteps), the others one at a time below.
           while (q < until) {
+            const double floor = plain_steps_.floor_units(round_users, quiet_users);
+            const auto plain = [&](std::uint32_t step_at, const banded::NoiseEdges& e) {
+              return plain_steps_.plain(e, floor, step_at);
+            };
             const std::uint32_t taken = selection.take_plain(q, until - 1, plain);  // never the last step
             q += taken;
             simulated += taken;

@@ -24,6 +24,7 @@
 #include "kernels/key_accumulate.hpp"
 #include "kernels/key_scan.hpp"
 #include "kernels/noise.hpp"
+#include "kernels/plain_steps.hpp"
 #include "kernels/selection_cache.hpp"
 
 namespace dpstream::kernels {
@@ -113,6 +114,7 @@ class DpReleaser {
   bool quiet_bound_holds(std::int64_t quiet_users, int128 lo, int128 hi, std::uint32_t step) const;
 
   DpParams params_;
+  PlainSteps plain_steps_;  // the simulations' shortcut past steps that change nothing
   KeyScan scan_;
   bool scan_all_next_ = true;  // the first trigger of a window or of a resumed run visits every key
   noise::Secret secret_;

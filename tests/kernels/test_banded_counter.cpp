@@ -299,8 +299,10 @@ TEST(BandedCounter, IntervalsAheadHoldTheExactNoise) {
           const int128 before = counter.estimate_units(plan);
           std::vector<std::int64_t> samples;
           for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(z(i));
+          std::vector<NoiseEdges> edges;
+          counter.intervals_ahead(plan, c.q, samples.data(), n, edges);
           std::vector<NoiseInterval> intervals;
-          counter.intervals_ahead(plan, c.q, samples.data(), n, intervals);
+          for (const NoiseEdges& e : edges) intervals.push_back(e.interval());
           ASSERT_EQ(intervals.size(), n);
           ASSERT_EQ(counter.at(), at);
           ASSERT_TRUE(counter.estimate_units(plan) == before);
@@ -409,8 +411,10 @@ TEST(BandedCounter, IntervalsAheadHoldOnExtremeSamples) {
             counter.advance(plan, at, [&](std::uint32_t i) { return src.kept(i); });
             std::vector<std::int64_t> samples;
             for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(src.kept(i));
+            std::vector<NoiseEdges> edges;
+            counter.intervals_ahead(plan, q, samples.data(), n, edges);
             std::vector<NoiseInterval> intervals;
-            counter.intervals_ahead(plan, q, samples.data(), n, intervals);
+            for (const NoiseEdges& e : edges) intervals.push_back(e.interval());
             BandedNoise stepped = counter;
             for (std::uint32_t j = 0; j < n; ++j) {
               stepped.push(plan, samples[j]);
