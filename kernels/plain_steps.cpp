@@ -8,8 +8,9 @@
 namespace dpstream::kernels {
 
 // With M = thresholds[s] (|M| < 2^28), a step is plain when above <= fl(M one - m - F) and below >=
-// (M - 2^29) one + m, F = floor_units, m = kMarginUnits. Then, every quantity below 2^52 in magnitude
-// (rounding errors under 1/4 unit):
+// (M - 2^29) one + m, F = floor_units, m = kMarginUnits. Such a step has F < 2^49 (bottom <= below <= above
+// <= top - F, or F <= top + 1 for the edges {1, -1} of no noise), although F reaches 2^83 without a quiet bound;
+// so every quantity is below 2^52 in magnitude (rounding errors under 1/4 unit), and:
 //  - the interval's top hi = ceil(above) + 1 < above + 2 <= M one - F - m + 2.3, so hi + u one < M one - 5
 //    for the round users u <= F / one: an integer below M one, the test's right side: passes() is false;
 //  - the boundary M - hi / one >= F / one + 5.7 / one >= quiet + 2 + 5.7 2^-20 in users, where a double of

@@ -59,17 +59,27 @@ TEST(PlainSteps, TakesOnlyStepsTheExactTestsPassOver) {
         break;
     }
     const double floor = plain.floor_units(users, quiet);
-    // The top edge around one of the limits; the bottom edge a width below it, or around the range's limit.
+    // The top edge around one of the limits and the bottom edge a width below it; or the bottom edge around the
+    // range's limit; or anywhere from 2^31 users below the threshold (where the exact tests' 2^30 range fails)
+    // up to it, with the top edge anywhere up to its limit (widths up to 2^51 units).
     const double limit_top = m * static_cast<double>(kOne) - floor;
     const double limit_bottom = (m - 0x1p29) * static_cast<double>(kOne);
     double above = 0, below = 0;
     const double jitter = (unit(g) - 0.5) * 40;
-    if (g() % 3 != 0) {
-      above = std::floor(limit_top) + jitter;
-      below = above - std::floor(unit(g) * 60) - unit(g);
-    } else {
-      below = std::floor(limit_bottom) + jitter;
-      above = below + std::floor(unit(g) * 60) + unit(g);
+    switch (g() % 4) {
+      case 0:
+      case 1:
+        above = std::floor(limit_top) + jitter;
+        below = above - std::floor(unit(g) * 60) - unit(g);
+        break;
+      case 2:
+        below = std::floor(limit_bottom) + jitter;
+        above = below + std::floor(unit(g) * 60) + unit(g);
+        break;
+      default:
+        below = (m - 0x1p31 + unit(g) * 0x1p31) * static_cast<double>(kOne);
+        above = below + unit(g) * std::max(0.0, limit_top - below);
+        break;
     }
     if (g() % 50 == 0) above = below = std::numeric_limits<double>::quiet_NaN();  // doubles cannot bound it
     const NoiseEdges e{below, above};
