@@ -302,7 +302,7 @@ DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, s
 }
 
 NoiseInterval NoiseEdges::interval() const {
-  if (std::isnan(below) || std::isnan(above)) return {};
+  if (!(std::abs(below) < 0x1p50 && std::abs(above) < 0x1p50)) return {};  // NaN, or beyond rounded_edges' range
   return {floor_to_int(below) - 1, ceil_to_int(above) + 1};
 }
 

@@ -111,8 +111,9 @@ struct NoiseInterval {
 };
 
 // A NoiseInterval before its bounds are rounded to the grid: round(q N) lies in [floor(below) - 1,
-// ceil(above) + 1]; NaN edges where doubles cannot bound it. A simulation decides most steps on the
-// edges alone (kernels/plain_steps.hpp) and rounds only the others'.
+// ceil(above) + 1]; NaN edges where doubles cannot bound it (interval() also gives edges beyond 2^50 as
+// unknown). A simulation decides most steps on the edges alone (kernels/plain_steps.hpp) and rounds only
+// the others'.
 struct NoiseEdges {
   double below = std::numeric_limits<double>::quiet_NaN(), above = std::numeric_limits<double>::quiet_NaN();
   NoiseInterval interval() const;  // exactly the interval prefix_interval() gives for the same estimate

@@ -302,6 +302,7 @@ TEST(BandedCounter, IntervalsAheadHoldTheExactNoise) {
           std::vector<NoiseEdges> edges;
           counter.intervals_ahead(plan, c.q, samples.data(), n, edges);
           std::vector<NoiseInterval> intervals;
+          intervals.reserve(edges.size());
           for (const NoiseEdges& e : edges) intervals.push_back(e.interval());
           ASSERT_EQ(intervals.size(), n);
           ASSERT_EQ(counter.at(), at);
@@ -414,6 +415,7 @@ TEST(BandedCounter, IntervalsAheadHoldOnExtremeSamples) {
             std::vector<NoiseEdges> edges;
             counter.intervals_ahead(plan, q, samples.data(), n, edges);
             std::vector<NoiseInterval> intervals;
+            intervals.reserve(edges.size());
             for (const NoiseEdges& e : edges) intervals.push_back(e.interval());
             BandedNoise stepped = counter;
             for (std::uint32_t j = 0; j < n; ++j) {
