@@ -298,8 +298,8 @@ DpReleaser::DpReleaser(DpParams params, const noise::Secret& secret, KeyScan sca
 #endif
   if (params_.triggers < 1 || params_.triggers > dptree::kMaxSteps || params_.tau.size() != params_.triggers + 1u)
     throw std::invalid_argument("DpParams: need 1 <= T <= 2^20 and tau[0..T]");
-  std::vector<double> thresholds(params_.tau.size());  // mu + tau[s], as passes() computes it
-  for (std::size_t s = 0; s < thresholds.size(); ++s) thresholds[s] = params_.mu + params_.tau[s];
+  std::vector<double> thresholds(params_.tau.size());
+  for (std::size_t s = 0; s < thresholds.size(); ++s) thresholds[s] = threshold(static_cast<std::uint32_t>(s));
   plain_steps_ = PlainSteps(thresholds, kOne);
   const bool banded_values = params_.value_counter == CounterKind::Banded;
   // Only the selection counter in use is built (the tree's sampler table costs a 320-bit computation).
@@ -359,13 +359,13 @@ std::uint64_t DpReleaser::memory_bytes() const {
 // noise (on the kOne grid) above mu + tau[step].
 bool DpReleaser::passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const {
   const int128 noisy_users = int128{round_users} * kOne + prefix_noise;
-  return to_double(noisy_users) > (params_.mu + params_.tau[step]) * static_cast<double>(kOne);
+  return to_double(noisy_users) > threshold(step) * static_cast<double>(kOne);
 }
 
 // passes() is monotone in the users: start at the real-valued boundary, then step to the exact one
 // (the estimate is off by at most one: every quantity is far inside double's exact range).
 double DpReleaser::failing_boundary(int128 prefix_noise, std::uint32_t step) const {
-  return params_.mu + params_.tau[step] - to_double(prefix_noise) / static_cast<double>(kOne);
+  return threshold(step) - to_double(prefix_noise) / static_cast<double>(kOne);
 }
 
 std::int64_t DpReleaser::max_failing_users(int128 prefix_noise, std::uint32_t step, double boundary) const {

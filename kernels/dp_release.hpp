@@ -97,6 +97,8 @@ class DpReleaser {
   template <class Selection>
   std::vector<KeyRelease> release_with(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats,
                                        CacheShards<typename Selection::State>& caches);
+  // mu + tau[step] in users: the one double that passes(), failing_boundary() and plain_steps_ compare against.
+  double threshold(std::uint32_t step) const { return params_.mu + params_.tau[step]; }
   bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid
   // The test's boundary in users as a real number: it passes iff round users exceed it (up to rounding).
   double failing_boundary(int128 prefix_noise, std::uint32_t step) const;
