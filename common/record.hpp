@@ -32,7 +32,16 @@ inline bool stream_order_less(const Record& a, const Record& b) {
 inline constexpr int kValueFracBits = 20;
 inline constexpr double kValueScale = static_cast<double>(std::int64_t{1} << kValueFracBits);
 
-inline std::int64_t to_fixed(double v) { return std::llround(v * kValueScale); }
+// std::llround(v 2^20): half away from zero. Inline, not libm's call (27 instructions a kept record in
+// bounding): within +-2^62 the cast truncates toward zero and x - t, x's fraction, is exact; anything
+// else (beyond, NaN) goes to llround as before.
+inline std::int64_t to_fixed(double v) {
+  const double x = v * kValueScale;
+  if (!(std::abs(x) < 0x1p62)) return std::llround(x);
+  const auto t = static_cast<std::int64_t>(x);
+  const double fraction = x - static_cast<double>(t);
+  return t + (fraction >= 0.5 ? 1 : 0) - (fraction <= -0.5 ? 1 : 0);
+}
 
 // Largest |clamp bound| accepted: keeps one record below 2^51 in fixed point.
 inline constexpr double kMaxAbsClamp = 2147483648.0;  // 2^31

@@ -102,21 +102,31 @@ std::uint8_t* UserState::Shard::place_or_grow(std::size_t from, std::uint64_t ha
 }
 
 std::uint8_t* UserState::Shard::grow_record(std::uint8_t* record) {
+  Bucket& bucket = buckets[bucket_of(record)];
+  if (bucket.used + std::size_t{2} > sizeof(Bucket::bytes) || over_load(2)) return grow_record_elsewhere(record);
+  return widen_in_bucket(bucket, record);
+}
+
+std::uint8_t* UserState::Shard::widen_in_bucket(Bucket& bucket, std::uint8_t* record) {
+  const std::size_t size = rec::size(record);
+  const auto at = static_cast<std::size_t>(record - bucket.bytes);
+  std::memmove(record + size + 2, record + size, bucket.used - at - size);
+  bucket.used = static_cast<std::uint8_t>(bucket.used + 2);
+  record_bytes += 2;
+  return record;
+}
+
+std::uint8_t* UserState::Shard::grow_record_elsewhere(std::uint8_t* record) {
   if (over_load(2)) {
     const std::uint64_t user = rec::user(record);
     grow();
     record = find(user, slot_hash(user));
     if (record == nullptr) throw std::logic_error("UserState: a record lost in a rehash");
   }
-  const std::size_t size = rec::size(record);
   Bucket& bucket = buckets[bucket_of(record)];
+  if (bucket.used + std::size_t{2} <= sizeof(Bucket::bytes)) return widen_in_bucket(bucket, record);
+  const std::size_t size = rec::size(record);
   const auto at = static_cast<std::size_t>(record - bucket.bytes);
-  if (bucket.used + std::size_t{2} <= sizeof(Bucket::bytes)) {  // room here: the records after it shift
-    std::memmove(record + size + 2, record + size, bucket.used - at - size);
-    bucket.used = static_cast<std::uint8_t>(bucket.used + 2);
-    record_bytes += 2;
-    return record;
-  }
   // Moves on: out of this bucket (the records after it shift back) to the first with room after it,
   // which keeps it on its probe from home (this bucket gets flagged, as the ones before it were).
   std::uint8_t copy[rec::kHead + std::size_t{2} * kInline];
@@ -211,7 +221,7 @@ std::pair<UserState::UserRef, bool> UserState::find_or_add(std::size_t shard, st
   return {{r}, true};
 }
 
-void UserState::set_kept(std::size_t shard, UserRef u, std::uint32_t kept) {
+void UserState::set_wide_kept(std::size_t shard, UserRef u, std::uint32_t kept) {
   Shard& sh = shards_[shard];
   if (rec::kept_byte(u.record) == rec::kWideKept) sh.wide_kept.erase(rec::user(u.record));
   rec::set_kept_byte(u.record, static_cast<std::uint8_t>(std::min<std::uint32_t>(kept, rec::kWideKept)));

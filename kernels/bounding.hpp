@@ -146,7 +146,12 @@ class UserState {
   // The same with slot_hash(user) given (bounding has it from its sort); a wrong one would add the user twice.
   std::pair<UserRef, bool> find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t slot_hash);
   std::uint32_t kept(std::size_t shard, UserRef u) const { return kept_of(shards_[shard], u.record); }
-  void set_kept(std::size_t shard, UserRef u, std::uint32_t kept);
+  void set_kept(std::size_t shard, UserRef u, std::uint32_t kept) {
+    if (kept < user_record::kWideKept && user_record::kept_byte(u.record) != user_record::kWideKept)
+      user_record::set_kept_byte(u.record, static_cast<std::uint8_t>(kept));  // most users: no wide map
+    else
+      set_wide_kept(shard, u, kept);
+  }
   // Prefetches ahead of find_or_add, so that the misses of many users' state overlap instead of adding
   // up: the user's home bucket (from slot_hash(user)). A hint: a stale one costs nothing but a line.
   void prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const;
@@ -201,6 +206,9 @@ class UserState {
     // room (docs/PERFORMANCE.md rounds 13 and 15: buckets of three full records keep that rare).
     std::uint8_t* place_or_grow(std::size_t from, std::uint64_t slot_hash, std::size_t size);
     std::uint8_t* grow_record(std::uint8_t* record);  // two more bytes at its end; returns where it is now
+    // grow_record where its bucket has no room or the table is at its load: grows the table or moves it on.
+    std::uint8_t* grow_record_elsewhere(std::uint8_t* record);
+    std::uint8_t* widen_in_bucket(Bucket& bucket, std::uint8_t* record);  // it has room: the records after it shift
     bool over_load(std::size_t more) const;
     static std::size_t grown(std::size_t buckets);  // by 1/8 and a bucket
     void grow();
@@ -217,6 +225,7 @@ class UserState {
       for (const Bucket& b : buckets) for_each_in(b, f);
     }
   };
+  void set_wide_kept(std::size_t shard, UserRef u, std::uint32_t kept);  // set_kept with the wide map
   static std::uint32_t kept_of(const Shard& sh, const std::uint8_t* record) {
     const std::uint8_t k = user_record::kept_byte(record);
     return k != user_record::kWideKept ? k : sh.wide_kept.at(user_record::user(record));

@@ -247,6 +247,38 @@ TEST(Bounding, ManyKeysPerUserGrowRecordsAndOverflowExactly) {
   EXPECT_LT(users.memory_bytes(), 256u * 2048 + 2937u * 17u * 16u / 7u);
 }
 
+// The first-touch test against a user's held fingerprints: a held fingerprint missed is a user counted twice
+// for a key (a privacy bug), a fingerprint reported that is not held under-counts. Every position of
+// records of 0-32 fingerprints, with the values where a faster comparison (several fingerprints as the
+// lanes of one word) would borrow or carry across lanes: 0, 1, 0x7fff, 0x8000, 0xffff and neighbours.
+TEST(Bounding, FirstTouchTestFindsEveryHeldFingerprintAndNoOther) {
+  const std::vector<std::uint32_t> edge{0, 1, 2, 0x7ffe, 0x7fff, 0x8000, 0x8001, 0xfffe, 0xffff, 0x0100, 0x00ff};
+  std::mt19937_64 rng(41);
+  for (std::uint32_t n = 0; n <= kernels::UserState::kInline; ++n)
+    for (int trial = 0; trial < 40; ++trial) {
+      kernels::UserState users;
+      const std::uint64_t user = 1000 + n * 100 + static_cast<std::uint64_t>(trial);
+      const std::size_t shard = user % kernels::UserState::kShards;
+      auto ref = users.find_or_add(shard, user).first;
+      std::set<std::uint32_t> held;
+      while (held.size() < n) {
+        const std::uint32_t f = rng() % 3 == 0 ? edge[rng() % edge.size()] : static_cast<std::uint32_t>(rng() & 0xffff);
+        if (held.count(f) != 0) continue;
+        ASSERT_TRUE(users.add_pair(shard, user, ref, f)) << "n " << n << " fingerprint " << f;
+        held.insert(f);
+      }
+      for (const std::uint32_t f : held) EXPECT_FALSE(users.add_pair(shard, user, ref, f)) << "held " << f;
+      // A value next to a held one, or an edge value, not held: reported new (and then held).
+      const std::uint32_t near = held.empty() ? edge[rng() % edge.size()] : *std::next(held.begin(), static_cast<std::ptrdiff_t>(rng() % held.size()));
+      for (const std::uint32_t f : {near ^ 1u, near ^ 0x8000u, (near + 1) & 0xffffu, (near - 1) & 0xffffu, near ^ 0x0101u})
+        if (held.count(f) == 0) {
+          EXPECT_TRUE(users.add_pair(shard, user, ref, f)) << "n " << n << " not held " << f;
+          held.insert(f);
+        }
+      EXPECT_EQ(users.user_key_pairs(), held.size());
+    }
+}
+
 TEST(Bounding, SumsBeyondInt64NeverAbortAndStayExact) {
   // 6000 users with C = 2 records of the largest value on key 7, and as many of the smallest on key 8:
   // each key's sum is 12000 * 2^51 ~ 2^64.6 in fixed point, beyond int64 within one trigger.

@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <system_error>
 #include <vector>
 
@@ -205,6 +207,30 @@ TEST(CsvSource, CollidingIdsAreKeptApart) {
 }
 
 #include "src/release_writer.hpp"
+
+// to_fixed rounds inline as std::llround does (half away from zero) for every double: ties, their
+// neighbours, where doubles become whole numbers (2^52, 2^53), the inline range's edge (2^62) and beyond.
+TEST(ReleaseFormat, ToFixedRoundsAsLlround) {
+  std::vector<double> scaled;  // values of v 2^20
+  for (double m = 1; m < 0x1p64; m *= 2)
+    for (const double base : {m, m + 0.5, m - 0.5, m * 1.5, m * 1.5 + 0.5, 0.5, 1.5, 2.5})
+      for (const double x : {base, std::nextafter(base, 0.0), std::nextafter(base, 1e300)}) {
+        scaled.push_back(x);
+        scaled.push_back(-x);
+      }
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    const double x = std::ldexp(std::uniform_real_distribution<double>(-1, 1)(rng), static_cast<int>(rng() % 66));
+    scaled.push_back(x);
+    scaled.push_back(std::round(x) + 0.5);
+  }
+  scaled.push_back(0.0);
+  scaled.push_back(-0.0);
+  for (const double x : scaled) {
+    if (!(std::abs(x) < 0x1p63)) continue;  // llround's result is unspecified there
+    EXPECT_EQ(to_fixed(x / kValueScale), std::llround(x)) << fmt::format("{:a}", x);
+  }
+}
 
 TEST(ReleaseFormat, ShortestDecimalThatRoundTrips) {
   EXPECT_EQ(format_fixed(to_fixed(11.21)), "11.21");
