@@ -110,6 +110,9 @@ void add_times(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& co
     return out;
   };
   j["seconds_per_rank"] = {{"wall", per_rank(run.wall_seconds)}, {"in_collectives", per_rank(run.collective_seconds)}};
+  // Each stage per rank: which rank's work the others wait for (a stage's maximum alone does not say).
+  nlohmann::json& stages = j["seconds_per_rank"]["stages"];
+  for (const Stage& s : kStages) stages[s.name] = per_rank(stage.*s.seconds);
   j["records_per_second"] = records / std::max(stage_max(run.wall_seconds), 1e-9);
   j["engine_records_per_second"] = records / std::max(engine_seconds, 1e-9);
   const double per_record = 1.0 / std::max<double>(1.0, records);

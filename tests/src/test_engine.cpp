@@ -90,6 +90,21 @@ TEST(Engine, SyntheticJobMatchesNaiveReference) {
     EXPECT_GT(per_rank["in_collectives"][r].get<double>(), 0.0);  // every trigger shuffles, even at one rank
     EXPECT_LE(per_rank["in_collectives"][r].get<double>(), per_rank["wall"][r].get<double>());
   }
+  // Every stage per rank, each rank's stages within its wall; their maxima are the summary's stage maxima.
+  const auto summary = nlohmann::json::parse(read_file(dir / "summary.json"));
+  const auto& stages = per_rank.at("stages");
+  ASSERT_EQ(stages.size(), summary.at("stage_seconds_max_over_ranks").size());
+  std::vector<double> summed(static_cast<std::size_t>(comm.size()), 0.0);
+  for (const auto& [name, ranks] : stages.items()) {
+    ASSERT_EQ(ranks.size(), static_cast<std::size_t>(comm.size())) << name;
+    double most = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      most = std::max(most, ranks[r].get<double>());
+      summed[static_cast<std::size_t>(r)] += ranks[r].get<double>();
+    }
+    EXPECT_NEAR(most, summary["stage_seconds_max_over_ranks"][name].get<double>(), 1.5e-6) << name;
+  }
+  for (int r = 0; r < comm.size(); ++r) EXPECT_LE(summed[static_cast<std::size_t>(r)], per_rank["wall"][r].get<double>() + 1e-5);
 }
 
 TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
