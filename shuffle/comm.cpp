@@ -75,6 +75,21 @@ Comm::Comm(MPI_Comm comm) : comm_(comm) {
 std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::vector<std::uint64_t>& offsets,
                                              std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic,
                                              const char* fault_point) const {
+  std::vector<std::byte> recv;
+  alltoallv_into(
+      send, offsets, recv_offsets,
+      [&recv](std::uint64_t bytes) {
+        recv.resize(bytes);
+        return recv.data();
+      },
+      traffic, fault_point);
+  return recv;
+}
+
+void Comm::alltoallv_into(const std::byte* send, const std::vector<std::uint64_t>& offsets,
+                          std::vector<std::uint64_t>& recv_offsets,
+                          const std::function<std::byte*(std::uint64_t)>& receive, TrafficCounter* traffic,
+                          const char* fault_point) const {
   const Timed timed(*this);
   const auto P = static_cast<std::size_t>(size_);
   if (offsets.size() != P + 1) throw std::invalid_argument("alltoallv_bytes: offsets must have P+1 entries");
@@ -85,7 +100,7 @@ std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::v
             "MPI_Alltoall");
   recv_offsets.assign(P + 1, 0);
   for (std::size_t s = 0; s < P; ++s) recv_offsets[s + 1] = recv_offsets[s] + recv_counts[s];
-  std::vector<std::byte> recv(recv_offsets[P]);
+  std::byte* const recv = receive(recv_offsets[P]);
   if (fault_point) fault::point(fault_point);
   if (traffic) {
     traffic->bytes_total += offsets[P];
@@ -109,9 +124,9 @@ std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::v
       rd[d] = static_cast<int>(recv_offsets[d]);
     }
     if (rounds == 1)
-      check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv.data(), rc.data(), rd.data(), MPI_BYTE, comm_),
+      check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, comm_),
                 "MPI_Alltoallv");
-    return recv;
+    return;
   }
   std::vector<std::byte> stage_send, stage_recv;
   for (std::uint64_t r = 0; r < rounds; ++r) {
@@ -134,9 +149,8 @@ std::vector<std::byte> Comm::alltoallv_bytes(const std::byte* send, const std::v
               "MPI_Alltoallv");
     for (std::size_t s = 0; s < P; ++s)
       if (rc[s])
-        std::memcpy(recv.data() + recv_offsets[s] + begin, stage_recv.data() + rd[s], static_cast<std::size_t>(rc[s]));
+        std::memcpy(recv + recv_offsets[s] + begin, stage_recv.data() + rd[s], static_cast<std::size_t>(rc[s]));
   }
-  return recv;
 }
 
 std::vector<std::byte> Comm::gather_bytes_to_root(const std::vector<std::byte>& mine) const {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -64,6 +65,12 @@ class Comm {
                                          std::vector<std::uint64_t>& recv_offsets, TrafficCounter* traffic = nullptr,
                                          const char* fault_point = nullptr) const;
 
+  // alltoallv_bytes into memory of the caller's: `receive(bytes)` sizes it once the counts are known and
+  // returns where the received bytes go.
+  void alltoallv_into(const std::byte* send, const std::vector<std::uint64_t>& offsets,
+                      std::vector<std::uint64_t>& recv_offsets, const std::function<std::byte*(std::uint64_t)>& receive,
+                      TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const;
+
   // Typed all-to-all of fixed-size records (`offsets` in items, P+1 entries).
   template <class T>
   std::vector<T> alltoallv(const std::vector<T>& send, const std::vector<std::uint64_t>& offsets,
@@ -72,10 +79,14 @@ class Comm {
     std::vector<std::uint64_t> byte_offsets(offsets.size());
     for (std::size_t i = 0; i < offsets.size(); ++i) byte_offsets[i] = offsets[i] * sizeof(T);
     std::vector<std::uint64_t> recv_offsets;
-    auto bytes = alltoallv_bytes(reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets, traffic,
-                                 fault_point);
-    std::vector<T> out(bytes.size() / sizeof(T));
-    if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+    std::vector<T> out;  // received into directly: a byte buffer and its copy were two more passes over the data
+    alltoallv_into(
+        reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets,
+        [&out](std::uint64_t bytes) {
+          out.resize(bytes / sizeof(T));  // every rank sends whole items
+          return reinterpret_cast<std::byte*>(out.data());
+        },
+        traffic, fault_point);
     return out;
   }
 
