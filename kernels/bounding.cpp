@@ -362,73 +362,79 @@ struct alignas(64) ThreadOut {  // padded: threads update their own counters
   BoundingStats stats;
 };
 
+// A record of the trigger by its user's slot hash (a bijection of the user id, so equal hashes are equal
+// users) and its place in the trigger's records: 16 bytes, what bounding groups and sorts instead of the
+// 40-byte records themselves.
+struct UserRecord {
+  std::uint64_t slot_hash;
+  std::uint64_t index;  // in the trigger's records (16 bytes with 32 or 64 bits here)
+};
+bool hash_then_arrival(const UserRecord& a, const UserRecord& b) {
+  return a.slot_hash != b.slot_hash ? a.slot_hash < b.slot_hash : a.index < b.index;
+}
+
 // Bounds a run of shards' records on one thread. Users are visited in groups (a user's records of the
 // trigger, in stream order); their state is random in memory, so its home bucket is prefetched
-// kSlotAhead users ahead: the DRAM latency of many users overlaps instead of adding up. Prefetches
-// retire at once, where loads that miss would fill the reorder buffer and stall it (perf: 60 ns per
-// user with batched loads). The prefetch runs on across the shards of the run: per shard it started
-// cold, and at T = 1000 (about 24 users per shard and trigger) most users were never prefetched.
+// kSlotAhead users ahead, with the user's first record: the DRAM latency of many users overlaps instead
+// of adding up. Prefetches retire at once, where loads that miss would fill the reorder buffer and stall
+// it (perf: 60 ns per user with batched loads). The prefetch runs on across the shards of the run: per
+// shard it started cold, and at T = 1000 (about 24 users per shard and trigger) most users were never
+// prefetched.
 class ShardBounder {
  public:
   static constexpr std::size_t kSlotAhead = 32;
   ShardBounder(const BoundingParams& params, UserState& state, ThreadOut& out)
       : params_(params), state_(state), out_(out) {}
 
-  // Shards [first_shard, last_shard) of `records`, grouped by shard at `offsets`.
-  void run(std::size_t first_shard, std::size_t last_shard, const Record* records,
+  // Shards [first_shard, last_shard) of the trigger's `records`, whose entries lie grouped by shard in
+  // `entries` at `offsets` (in arrival order within a shard); sorts those entries in place.
+  void run(std::size_t first_shard, std::size_t last_shard, const Record* records, UserRecord* entries,
            const std::vector<std::uint64_t>& offsets) {
-    order_.clear();
+    order_ = entries;
+    records_ = records;
     groups_.clear();
     for (std::size_t s = first_shard; s < last_shard; ++s) {
-      const std::size_t from = order_.size();
-      sort_by_user(records, offsets[s], offsets[s + 1]);
-      for (std::size_t i = from; i < order_.size(); ++i)
-        if (i == from || order_[i].slot_hash != order_[i - 1].slot_hash) groups_.push_back({i, s});
+      sort_by_user(offsets[s], offsets[s + 1]);
+      for (std::size_t i = offsets[s]; i < offsets[s + 1]; ++i)
+        if (i == offsets[s] || order_[i].slot_hash != order_[i - 1].slot_hash) groups_.push_back({i, s});
     }
     const std::size_t n = groups_.size();
-    groups_.push_back({order_.size(), last_shard});
-    for (std::size_t i = 0; i < std::min(n, kSlotAhead); ++i) prefetch_slot(i);
+    groups_.push_back({offsets[last_shard], last_shard});
+    for (std::size_t i = 0; i < std::min(n, kSlotAhead); ++i) prefetch_user(i);
     for (std::size_t i = 0; i < n; ++i) {
-      if (i + kSlotAhead < n) prefetch_slot(i + kSlotAhead);
-      bound_user(groups_[i].shard, records, groups_[i].at, groups_[i + 1].at);
+      if (i + kSlotAhead < n) prefetch_user(i + kSlotAhead);
+      bound_user(groups_[i].shard, groups_[i].at, groups_[i + 1].at);
     }
   }
 
  private:
-  // 16 bytes: sorting these is cheaper than sorting 40-byte records. Sorted by the user's slot hash (a
-  // bijection of the user id, so equal hashes are equal users), a trigger's users are visited in the
-  // order of their home slots.
-  struct UserRecord {
-    std::uint64_t slot_hash;
-    std::uint64_t index;  // in the trigger's records (16 bytes with 32 or 64 bits here)
-  };
   struct Group {  // one user's first place in order_, and its shard
     std::size_t at;
     std::size_t shard;
   };
-  static bool hash_then_arrival(const UserRecord& a, const UserRecord& b) {
-    return a.slot_hash != b.slot_hash ? a.slot_hash < b.slot_hash : a.index < b.index;
-  }
-  std::uint64_t user_of(const Record* records, std::size_t at) const { return records[order_[at].index].user; }
-  void prefetch_slot(std::size_t group) const {
-    state_.prefetch_slot(groups_[group].shard, order_[groups_[group].at].slot_hash);
+  const Record& record_at(std::size_t at) const { return records_[order_[at].index]; }
+  // The user's home bucket and its first record (the trigger's records are read in hash order: random).
+  void prefetch_user(std::size_t group) const {
+    const UserRecord& first = order_[groups_[group].at];
+    state_.prefetch_slot(groups_[group].shard, first.slot_hash);
+    dpstream::prefetch_object(&records_[first.index]);
   }
 
-  // Appends to order_ one shard's records [first, last) by user, each user's in stream order (timestamp,
-  // position). A user's records usually arrive in stream order (the generator and time-sorted files emit
-  // them so, and the shuffle and partition keep their relative order): sorted by (slot hash, arrival),
-  // then a user's run is re-sorted by stream order only when it is not in it already.
-  void sort_by_user(const Record* records, std::size_t first, std::size_t last) {
-    const std::size_t from = order_.size();
-    for (std::size_t r = first; r != last; ++r) order_.push_back({UserState::slot_hash(records[r].user), r});
-    const auto begin = order_.begin() + static_cast<std::ptrdiff_t>(from);
-    sort_by_hash(begin, order_.end());
+  // Sorts order_[first, last) (one shard's entries, in arrival order) by user, each user's in stream order
+  // (timestamp, position). A user's records usually arrive in stream order (the generator and time-sorted
+  // files emit them so, and the shuffle and partition keep their relative order): sorted by (slot hash,
+  // arrival), then a user's run is re-sorted by stream order only when it is not in it already.
+  void sort_by_user(std::size_t first, std::size_t last) {
+    UserRecord* const begin = order_ + first;
+    UserRecord* const end = order_ + last;
+    sort_by_hash(begin, end);
+    const Record* records = records_;
     const auto by_stream = [records](const UserRecord& a, const UserRecord& b) {
       return stream_order_less(records[a.index], records[b.index]);
     };
-    for (auto g = begin; g != order_.end();) {
-      auto g_end = g + 1;
-      while (g_end != order_.end() && g_end->slot_hash == g->slot_hash) ++g_end;
+    for (UserRecord* g = begin; g != end;) {
+      UserRecord* g_end = g + 1;
+      while (g_end != end && g_end->slot_hash == g->slot_hash) ++g_end;
       if (g_end - g > 1 && !std::is_sorted(g, g_end, by_stream)) std::sort(g, g_end, by_stream);
       g = g_end;
     }
@@ -437,8 +443,7 @@ class ShardBounder {
   // Sorts [begin, end) (in arrival order) by (slot hash, arrival): one stable counting pass on the hash's
   // top bits, about one record per bucket (the hashes are uniform), then each bucket on its own. A
   // comparison sort cost 34 ns per record here (perf), this about 5.
-  using OrderIt = std::vector<UserRecord>::iterator;
-  void sort_by_hash(OrderIt begin, OrderIt end) {
+  void sort_by_hash(UserRecord* begin, UserRecord* end) {
     const auto n = static_cast<std::size_t>(end - begin);
     if (n <= 32 || n > (std::size_t{1} << 20)) {
       std::sort(begin, end, hash_then_arrival);
@@ -446,25 +451,24 @@ class ShardBounder {
     }
     const auto bits = static_cast<int>(std::bit_width(n));  // 2^bits > n buckets
     bucket_start_.assign((std::size_t{1} << bits) + 1, 0);
-    for (auto r = begin; r != end; ++r) ++bucket_start_[(r->slot_hash >> (64 - bits)) + 1];
+    for (const UserRecord* r = begin; r != end; ++r) ++bucket_start_[(r->slot_hash >> (64 - bits)) + 1];
     for (std::size_t b = 1; b < bucket_start_.size(); ++b) bucket_start_[b] += bucket_start_[b - 1];
     scratch_.resize(n);
     bucket_end_ = bucket_start_;
-    for (auto r = begin; r != end; ++r) scratch_[bucket_end_[r->slot_hash >> (64 - bits)]++] = *r;
+    for (const UserRecord* r = begin; r != end; ++r) scratch_[bucket_end_[r->slot_hash >> (64 - bits)]++] = *r;
     std::copy(scratch_.begin(), scratch_.end(), begin);
     for (std::size_t b = 0; b + 1 < bucket_start_.size(); ++b)
       if (bucket_start_[b + 1] - bucket_start_[b] > 1) {
-        const auto from = begin + static_cast<std::ptrdiff_t>(bucket_start_[b]);
-        const auto to = begin + static_cast<std::ptrdiff_t>(bucket_start_[b + 1]);
-        if (!std::is_sorted(from, to, hash_then_arrival))
-          std::sort(from, to, hash_then_arrival);  // one heavy user: sorted
+        UserRecord* const from = begin + bucket_start_[b];
+        UserRecord* const to = begin + bucket_start_[b + 1];
+        if (!std::is_sorted(from, to, hash_then_arrival)) std::sort(from, to, hash_then_arrival);  // one heavy user
       }
   }
 
   // One user's records of the trigger (order_[from, to), in stream order): keeps the first C - kept,
   // clamps, counts.
-  void bound_user(std::size_t s, const Record* records, std::size_t from, std::size_t to) {
-    const std::uint64_t user = user_of(records, from);
+  void bound_user(std::size_t s, std::size_t from, std::size_t to) {
+    const std::uint64_t user = record_at(from).user;
     auto [ref, added] = state_.find_or_add(s, user, order_[from].slot_hash);
     if (added) ++out_.stats.new_users;
     const auto n = static_cast<std::uint32_t>(to - from);
@@ -474,12 +478,12 @@ class ShardBounder {
     out_.stats.kept += take;
     out_.stats.dropped += n - take;
     if (take == 1) {  // most users of a trigger: one record, one key, nothing to sort or group
-      const Record& r = records[order_[from].index];
+      const Record& r = record_at(from);
       count_key(s, user, ref, r.key, 1, kept_value(r));
     } else if (take > 1) {
       kept_values_.clear();
       for (std::uint32_t i = 0; i < take; ++i) {
-        const Record& r = records[order_[from + i].index];
+        const Record& r = record_at(from + i);
         kept_values_.emplace_back(r.key, kept_value(r));
       }
       // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
@@ -518,28 +522,37 @@ class ShardBounder {
   const BoundingParams& params_;
   UserState& state_;
   ThreadOut& out_;
-  std::vector<UserRecord> order_, scratch_;
+  UserRecord* order_ = nullptr;  // the run's entries (sorted by user within each shard by run())
+  const Record* records_ = nullptr;
+  std::vector<UserRecord> scratch_;
   std::vector<std::uint32_t> bucket_start_, bucket_end_;             // sort_by_hash's counting pass
   std::vector<Group> groups_;                                        // each user's, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };
 
+// The trigger's records as (slot hash, index) entries grouped by shard (UserState::shard_of): the slot
+// hash, computed once per record here, gives both the shard and the order within it.
+partition::Partitioned<UserRecord> entries_by_shard(const std::vector<Record>& records) {
+  std::vector<UserRecord> entries(records.size());
+#pragma omp parallel for schedule(static) if (records.size() >= 65536)
+  for (std::size_t i = 0; i < records.size(); ++i) entries[i] = {UserState::slot_hash(records[i].user), i};
+  return partition::partition_by(entries, UserState::kShards,
+                                 [](const UserRecord& e) { return UserState::shard_of_slot_hash(e.slot_hash); });
+}
+
 }  // namespace
 
 std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, const BoundingParams& params,
                                             UserState& state, BoundingStats& stats) {
-  using partition::kUserSalt;
-  using partition::salted_hash;
   constexpr std::size_t S = UserState::kShards;
   // Group by shard (stable), then each thread takes whole shards: no locks on the state.
-  auto sharded = partition::partition_by(
-      records, S, [](const Record& r) { return partition::local_shard(salted_hash(r.user, kUserSalt), S); });
+  auto sharded = entries_by_shard(records);
 
   const int threads = omp_get_max_threads();
   // Runs of consecutive shards: a shard joins the run before it while that run holds fewer than
   // kRunRecords records and max_run_shards shards, so small triggers (T = 1000) keep the prefetch warm across
-  // shards and large ones sort and visit a shard at a time (a run's records and order stay in L2:
-  // runs of 16 shards at 1/100 of the billion-key job made bounding 20% slower).
+  // shards and large ones sort and visit a shard at a time (a run's entries stay in L2: runs of 16 shards
+  // at 1/100 of the billion-key job made bounding 20% slower).
   // At most S / (2 threads) shards, so that each thread has runs of its own however small the trigger.
   constexpr std::size_t kRunRecords = 4096;
   const std::size_t max_run_shards = std::clamp<std::size_t>(S / (2 * static_cast<std::size_t>(threads)), 1, 16);
@@ -558,7 +571,7 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t r = 0; r < run_count; ++r) {
       if (runs[r] <= S / 2 && S / 2 < runs[r + 1]) fault::point("bounding");
-      bounder.run(runs[r], runs[r + 1], sharded.items.data(), sharded.offsets);
+      bounder.run(runs[r], runs[r + 1], records.data(), sharded.items.data(), sharded.offsets);
     }
   }
 

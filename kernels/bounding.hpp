@@ -78,8 +78,8 @@ inline void set_fingerprint(std::uint8_t* r, std::uint32_t i, std::uint16_t f) {
 }
 }  // namespace user_record
 
-// Per-user state of one window, owned by the rank that owns the user. Sharded by the low bits
-// of the user hash so that OpenMP threads own disjoint shards.
+// Per-user state of one window, owned by the rank that owns the user. Sharded by the low bits of the
+// user's slot hash (shard_of) so that OpenMP threads own disjoint shards.
 //
 // A user is one variable-length record (user_record) packed with others into the 256-byte buckets (four
 // cache lines) of its shard's table, holding the 16-bit fingerprints of the first kInline keys it was
@@ -141,6 +141,10 @@ class UserState {
   static std::uint32_t key_fingerprint(std::uint64_t key, std::uint64_t user);
   // The hash that places a user in its shard's table (a bijection of the id; home buckets grow with it).
   static std::uint64_t slot_hash(std::uint64_t user);
+  // The user's shard: the slot hash's low bits (homes come from its high bits). The one mapping that bounding
+  // and a checkpoint's restore both use: a user found in two shards would be counted twice.
+  static std::size_t shard_of_slot_hash(std::uint64_t slot_hash) { return slot_hash & (kShards - 1); }
+  static std::size_t shard_of(std::uint64_t user) { return shard_of_slot_hash(slot_hash(user)); }
   // The user's record in `shard`, added with kept = 0 and no fingerprint when new (second: added).
   std::pair<UserRef, bool> find_or_add(std::size_t shard, std::uint64_t user);
   // The same with slot_hash(user) given (bounding has it from its sort); a wrong one would add the user twice.

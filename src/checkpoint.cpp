@@ -674,19 +674,17 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
            bool filter) {
   using partition::kKeySalt;
   using partition::kUserSalt;
-  using partition::local_shard;
   using partition::owner_rank;
   using partition::salted_hash;
+  using kernels::UserState;
   for (std::size_t i = 0; i < seg.user_id.size(); ++i) {
-    const std::uint64_t h = salted_hash(seg.user_id[i], kUserSalt);
-    if (filter && owner_rank(h, ranks) != rank) continue;
-    const std::size_t shard = local_shard(h, kernels::UserState::kShards);
+    if (filter && owner_rank(salted_hash(seg.user_id[i], kUserSalt), ranks) != rank) continue;
+    const std::size_t shard = UserState::shard_of(seg.user_id[i]);
     users.set_kept(shard, users.find_or_add(shard, seg.user_id[i]).first, seg.user_kept[i]);
   }
   for (std::size_t i = 0; i < seg.pair_user.size(); ++i) {
-    const std::uint64_t h = salted_hash(seg.pair_user[i], kUserSalt);
-    if (filter && owner_rank(h, ranks) != rank) continue;
-    const std::size_t shard = local_shard(h, kernels::UserState::kShards);
+    if (filter && owner_rank(salted_hash(seg.pair_user[i], kUserSalt), ranks) != rank) continue;
+    const std::size_t shard = UserState::shard_of(seg.pair_user[i]);
     auto user = users.find_or_add(shard, seg.pair_user[i]).first;
     users.add_pair(shard, seg.pair_user[i], user, seg.pair_fingerprint[i]);
   }
