@@ -13,8 +13,8 @@ inline constexpr std::uint64_t kUserSalt = 0x9E3779B97F4A7C15ULL;
 inline constexpr std::uint64_t kKeySalt = 0xD1B54A32D192ED03ULL;
 // For the 32-bit key fingerprints of a user's first-touch set (kernels/bounding.hpp).
 inline constexpr std::uint64_t kFingerprintSalt = 0x8CB92BA72F3D8DD7ULL;
-// For a user's home slot in its shard's table (kernels/bounding.hpp): independent of the bits that
-// chose the user's rank and shard, which are the same for every user of the table.
+// For a user's shard (its low bits) and home slot in the shard's table (its high bits; kernels/bounding.hpp):
+// independent of the bits that chose the user's rank, which are the same for every user of the rank.
 inline constexpr std::uint64_t kUserSlotSalt = 0x2545F4914F6CDD1DULL;
 
 // SplitMix64 finalizer: a bijection on 64-bit integers with full avalanche, so two distinct

@@ -83,7 +83,8 @@ class Comm {
     alltoallv_into(
         reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets,
         [&out](std::uint64_t bytes) {
-          out.resize(bytes / sizeof(T));  // every rank sends whole items
+          if (bytes % sizeof(T) != 0) throw std::logic_error("alltoallv: ranks sent items of another size");
+          out.resize(bytes / sizeof(T));
           return reinterpret_cast<std::byte*>(out.data());
         },
         traffic, fault_point);
