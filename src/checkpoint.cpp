@@ -672,11 +672,11 @@ Segment Journal::to_segment() const {
 
 void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks,
            bool filter) {
+  using kernels::UserState;
   using partition::kKeySalt;
   using partition::kUserSalt;
   using partition::owner_rank;
   using partition::salted_hash;
-  using kernels::UserState;
   for (std::size_t i = 0; i < seg.user_id.size(); ++i) {
     if (filter && owner_rank(salted_hash(seg.user_id[i], kUserSalt), ranks) != rank) continue;
     const std::size_t shard = UserState::shard_of(seg.user_id[i]);

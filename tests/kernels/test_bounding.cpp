@@ -269,8 +269,11 @@ TEST(Bounding, FirstTouchTestFindsEveryHeldFingerprintAndNoOther) {
       }
       for (const std::uint32_t f : held) EXPECT_FALSE(users.add_pair(shard, user, ref, f)) << "held " << f;
       // A value next to a held one, or an edge value, not held: reported new (and then held).
-      const std::uint32_t near = held.empty() ? edge[rng() % edge.size()] : *std::next(held.begin(), static_cast<std::ptrdiff_t>(rng() % held.size()));
-      for (const std::uint32_t f : {near ^ 1u, near ^ 0x8000u, (near + 1) & 0xffffu, (near - 1) & 0xffffu, near ^ 0x0101u})
+      const std::uint32_t near = held.empty()
+                                     ? edge[rng() % edge.size()]
+                                     : *std::next(held.begin(), static_cast<std::ptrdiff_t>(rng() % held.size()));
+      for (const std::uint32_t f :
+           {near ^ 1u, near ^ 0x8000u, (near + 1) & 0xffffu, (near - 1) & 0xffffu, near ^ 0x0101u})
         if (held.count(f) == 0) {
           EXPECT_TRUE(users.add_pair(shard, user, ref, f)) << "n " << n << " not held " << f;
           held.insert(f);

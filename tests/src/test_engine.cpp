@@ -104,7 +104,8 @@ TEST(Engine, SyntheticJobMatchesNaiveReference) {
     }
     EXPECT_NEAR(most, summary["stage_seconds_max_over_ranks"][name].get<double>(), 1.5e-6) << name;
   }
-  for (int r = 0; r < comm.size(); ++r) EXPECT_LE(summed[static_cast<std::size_t>(r)], per_rank["wall"][r].get<double>() + 1e-5);
+  for (int r = 0; r < comm.size(); ++r)
+    EXPECT_LE(summed[static_cast<std::size_t>(r)], per_rank["wall"][r].get<double>() + 1e-5);
 }
 
 TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
