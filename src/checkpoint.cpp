@@ -674,16 +674,16 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
            bool filter) {
   using kernels::UserState;
   using partition::kKeySalt;
-  using partition::kUserSalt;
   using partition::owner_rank;
   using partition::salted_hash;
+  using partition::user_owner;
   for (std::size_t i = 0; i < seg.user_id.size(); ++i) {
-    if (filter && owner_rank(salted_hash(seg.user_id[i], kUserSalt), ranks) != rank) continue;
+    if (filter && user_owner(seg.user_id[i], ranks) != rank) continue;
     const std::size_t shard = UserState::shard_of(seg.user_id[i]);
     users.set_kept(shard, users.find_or_add(shard, seg.user_id[i]).first, seg.user_kept[i]);
   }
   for (std::size_t i = 0; i < seg.pair_user.size(); ++i) {
-    if (filter && owner_rank(salted_hash(seg.pair_user[i], kUserSalt), ranks) != rank) continue;
+    if (filter && user_owner(seg.pair_user[i], ranks) != rank) continue;
     const std::size_t shard = UserState::shard_of(seg.pair_user[i]);
     auto user = users.find_or_add(shard, seg.pair_user[i]).first;
     users.add_pair(shard, seg.pair_user[i], user, seg.pair_fingerprint[i]);
