@@ -154,11 +154,20 @@ void Comm::alltoallv_into(const std::byte* send, const std::vector<std::uint64_t
 }
 
 std::vector<std::byte> Comm::gather_bytes_to_root(const std::vector<std::byte>& mine) const {
+  std::vector<std::byte> all;
+  gather_bytes_to_root(mine, all);
+  return all;
+}
+
+void Comm::gather_bytes_to_root(const std::vector<std::byte>& mine, std::vector<std::byte>& into) const {
   // Routed through the all-to-all so that sizes past 2^31 go in rounds as well.
   std::vector<std::uint64_t> offsets(static_cast<std::size_t>(size_) + 1, mine.size());
   offsets[0] = 0;
   std::vector<std::uint64_t> recv_offsets;
-  return alltoallv_bytes(mine.data(), offsets, recv_offsets);
+  alltoallv_into(mine.data(), offsets, recv_offsets, [&into](std::uint64_t bytes) {
+    into.resize(bytes);
+    return into.data();
+  });
 }
 
 Comm::NodeShare Comm::share_with_node(std::vector<std::uint64_t> words) const {

@@ -93,6 +93,8 @@ class Comm {
 
   // Rank 0 receives every rank's bytes, concatenated in rank order (others get an empty vector).
   std::vector<std::byte> gather_bytes_to_root(const std::vector<std::byte>& mine) const;
+  // The same into `into` (rank 0; emptied elsewhere), which keeps its capacity from call to call.
+  void gather_bytes_to_root(const std::vector<std::byte>& mine, std::vector<std::byte>& into) const;
 
   std::uint64_t sum(std::uint64_t v) const;
   std::uint64_t max(std::uint64_t v) const;
@@ -161,6 +163,7 @@ class ByteWriter {
     put_array(s.data(), s.size());
   }
   void reserve(std::size_t bytes) { buf_.reserve(bytes); }
+  void clear() { buf_.clear(); }  // keeps the capacity
   std::vector<std::byte>& bytes() { return buf_; }
   std::size_t size() const { return buf_.size(); }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <span>
 
 #include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
@@ -13,114 +14,126 @@ namespace dpstream {
 namespace {
 // One trigger's rows of releases.csv, gathered on rank 0. Each key owner names, sorts and formats its own
 // rows; rank 0 only merges the ranks' sorted runs (by key name, or by key id for integer keys) and copies
-// their text. Wire format per rank: row count n, the n sort keys (ids, or length-prefixed names), the n
-// line ends, the text.
-struct GatheredRows {
-  GatheredRows() = default;
-  GatheredRows(const GatheredRows&) = delete;  // a copy's runs would view the original's bytes
-  GatheredRows& operator=(const GatheredRows&) = delete;
-  GatheredRows(GatheredRows&&) = default;  // a moved vector keeps its buffer: the views stay valid
-  GatheredRows& operator=(GatheredRows&&) = default;
-  ~GatheredRows() = default;
-  struct Run {  // one rank's sorted rows; its text lies in `bytes`
-    std::vector<std::uint64_t> ids, ends;
-    std::vector<std::string> names;
-    std::string_view text;
-    std::size_t next = 0;
-  };
-  std::vector<std::byte> bytes;  // every rank's message (rank 0)
-  std::vector<Run> runs;         // the ranks' non-empty runs (rank 0)
-  std::uint64_t rows = 0, text_bytes = 0;
+// their text. Rank 0's own run is read where it was formatted; every other rank sends its run with this
+// wire format: row count n, the n sort keys (ids, or length-prefixed names), the n line ends, the text.
+struct Run {  // one rank's sorted rows
+  std::span<const std::uint64_t> ids, ends;
+  std::vector<std::string_view> names;
+  std::string_view text;
+  std::vector<std::uint64_t> ids_read, ends_read;  // what ids and ends view, for a run read off the wire
+  std::size_t next = 0;
 };
 
-// Sends one rank's formatted rows (`text`, each row's end in `ends`) to rank 0 with their sort keys (the
-// names of `named` when given, else `ids`) and, on rank 0, views every rank's run in the gathered bytes.
-GatheredRows send_rows(const std::vector<ReleaseRow>* named, const std::vector<std::uint64_t>& ids,
-                       const std::vector<std::uint64_t>& ends, const std::string& text, const shuffle::Comm& comm) {
-  const bool by_name = named != nullptr;
-  const std::size_t n_rows = ends.size();
-  shuffle::ByteWriter w;
-  w.reserve(sizeof(std::uint64_t) * (1 + 2 * n_rows) + sizeof(std::uint32_t) + text.size());
-  w.put(static_cast<std::uint64_t>(n_rows));
-  if (by_name) {
-    for (const auto& r : *named) w.put_string(r.name);
-  } else {
-    w.put_array(ids.data(), ids.size());
+// This rank's run to rank 0 (collective); on rank 0, every rank's non-empty run, viewing `own` and `gathered`.
+std::vector<Run> send_rows(const ReleaseStager::Scratch& own, bool by_name, const shuffle::Comm& comm,
+                           shuffle::ByteWriter& wire, std::vector<std::byte>& gathered) {
+  const std::size_t n_rows = own.ends.size();
+  wire.clear();
+  if (comm.rank() != 0) {
+    wire.reserve(sizeof(std::uint64_t) * (1 + 2 * n_rows) + sizeof(std::uint32_t) + own.text.size());
+    wire.put(static_cast<std::uint64_t>(n_rows));
+    if (by_name) {
+      for (const auto& r : own.named) wire.put_string(r.name);
+    } else {
+      wire.put_array(own.ids.data(), own.ids.size());
+    }
+    wire.put_array(own.ends.data(), own.ends.size());
+    wire.put_string(own.text);
   }
-  w.put_array(ends.data(), ends.size());
-  w.put_string(text);
-  GatheredRows out;
-  out.bytes = comm.gather_bytes_to_root(w.bytes());
-  for (shuffle::ByteReader in(out.bytes.data(), out.bytes.size()); !in.done();) {
-    GatheredRows::Run r;
+  comm.gather_bytes_to_root(wire.bytes(), gathered);
+  std::vector<Run> runs;
+  if (comm.rank() != 0) return runs;
+  if (n_rows > 0) {
+    Run r;
+    r.ids = own.ids;
+    r.ends = own.ends;
+    if (by_name)
+      for (const auto& row : own.named) r.names.emplace_back(row.name);
+    r.text = own.text;
+    runs.push_back(std::move(r));
+  }
+  for (shuffle::ByteReader in(gathered.data(), gathered.size()); !in.done();) {
+    Run r;
     const auto n = in.get<std::uint64_t>();
     if (by_name) {
       for (std::uint64_t i = 0; i < n; ++i) r.names.emplace_back(in.get_view());
     } else {
-      r.ids = in.get_array<std::uint64_t>(n);
+      r.ids_read = in.get_array<std::uint64_t>(n);
     }
-    r.ends = in.get_array<std::uint64_t>(n);
+    r.ends_read = in.get_array<std::uint64_t>(n);
+    r.ids = r.ids_read;  // a moved vector keeps its buffer: the spans stay valid
+    r.ends = r.ends_read;
     r.text = in.get_view();
-    out.rows += n;
-    out.text_bytes += r.text.size();
-    if (n > 0) out.runs.push_back(std::move(r));
+    if (n > 0) runs.push_back(std::move(r));
   }
-  return out;
+  return runs;
 }
 
-GatheredRows gather_rows(const std::vector<KeyRelease>& released, const KeyNames* names, std::int64_t window,
-                         std::uint32_t trigger, ReleaseColumns columns, const shuffle::Comm& comm) {
-  std::string text;
-  std::vector<std::uint64_t> ends;
-  ends.reserve(released.size());
-  std::vector<std::uint64_t> ids;  // the rows' sort keys when they are the ids
+// Names (string keys) or ids of this rank's released rows, sorted, and their text, into `own`.
+void format_own_rows(const std::vector<KeyRelease>& released, const KeyNames* names, std::int64_t window,
+                     std::uint32_t trigger, ReleaseColumns columns, ReleaseStager::Scratch& own) {
+  own.text.clear();
+  own.ends.clear();
+  own.ids.clear();
+  own.named.clear();
+  own.ends.reserve(released.size());
   if (names) {
-    std::vector<ReleaseRow> rows;
-    rows.reserve(released.size());
-    for (const auto& t : released) rows.push_back({t.key, names->at(t.key), t.count, t.sum});
-    std::sort(rows.begin(), rows.end(), [](const ReleaseRow& a, const ReleaseRow& b) { return a.name < b.name; });
-    format_rows(window, trigger, rows, columns, text, ends);
-    return send_rows(&rows, ids, ends, text, comm);
+    own.named.reserve(released.size());
+    for (const auto& t : released) own.named.push_back({t.key, names->at(t.key), t.count, t.sum});
+    std::sort(own.named.begin(), own.named.end(),
+              [](const ReleaseRow& a, const ReleaseRow& b) { return a.name < b.name; });
+    format_rows(window, trigger, own.named, columns, own.text, own.ends);
+    return;
   }
   // Key accumulation reports its keys sorted (mode none): no copy, no sort.
   const auto by_key = [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; };
-  std::vector<KeyRelease> sorted;
   const std::vector<KeyRelease>* rows = &released;
   if (!std::is_sorted(released.begin(), released.end(), by_key)) {
-    sorted = released;
-    std::sort(sorted.begin(), sorted.end(), by_key);
-    rows = &sorted;
+    own.sorted.assign(released.begin(), released.end());
+    std::sort(own.sorted.begin(), own.sorted.end(), by_key);
+    rows = &own.sorted;
   }
-  text.reserve(rows->size() * 24);
-  format_id_rows(window, trigger, *rows, columns, text, ends);
-  ids.reserve(rows->size());
-  for (const auto& r : *rows) ids.push_back(r.key);
-  return send_rows(nullptr, ids, ends, text, comm);
+  own.text.reserve(rows->size() * 24);
+  format_id_rows(window, trigger, *rows, columns, own.text, own.ends);
+  own.ids.reserve(rows->size());
+  for (const auto& r : *rows) own.ids.push_back(r.key);
+}
+
+// Copies a row of `n` bytes from `src`, readable up to `src_end`, to `dst`, which has kRowSlack bytes of room
+// past the row. Most rows are 12-20 bytes: one fixed-size copy writes them without glibc's choice of code by
+// length (a mispredicted branch per row); the bytes past the row are overwritten by the next one.
+constexpr std::size_t kRowSlack = 32;
+inline void copy_row(char* dst, const char* src, std::size_t n, const char* src_end) {
+  if (n <= kRowSlack && static_cast<std::size_t>(src_end - src) >= kRowSlack)
+    std::memcpy(dst, src, kRowSlack);
+  else
+    std::memcpy(dst, src, n);
 }
 
 // Appends the runs' rows (`bytes` of text in all) to `out` in key order: a P-way merge; P is small, a
 // linear scan picks the smallest head. The text is sized once and each row copied into place (4.3M
 // rows a run in mode none: an append per row cost ~25 ns).
-void merge_rows(std::vector<GatheredRows::Run>& runs, bool by_name, std::uint64_t bytes, std::string& out) {
+void merge_rows(std::vector<Run>& runs, bool by_name, std::uint64_t bytes, std::string& out) {
   const std::size_t at = out.size();
-  out.resize(at + bytes);
+  out.resize(at + bytes + kRowSlack);
   char* dst = out.data() + at;
   const auto merge = [&](auto&& less) {
     while (!runs.empty()) {
       std::size_t best = 0;
       for (std::size_t i = 1; i < runs.size(); ++i)
         if (less(runs[i], runs[best])) best = i;
-      GatheredRows::Run& r = runs[best];
+      Run& r = runs[best];
       const std::uint64_t begin = r.next == 0 ? 0 : r.ends[r.next - 1], end = r.ends[r.next];
-      std::memcpy(dst, r.text.data() + begin, end - begin);
+      copy_row(dst, r.text.data() + begin, end - begin, r.text.data() + r.text.size());
       dst += end - begin;
       if (++r.next == r.ends.size()) runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(best));
     }
   };
   if (by_name)
-    merge([](const GatheredRows::Run& a, const GatheredRows::Run& b) { return a.names[a.next] < b.names[b.next]; });
+    merge([](const Run& a, const Run& b) { return a.names[a.next] < b.names[b.next]; });
   else
-    merge([](const GatheredRows::Run& a, const GatheredRows::Run& b) { return a.ids[a.next] < b.ids[b.next]; });
+    merge([](const Run& a, const Run& b) { return a.ids[a.next] < b.ids[b.next]; });
+  out.resize(at + bytes);
 }
 
 }  // namespace
@@ -151,7 +164,14 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
 
 std::uint64_t ReleaseStager::stage(const std::vector<KeyRelease>& released, std::int64_t window,
                                    std::uint32_t trigger) {
-  GatheredRows rows = gather_rows(released, names_ ? &*names_ : nullptr, window, trigger, columns_, comm_);
+  format_own_rows(released, names_ ? &*names_ : nullptr, window, trigger, columns_, own_);
+  std::vector<Run> runs = send_rows(own_, names_.has_value(), comm_, wire_, gathered_);
+
+  std::uint64_t rows = 0, text_bytes = 0;
+  for (const Run& r : runs) {
+    rows += r.ends.size();
+    text_bytes += r.text.size();
+  }
   if (writer_) {
     // Rows wait for their commit in one buffer: reserved for the window's remaining triggers at this
     // trigger's size, so that it is not copied as it grows (reserved pages cost nothing until written);
@@ -159,14 +179,13 @@ std::uint64_t ReleaseStager::stage(const std::vector<KeyRelease>& released, std:
     constexpr std::uint64_t kMaxAhead = std::uint64_t{1} << 30;
     const std::uint64_t remaining = triggers_per_window_ > trigger ? triggers_per_window_ - trigger - 1 : 0;
     const std::uint64_t expected_more =
-        checkpointing_ && rows.text_bytes > 0 ? std::min(kMaxAhead / rows.text_bytes, remaining) * rows.text_bytes : 0;
-    writer_->stage_with(rows.rows, rows.text_bytes, expected_more, [&](std::string& pending) {
-      merge_rows(rows.runs, names_.has_value(), rows.text_bytes, pending);
-    });
-    if (!checkpointing_) writer_->append(writer_->take_pending(), /*sync=*/false);
+        checkpointing_ && text_bytes > 0 ? std::min(kMaxAhead / text_bytes, remaining) * text_bytes : 0;
+    writer_->stage_with(rows, text_bytes + kRowSlack, expected_more,  // merge_rows writes up to kRowSlack past the rows
+                        [&](std::string& pending) { merge_rows(runs, names_.has_value(), text_bytes, pending); });
+    if (!checkpointing_) writer_->append_pending(/*sync=*/false);
   }
   fault::point("output");
-  return rows.rows;
+  return rows;
 }
 
 }  // namespace dpstream

@@ -216,6 +216,14 @@ std::string ReleaseWriter::take_pending() {
   return out;
 }
 
+void ReleaseWriter::append_pending(bool sync) {
+  append(pending_, sync);
+  bytes_ += pending_.size();
+  rows_ += pending_rows_;
+  pending_.clear();
+  pending_rows_ = 0;
+}
+
 void ReleaseWriter::append(const std::string& text, bool sync) const {
   append_to_file(target_, text.data(), text.size(), sync, "publish_half");  // the tests kill the job mid-append
 }

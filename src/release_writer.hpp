@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/huge_pages.hpp"
 #include "common/record.hpp"
 
 namespace dpstream {
@@ -71,7 +72,10 @@ class ReleaseWriter {
   // reserved for `expected_more` bytes beyond them (rows likely to follow before the next commit).
   template <class Append>
   void stage_with(std::uint64_t rows, std::uint64_t bytes, std::uint64_t expected_more, Append&& append) {
-    if (pending_.capacity() - pending_.size() < bytes) pending_.reserve(pending_.size() + bytes + expected_more);
+    if (pending_.capacity() - pending_.size() < bytes) {
+      pending_.reserve(pending_.size() + bytes + expected_more);
+      advise_huge_pages(pending_.data() + pending_.size(), pending_.capacity() - pending_.size());
+    }
     const std::size_t before = pending_.size();
     try {
       append(pending_);
@@ -85,6 +89,9 @@ class ReleaseWriter {
   // Hands the pending rows to a commit; from now on they count in bytes() and rows().
   std::string take_pending();
   std::uint64_t pending_rows() const { return pending_rows_; }
+  // Without checkpoints: appends the pending rows to releases.csv at once (they count in bytes() and
+  // rows() from then on); the buffer keeps its capacity for the next trigger's rows.
+  void append_pending(bool sync);
   // Appends rows to releases.csv and fsyncs. Touches nothing but the file, so the checkpoint's
   // I/O thread may call it while the trigger loop stages the next rows.
   void append(const std::string& text, bool sync = true) const;
