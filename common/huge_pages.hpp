@@ -14,10 +14,12 @@ namespace dpstream {
 // faulting). Advice only: nothing happens where transparent huge pages are off or the range holds no
 // aligned 2 MiB, and the memory is freed as usual.
 inline void advise_huge_pages(void* p, std::size_t bytes) {
-  constexpr std::uintptr_t kHuge = std::uintptr_t{1} << 21;
-  const auto begin = (reinterpret_cast<std::uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const auto end = (reinterpret_cast<std::uintptr_t>(p) + bytes) & ~(kHuge - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  constexpr std::size_t kHuge = std::size_t{1} << 21;
+  auto* const at = static_cast<char*>(p);
+  const std::size_t head = (kHuge - reinterpret_cast<std::uintptr_t>(at) % kHuge) % kHuge;  // to the first boundary
+  if (bytes <= head) return;
+  const std::size_t body = (bytes - head) & ~(kHuge - 1);
+  if (body > 0) ::madvise(at + head, body, MADV_HUGEPAGE);
 }
 
 }  // namespace dpstream
