@@ -13,7 +13,9 @@ pairs=${3:-3}
 ranks=${4:-2}
 bin="$build/src/dpstream"
 [[ -x $bin ]] || { echo "bench-trigger-ratio.sh: $bin not found: build first (cmake --build $build)" >&2; exit 2; }
-[[ $pairs =~ ^[1-9][0-9]*$ ]] || { echo "bench-trigger-ratio.sh: PAIRS must be a positive integer, not '$pairs'" >&2; exit 2; }
+for arg in "USERS=$users" "PAIRS=$pairs" "RANKS=$ranks"; do
+  [[ ${arg#*=} =~ ^[1-9][0-9]*$ ]] || { echo "bench-trigger-ratio.sh: ${arg%%=*} must be a positive integer, not '${arg#*=}'" >&2; exit 2; }
+done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Open MPI: more ranks than cores, no binding (other MPIs ignore OMPI_* and neither bind nor refuse by default).
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
@@ -22,7 +24,9 @@ threads=$(( cores / ranks > 0 ? cores / ranks : 1 ))
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for i in $(seq "$pairs"); do
-  for T in 100 1000; do
+  order="100 1000"
+  (( i % 2 == 0 )) && order="1000 100"  # whichever runs first in a pair alternates
+  for T in $order; do
     out="$work/p$i-t$T"
     OMP_NUM_THREADS=$threads mpirun -np "$ranks" "$bin" run "$here/paper-workload-dp.toml" \
       --set "input.users=$users" --set "stream.triggers=$T" --set privacy.seed=5 \
@@ -34,9 +38,10 @@ import json, statistics, sys
 work, pairs, users, ranks, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 def run(i, t):
     j = json.load(open(f"{work}/p{i}-t{t}/summary.json"))
-    d, v = j["dp"], j["dp"].get("keys_visited_per_trigger", {})
+    d = j["dp"]
     print(f"pair {i} T={t}: wall {j['wall_seconds']:.2f} s, dp_release {j['stage_seconds_max_over_ranks']['dp_release']:.2f} s, "
-          f"noise draws {d.get('noise_draws')}, keys visited per trigger {v.get('mean', 0):.0f} (tracked {j['distinct_keys']})")
+          f"noise draws {d['noise_draws']}, keys visited per trigger {d['keys_visited_per_trigger']['mean']:.0f} "
+          f"(tracked {j['distinct_keys']})")
     return j["wall_seconds"]
 walls = {t: [] for t in (100, 1000)}
 for i in range(1, pairs + 1):

@@ -17,6 +17,12 @@ namespace {
 // their text. Rank 0's own run is read where it was formatted; every other rank sends its run with this
 // wire format: row count n, the n sort keys (ids, or length-prefixed names), the n line ends, the text.
 struct Run {  // one rank's sorted rows
+  Run() = default;
+  Run(const Run&) = delete;  // a copy's ids and ends would view the original's ids_read and ends_read
+  Run& operator=(const Run&) = delete;
+  Run(Run&&) noexcept = default;  // a moved vector keeps its buffer: the views stay valid
+  Run& operator=(Run&&) noexcept = default;
+  ~Run() = default;
   std::span<const std::uint64_t> ids, ends;
   std::vector<std::string_view> names;
   std::string_view text;
@@ -61,7 +67,7 @@ std::vector<Run> send_rows(const ReleaseStager::Scratch& own, bool by_name, cons
       r.ids_read = in.get_array<std::uint64_t>(n);
     }
     r.ends_read = in.get_array<std::uint64_t>(n);
-    r.ids = r.ids_read;  // a moved vector keeps its buffer: the spans stay valid
+    r.ids = r.ids_read;
     r.ends = r.ends_read;
     r.text = in.get_view();
     if (n > 0) runs.push_back(std::move(r));
