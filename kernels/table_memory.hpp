@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/huge_pages.hpp"
 #include "common/prefetch.hpp"
 
 namespace dpstream::kernels {
@@ -87,7 +88,7 @@ inline std::size_t reserved_capacity(std::size_t items) {
 // accumulation +12% with 2M users).
 class TableSlab {
  public:
-  static constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  static constexpr std::size_t kHugePage = kHugePageBytes;
   TableSlab() = default;
   // Maps `pieces` pieces of `piece_bytes`, each starting on a cache line; throws std::bad_alloc when it cannot.
   TableSlab(std::size_t pieces, std::size_t piece_bytes)
@@ -98,7 +99,7 @@ class TableSlab {
     void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     map_ = static_cast<char*>(p);
-    base_ = map_ + (kHugePage - reinterpret_cast<std::uintptr_t>(map_) % kHugePage) % kHugePage;
+    base_ = map_ + bytes_to_huge_page(map_);
     ::madvise(base_, bytes_, MADV_HUGEPAGE);  // advice only: no error if THP is off
   }
   TableSlab(const TableSlab&) = delete;
