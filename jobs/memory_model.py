@@ -11,7 +11,8 @@ Peak RSS per rank = base + state + other * records per rank, where
          for overflow sets), 256 shards per rank, from the expected counts of the workload: active
          users, tracked keys, each shard's count spread as hashing spreads it (Poisson), and each
          user's record from its kept records (at most one pair each);
-  other  (bytes per input record of the rank's window: record buffers of a trigger, the checkpoint
+  other  (bytes per input record of the rank's window: record buffers of a bounding batch (a trigger
+         up to T = 199, T / 100 triggers above: about a hundredth of the window either way), the checkpoint
          journal, allocator slack) and base (bytes per process) are fitted on calibration runs
          that commit at the job's cadence in triggers (the journal grows with the triggers between
          two commits: calibrate with [checkpoint] every = k and run the job with the same k):

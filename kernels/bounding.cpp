@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 
 #include "common/fault_injection.hpp"
@@ -357,17 +358,42 @@ std::uint64_t UserState::digest(std::uint64_t seed) const {
 
 namespace {
 
-struct alignas(64) ThreadOut {  // padded: threads update their own counters
-  std::vector<KeyPartial> partials;
+struct alignas(64) ThreadOut {                    // padded: threads update their own counters
+  std::vector<std::vector<KeyPartial>> partials;  // per trigger of the batch
   BoundingStats stats;
 };
 
-// A record of the trigger by its user's slot hash (a bijection of the user id, so equal hashes are equal
-// users) and its place in the trigger's records: 16 bytes, what bounding groups and sorts instead of the
-// 40-byte records themselves.
+// A batch's records, each named by one index: its trigger's place in the batch in the high bits, its place
+// in that trigger's records in the low ones. Index order is trigger order, then arrival order.
+class BatchRecords {
+ public:
+  static constexpr int kPositionBits = 40;
+  static constexpr std::uint64_t kMaxPerTrigger = std::uint64_t{1} << kPositionBits;
+  static constexpr std::size_t kMaxTriggers = std::size_t{1} << (64 - kPositionBits);
+  explicit BatchRecords(const std::vector<std::span<const Record>>& triggers) {
+    if (triggers.empty() || triggers.size() > kMaxTriggers)
+      throw std::invalid_argument("bounding: a batch holds 1 to 2^24 triggers");
+    for (const auto& t : triggers) {
+      if (t.size() >= kMaxPerTrigger) throw std::invalid_argument("bounding: 2^40 records or more in one trigger");
+      bases_.push_back(t.data());
+    }
+  }
+  static std::uint64_t index(std::size_t trigger, std::size_t position) {
+    return static_cast<std::uint64_t>(trigger) << kPositionBits | position;
+  }
+  static std::size_t trigger_of(std::uint64_t index) { return static_cast<std::size_t>(index >> kPositionBits); }
+  const Record& at(std::uint64_t index) const { return bases_[trigger_of(index)][index & (kMaxPerTrigger - 1)]; }
+
+ private:
+  std::vector<const Record*> bases_;
+};
+
+// A record of the batch by its user's slot hash (a bijection of the user id, so equal hashes are equal
+// users) and its BatchRecords index: 16 bytes, what bounding groups and sorts instead of the 40-byte
+// records themselves.
 struct UserRecord {
   std::uint64_t slot_hash;
-  std::uint64_t index;  // in the trigger's records (16 bytes with 32 or 64 bits here)
+  std::uint64_t index;  // BatchRecords::index
 };
 // A function object, so that std::sort inlines the compare (given a function's address, it called it: at
 // T = 1000 most shards hold 32 records or fewer and take std::sort's path).
@@ -388,12 +414,12 @@ class ShardBounder {
   ShardBounder(const BoundingParams& params, UserState& state, ThreadOut& out)
       : params_(params), state_(state), out_(out) {}
 
-  // Shards [first_shard, last_shard) of the trigger's `records`, whose entries lie grouped by shard in
-  // `entries` at `offsets` (in arrival order within a shard); sorts those entries in place.
-  void run(std::size_t first_shard, std::size_t last_shard, const Record* records, UserRecord* entries,
+  // Shards [first_shard, last_shard) of the batch's `records`, whose entries lie grouped by shard in
+  // `entries` at `offsets` (in index order within a shard); sorts those entries in place.
+  void run(std::size_t first_shard, std::size_t last_shard, const BatchRecords& records, UserRecord* entries,
            const std::vector<std::uint64_t>& offsets) {
     order_ = entries;
-    records_ = records;
+    records_ = &records;
     groups_.clear();
     for (std::size_t s = first_shard; s < last_shard; ++s) {
       sort_by_user(offsets[s], offsets[s + 1]);
@@ -414,25 +440,27 @@ class ShardBounder {
     std::size_t at;
     std::size_t shard;
   };
-  const Record& record_at(std::size_t at) const { return records_[order_[at].index]; }
+  const Record& record_at(std::size_t at) const { return records_->at(order_[at].index); }
   // The user's home bucket and its first record (the trigger's records are read in hash order: random).
   void prefetch_user(std::size_t group) const {
     const UserRecord& first = order_[groups_[group].at];
     state_.prefetch_slot(groups_[group].shard, first.slot_hash);
-    dpstream::prefetch_object(&records_[first.index]);
+    dpstream::prefetch_object(&records_->at(first.index));
   }
 
-  // Sorts order_[first, last) (one shard's entries, in arrival order) by user, each user's in stream order
-  // (timestamp, position). A user's records usually arrive in stream order (the generator and time-sorted
-  // files emit them so, and the shuffle and partition keep their relative order): sorted by (slot hash,
-  // arrival), then a user's run is re-sorted by stream order only when it is not in it already.
+  // Sorts order_[first, last) (one shard's entries, in arrival order) by user, each user's by trigger, then
+  // in stream order (timestamp, position): the order of a trigger-by-trigger run. A user's records usually
+  // arrive so (a batch holds its triggers one after the other; the generator and time-sorted files emit
+  // them in stream order, and the shuffle and partition keep their relative order): sorted by (slot hash,
+  // arrival), then a user's run is re-sorted only when it is not in that order already.
   void sort_by_user(std::size_t first, std::size_t last) {
     UserRecord* const begin = order_ + first;
     UserRecord* const end = order_ + last;
     sort_by_hash(begin, end);
-    const Record* records = records_;
-    const auto by_stream = [records](const UserRecord& a, const UserRecord& b) {
-      return stream_order_less(records[a.index], records[b.index]);
+    const BatchRecords& records = *records_;
+    const auto by_stream = [&records](const UserRecord& a, const UserRecord& b) {
+      const std::size_t ta = BatchRecords::trigger_of(a.index), tb = BatchRecords::trigger_of(b.index);
+      return ta != tb ? ta < tb : stream_order_less(records.at(a.index), records.at(b.index));
     };
     for (UserRecord* g = begin; g != end;) {
       UserRecord* g_end = g + 1;
@@ -467,8 +495,8 @@ class ShardBounder {
       }
   }
 
-  // One user's records of the trigger (order_[from, to), in stream order): keeps the first C - kept,
-  // clamps, counts.
+  // One user's records of the batch (order_[from, to), by trigger and in stream order): keeps the first
+  // C - kept, clamps, counts each trigger's on its own.
   void bound_user(std::size_t s, std::size_t from, std::size_t to) {
     const std::uint64_t user = record_at(from).user;
     auto [ref, added] = state_.find_or_add(s, user, order_[from].slot_hash);
@@ -479,29 +507,42 @@ class ShardBounder {
     if (take > 0) state_.set_kept(s, ref, kept + take);
     out_.stats.kept += take;
     out_.stats.dropped += n - take;
-    if (take == 1) {  // most users of a trigger: one record, one key, nothing to sort or group
-      const Record& r = record_at(from);
-      count_key(s, user, ref, r.key, 1, kept_value(r));
-    } else if (take > 1) {
-      kept_values_.clear();
-      for (std::uint32_t i = 0; i < take; ++i) {
-        const Record& r = record_at(from + i);
-        kept_values_.emplace_back(r.key, kept_value(r));
-      }
-      // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
-      std::sort(kept_values_.begin(), kept_values_.end());
-      for (std::size_t i = 0; i < kept_values_.size();) {
-        const std::uint64_t key = kept_values_[i].first;
-        std::int64_t count = 0;
-        int128 sum = 0;  // fixed point, exact (see record.hpp)
-        for (; i < kept_values_.size() && kept_values_[i].first == key; ++i) {
-          ++count;
-          sum += kept_values_[i].second;
-        }
-        count_key(s, user, ref, key, count, sum);
-      }
+    for (std::size_t at = from; at < from + take;) {  // the kept records of each trigger, in trigger order
+      const std::size_t t = BatchRecords::trigger_of(order_[at].index);
+      std::size_t end = at + 1;
+      while (end < from + take && BatchRecords::trigger_of(order_[end].index) == t) ++end;
+      bound_trigger(s, user, ref, at, end, out_.partials[t]);
+      at = end;
     }
     if (state_.journal && take > 0) state_.mark_changed(s, ref);
+  }
+
+  // The user's kept records of one trigger (order_[from, to), at least one): a partial per key, its first touch
+  // counted.
+  void bound_trigger(std::size_t s, std::uint64_t user, UserState::UserRef& ref, std::size_t from, std::size_t to,
+                     std::vector<KeyPartial>& partials) {
+    if (to - from == 1) {  // most users of a trigger: one record, one key, nothing to sort or group
+      const Record& r = record_at(from);
+      count_key(s, user, ref, r.key, 1, kept_value(r), partials);
+      return;
+    }
+    kept_values_.clear();
+    for (std::size_t i = from; i < to; ++i) {
+      const Record& r = record_at(i);
+      kept_values_.emplace_back(r.key, kept_value(r));
+    }
+    // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
+    std::sort(kept_values_.begin(), kept_values_.end());
+    for (std::size_t i = 0; i < kept_values_.size();) {
+      const std::uint64_t key = kept_values_[i].first;
+      std::int64_t count = 0;
+      int128 sum = 0;  // fixed point, exact (see record.hpp)
+      for (; i < kept_values_.size() && kept_values_[i].first == key; ++i) {
+        ++count;
+        sum += kept_values_[i].second;
+      }
+      count_key(s, user, ref, key, count, sum, partials);
+    }
   }
 
   // A kept record's value: clamped, in fixed point, rounded to the value quantum.
@@ -516,46 +557,55 @@ class ShardBounder {
 
   // The user's kept records of one key: its first touch counted, its partial emitted.
   void count_key(std::size_t s, std::uint64_t user, UserState::UserRef& ref, std::uint64_t key, std::int64_t count,
-                 int128 sum) {
+                 int128 sum, std::vector<KeyPartial>& partials) {
     const bool first_touch = state_.add_pair(s, user, ref, UserState::key_fingerprint(key, user));
-    append_partial(out_.partials, key, count, sum, first_touch || params_.users_per_trigger ? 1 : 0);
+    append_partial(partials, key, count, sum, first_touch || params_.users_per_trigger ? 1 : 0);
   }
 
   const BoundingParams& params_;
   UserState& state_;
   ThreadOut& out_;
   UserRecord* order_ = nullptr;  // the run's entries (sorted by user within each shard by run())
-  const Record* records_ = nullptr;
+  const BatchRecords* records_ = nullptr;
   std::vector<UserRecord> scratch_;
   std::vector<std::uint32_t> bucket_start_, bucket_end_;             // sort_by_hash's counting pass
   std::vector<Group> groups_;                                        // each user's, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };
 
-// The trigger's records as (slot hash, index) entries grouped by shard (UserState::shard_of): the slot
+// The batch's records as (slot hash, index) entries grouped by shard (UserState::shard_of): the slot
 // hash, computed once per record here, gives both the shard and the order within it.
-partition::Partitioned<UserRecord> entries_by_shard(const std::vector<Record>& records) {
-  std::vector<UserRecord> entries(records.size());
+partition::Partitioned<UserRecord> entries_by_shard(const std::vector<std::span<const Record>>& triggers) {
+  std::size_t total = 0;
+  for (const auto& t : triggers) total += t.size();
+  std::vector<UserRecord> entries(total);
+  std::size_t first = 0;
+  for (std::size_t t = 0; t < triggers.size(); first += triggers[t].size(), ++t) {
+    const std::span<const Record> records = triggers[t];
 #pragma omp parallel for schedule(static) if (records.size() >= 65536)
-  for (std::size_t i = 0; i < records.size(); ++i) entries[i] = {UserState::slot_hash(records[i].user), i};
+    for (std::size_t i = 0; i < records.size(); ++i)
+      entries[first + i] = {UserState::slot_hash(records[i].user), BatchRecords::index(t, i)};
+  }
   return partition::partition_by(entries, UserState::kShards,
                                  [](const UserRecord& e) { return UserState::shard_of_slot_hash(e.slot_hash); });
 }
 
 }  // namespace
 
-std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, const BoundingParams& params,
-                                            UserState& state, BoundingStats& stats) {
+std::vector<std::vector<KeyPartial>> bound_and_aggregate_batch(const std::vector<std::span<const Record>>& triggers,
+                                                               const BoundingParams& params, UserState& state,
+                                                               BoundingStats& stats) {
+  const BatchRecords records(triggers);
   constexpr std::size_t S = UserState::kShards;
   // Group by shard (stable), then each thread takes whole shards: no locks on the state.
-  auto sharded = entries_by_shard(records);
+  auto sharded = entries_by_shard(triggers);
 
   const int threads = omp_get_max_threads();
   // Runs of consecutive shards: a shard joins the run before it while that run holds fewer than
-  // kRunRecords records and max_run_shards shards, so small triggers (T = 1000) keep the prefetch warm across
+  // kRunRecords records and max_run_shards shards, so small batches (T = 1000) keep the prefetch warm across
   // shards and large ones sort and visit a shard at a time (a run's entries stay in L2: runs of 16 shards
   // at 1/100 of the billion-key job made bounding 20% slower).
-  // At most S / (2 threads) shards, so that each thread has runs of its own however small the trigger.
+  // At most S / (2 threads) shards, so that each thread has runs of its own however small the batch.
   constexpr std::size_t kRunRecords = 4096;
   const std::size_t max_run_shards = std::clamp<std::size_t>(S / (2 * static_cast<std::size_t>(threads)), 1, 16);
   std::vector<std::size_t> runs{0};
@@ -564,33 +614,43 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
       runs.push_back(s);
   runs.push_back(S);
   const std::size_t run_count = runs.size() - 1;
+  const std::size_t trigger_count = triggers.size();
   std::vector<ThreadOut> out(static_cast<std::size_t>(threads));
 #pragma omp parallel num_threads(threads)
   {
     ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
-    mine.partials.reserve(records.size() / static_cast<std::size_t>(threads) + 16);
+    mine.partials.resize(trigger_count);
+    for (std::size_t t = 0; t < trigger_count; ++t)
+      mine.partials[t].reserve(triggers[t].size() / static_cast<std::size_t>(threads) + 16);
     ShardBounder bounder(params, state, mine);
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t r = 0; r < run_count; ++r) {
       if (runs[r] <= S / 2 && S / 2 < runs[r + 1]) fault::point("bounding");
-      bounder.run(runs[r], runs[r + 1], records.data(), sharded.items.data(), sharded.offsets);
+      bounder.run(runs[r], runs[r + 1], records, sharded.items.data(), sharded.offsets);
     }
   }
 
-  std::vector<KeyPartial> partials = std::move(out.front().partials);  // one thread: no copy of them all
-  if (out.size() > 1) {
-    std::size_t total = 0;
-    for (const auto& o : out) total += o.partials.size();
-    partials.reserve(total);
+  // Each trigger's partials: the first thread's taken over (one thread: no copy of them all), the others' appended.
+  std::vector<std::vector<KeyPartial>> partials = std::move(out.front().partials);
+  for (std::size_t t = 0; t < trigger_count && out.size() > 1; ++t) {
+    std::size_t total = partials[t].size();
+    for (std::size_t i = 1; i < out.size(); ++i) total += out[i].partials[t].size();
+    partials[t].reserve(total);
+    for (std::size_t i = 1; i < out.size(); ++i)
+      partials[t].insert(partials[t].end(), out[i].partials[t].begin(), out[i].partials[t].end());
   }
-  for (auto& o : out) {
-    if (&o != &out.front()) partials.insert(partials.end(), o.partials.begin(), o.partials.end());
+  for (const auto& o : out) {
     stats.kept += o.stats.kept;
     stats.dropped += o.stats.dropped;
     stats.clamped += o.stats.clamped;
     stats.new_users += o.stats.new_users;
   }
   return partials;
+}
+
+std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, const BoundingParams& params,
+                                            UserState& state, BoundingStats& stats) {
+  return std::move(bound_and_aggregate_batch({std::span<const Record>(records)}, params, state, stats).front());
 }
 
 }  // namespace dpstream::kernels

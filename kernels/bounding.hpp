@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -242,5 +243,15 @@ class UserState {
 // Returns one partial per (user, key) with kept records (a key may appear more than once).
 std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, const BoundingParams& params,
                                             UserState& state, BoundingStats& stats);
+
+// The same for consecutive triggers of a window at once (`triggers[i]`: the records of the batch's i-th, each
+// below 2^40; at most 2^24 triggers). Returns each trigger's partials,
+// and leaves `state` and `stats` as bounding them trigger by trigger would: a user's records are taken by
+// trigger, then in stream order, and each trigger's are aggregated on their own. One pass over the state
+// for several small triggers: at T = 1000 a trigger touches one user bucket in twenty, each a cache miss
+// (docs/PERFORMANCE.md round 30).
+std::vector<std::vector<KeyPartial>> bound_and_aggregate_batch(const std::vector<std::span<const Record>>& triggers,
+                                                               const BoundingParams& params, UserState& state,
+                                                               BoundingStats& stats);
 
 }  // namespace dpstream::kernels

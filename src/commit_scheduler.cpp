@@ -1,6 +1,7 @@
 #include "src/commit_scheduler.hpp"
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "common/elapsed.hpp"
@@ -53,7 +54,7 @@ void CommitScheduler::start_at(std::uint32_t first_trigger) {
   last_commit_ = Clock::now();
 }
 
-StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job) {
+StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job, bool batch_end) {
   const bool root = comm_.rank() == 0;
   const TriggerEnd end = last_of_job ? TriggerEnd{}
                                      : agree_on_trigger_end(comm_, root && checkpointing_ && clock_ran_out(),
@@ -63,11 +64,18 @@ StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigg
   committed_now_ = false;
   const bool window_end = trigger + 1 == config_.stream.triggers;
   const bool count_due = config_.checkpoint.every && trigger + 1 - uncommitted_from_ >= *config_.checkpoint.every;
+  if (window_end && !batch_end) throw std::logic_error("CommitScheduler: a batch ran past its window's end");
   const std::optional<CommitCause> cause = window_end         ? CommitCause::WindowEnd
+                                           : deferred_        ? deferred_
                                            : count_due        ? CommitCause::Every
                                            : end.journal_full ? CommitCause::Journal
                                            : end.clock_due    ? CommitCause::Seconds
                                                               : std::optional<CommitCause>();
+  if (checkpointing_ && cause && !batch_end) {
+    deferred_ = cause;
+    return end.stop;
+  }
+  deferred_.reset();
   if (checkpointing_ && cause) {
     count(*cause);
     if (wi + 1 == config_.stream.windows && window_end) {

@@ -39,8 +39,9 @@ class CommitScheduler {
   void start_at(std::uint32_t first_trigger);
   // After trigger `trigger` of window index `wi` (collective): agrees on a stop signal and rank 0's
   // commit clock (not after the job's last trigger), then commits when due. The job's last commit is
-  // left pending for finish_job.
-  StopAgreement end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job);
+  // left pending for finish_job. Only at a batch's end (`batch_end`; a window's last trigger ends one):
+  // within a batch the user state is already ahead of the trigger, so a commit due there waits for it.
+  StopAgreement end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job, bool batch_end);
   // A stop after that trigger: commits it unless end_trigger just did.
   void commit_for_stop(std::uint32_t wi, std::uint32_t trigger);
   // Stopped: the last commit made durable and visible.
@@ -76,6 +77,7 @@ class CommitScheduler {
   Clock::time_point last_commit_ = Clock::now();  // the time-based cadence counts from here
   std::uint32_t uncommitted_from_ = 0;            // first trigger of the window not yet committed
   bool committed_now_ = false;                    // end_trigger committed the trigger
+  std::optional<CommitCause> deferred_;           // a commit due within the batch, made at its end
   bool final_commit_pending_ = false;
 };
 

@@ -244,7 +244,8 @@ constexpr SpecField kSpecFields[] = {
     {"checkpoint.every", MayChange},  // commits do not change the output (docs/CHECKPOINTS.md)
     {"checkpoint.seconds", MayChange},
     {"checkpoint.journal_mib", MayChange},
-    {"engine.key_scan", MayChange},  // both scans release the same rows (kernels/key_scan.hpp)
+    {"engine.key_scan", MayChange},       // both scans release the same rows (kernels/key_scan.hpp)
+    {"engine.trigger_batch", MayChange},  // batches release the same rows (kernels/bounding.hpp)
 };
 // clang-format on
 
@@ -463,6 +464,13 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
 
   SectionReader en(root, "engine", source);
   c.engine.key_scan = en.choice("key_scan", KeyScan::Predicted);
+  using EngineLimits = std::numeric_limits<std::int64_t>;
+  const std::int64_t batch = en.integer("trigger_batch", 0, EngineLimits::min(), EngineLimits::max());
+  if (batch < 0 || batch > EngineConfig::kMaxTriggerBatch)
+    en.fail("trigger_batch", fmt::format("must be in [0, {}] (triggers bounded in one pass over the user state; 0: "
+                                         "about a hundredth of [stream] triggers), got {}",
+                                         EngineConfig::kMaxTriggerBatch, batch));
+  c.engine.trigger_batch = static_cast<std::uint32_t>(batch);
   en.finish();
   return c;
 }

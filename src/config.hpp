@@ -1,6 +1,7 @@
 // The job spec: a TOML file plus --set overrides, parsed and validated in one place.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -118,6 +119,14 @@ struct CheckpointConfig {
 
 struct EngineConfig {
   KeyScan key_scan = KeyScan::Predicted;
+  // Consecutive triggers whose records are bounded in one pass over the user state (bounding_batch); 0: auto.
+  std::uint32_t trigger_batch = 0;
+  static constexpr std::uint32_t kMaxTriggerBatch = 1024;
+  // The auto batch: about a hundredth of a window's triggers (T = 1000: 10), so that a batch holds about as
+  // many records as a trigger at T = 100 and as much memory; 1 up to T = 199.
+  std::uint32_t triggers_per_batch(std::uint32_t triggers_per_window) const {
+    return trigger_batch ? trigger_batch : std::max<std::uint32_t>(1, triggers_per_window / 100);
+  }
 };
 
 struct JobConfig {

@@ -53,8 +53,12 @@ void Engine::run_window(std::uint32_t wi) {
   }
   releaser_->begin_window(window);
   reserve_tables();
-  for (std::uint32_t trigger = wi == start_window_ ? start_trigger_ : 0; trigger < T && !stop_.signal; ++trigger)
-    process_trigger(wi, trigger);
+  const std::uint32_t batch = config_.engine.triggers_per_batch(T);
+  for (std::uint32_t first = wi == start_window_ ? start_trigger_ : 0; first < T && !stop_.signal;) {
+    const std::uint32_t end = first + std::min(batch, T - first);  // a batch ends with its window at the latest
+    process_batch(wi, first, end);
+    first = end;
+  }
   if (!commits_->final_commit_pending() && !stop_.signal) {  // the next window starts empty
     users_.clear();
     keys_.clear();
@@ -70,15 +74,25 @@ void Engine::reserve_tables() {
   if (const std::uint64_t keys = source_->keys_per_window()) keys_.reserve(keys / ranks);
 }
 
-// One trigger on every rank: ingest -> route by user, bound, route by key, accumulate and release
-// (src/trigger_pipeline.hpp) -> release rows staged on rank 0 -> commit when due.
-void Engine::process_trigger(std::uint32_t wi, std::uint32_t trigger) {
+// Triggers [first, end) of a window on every rank: each one ingested and routed by user, all of them
+// bounded at once (src/trigger_pipeline.hpp), then each one routed by key, accumulated and released ->
+// release rows staged on rank 0 -> commit when due. The user state is ahead of the key state within the
+// batch, so commits and stops wait for its end (src/commit_scheduler.hpp).
+void Engine::process_batch(std::uint32_t wi, std::uint32_t first, std::uint32_t end) {
   const std::int64_t window = config_.stream.first_window + wi;
-  std::vector<Record> local = ingest(window, trigger);
-  const std::uint64_t local_records = local.size();
-  const std::vector<KeyRelease> release = pipeline_->process(std::move(local), trigger);
-  const std::uint64_t released = stage_release(release, window, trigger);
-  end_trigger(wi, trigger, local_records, released);
+  std::vector<std::uint64_t> local_records;
+  std::vector<std::vector<Record>> owned;
+  for (std::uint32_t trigger = first; trigger < end; ++trigger) {
+    std::vector<Record> local = ingest(window, trigger);
+    local_records.push_back(local.size());
+    owned.push_back(pipeline_->route_by_user(std::move(local)));
+  }
+  std::vector<std::vector<KeyPartial>> partials = pipeline_->bound(std::move(owned));
+  for (std::uint32_t trigger = first; trigger < end; ++trigger) {
+    const std::vector<KeyRelease> release = pipeline_->release(std::move(partials[trigger - first]), trigger);
+    const std::uint64_t released = stage_release(release, window, trigger);
+    end_trigger(wi, trigger, local_records[trigger - first], released, trigger + 1 == end);
+  }
 }
 
 std::vector<Record> Engine::ingest(std::int64_t window, std::uint32_t trigger) {
@@ -99,9 +113,10 @@ std::uint64_t Engine::stage_release(const std::vector<KeyRelease>& release, std:
 }
 
 // After a trigger: the counters (at a window's end also its figures), the agreement on a stop
-// signal and a commit, progress; on a stop, this trigger committed even between two scheduled
-// commits (the job's last trigger simply finishes the job).
-void Engine::end_trigger(std::uint32_t wi, std::uint32_t trigger, std::uint64_t local_records, std::uint64_t released) {
+// signal and a commit, progress; on a stop, the batch's last trigger committed even between two
+// scheduled commits (the job's last trigger simply finishes the job).
+void Engine::end_trigger(std::uint32_t wi, std::uint32_t trigger, std::uint64_t local_records, std::uint64_t released,
+                         bool batch_end) {
   const std::int64_t window = config_.stream.first_window + wi;
   const bool window_end = trigger + 1 == config_.stream.triggers;
   ++triggers_done_;
@@ -110,10 +125,15 @@ void Engine::end_trigger(std::uint32_t wi, std::uint32_t trigger, std::uint64_t 
     counters_.end_window(window, users_, keys_, /*count_released=*/dp_);
     peaks_.observe(users_, keys_, *releaser_);
   }
-  stop_ = commits_->end_trigger(wi, trigger, /*last_of_job=*/triggers_done_ >= total_triggers_);
+  const bool last_of_job = triggers_done_ >= total_triggers_;
+  const StopAgreement stop = commits_->end_trigger(wi, trigger, last_of_job, batch_end);
+  if (last_of_job)
+    stop_ = {};  // the job's last trigger finishes the job, also after a stop agreed within its batch
+  else if (stop_.signal == 0)
+    stop_ = stop;  // the first one agreed, kept to the batch's end
   progress_->trigger_done(window, trigger, config_.stream.triggers, local_records, released, triggers_done_,
                           total_triggers_, dp_);
-  if (stop_.signal != 0) {
+  if (stop_.signal != 0 && batch_end) {
     commits_->commit_for_stop(wi, trigger);
     stopped_window_ = wi;
     stopped_trigger_ = trigger;

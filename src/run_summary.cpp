@@ -87,6 +87,7 @@ void add_counts(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& c
   j["distinct_keys"] = comm.sum(c.distinct_keys);
   j["state_digest"] = fmt::format("{:016x}", comm.sum(c.state_digest));
   j["triggers"] = run.total_triggers;
+  j["triggers_per_bounding_batch"] = run.config.engine.triggers_per_batch(run.config.stream.triggers);
   j["release_rows"] = run.release_rows;
 }
 

@@ -1,5 +1,6 @@
 #include "src/trigger_pipeline.hpp"
 
+#include <span>
 #include <utility>
 
 #include "common/elapsed.hpp"
@@ -24,8 +25,8 @@ class StageTimer {
 };
 }  // namespace
 
-std::vector<KeyRelease> TriggerPipeline::process(std::vector<Record> local, std::uint32_t trigger) {
-  return accumulate_and_release(route_by_key(bound(route_by_user(std::move(local)))), trigger);
+std::vector<KeyRelease> TriggerPipeline::release(std::vector<KeyPartial> partials, std::uint32_t trigger) {
+  return accumulate_and_release(route_by_key(std::move(partials)), trigger);
 }
 
 std::vector<Record> TriggerPipeline::route_by_user(std::vector<Record> local) {
@@ -41,11 +42,12 @@ std::vector<Record> TriggerPipeline::route_by_user(std::vector<Record> local) {
   return comm_.alltoallv(by_user.items, by_user.offsets, &counters_.user_traffic, "shuffle_user");
 }
 
-std::vector<KeyPartial> TriggerPipeline::bound(std::vector<Record> owned) {
+std::vector<std::vector<KeyPartial>> TriggerPipeline::bound(std::vector<std::vector<Record>> owned) {
   StageTimer timer(stage_.bounding);
-  std::vector<KeyPartial> partials;
+  const std::vector<std::span<const Record>> triggers(owned.begin(), owned.end());
+  std::vector<std::vector<KeyPartial>> partials;
   shuffle::on_all_ranks<InputError>(
-      comm_, [&] { partials = kernels::bound_and_aggregate(owned, bounding_, users_, counters_.bounding); });
+      comm_, [&] { partials = kernels::bound_and_aggregate_batch(triggers, bounding_, users_, counters_.bounding); });
   return partials;
 }
 

@@ -1,6 +1,8 @@
-// One trigger through the engine, on every rank: route records by user -> bound each user's
+// Triggers through the engine, on every rank: route records by user -> bound each user's
 // contribution -> route per-key partials by key -> accumulate -> release (docs/DESIGN-NOTES.md).
-// Holds references to the run's state; every step is a collective.
+// The first two steps take a batch of consecutive triggers of a window at once (one pass over the user
+// state), the others one trigger at a time, in order. Holds references to the run's state; every step is
+// a collective.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +29,16 @@ class TriggerPipeline {
         counters_(counters),
         stage_(stage) {}
 
-  // This rank's records of the trigger in; the rows of the keys this rank owns out, sorted by key.
-  std::vector<KeyRelease> process(std::vector<Record> local, std::uint32_t trigger);
+  // 1. This rank's records of a trigger to their users' owners: the records of those users this rank owns.
+  std::vector<Record> route_by_user(std::vector<Record> local);
+  // 2. At most C records per user: the owned records of a batch's triggers (in trigger order) in, each
+  // trigger's partials out, as bounding trigger by trigger would give them.
+  std::vector<std::vector<KeyPartial>> bound(std::vector<std::vector<Record>> owned);
+  // 3.-4. One trigger's partials (the triggers of a batch in order) to the rows of the keys this rank owns,
+  // sorted by key.
+  std::vector<KeyRelease> release(std::vector<KeyPartial> partials, std::uint32_t trigger);
 
  private:
-  std::vector<Record> route_by_user(std::vector<Record> local);            // 1. to the user's owner
-  std::vector<KeyPartial> bound(std::vector<Record> owned);                // 2. at most C records per user
   std::vector<KeyPartial> route_by_key(std::vector<KeyPartial> partials);  // 3. to the key's owner
   std::vector<KeyRelease> accumulate_and_release(std::vector<KeyPartial> owned, std::uint32_t trigger);  // 4.
 

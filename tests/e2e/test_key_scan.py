@@ -6,12 +6,14 @@ hundreds of releases come from noise alone at triggers without records for the k
 noise seed, for mu = 0 (every key with a user is tested) and the default mu on trees, and the
 default mu on banded-inverse counters:
 
-  * key_scan = "predicted" (default, 2 threads per rank) gives a releases.csv byte-identical to
-    key_scan = "full" (1 thread per rank) at the same rank count, visits fewer keys per trigger,
-    ends each window in the same state (summary.json state_digest) and counts releases at
-    predicted visits;
-  * a predicted run killed inside key selection in its second window (checkpoint every trigger)
-    and resumed at another rank count gives the same bytes and state digest again.
+  * key_scan = "predicted" (default, 2 threads per rank, [engine] trigger_batch = 7: users bounded
+    seven triggers at a time) gives a releases.csv byte-identical to key_scan = "full" (1 thread
+    per rank, one trigger at a time) at the same rank count, visits fewer keys per trigger, ends
+    each window in the same state (summary.json state_digest) and counts releases at predicted
+    visits;
+  * a predicted run in batches of 7 killed inside key selection in the middle of a batch of its
+    second window (checkpoint every trigger: the commits wait for the batches' ends) and resumed at
+    another rank count, one trigger at a time, gives the same bytes and state digest again.
 
 Usage: test_key_scan.py --ranks N [--bin build/src/dpstream] [--keep]
 """
@@ -24,7 +26,8 @@ sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-KILLED_AT_TRIGGER = 70  # the 71st trigger: window 2, trigger 10 of 60
+KILLED_AT_TRIGGER = 70  # the 71st trigger: window 2, trigger 10 of 60, inside its batch of triggers 7-13
+BATCH = ("--set", "engine.trigger_batch=7")
 
 
 def job_toml(mu, banded=False):
@@ -62,10 +65,10 @@ def main():
                 return r, out
 
             def full_vs_predicted():
-                r, out = run("full", "--set", 'engine.key_scan="full"', threads="1")
+                r, out = run("full", "--set", 'engine.key_scan="full"', "--set", "engine.trigger_batch=1", threads="1")
                 assert r.returncode == 0, "full scan failed\n  " + r.describe()
                 runs["full"] = out
-                r, out = run("predicted")
+                r, out = run("predicted", *BATCH)
                 assert r.returncode == 0, "predicted scan failed\n  " + r.describe()
                 runs["predicted"] = out
                 ref = harness.read_bytes(os.path.join(runs["full"], "releases.csv"))
@@ -93,10 +96,11 @@ def main():
             def killed_and_resumed():
                 assert "full" in runs, "needs the full scan's output"
                 last = args.ranks - 1
-                r, out = run("resumed", env={"DPSTREAM_FAULT": f"dp_release@{KILLED_AT_TRIGGER + 1}:{last}"})
+                r, out = run("resumed", *BATCH, env={"DPSTREAM_FAULT": f"dp_release@{KILLED_AT_TRIGGER + 1}:{last}"})
                 assert r.returncode != 0, "the fault did not stop the run\n  " + r.describe()
                 other = 1 if args.ranks > 1 else 2
-                r2 = dp.run_with("run", job, "--out", out, "--resume", ranks=other, env={"OMP_NUM_THREADS": "1"})
+                r2 = dp.run_with("run", job, "--out", out, "--resume", "--set", "engine.trigger_batch=1", ranks=other,
+                                 env={"OMP_NUM_THREADS": "1"})
                 assert r2.returncode == 0, "resume failed\n  " + r2.describe()
                 ref = harness.read_bytes(os.path.join(runs["full"], "releases.csv"))
                 got = harness.read_bytes(os.path.join(out, "releases.csv"))
@@ -105,8 +109,8 @@ def main():
                 assert have == want, f"resumed state_digest {have}, uninterrupted full scan {want}"
 
             results.check(f"{label}: predicted == full scan at {args.ranks} rank(s)", full_vs_predicted)
-            results.check(f"{label}: killed in key selection at trigger {KILLED_AT_TRIGGER + 1}, resumed at another "
-                          f"rank count: identical", killed_and_resumed)
+            results.check(f"{label}: killed in key selection at trigger {KILLED_AT_TRIGGER + 1} (inside a batch), "
+                          f"resumed at another rank count: identical", killed_and_resumed)
     return results.finish()
 
 

@@ -9,6 +9,9 @@ Each job first runs uninterrupted: its releases.csv is the reference. Then:
     must hold exactly the rows of every trigger up to that one (also between two scheduled commits
     with [checkpoint] every = 5, and at a window's end), no summary.json; one --resume (at another rank
     count) must give a releases.csv byte-identical to the reference.
+  * users bounded in batches of 5 triggers ([engine] trigger_batch = 5): a signal inside a batch
+    stops the job after the batch's last trigger (commits wait for a batch's end); one inside the
+    job's last batch finishes the job.
   * a signal during the job's last trigger just finishes the job (exit 0, summary.json).
   * [checkpoint] every = 0: exit 5, "nothing can be resumed", no output files left.
   * external signals on a larger job: SIGUSR1 to mpirun (which forwards it to every rank) stops
@@ -72,10 +75,11 @@ def main():
             "none": job_toml("e2e-signal-none", "none", 4000, 6, windows=2, first_window=3),
             "dp": job_toml("e2e-signal-dp", "dp", 6000, 9),
             "dp-every5": job_toml("e2e-signal-dp", "dp", 6000, 9, every=5),
+            "dp-batch5": job_toml("e2e-signal-dp", "dp", 6000, 9) + "\n[engine]\ntrigger_batch = 5\n",
             "none-every0": job_toml("e2e-signal-none", "none", 4000, 6, windows=2, first_window=3, every=0),
             "big": job_toml("e2e-signal-big", "none", 1500000, 8),
         }
-        first_window = {"none": 3, "dp": 0, "dp-every5": 0, "none-every0": 3, "big": 0}
+        first_window = {"none": 3, "dp": 0, "dp-every5": 0, "dp-batch5": 0, "none-every0": 3, "big": 0}
         specs, reference = {}, {}
         for name, text in jobs.items():
             specs[name] = harness.write_job(os.path.join(tmp, f"{name}.toml"), text)
@@ -85,6 +89,7 @@ def main():
             assert run.returncode == 0, run.describe()
             reference[name] = harness.read_bytes(os.path.join(out, "releases.csv"))
         reference["dp-every5"] = reference["dp"]  # `every` does not change the output
+        reference["dp-batch5"] = reference["dp"]  # nor do batches
 
         def resume_and_compare(job, out, ranks):
             run = dps.run_with("run", specs[job], "--out", out, "--resume", ranks=ranks)
@@ -130,6 +135,17 @@ def main():
         # The I/O thread receives it while writing a segment: the stop follows within a trigger.
         results.check("USR1 on the checkpoint I/O thread",
                       lambda: stopped_run("dp", "ckpt_half_written@3:0:USR1", "SIGUSR1", 0))
+
+        results.check("TERM inside the DP kernel at trigger 2 of a batch of triggers 1-5: stops after trigger 5",
+                      lambda: stopped_run("dp-batch5", f"dp_release@2:{last}:TERM", "SIGTERM", last, 5))
+
+        def last_batch_finishes():
+            out = case_dir("dp-batch5-last-batch")
+            run = dps.run_with("run", specs["dp-batch5"], "--out", out, env={"DPSTREAM_FAULT": f"dp_release@7:{last}:TERM"})
+            assert run.returncode == 0, f"a signal in the job's last batch must just finish it\n{run.describe()}"
+            assert harness.read_bytes(os.path.join(out, "releases.csv")) == reference["dp"], "output differs"
+            assert os.path.exists(os.path.join(out, "summary.json")), "no summary.json"
+        results.check("signal inside the job's last batch (triggers 6-9) finishes the job", last_batch_finishes)
 
         def last_trigger_finishes():
             out = case_dir("dp-last-trigger")

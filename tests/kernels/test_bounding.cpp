@@ -2,11 +2,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <random>
 #include <set>
+#include <span>
+#include <tuple>
 #include <unordered_map>
 
 #include "kernels/bounding.hpp"
@@ -87,6 +90,88 @@ void expect_matches_naive_reference(int max_records, std::uint64_t users, int tr
 TEST(Bounding, MatchesNaiveReferenceOverManyTriggers) { expect_matches_naive_reference(400, 60, 30); }
 
 TEST(Bounding, MatchesNaiveReferenceWithHundredsOfRecordsPerShard) { expect_matches_naive_reference(200000, 30000, 6); }
+
+namespace {
+// A bounded state's observable contents: its digest, and what its journal holds (sorted).
+struct Bounded {
+  std::uint64_t digest;
+  std::vector<kernels::UserState::UserFingerprint> changed, added;
+  bool operator==(const Bounded&) const = default;
+};
+Bounded drained(kernels::UserState& state) {
+  Bounded b{state.digest(99), {}, {}};
+  for (std::size_t s = 0; s < kernels::UserState::kShards; ++s) {
+    std::vector<kernels::UserState::UserFingerprint> changed, added;
+    state.drain_journal(s, changed, added);
+    b.changed.insert(b.changed.end(), changed.begin(), changed.end());
+    b.added.insert(b.added.end(), added.begin(), added.end());
+  }
+  std::sort(b.changed.begin(), b.changed.end());
+  std::sort(b.added.begin(), b.added.end());
+  return b;
+}
+std::vector<std::tuple<std::uint64_t, std::int64_t, std::int64_t, std::int64_t>> sorted(
+    const std::vector<KeyPartial>& partials) {
+  std::vector<std::tuple<std::uint64_t, std::int64_t, std::int64_t, std::int64_t>> out;
+  out.reserve(partials.size());
+  for (const auto& p : partials) out.emplace_back(p.key, p.count, p.sum, p.new_users);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+// Bounding triggers in batches (bound_and_aggregate_batch) gives each trigger the partials, and leaves the
+// state, journal and counters, that bounding them one at a time gives. A user's records are taken by
+// trigger first: the timestamps here are random across triggers, so a later trigger's records may be
+// earlier in time (ordering the batch by stream order alone keeps other records and fails).
+TEST(Bounding, BatchesOfTriggersBoundAsTriggerByTrigger) {
+  const std::uint32_t C = 6;
+  for (const bool per_trigger : {false, true}) {
+    const kernels::BoundingParams params{C, -1.0, 2.5, 1, per_trigger};
+    std::mt19937_64 rng(777);
+    std::vector<std::vector<Record>> triggers;
+    std::uint64_t position = 0;
+    for (int t = 0; t < 23; ++t) {
+      auto records = random_trigger(rng, t, position, t % 5 == 0 ? 3000 : 300, 80);
+      for (auto& r : records) r.timestamp = static_cast<std::int64_t>(rng() % 4000);
+      triggers.push_back(std::move(records));
+    }
+    kernels::UserState one_state;
+    one_state.journal = true;
+    kernels::BoundingStats one_stats;
+    std::vector<std::vector<KeyPartial>> one;
+    one.reserve(triggers.size());
+    for (const auto& t : triggers) one.push_back(kernels::bound_and_aggregate(t, params, one_state, one_stats));
+    const Bounded want = drained(one_state);
+    ASSERT_GT(one_stats.dropped, 0u);
+    for (const int threads : {1, 2})
+      for (const std::size_t batch : {std::size_t{2}, std::size_t{5}, std::size_t{7}, triggers.size()}) {
+        dpstream::testing::ScopedOmpThreads scoped(threads);
+        kernels::UserState state;
+        state.journal = true;
+        kernels::BoundingStats stats;
+        for (std::size_t first = 0; first < triggers.size(); first += batch) {
+          const std::size_t end = std::min(triggers.size(), first + batch);
+          const std::vector<std::span<const Record>> spans(triggers.begin() + static_cast<std::ptrdiff_t>(first),
+                                                           triggers.begin() + static_cast<std::ptrdiff_t>(end));
+          const auto got = kernels::bound_and_aggregate_batch(spans, params, state, stats);
+          ASSERT_EQ(got.size(), end - first);
+          for (std::size_t t = first; t < end; ++t)
+            ASSERT_EQ(sorted(got[t - first]), sorted(one[t])) << "trigger " << t << ", batches of " << batch << ", "
+                                                              << threads << " thread(s), per trigger " << per_trigger;
+        }
+        EXPECT_EQ(drained(state), want) << "batches of " << batch;
+        EXPECT_EQ((std::array{stats.kept, stats.dropped, stats.clamped, stats.new_users}),
+                  (std::array{one_stats.kept, one_stats.dropped, one_stats.clamped, one_stats.new_users}));
+      }
+  }
+}
+
+TEST(Bounding, BatchesRefuseAnEmptyBatch) {
+  kernels::UserState state;
+  kernels::BoundingStats stats;
+  EXPECT_THROW(kernels::bound_and_aggregate_batch({}, {6, 0.0, 1.0}, state, stats), std::invalid_argument);
+}
 
 TEST(Bounding, KeepsTheFirstCInStreamOrderNotArrivalOrder) {
   kernels::UserState users;

@@ -35,6 +35,12 @@ TEST(Config, DefaultsAndRequiredKeys) {
   EXPECT_EQ(c.output.format, "csv");
   EXPECT_EQ(c.engine.key_scan, KeyScan::Predicted);
   EXPECT_EQ(parse_job(kMinimal, "job.toml", {"engine.key_scan=full"}).engine.key_scan, KeyScan::Full);
+  // Trigger batches: auto is about a hundredth of T (at least 1); a number is taken as given.
+  EXPECT_EQ(c.engine.trigger_batch, 0u);
+  EXPECT_EQ(c.engine.triggers_per_batch(100), 1u);
+  EXPECT_EQ(c.engine.triggers_per_batch(199), 1u);
+  EXPECT_EQ(c.engine.triggers_per_batch(1000), 10u);
+  EXPECT_EQ(parse_job(kMinimal, "job.toml", {"engine.trigger_batch=7"}).engine.triggers_per_batch(1000), 7u);
   // C may be left out only in mode "none" (every record kept: the true histogram); DP modes need it.
   EXPECT_EQ(parse_job("[stream]\ntriggers = 4\n", "t", {}).privacy.max_records_per_user, PrivacyConfig::kUnbounded);
   EXPECT_NE(error_of("[stream]\ntriggers = 4\n[privacy]\nmode = \"dp\"\nepsilon = 1\ndelta = 1e-9\n")
@@ -81,6 +87,9 @@ TEST(Config, TypesRangesAndChoices) {
                 .find("[engine] key_scan must be one of \"full\" | \"predicted\""),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"engine.threads=2"}).find("threads"), std::string::npos);  // unknown key named
+  for (const char* bad : {"engine.trigger_batch=-1", "engine.trigger_batch=1025"})
+    EXPECT_NE(error_of(kMinimal, {bad}).find("[engine] trigger_batch must be in [0, 1024]"), std::string::npos) << bad;
+  EXPECT_NE(error_of(kMinimal, {"engine.trigger_batch=2.5"}).find("trigger_batch"), std::string::npos);
 }
 
 TEST(Config, OverridesKeepTheirTypes) {
@@ -239,7 +248,8 @@ const std::map<std::string, std::string> kEveryKey = {{"job.name", "\"x\""},
                                                       {"checkpoint.every", "2"},
                                                       {"checkpoint.seconds", "5"},
                                                       {"checkpoint.journal_mib", "64"},
-                                                      {"engine.key_scan", "\"full\""}};
+                                                      {"engine.key_scan", "\"full\""},
+                                                      {"engine.trigger_batch", "3"}};
 }  // namespace
 
 // job_spec_fields is the one list of keys: the parser accepts exactly its keys (reading one that is
