@@ -616,10 +616,11 @@ std::vector<std::vector<KeyPartial>> bound_and_aggregate_batch(const std::vector
   const std::size_t run_count = runs.size() - 1;
   const std::size_t trigger_count = triggers.size();
   std::vector<ThreadOut> out(static_cast<std::size_t>(threads));
+  // Every entry sized here: the runtime may start fewer threads than asked (OMP_THREAD_LIMIT, OMP_DYNAMIC).
+  for (ThreadOut& o : out) o.partials.resize(trigger_count);
 #pragma omp parallel num_threads(threads)
   {
     ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
-    mine.partials.resize(trigger_count);
     for (std::size_t t = 0; t < trigger_count; ++t)
       mine.partials[t].reserve(triggers[t].size() / static_cast<std::size_t>(threads) + 16);
     ShardBounder bounder(params, state, mine);

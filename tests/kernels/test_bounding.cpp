@@ -167,6 +167,38 @@ TEST(Bounding, BatchesOfTriggersBoundAsTriggerByTrigger) {
   }
 }
 
+// The runtime may start fewer threads than omp_get_max_threads() (OMP_THREAD_LIMIT, OMP_DYNAMIC; here a
+// region nested in an active one): each trigger's partials are still all there.
+TEST(Bounding, BatchesSurviveFewerThreadsThanAsked) {
+  std::mt19937_64 rng(5);
+  std::uint64_t position = 0;
+  const std::vector<std::vector<Record>> triggers{random_trigger(rng, 0, position), random_trigger(rng, 1, position)};
+  const std::vector<std::span<const Record>> spans(triggers.begin(), triggers.end());
+  const kernels::BoundingParams params{6, -1.0, 2.5};
+  kernels::UserState want_state;
+  kernels::BoundingStats want_stats;
+  const auto want = kernels::bound_and_aggregate_batch(spans, params, want_state, want_stats);
+  dpstream::testing::ScopedOmpThreads scoped(2);
+  const int levels = omp_get_max_active_levels();
+  omp_set_max_active_levels(1);
+  std::vector<std::vector<KeyPartial>> got;
+  int inner_threads = 0, asked = 0;
+  kernels::UserState state;
+  kernels::BoundingStats stats;
+#pragma omp parallel num_threads(2)
+  if (omp_get_thread_num() == 0) {
+    asked = omp_get_max_threads();
+#pragma omp parallel
+    if (omp_get_thread_num() == 0) inner_threads = omp_get_num_threads();
+    got = kernels::bound_and_aggregate_batch(spans, params, state, stats);
+  }
+  omp_set_max_active_levels(levels);
+  ASSERT_LT(inner_threads, asked) << "the nested region should get fewer threads than asked";
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t t = 0; t < got.size(); ++t) EXPECT_EQ(sorted(got[t]), sorted(want[t])) << "trigger " << t;
+  EXPECT_EQ(state.digest(1), want_state.digest(1));
+}
+
 TEST(Bounding, BatchesRefuseAnEmptyBatch) {
   kernels::UserState state;
   kernels::BoundingStats stats;
