@@ -119,7 +119,7 @@ struct CheckpointConfig {
 
 struct EngineConfig {
   KeyScan key_scan = KeyScan::Predicted;
-  // Consecutive triggers whose records are bounded in one pass over the user state (bounding_batch); 0: auto.
+  // Consecutive triggers bounded in one pass over the user state (bound_and_aggregate_batch); 0: auto.
   std::uint32_t trigger_batch = 0;
   static constexpr std::uint32_t kMaxTriggerBatch = 1024;
   // The auto batch: about a hundredth of a window's triggers (T = 1000: 10), so that a batch holds about as
