@@ -139,21 +139,16 @@ def main():
         results.check("TERM inside the DP kernel at trigger 2 of a batch of triggers 1-5: stops after trigger 5",
                       lambda: stopped_run("dp-batch5", f"dp_release@2:{last}:TERM", "SIGTERM", last, 5))
 
-        def last_batch_finishes():
-            out = case_dir("dp-batch5-last-batch")
-            run = dps.run_with("run", specs["dp-batch5"], "--out", out, env={"DPSTREAM_FAULT": f"dp_release@7:{last}:TERM"})
-            assert run.returncode == 0, f"a signal in the job's last batch must just finish it\n{run.describe()}"
-            assert harness.read_bytes(os.path.join(out, "releases.csv")) == reference["dp"], "output differs"
+        def finishes(job, case, fault, where):
+            out = case_dir(case)
+            run = dps.run_with("run", specs[job], "--out", out, env={"DPSTREAM_FAULT": fault})
+            assert run.returncode == 0, f"a signal in the job's {where} must just finish it\n{run.describe()}"
+            assert harness.read_bytes(os.path.join(out, "releases.csv")) == reference[job], "output differs"
             assert os.path.exists(os.path.join(out, "summary.json")), "no summary.json"
-        results.check("signal inside the job's last batch (triggers 6-9) finishes the job", last_batch_finishes)
-
-        def last_trigger_finishes():
-            out = case_dir("dp-last-trigger")
-            run = dps.run_with("run", specs["dp"], "--out", out, env={"DPSTREAM_FAULT": f"ingest@9:{last}:TERM"})
-            assert run.returncode == 0, f"a signal in the job's last trigger must just finish it\n{run.describe()}"
-            assert harness.read_bytes(os.path.join(out, "releases.csv")) == reference["dp"], "output differs"
-            assert os.path.exists(os.path.join(out, "summary.json")), "no summary.json"
-        results.check("signal during the job's last trigger finishes the job", last_trigger_finishes)
+        results.check("signal inside the job's last batch (triggers 6-9) finishes the job",
+                      lambda: finishes("dp-batch5", "dp-batch5-last-batch", f"dp_release@7:{last}:TERM", "last batch"))
+        results.check("signal during the job's last trigger finishes the job",
+                      lambda: finishes("dp", "dp-last-trigger", f"ingest@9:{last}:TERM", "last trigger"))
 
         def without_checkpoints():
             out = case_dir("every0")
