@@ -91,6 +91,54 @@ class Comm {
     return out;
   }
 
+  // Several exchanges of fixed-size records at once, one collective instead of one each: batch b's items
+  // `items[b]` go out as alltoallv(items[b], offsets[b]) would send them, and out[b] is what that call
+  // would return (grouped by source rank). Each destination's segment carries its batches' item counts
+  // ahead of their items (8 bytes a batch, counted in `traffic`). One batch is a plain alltoallv.
+  // Every rank must pass the same number of batches.
+  template <class T>
+  std::vector<std::vector<T>> alltoallv_batches(const std::vector<std::vector<T>>& items,
+                                                const std::vector<std::vector<std::uint64_t>>& offsets,
+                                                TrafficCounter* traffic = nullptr,
+                                                const char* fault_point = nullptr) const {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const std::size_t B = items.size(), P = static_cast<std::size_t>(size_);
+    if (offsets.size() != B) throw std::logic_error("alltoallv_batches: one offsets vector per batch");
+    if (B == 1) return {alltoallv(items[0], offsets[0], traffic, fault_point)};
+    std::vector<std::uint64_t> send_offsets{0};
+    std::vector<std::byte> send;
+    for (std::size_t d = 0; d < P; ++d) {  // destination d: the B counts, then each batch's items for d
+      for (std::size_t b = 0; b < B; ++b) put_words(send, offsets[b][d + 1] - offsets[b][d]);
+      for (std::size_t b = 0; b < B; ++b) {
+        const auto* first = reinterpret_cast<const std::byte*>(items[b].data() + offsets[b][d]);
+        send.insert(send.end(), first, first + (offsets[b][d + 1] - offsets[b][d]) * sizeof(T));
+      }
+      send_offsets.push_back(send.size());
+    }
+    std::vector<std::uint64_t> recv_offsets;
+    const std::vector<std::byte> recv = alltoallv_bytes(send.data(), send_offsets, recv_offsets, traffic, fault_point);
+    std::vector<std::vector<T>> out(B);
+    for (std::size_t s = 0; s < P; ++s) {  // source s's segment, laid out as above
+      std::size_t at = recv_offsets[s];
+      std::vector<std::uint64_t> counts(B);
+      if (recv_offsets[s + 1] - at < B * sizeof(std::uint64_t))
+        throw std::logic_error("alltoallv_batches: ranks passed different numbers of batches");
+      std::memcpy(counts.data(), recv.data() + at, B * sizeof(std::uint64_t));
+      at += B * sizeof(std::uint64_t);
+      for (std::size_t b = 0; b < B; ++b) {
+        const std::size_t bytes = counts[b] * sizeof(T);
+        if (recv_offsets[s + 1] - at < bytes)
+          throw std::logic_error("alltoallv_batches: a segment shorter than its counts");
+        const std::size_t had = out[b].size();
+        out[b].resize(had + counts[b]);
+        if (bytes > 0) std::memcpy(out[b].data() + had, recv.data() + at, bytes);
+        at += bytes;
+      }
+      if (at != recv_offsets[s + 1]) throw std::logic_error("alltoallv_batches: a segment longer than its counts");
+    }
+    return out;
+  }
+
   // Rank 0 receives every rank's bytes, concatenated in rank order (others get an empty vector).
   std::vector<std::byte> gather_bytes_to_root(const std::vector<std::byte>& mine) const;
   // The same into `into` (rank 0; emptied elsewhere), which keeps its capacity from call to call.
@@ -122,6 +170,10 @@ class Comm {
   int rank_ = 0;
   int size_ = 1;
   std::uint64_t round_limit_ = (std::uint64_t{1} << 31) - 1;
+  static void put_words(std::vector<std::byte>& out, std::uint64_t word) {
+    const auto* p = reinterpret_cast<const std::byte*>(&word);
+    out.insert(out.end(), p, p + sizeof word);
+  }
 };
 
 // Runs `fn` on this rank; if it throws on any rank, every rank throws E with the first message.

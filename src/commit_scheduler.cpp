@@ -11,7 +11,7 @@ namespace dpstream {
 
 namespace {
 
-// One agreement at the end of every trigger (one small allgather): a stop signal seen by any rank,
+// One agreement at the end of every batch of triggers (one small allgather): a stop signal seen by any rank,
 // whether rank 0's commit clock has run out (the ranks' clocks differ; rank 0's decides for all), and
 // whether any rank's journal has reached its byte bound.
 struct TriggerEnd {
@@ -56,9 +56,12 @@ void CommitScheduler::start_at(std::uint32_t first_trigger) {
 
 StopAgreement CommitScheduler::end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job, bool batch_end) {
   const bool root = comm_.rank() == 0;
-  const TriggerEnd end = last_of_job ? TriggerEnd{}
-                                     : agree_on_trigger_end(comm_, root && checkpointing_ && clock_ran_out(),
-                                                            checkpointing_ && journal_full());
+  // Agreed at a batch's end only: within a batch nothing is committed and no stop taken, and what the
+  // agreement reads (a signal received, the clock, the journal's size) can only have grown by its end.
+  const TriggerEnd end =
+      last_of_job || !batch_end
+          ? TriggerEnd{}
+          : agree_on_trigger_end(comm_, root && checkpointing_ && clock_ran_out(), checkpointing_ && journal_full());
   // At the end of each window, every `every` triggers, once any rank's journal is full, or every
   // `seconds`; the job's very last commit waits for summary.json.
   committed_now_ = false;

@@ -1,5 +1,5 @@
 // When the trigger loop commits (docs/CHECKPOINTS.md) and the one agreement of all ranks after each
-// trigger: a commit once `seconds` have passed (rank 0's clock decides for all), once the commit
+// batch of triggers: a commit once `seconds` have passed (rank 0's clock decides for all), once the commit
 // journal holds `journal_mib` MiB on any rank, or every `every` triggers, at the end of every window,
 // and after a stop signal seen by any rank; the job's very last commit waits for summary.json. Also
 // what the commits cost and what caused them (summary.json "checkpoint").
@@ -37,10 +37,10 @@ class CommitScheduler {
 
   // The run starts at `first_trigger` of its first window; the commit clock starts now.
   void start_at(std::uint32_t first_trigger);
-  // After trigger `trigger` of window index `wi` (collective): agrees on a stop signal and rank 0's
-  // commit clock (not after the job's last trigger), then commits when due. The job's last commit is
-  // left pending for finish_job. Only at a batch's end (`batch_end`; a window's last trigger ends one):
-  // within a batch the user state is already ahead of the trigger, so a commit due there waits for it.
+  // After trigger `trigger` of window index `wi`: at a batch's end (`batch_end`; a window's last trigger
+  // ends one) agrees on a stop signal and rank 0's commit clock (collective; not after the job's last
+  // trigger), then commits when due. The job's last commit is left pending for finish_job. Within a batch
+  // the user state is already ahead of the trigger, so a commit due there waits for the batch's end.
   StopAgreement end_trigger(std::uint32_t wi, std::uint32_t trigger, bool last_of_job, bool batch_end);
   // A stop after that trigger: commits it unless end_trigger just did.
   void commit_for_stop(std::uint32_t wi, std::uint32_t trigger);

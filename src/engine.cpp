@@ -74,25 +74,24 @@ void Engine::reserve_tables() {
   if (const std::uint64_t keys = source_->keys_per_window()) keys_.reserve(keys / ranks);
 }
 
-// Triggers [first, end) of a window on every rank: each one ingested and routed by user, all of them
-// bounded at once (src/trigger_pipeline.hpp), then each one routed by key, accumulated and released ->
-// release rows staged on rank 0 -> commit when due. The user state is ahead of the key state within the
-// batch, so commits and stops wait for its end (src/commit_scheduler.hpp).
+// Triggers [first, end) of a window on every rank, each step for all of them at once
+// (src/trigger_pipeline.hpp): ingested, routed by user, bounded, routed by key, accumulated and released
+// trigger by trigger -> release rows staged on rank 0 -> each trigger ended, a commit when due. The user
+// state is ahead of the key state within the batch, so commits and stops wait for its end
+// (src/commit_scheduler.hpp).
 void Engine::process_batch(std::uint32_t wi, std::uint32_t first, std::uint32_t end) {
   const std::int64_t window = config_.stream.first_window + wi;
   std::vector<std::uint64_t> local_records;
-  std::vector<std::vector<Record>> owned;
+  std::vector<std::vector<Record>> local;
   for (std::uint32_t trigger = first; trigger < end; ++trigger) {
-    std::vector<Record> local = ingest(window, trigger);
-    local_records.push_back(local.size());
-    owned.push_back(pipeline_->route_by_user(std::move(local)));
+    local.push_back(ingest(window, trigger));
+    local_records.push_back(local.back().size());
   }
-  std::vector<std::vector<KeyPartial>> partials = pipeline_->bound(std::move(owned));
-  for (std::uint32_t trigger = first; trigger < end; ++trigger) {
-    const std::vector<KeyRelease> release = pipeline_->release(std::move(partials[trigger - first]), trigger);
-    const std::uint64_t released = stage_release(release, window, trigger);
-    end_trigger(wi, trigger, local_records[trigger - first], released, trigger + 1 == end);
-  }
+  std::vector<std::vector<KeyPartial>> partials = pipeline_->bound(pipeline_->route_by_user(std::move(local)));
+  const std::vector<std::vector<KeyRelease>> releases = pipeline_->release(std::move(partials), first);
+  const std::vector<std::uint64_t> released = stage_release(releases, window, first);
+  for (std::uint32_t trigger = first; trigger < end; ++trigger)
+    end_trigger(wi, trigger, local_records[trigger - first], released[trigger - first], trigger + 1 == end);
 }
 
 std::vector<Record> Engine::ingest(std::int64_t window, std::uint32_t trigger) {
@@ -103,11 +102,12 @@ std::vector<Record> Engine::ingest(std::int64_t window, std::uint32_t trigger) {
   return local;
 }
 
-// The trigger's rows, staged on rank 0 until their trigger is committed; returns their count (rank 0).
-std::uint64_t Engine::stage_release(const std::vector<KeyRelease>& release, std::int64_t window,
-                                    std::uint32_t trigger) {
+// The batch's rows, staged on rank 0 until their trigger is committed; returns each trigger's row count (rank 0).
+std::vector<std::uint64_t> Engine::stage_release(const std::vector<std::vector<KeyRelease>>& releases,
+                                                 std::int64_t window, std::uint32_t first_trigger) {
   const auto t0 = Clock::now();
-  const std::uint64_t released = stager_ ? stager_->stage(release, window, trigger) : 0;
+  std::vector<std::uint64_t> released(releases.size(), 0);
+  if (stager_) released = stager_->stage(releases, window, first_trigger);
   stage_.output += seconds_since(t0);
   return released;
 }

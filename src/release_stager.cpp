@@ -30,35 +30,43 @@ struct Run {  // one rank's sorted rows
   std::size_t next = 0;
 };
 
-// This rank's run to rank 0 (collective); on rank 0, every rank's non-empty run, viewing `own` and `gathered`.
-std::vector<Run> send_rows(const ReleaseStager::Scratch& own, bool by_name, const shuffle::Comm& comm,
-                           shuffle::ByteWriter& wire, std::vector<std::byte>& gathered) {
-  const std::size_t n_rows = own.ends.size();
+// This rank's runs of a batch's triggers to rank 0 in one gather (collective); on rank 0, each trigger's
+// non-empty runs of every rank, viewing `own` and `gathered`. Each rank sends its runs in trigger order.
+std::vector<std::vector<Run>> send_rows(std::span<const ReleaseStager::Scratch> own, bool by_name,
+                                        const shuffle::Comm& comm, shuffle::ByteWriter& wire,
+                                        std::vector<std::byte>& gathered) {
   wire.clear();
   if (comm.rank() != 0) {
-    wire.reserve(sizeof(std::uint64_t) * (1 + 2 * n_rows) + sizeof(std::uint32_t) + own.text.size());
-    wire.put(static_cast<std::uint64_t>(n_rows));
-    if (by_name) {
-      for (const auto& r : own.named) wire.put_string(r.name);
-    } else {
-      wire.put_array(own.ids.data(), own.ids.size());
+    std::size_t bytes = 0;
+    for (const auto& o : own)
+      bytes += sizeof(std::uint64_t) * (1 + 2 * o.ends.size()) + sizeof(std::uint32_t) + o.text.size();
+    wire.reserve(bytes);
+    for (const auto& o : own) {
+      wire.put(static_cast<std::uint64_t>(o.ends.size()));
+      if (by_name) {
+        for (const auto& r : o.named) wire.put_string(r.name);
+      } else {
+        wire.put_array(o.ids.data(), o.ids.size());
+      }
+      wire.put_array(o.ends.data(), o.ends.size());
+      wire.put_string(o.text);
     }
-    wire.put_array(own.ends.data(), own.ends.size());
-    wire.put_string(own.text);
   }
   comm.gather_bytes_to_root(wire.bytes(), gathered);
-  std::vector<Run> runs;
+  std::vector<std::vector<Run>> runs(own.size());
   if (comm.rank() != 0) return runs;
-  if (n_rows > 0) {
+  for (std::size_t t = 0; t < own.size(); ++t) {
+    if (own[t].ends.empty()) continue;
     Run r;
-    r.ids = own.ids;
-    r.ends = own.ends;
+    r.ids = own[t].ids;
+    r.ends = own[t].ends;
     if (by_name)
-      for (const auto& row : own.named) r.names.emplace_back(row.name);
-    r.text = own.text;
-    runs.push_back(std::move(r));
+      for (const auto& row : own[t].named) r.names.emplace_back(row.name);
+    r.text = own[t].text;
+    runs[t].push_back(std::move(r));
   }
-  for (shuffle::ByteReader in(gathered.data(), gathered.size()); !in.done();) {
+  std::size_t t = 0;  // the other ranks' runs, one per trigger each, in rank order
+  for (shuffle::ByteReader in(gathered.data(), gathered.size()); !in.done(); t = (t + 1) % own.size()) {
     Run r;
     const auto n = in.get<std::uint64_t>();
     if (by_name) {
@@ -70,8 +78,9 @@ std::vector<Run> send_rows(const ReleaseStager::Scratch& own, bool by_name, cons
     r.ids = r.ids_read;
     r.ends = r.ends_read;
     r.text = in.get_view();
-    if (n > 0) runs.push_back(std::move(r));
+    if (n > 0) runs[t].push_back(std::move(r));
   }
+  if (t != 0) throw std::logic_error("ReleaseStager: a rank sent runs for another number of triggers");
   return runs;
 }
 
@@ -142,6 +151,27 @@ void merge_rows(std::vector<Run>& runs, bool by_name, std::uint64_t bytes, std::
   out.resize(at + bytes);
 }
 
+// One trigger's runs merged into rank 0's pending rows (`writer`; nothing elsewhere); returns its row count.
+// The pending buffer is reserved for the window's remaining triggers at this trigger's size, so that it is
+// not copied as it grows (reserved pages cost nothing until written); at most 1 GiB ahead (an address-space
+// reservation may fail), beyond which it still at least doubles.
+std::uint64_t stage_trigger(std::vector<Run>& runs, bool by_name, ReleaseWriter* writer, bool checkpointing,
+                            std::uint32_t triggers_left) {
+  std::uint64_t rows = 0, text_bytes = 0;
+  for (const Run& r : runs) {
+    rows += r.ends.size();
+    text_bytes += r.text.size();
+  }
+  if (!writer) return rows;
+  constexpr std::uint64_t kMaxAhead = std::uint64_t{1} << 30;
+  const std::uint64_t expected_more =
+      checkpointing && text_bytes > 0 ? std::min<std::uint64_t>(kMaxAhead / text_bytes, triggers_left) * text_bytes : 0;
+  writer->stage_with(rows, text_bytes + kRowSlack, expected_more,  // merge_rows writes up to kRowSlack past the rows
+                     [&](std::string& pending) { merge_rows(runs, by_name, text_bytes, pending); });
+  if (!checkpointing) writer->append_pending(/*sync=*/false);
+  return rows;
+}
+
 }  // namespace
 
 KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& comm) {
@@ -168,30 +198,22 @@ KeyNames distribute_key_names(const RecordSource& source, const shuffle::Comm& c
   return names;
 }
 
-std::uint64_t ReleaseStager::stage(const std::vector<KeyRelease>& released, std::int64_t window,
-                                   std::uint32_t trigger) {
-  format_own_rows(released, names_ ? &*names_ : nullptr, window, trigger, columns_, own_);
-  std::vector<Run> runs = send_rows(own_, names_.has_value(), comm_, wire_, gathered_);
-
-  std::uint64_t rows = 0, text_bytes = 0;
-  for (const Run& r : runs) {
-    rows += r.ends.size();
-    text_bytes += r.text.size();
+std::vector<std::uint64_t> ReleaseStager::stage(const std::vector<std::vector<KeyRelease>>& released,
+                                                std::int64_t window, std::uint32_t first_trigger) {
+  if (own_.size() < released.size()) own_.resize(released.size());  // kept, with their capacity
+  const std::span<Scratch> own(own_.data(), released.size());       // this batch's
+  for (std::size_t t = 0; t < released.size(); ++t)
+    format_own_rows(released[t], names_ ? &*names_ : nullptr, window, first_trigger + static_cast<std::uint32_t>(t),
+                    columns_, own[t]);
+  std::vector<std::vector<Run>> runs = send_rows(own, names_.has_value(), comm_, wire_, gathered_);
+  std::vector<std::uint64_t> row_counts(released.size(), 0);
+  for (std::size_t t = 0; t < released.size(); ++t) {
+    const std::uint32_t trigger = first_trigger + static_cast<std::uint32_t>(t);
+    const std::uint32_t triggers_left = triggers_per_window_ > trigger ? triggers_per_window_ - trigger - 1 : 0;
+    row_counts[t] = stage_trigger(runs[t], names_.has_value(), writer_, checkpointing_, triggers_left);
+    fault::point("output");
   }
-  if (writer_) {
-    // Rows wait for their commit in one buffer: reserved for the window's remaining triggers at this
-    // trigger's size, so that it is not copied as it grows (reserved pages cost nothing until written);
-    // at most 1 GiB ahead (an address-space reservation may fail), beyond which it still at least doubles.
-    constexpr std::uint64_t kMaxAhead = std::uint64_t{1} << 30;
-    const std::uint64_t remaining = triggers_per_window_ > trigger ? triggers_per_window_ - trigger - 1 : 0;
-    const std::uint64_t expected_more =
-        checkpointing_ && text_bytes > 0 ? std::min(kMaxAhead / text_bytes, remaining) * text_bytes : 0;
-    writer_->stage_with(rows, text_bytes + kRowSlack, expected_more,  // merge_rows writes up to kRowSlack past the rows
-                        [&](std::string& pending) { merge_rows(runs, names_.has_value(), text_bytes, pending); });
-    if (!checkpointing_) writer_->append_pending(/*sync=*/false);
-  }
-  fault::point("output");
-  return rows;
+  return row_counts;
 }
 
 }  // namespace dpstream

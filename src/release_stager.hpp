@@ -35,10 +35,12 @@ class ReleaseStager {
         triggers_per_window_(triggers_per_window),
         names_(std::move(names)) {}
 
-  // Collective: one trigger's rows (this rank's keys) to rank 0; returns the trigger's row count (rank 0).
-  std::uint64_t stage(const std::vector<KeyRelease>& released, std::int64_t window, std::uint32_t trigger);
+  // Collective: the rows of a batch's triggers (this rank's keys; `released[i]` those of trigger
+  // first_trigger + i) to rank 0 in one gather; returns each trigger's row count (rank 0; zeros elsewhere).
+  std::vector<std::uint64_t> stage(const std::vector<std::vector<KeyRelease>>& released, std::int64_t window,
+                                   std::uint32_t first_trigger);
 
-  // This rank's rows of the trigger being staged. Kept with their capacity from trigger to trigger, as are
+  // This rank's rows of one trigger being staged. Kept with their capacity from batch to batch, as are
   // the wire buffers: fresh ones cost rank 0 a page fault per 4 KiB of rows at every trigger (mode none
   // formats ~100 MB of rows per 2M-user run).
   struct Scratch {
@@ -55,7 +57,7 @@ class ReleaseStager {
   bool checkpointing_;
   std::uint32_t triggers_per_window_;
   std::optional<KeyNames> names_;
-  Scratch own_;
+  std::vector<Scratch> own_;  // one per trigger of the largest batch so far
   shuffle::ByteWriter wire_;
   std::vector<std::byte> gathered_;  // rank 0: the other ranks' runs
 };

@@ -23,23 +23,34 @@ class StageTimer {
   double& into_;
   SteadyClock::time_point t0_;
 };
+
+// Each batch's items grouped by owner (partition_by), exchanged at once (Comm::alltoallv_batches).
+template <class T, class OwnerFn>
+std::vector<std::vector<T>> route_batches(const shuffle::Comm& comm, std::vector<std::vector<T>> batches, OwnerFn owner,
+                                          double& partition_seconds, double& shuffle_seconds,
+                                          shuffle::TrafficCounter* traffic, const char* fault_point) {
+  const int P = comm.size();
+  std::vector<std::vector<T>> items(batches.size());
+  std::vector<std::vector<std::uint64_t>> offsets(batches.size());
+  {
+    StageTimer timer(partition_seconds);
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      partition::Partitioned<T> grouped = partition::partition_by(
+          batches[b], static_cast<std::size_t>(P), [&owner, P](const T& item) { return owner(item, P); });
+      std::vector<T>().swap(batches[b]);
+      items[b] = std::move(grouped.items);
+      offsets[b] = std::move(grouped.offsets);
+    }
+  }
+  StageTimer timer(shuffle_seconds);
+  return comm.alltoallv_batches(items, offsets, traffic, fault_point);
+}
 }  // namespace
 
-std::vector<KeyRelease> TriggerPipeline::release(std::vector<KeyPartial> partials, std::uint32_t trigger) {
-  return accumulate_and_release(route_by_key(std::move(partials)), trigger);
-}
-
-std::vector<Record> TriggerPipeline::route_by_user(std::vector<Record> local) {
-  const int P = comm_.size();
-  partition::Partitioned<Record> by_user;
-  {
-    StageTimer timer(stage_.partition_user);
-    by_user = partition::partition_by(local, static_cast<std::size_t>(P),
-                                      [P](const Record& r) { return partition::user_owner(r.user, P); });
-    std::vector<Record>().swap(local);
-  }
-  StageTimer timer(stage_.shuffle_user);
-  return comm_.alltoallv(by_user.items, by_user.offsets, &counters_.user_traffic, "shuffle_user");
+std::vector<std::vector<Record>> TriggerPipeline::route_by_user(std::vector<std::vector<Record>> local) {
+  return route_batches(
+      comm_, std::move(local), [](const Record& r, int P) { return partition::user_owner(r.user, P); },
+      stage_.partition_user, stage_.shuffle_user, &counters_.user_traffic, "shuffle_user");
 }
 
 std::vector<std::vector<KeyPartial>> TriggerPipeline::bound(std::vector<std::vector<Record>> owned) {
@@ -51,33 +62,39 @@ std::vector<std::vector<KeyPartial>> TriggerPipeline::bound(std::vector<std::vec
   return partials;
 }
 
-std::vector<KeyPartial> TriggerPipeline::route_by_key(std::vector<KeyPartial> partials) {
-  const int P = comm_.size();
-  partition::Partitioned<KeyPartial> by_key;
-  {
-    StageTimer timer(stage_.partition_key);
-    by_key = partition::partition_by(partials, static_cast<std::size_t>(P),
-                                     [P](const KeyPartial& p) { return partition::key_owner(p.key, P); });
-    std::vector<KeyPartial>().swap(partials);
-  }
-  StageTimer timer(stage_.shuffle_key);
-  return comm_.alltoallv(by_key.items, by_key.offsets, &counters_.key_traffic, "shuffle_key");
+std::vector<std::vector<KeyPartial>> TriggerPipeline::route_by_key(std::vector<std::vector<KeyPartial>> partials) {
+  return route_batches(
+      comm_, std::move(partials), [](const KeyPartial& p, int P) { return partition::key_owner(p.key, P); },
+      stage_.partition_key, stage_.shuffle_key, &counters_.key_traffic, "shuffle_key");
+}
+
+std::vector<std::vector<KeyRelease>> TriggerPipeline::release(std::vector<std::vector<KeyPartial>> partials,
+                                                              std::uint32_t first_trigger) {
+  std::vector<std::vector<KeyPartial>> owned = route_by_key(std::move(partials));
+  std::vector<std::vector<KeyRelease>> rows(owned.size());
+  // A rank that fails at one trigger releases none after it; every rank learns of it at the batch's end.
+  const auto t0 = SteadyClock::now();
+  const double timed_before = stage_.accumulate + stage_.dp_release;
+  shuffle::on_all_ranks<InputError>(comm_, [&] {
+    for (std::size_t t = 0; t < owned.size(); ++t)
+      rows[t] = accumulate_and_release(std::move(owned[t]), first_trigger + static_cast<std::uint32_t>(t));
+  });
+  // The agreement's wait counts as key selection's, as when each trigger's release ended with one.
+  const double timed_inside = stage_.accumulate + stage_.dp_release - timed_before;
+  stage_.dp_release += seconds_since(t0) - timed_inside;
+  return rows;
 }
 
 std::vector<KeyRelease> TriggerPipeline::accumulate_and_release(std::vector<KeyPartial> owned, std::uint32_t trigger) {
   std::vector<KeyTotals> reported;
   {
     StageTimer timer(stage_.accumulate);
-    shuffle::on_all_ranks<InputError>(comm_, [&] {
-      reported = keys_.accumulate(std::move(owned), releaser_.accumulation(), releaser_.touched_above());
-    });
+    reported = keys_.accumulate(std::move(owned), releaser_.accumulation(), releaser_.touched_above());
     std::vector<KeyPartial>().swap(owned);
   }
   StageTimer timer(stage_.dp_release);
-  std::vector<KeyRelease> rows;
   const std::uint64_t visited_before = counters_.dp.visited;
-  shuffle::on_all_ranks<InputError>(
-      comm_, [&] { rows = releaser_.release(std::move(reported), keys_, trigger, counters_.dp); });
+  std::vector<KeyRelease> rows = releaser_.release(std::move(reported), keys_, trigger, counters_.dp);
   counters_.visits_per_trigger.push_back(counters_.dp.visited - visited_before);
   return rows;
 }

@@ -1,8 +1,8 @@
 // Triggers through the engine, on every rank: route records by user -> bound each user's
 // contribution -> route per-key partials by key -> accumulate -> release (docs/DESIGN-NOTES.md).
-// The first two steps take a batch of consecutive triggers of a window at once (one pass over the user
-// state), the others one trigger at a time, in order. Holds references to the run's state; every step is
-// a collective.
+// Every step takes a batch of consecutive triggers of a window at once: one exchange each way, one pass
+// over the user state, and the keys' steps trigger by trigger, in order. Holds references to the run's
+// state; every step is a collective.
 #pragma once
 
 #include <cstdint>
@@ -29,17 +29,23 @@ class TriggerPipeline {
         counters_(counters),
         stage_(stage) {}
 
-  // 1. This rank's records of a trigger to their users' owners: the records of those users this rank owns.
-  std::vector<Record> route_by_user(std::vector<Record> local);
+  // A batch's triggers go through each step together, so that the ranks synchronize a few times per batch
+  // instead of at every trigger (at T = 1000 each trigger is small, and every synchronization waits for
+  // the slower rank).
+  // 1. This rank's records of each trigger to their users' owners (one exchange): per trigger, the records
+  // of those users this rank owns.
+  std::vector<std::vector<Record>> route_by_user(std::vector<std::vector<Record>> local);
   // 2. At most C records per user: the owned records of a batch's triggers (in trigger order) in, each
   // trigger's partials out, as bounding trigger by trigger would give them.
   std::vector<std::vector<KeyPartial>> bound(std::vector<std::vector<Record>> owned);
-  // 3.-4. One trigger's partials (the triggers of a batch in order) to the rows of the keys this rank owns,
-  // sorted by key.
-  std::vector<KeyRelease> release(std::vector<KeyPartial> partials, std::uint32_t trigger);
+  // 3.-4. Each trigger's partials to the rows of the keys this rank owns, sorted by key: routed in one
+  // exchange, then accumulated and released trigger by trigger (`first_trigger` the batch's first), with
+  // one agreement on errors for the batch.
+  std::vector<std::vector<KeyRelease>> release(std::vector<std::vector<KeyPartial>> partials,
+                                               std::uint32_t first_trigger);
 
  private:
-  std::vector<KeyPartial> route_by_key(std::vector<KeyPartial> partials);  // 3. to the key's owner
+  std::vector<std::vector<KeyPartial>> route_by_key(std::vector<std::vector<KeyPartial>> partials);      // 3.
   std::vector<KeyRelease> accumulate_and_release(std::vector<KeyPartial> owned, std::uint32_t trigger);  // 4.
 
   const shuffle::Comm& comm_;

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <thread>
 
@@ -63,6 +64,46 @@ TEST(Alltoallv, CountsTraffic) {
   comm.alltoallv(send, offsets, &t);
   EXPECT_EQ(t.bytes_total, send.size() * 8);
   EXPECT_EQ(t.bytes_sent_to_others, (send.size() - 3) * 8);
+}
+
+// Batches exchanged at once give each batch what its own alltoallv gives: batch b's counts are the
+// plain exchange's shifted by b (some of them 0, so empty segments sit between full ones), and its
+// values carry b. Fails if the counts header is read from another place or batches are interleaved.
+TEST(AlltoallvBatches, EachBatchAsItsOwnExchange) {
+  Comm comm;
+  const int P = comm.size();
+  for (std::size_t batches : {1u, 2u, 5u}) {
+    for (std::uint64_t limit : {std::uint64_t{16}, (std::uint64_t{1} << 31) - 1}) {  // rounds, or one
+      comm.set_round_limit_bytes(limit);
+      std::vector<std::vector<std::array<std::uint64_t, 3>>> items(batches);
+      std::vector<std::vector<std::uint64_t>> offsets(batches);
+      const auto count = [](int s, int d, std::size_t b) { return (count_for(s, d) + 3 * b) % 7; };
+      for (std::size_t b = 0; b < batches; ++b) {
+        offsets[b].push_back(0);
+        for (int d = 0; d < P; ++d) {
+          for (std::uint64_t i = 0; i < count(comm.rank(), d, b); ++i)
+            items[b].push_back({value_for(comm.rank(), d, i), b, ~i});
+          offsets[b].push_back(items[b].size());
+        }
+      }
+      dpstream::shuffle::TrafficCounter traffic;
+      const auto got = comm.alltoallv_batches(items, offsets, &traffic);
+      ASSERT_EQ(got.size(), batches);
+      for (std::size_t b = 0; b < batches; ++b) {
+        std::vector<std::array<std::uint64_t, 3>> want;
+        for (int s = 0; s < P; ++s)
+          for (std::uint64_t i = 0; i < count(s, comm.rank(), b); ++i)
+            want.push_back({value_for(s, comm.rank(), i), b, ~i});
+        EXPECT_EQ(got[b], want) << "batch " << b << " of " << batches;
+        EXPECT_EQ(got[b], comm.alltoallv(items[b], offsets[b])) << "batch " << b << " of " << batches;
+      }
+      std::uint64_t sent = 0;
+      for (const auto& batch : items) sent += batch.size() * sizeof(batch[0]);
+      const std::uint64_t headers = batches > 1 ? std::uint64_t{8} * batches * static_cast<std::uint64_t>(P) : 0;
+      EXPECT_EQ(traffic.bytes_total, sent + headers);
+    }
+  }
+  comm.set_round_limit_bytes((std::uint64_t{1} << 31) - 1);
 }
 
 TEST(VariableLength, StringsRoundTripThroughTheExchange) {

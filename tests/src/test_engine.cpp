@@ -64,12 +64,16 @@ std::string expected_releases(const JobConfig& c, std::vector<std::vector<Record
 }
 }  // namespace
 
-TEST(Engine, SyntheticJobMatchesNaiveReference) {
+namespace {
+// `batch` triggers go through each step together ([engine] trigger_batch; 4 of 9: batches 4, 4, 1 a window):
+// the same rows as one trigger at a time.
+void synthetic_job_matches_naive_reference(std::uint32_t batch) {
   shuffle::Comm comm;
-  const auto dir = out_dir(comm, "synthetic");
+  const auto dir = out_dir(comm, fmt::format("synthetic_batch{}", batch));
   auto c = parse_job(demo_job_toml(), "demo",
                      {"input.users=5000", "stream.triggers=9", "stream.windows=2", "privacy.max_records_per_user=4",
-                      "output.progress=\"never\"", "output.dir=\"" + dir.string() + "\""});
+                      fmt::format("engine.trigger_batch={}", batch), "output.progress=\"never\"",
+                      "output.dir=\"" + dir.string() + "\""});
   const auto report = run_job(c, comm, {});
   if (comm.rank() != 0) return;
   SyntheticSource all(c, 0, 1);
@@ -107,10 +111,16 @@ TEST(Engine, SyntheticJobMatchesNaiveReference) {
   for (int r = 0; r < comm.size(); ++r)
     EXPECT_LE(summed[static_cast<std::size_t>(r)], per_rank["wall"][r].get<double>() + 1e-5);
 }
+}  // namespace
 
-TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
+TEST(Engine, SyntheticJobMatchesNaiveReference) { synthetic_job_matches_naive_reference(1); }
+TEST(Engine, SyntheticJobInBatchesOfTriggersMatchesNaiveReference) { synthetic_job_matches_naive_reference(4); }
+
+namespace {
+// String keys: each rank's rows sorted by name, merged on rank 0 per trigger, also from batches of triggers.
+void csv_job_with_string_keys_matches_naive_reference(std::uint32_t batch) {
   shuffle::Comm comm;
-  const auto dir = out_dir(comm, "csv");
+  const auto dir = out_dir(comm, fmt::format("csv_batch{}", batch));
   const auto csv = dpstream::testing::mpi_scratch_path("engine_input") += ".csv";
   // Rank 0 writes the input; the others wait for it.
   std::ostringstream text;
@@ -137,8 +147,8 @@ TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
   auto c =
       parse_job("[input]\nkind = \"csv\"\npath = \"" + csv.string() +
                     "\"\n[stream]\nwindow_seconds = 600\ntriggers = 6\n[privacy]\nseed = 23\nmax_records_per_user = 7\n"
-                    "clamp_min = -1.5\nclamp_max = 4\n[output]\nprogress = \"never\"\ndir = \"" +
-                    dir.string() + "\"\n",
+                    "clamp_min = -1.5\nclamp_max = 4\n[engine]\ntrigger_batch = " +
+                    std::to_string(batch) + "\n[output]\nprogress = \"never\"\ndir = \"" + dir.string() + "\"\n",
                 "csv-test", {});
   run_job(c, comm, {});
   if (comm.rank() != 0) return;
@@ -152,6 +162,10 @@ TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) {
       true);
   EXPECT_EQ(read_file(dir / "releases.csv"), want);
 }
+}  // namespace
+
+TEST(Engine, CsvJobWithStringKeysMatchesNaiveReference) { csv_job_with_string_keys_matches_naive_reference(1); }
+TEST(Engine, CsvJobInBatchesOfTriggersMatchesNaiveReference) { csv_job_with_string_keys_matches_naive_reference(4); }
 
 TEST(Engine, BadRowWithFailPolicyStopsEveryRankAndWritesNothing) {
   shuffle::Comm comm;
