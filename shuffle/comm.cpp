@@ -44,7 +44,10 @@ class Comm::Timed {
  public:
   explicit Timed(const Comm& comm) : comm_(comm), t0_(SteadyClock::now()) { ++comm_.timed_depth_; }
   ~Timed() {
-    if (--comm_.timed_depth_ == 0) comm_.collective_seconds_ += seconds_since(t0_);
+    if (--comm_.timed_depth_ == 0) {
+      comm_.collective_seconds_ += seconds_since(t0_);
+      ++comm_.collective_calls_;
+    }
   }
   Timed(const Timed&) = delete;
   Timed& operator=(const Timed&) = delete;

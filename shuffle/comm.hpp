@@ -161,10 +161,14 @@ class Comm {
   // for the other ranks, moving the data, and the local copies around it (alltoallv's buffers). Next to the
   // wall time it shows how much a rank computed, and so how unbalanced the ranks were. Main thread only.
   double collective_seconds() const { return collective_seconds_; }
+  // Collective methods called since it was built (outermost only: an all-to-all's count exchange is part of
+  // it): every rank calls the same ones, and each waits for the slowest rank once. Main thread only.
+  std::uint64_t collective_calls() const { return collective_calls_; }
 
  private:
-  class Timed;  // adds an outermost collective's seconds to collective_seconds_
+  class Timed;  // adds an outermost collective's seconds to collective_seconds_, and counts it
   mutable double collective_seconds_ = 0;
+  mutable std::uint64_t collective_calls_ = 0;
   mutable int timed_depth_ = 0;
   MPI_Comm comm_;
   int rank_ = 0;

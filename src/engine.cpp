@@ -21,6 +21,7 @@ Engine::Engine(const JobConfig& job, const shuffle::Comm& comm, const RunOptions
       options_(options),
       run_start_(Clock::now()),
       collective_seconds_at_start_(comm.collective_seconds()),
+      collective_calls_at_start_(comm.collective_calls()),
       root_(comm.rank() == 0),
       dp_(is_private(job.privacy.mode)),  // DP-SQLP or a baseline: a privacy plan and a noise secret
       checkpointing_(options.write_output && job.checkpoint.enabled()),
@@ -175,6 +176,8 @@ RunReport Engine::finish() {
                        .total_triggers = total_triggers_,
                        .wall_seconds = wall,
                        .collective_seconds = comm_.collective_seconds() - collective_seconds_at_start_,
+                       .collective_calls = comm_.collective_calls() - collective_calls_at_start_,
+                       .triggers_run = triggers_done_ - triggers_done_at_start_,
                        .global_records = comm_.sum(counters_.records),
                        .checkpoint = commits_->json(resumed_from_)};
   nlohmann::json j = build_run_summary(run, comm_);

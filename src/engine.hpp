@@ -96,6 +96,8 @@ class Engine {
   const RunOptions options_;
   const Clock::time_point run_start_;
   const double collective_seconds_at_start_;  // comm_'s, so that the summary counts this run's only
+  const std::uint64_t collective_calls_at_start_;
+  std::uint64_t triggers_done_at_start_ = 0;
   const bool root_, dp_, checkpointing_;
   const ReleaseColumns release_columns_;
   RunReport report_;

@@ -111,6 +111,12 @@ void add_times(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& co
     return out;
   };
   j["seconds_per_rank"] = {{"wall", per_rank(run.wall_seconds)}, {"in_collectives", per_rank(run.collective_seconds)}};
+  // Synchronizations of all ranks per trigger: each one waits for the slowest rank (a batch of triggers
+  // shares its exchanges and agreements, [engine] trigger_batch).
+  const std::uint64_t calls = comm.max(run.collective_calls);
+  j["collective_calls"] = calls;
+  j["collective_calls_per_trigger"] =
+      static_cast<double>(calls) / static_cast<double>(std::max<std::uint64_t>(1, run.triggers_run));
   // Each stage per rank: which rank's work the others wait for (a stage's maximum alone does not say).
   nlohmann::json& stages = j["seconds_per_rank"]["stages"];
   for (const Stage& s : kStages) stages[s.name] = per_rank(stage.*s.seconds);

@@ -22,12 +22,14 @@ struct RunFigures {
   const StatePeaks& peaks;
   const StageTimes& stage;
   const InputStats& input;
-  std::uint64_t release_rows = 0;    // rank 0: rows handed to commits and still pending
-  std::uint64_t total_triggers = 0;  // the job's
-  double wall_seconds = 0;           // this rank's
-  double collective_seconds = 0;     // this rank's inside collectives (shuffle::Comm::collective_seconds)
-  std::uint64_t global_records = 0;  // records read, summed over ranks
-  nlohmann::json checkpoint;         // the "checkpoint" block (CommitScheduler::json), null without checkpoints
+  std::uint64_t release_rows = 0;      // rank 0: rows handed to commits and still pending
+  std::uint64_t total_triggers = 0;    // the job's
+  double wall_seconds = 0;             // this rank's
+  double collective_seconds = 0;       // this rank's inside collectives (shuffle::Comm::collective_seconds)
+  std::uint64_t collective_calls = 0;  // this run's (shuffle::Comm::collective_calls; the same on every rank)
+  std::uint64_t triggers_run = 0;      // by this run (a resumed job's last run: those after its commit)
+  std::uint64_t global_records = 0;    // records read, summed over ranks
+  nlohmann::json checkpoint;           // the "checkpoint" block (CommitScheduler::json), null without checkpoints
 };
 
 // summary.json; a collective, every rank gets the same object.
