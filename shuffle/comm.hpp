@@ -104,9 +104,16 @@ class Comm {
     static_assert(std::is_trivially_copyable_v<T>);
     const std::size_t B = items.size(), P = static_cast<std::size_t>(size_);
     if (offsets.size() != B) throw std::logic_error("alltoallv_batches: one offsets vector per batch");
-    if (B == 1) return {alltoallv(items[0], offsets[0], traffic, fault_point)};
+    std::vector<std::vector<T>> out;
+    if (B == 1) {  // not `return {alltoallv(...)}`: an initializer list is copied, not moved
+      out.push_back(alltoallv(items[0], offsets[0], traffic, fault_point));
+      return out;
+    }
     std::vector<std::uint64_t> send_offsets{0};
     std::vector<std::byte> send;
+    std::size_t send_items = 0;
+    for (const auto& batch : items) send_items += batch.size();
+    send.reserve(send_items * sizeof(T) + P * B * sizeof(std::uint64_t));
     for (std::size_t d = 0; d < P; ++d) {  // destination d: the B counts, then each batch's items for d
       for (std::size_t b = 0; b < B; ++b) put_words(send, offsets[b][d + 1] - offsets[b][d]);
       for (std::size_t b = 0; b < B; ++b) {
@@ -117,20 +124,24 @@ class Comm {
     }
     std::vector<std::uint64_t> recv_offsets;
     const std::vector<std::byte> recv = alltoallv_bytes(send.data(), send_offsets, recv_offsets, traffic, fault_point);
-    std::vector<std::vector<T>> out(B);
-    for (std::size_t s = 0; s < P; ++s) {  // source s's segment, laid out as above
-      std::size_t at = recv_offsets[s];
-      std::vector<std::uint64_t> counts(B);
-      if (recv_offsets[s + 1] - at < B * sizeof(std::uint64_t))
+    std::vector<std::byte>().swap(send);  // sent: its memory back before the batches are copied out
+    out.resize(B);
+    std::vector<std::uint64_t> counts(P * B), totals(B, 0);  // source s's count of batch b at s * B + b
+    for (std::size_t s = 0; s < P; ++s) {
+      if (recv_offsets[s + 1] - recv_offsets[s] < B * sizeof(std::uint64_t))
         throw std::logic_error("alltoallv_batches: ranks passed different numbers of batches");
-      std::memcpy(counts.data(), recv.data() + at, B * sizeof(std::uint64_t));
-      at += B * sizeof(std::uint64_t);
+      std::memcpy(counts.data() + s * B, recv.data() + recv_offsets[s], B * sizeof(std::uint64_t));
+      for (std::size_t b = 0; b < B; ++b) totals[b] += counts[s * B + b];
+    }
+    for (std::size_t b = 0; b < B; ++b) out[b].reserve(totals[b]);
+    for (std::size_t s = 0; s < P; ++s) {  // source s's segment, laid out as above
+      std::size_t at = recv_offsets[s] + B * sizeof(std::uint64_t);
       for (std::size_t b = 0; b < B; ++b) {
-        const std::size_t bytes = counts[b] * sizeof(T);
+        const std::size_t bytes = counts[s * B + b] * sizeof(T);
         if (recv_offsets[s + 1] - at < bytes)
           throw std::logic_error("alltoallv_batches: a segment shorter than its counts");
         const std::size_t had = out[b].size();
-        out[b].resize(had + counts[b]);
+        out[b].resize(had + counts[s * B + b]);
         if (bytes > 0) std::memcpy(out[b].data() + had, recv.data() + at, bytes);
         at += bytes;
       }

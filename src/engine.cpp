@@ -121,6 +121,7 @@ void Engine::end_trigger(std::uint32_t wi, std::uint32_t trigger, std::uint64_t 
   const std::int64_t window = config_.stream.first_window + wi;
   const bool window_end = trigger + 1 == config_.stream.triggers;
   ++triggers_done_;
+  ++triggers_run_;
   counters_.records += local_records;
   if (window_end) {  // before the window's last commit, which carries these counters
     counters_.end_window(window, users_, keys_, /*count_released=*/dp_);
@@ -133,7 +134,7 @@ void Engine::end_trigger(std::uint32_t wi, std::uint32_t trigger, std::uint64_t 
   else if (stop_.signal == 0)
     stop_ = stop;  // the first one agreed, kept to the batch's end
   progress_->trigger_done(window, trigger, config_.stream.triggers, local_records, released, triggers_done_,
-                          total_triggers_, dp_);
+                          total_triggers_, dp_, batch_end);
   if (stop_.signal != 0 && batch_end) {
     commits_->commit_for_stop(wi, trigger);
     stopped_window_ = wi;
@@ -177,7 +178,7 @@ RunReport Engine::finish() {
                        .wall_seconds = wall,
                        .collective_seconds = comm_.collective_seconds() - collective_seconds_at_start_,
                        .collective_calls = comm_.collective_calls() - collective_calls_at_start_,
-                       .triggers_run = triggers_done_ - triggers_done_at_start_,
+                       .triggers_run = triggers_run_,
                        .global_records = comm_.sum(counters_.records),
                        .checkpoint = commits_->json(resumed_from_)};
   nlohmann::json j = build_run_summary(run, comm_);

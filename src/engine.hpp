@@ -97,7 +97,7 @@ class Engine {
   const Clock::time_point run_start_;
   const double collective_seconds_at_start_;  // comm_'s, so that the summary counts this run's only
   const std::uint64_t collective_calls_at_start_;
-  std::uint64_t triggers_done_at_start_ = 0;
+  std::uint64_t triggers_run_ = 0;  // by this run (not a resume's earlier ones, nor skipped windows)
   const bool root_, dp_, checkpointing_;
   const ReleaseColumns release_columns_;
   RunReport report_;

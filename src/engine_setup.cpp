@@ -40,7 +40,6 @@ bool Engine::set_up() {
   start_checkpoint(secret);
   OPENSSL_cleanse(secret.data(), secret.size());
   triggers_done_ = std::uint64_t{start_window_} * config_.stream.triggers + start_trigger_;
-  triggers_done_at_start_ = triggers_done_;
   progress_->start_at(triggers_done_);
   commits_->start_at(start_trigger_);  // the time-based commit cadence counts from here
   return true;

@@ -29,9 +29,12 @@ ProgressReporter::ProgressReporter(const JobConfig& config, const shuffle::Comm&
 
 void ProgressReporter::trigger_done(std::int64_t window, std::uint32_t trigger, std::uint32_t triggers_per_window,
                                     std::uint64_t local_records, std::uint64_t released, std::uint64_t triggers_done,
-                                    std::uint64_t total_triggers, bool dp) {
+                                    std::uint64_t total_triggers, bool dp, bool batch_end) {
   if (!on_) return;
-  global_records_ += comm_.sum(local_records);
+  local_since_sum_ += local_records;
+  if (!batch_end) return;
+  global_records_ += comm_.sum(local_since_sum_);
+  local_since_sum_ = 0;
   const double elapsed = seconds_since(run_start_);
   const double done_here = static_cast<double>(triggers_done - triggers_at_start_);
   const double remaining = elapsed / std::max(done_here, 1.0) * static_cast<double>(total_triggers - triggers_done);

@@ -1,4 +1,5 @@
-// The progress line on rank 0's terminal after each trigger: window, trigger, rate, rows, ETA.
+// The progress line on rank 0's terminal after each batch of triggers ([engine] trigger_batch; one
+// trigger up to T = 199): window, trigger, rate, rows, ETA.
 #pragma once
 
 #include <chrono>
@@ -18,11 +19,11 @@ class ProgressReporter {
   bool on() const { return on_; }
   // The triggers already done when this run starts (a resume); the ETA counts this run's pace only.
   void start_at(std::uint64_t triggers_done) { triggers_at_start_ = triggers_done; }
-  // After a trigger (collective when on): this rank's records, the trigger's rows (rank 0), the
-  // job's triggers done and in all.
+  // After a trigger: this rank's records, the trigger's rows (rank 0), the job's triggers done and in
+  // all. At a batch's end (collective when on: the records summed once a batch) prints its line.
   void trigger_done(std::int64_t window, std::uint32_t trigger, std::uint32_t triggers_per_window,
                     std::uint64_t local_records, std::uint64_t released, std::uint64_t triggers_done,
-                    std::uint64_t total_triggers, bool dp);
+                    std::uint64_t total_triggers, bool dp, bool batch_end);
 
  private:
   const shuffle::Comm& comm_;
@@ -30,6 +31,7 @@ class ProgressReporter {
   bool on_ = false;
   std::uint64_t triggers_at_start_ = 0;
   std::uint64_t global_records_ = 0;
+  std::uint64_t local_since_sum_ = 0;  // this rank's records of the batch so far
 };
 
 }  // namespace dpstream

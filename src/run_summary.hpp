@@ -27,7 +27,7 @@ struct RunFigures {
   double wall_seconds = 0;             // this rank's
   double collective_seconds = 0;       // this rank's inside collectives (shuffle::Comm::collective_seconds)
   std::uint64_t collective_calls = 0;  // this run's (shuffle::Comm::collective_calls; the same on every rank)
-  std::uint64_t triggers_run = 0;      // by this run (a resumed job's last run: those after its commit)
+  std::uint64_t triggers_run = 0;      // by this run (a resume's: those after its commit; no skipped window's)
   std::uint64_t global_records = 0;    // records read, summed over ranks
   nlohmann::json checkpoint;           // the "checkpoint" block (CommitScheduler::json), null without checkpoints
 };
