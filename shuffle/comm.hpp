@@ -114,12 +114,15 @@ class Comm {
     std::size_t send_items = 0;
     for (const auto& batch : items) send_items += batch.size();
     send.reserve(send_items * sizeof(T) + P * B * sizeof(std::uint64_t));
+    const auto append = [&send](const void* data, std::size_t bytes) {
+      const auto* first = static_cast<const std::byte*>(data);
+      send.insert(send.end(), first, first + bytes);
+    };
+    std::vector<std::uint64_t> to_d(B);
     for (std::size_t d = 0; d < P; ++d) {  // destination d: the B counts, then each batch's items for d
-      for (std::size_t b = 0; b < B; ++b) put_words(send, offsets[b][d + 1] - offsets[b][d]);
-      for (std::size_t b = 0; b < B; ++b) {
-        const auto* first = reinterpret_cast<const std::byte*>(items[b].data() + offsets[b][d]);
-        send.insert(send.end(), first, first + (offsets[b][d + 1] - offsets[b][d]) * sizeof(T));
-      }
+      for (std::size_t b = 0; b < B; ++b) to_d[b] = offsets[b][d + 1] - offsets[b][d];
+      append(to_d.data(), B * sizeof(std::uint64_t));
+      for (std::size_t b = 0; b < B; ++b) append(items[b].data() + offsets[b][d], to_d[b] * sizeof(T));
       send_offsets.push_back(send.size());
     }
     std::vector<std::uint64_t> recv_offsets;
@@ -185,10 +188,6 @@ class Comm {
   int rank_ = 0;
   int size_ = 1;
   std::uint64_t round_limit_ = (std::uint64_t{1} << 31) - 1;
-  static void put_words(std::vector<std::byte>& out, std::uint64_t word) {
-    const auto* p = reinterpret_cast<const std::byte*>(&word);
-    out.insert(out.end(), p, p + sizeof word);
-  }
 };
 
 // Runs `fn` on this rank; if it throws on any rank, every rank throws E with the first message.
