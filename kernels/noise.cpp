@@ -66,21 +66,26 @@ u128 pack(const NodeId& id) {
 }
 
 // ---------------------------------------------------------------------------------------------
-void WindowPrf::CtxFree::operator()(evp_cipher_ctx_st* ctx) const { EVP_CIPHER_CTX_free(ctx); }
-
-WindowPrf::WindowPrf(const Secret& secret, std::int64_t window) : ctx_(EVP_CIPHER_CTX_new()) {
-  if (!ctx_) throw std::runtime_error("EVP_CIPHER_CTX_new failed");
+namespace {
+// The cipher keyed with K_w = HMAC-SHA256(secret, "dpstream window" || window LE8); K_w is wiped here.
+Aes256Blocks window_cipher(const Secret& secret, std::int64_t window) {
   std::uint8_t msg[15 + 8];
   std::copy_n("dpstream window", 15, msg);  // a byte string, no terminator
   for (int i = 0; i < 8; ++i) msg[15 + i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(window) >> (8 * i));
-  std::uint8_t key[32];
+  std::uint8_t key[Aes256Blocks::kKeyBytes];
+  struct Wipe {
+    std::uint8_t* key;
+    ~Wipe() { OPENSSL_cleanse(key, Aes256Blocks::kKeyBytes); }  // after the cipher is built, or on a throw
+  } wipe{key};
   unsigned len = 0;
-  const bool ok = HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), msg, sizeof msg, key, &len) &&
-                  len == sizeof key && EVP_EncryptInit_ex(ctx_.get(), EVP_aes_256_ecb(), nullptr, key, nullptr) == 1 &&
-                  EVP_CIPHER_CTX_set_padding(ctx_.get(), 0) == 1;
-  OPENSSL_cleanse(key, sizeof key);  // K_w lives on only inside the cipher context
-  if (!ok) throw std::runtime_error("window key derivation failed");
+  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), msg, sizeof msg, key, &len) ||
+      len != sizeof key)
+    throw std::runtime_error("window key derivation failed");
+  return Aes256Blocks(key);
 }
+}  // namespace
+
+WindowPrf::WindowPrf(const Secret& secret, std::int64_t window) : cipher_(window_cipher(secret, window)) {}
 
 WindowPrf::WindowPrf(WindowPrf&&) noexcept = default;
 WindowPrf& WindowPrf::operator=(WindowPrf&&) noexcept = default;
@@ -102,10 +107,7 @@ void WindowPrf::blocks_packed(u128 packed, std::uint32_t first, std::uint32_t co
       put_be64(in + kAesBlock * i, hi);
       put_be64(in + kAesBlock * i + 8, lo | (first + i));
     }
-    int outl = 0;
-    if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kAesBlock * c)) != 1 ||
-        outl != static_cast<int>(kAesBlock * c))
-      throw std::runtime_error("EVP_EncryptUpdate failed");
+    cipher_.encrypt(in, out, c);
     out += kAesBlock * c;
     first += c;
     count -= c;
@@ -138,10 +140,7 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
   else
     fill(per_node);
   const std::size_t b = n * per_node;
-  int outl = 0;
-  if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kAesBlock * b)) != 1 ||
-      outl != static_cast<int>(kAesBlock * b))
-    throw std::runtime_error("EVP_EncryptUpdate failed");
+  cipher_.encrypt(in, out, b);
 }
 
 // ---------------------------------------------------------------------------------------------

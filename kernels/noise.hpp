@@ -10,8 +10,7 @@
 #include <vector>
 
 #include "common/int128.hpp"
-
-struct evp_cipher_ctx_st;  // OpenSSL's EVP_CIPHER_CTX
+#include "kernels/aes_blocks.hpp"
 
 namespace dpstream::noise {
 
@@ -50,7 +49,8 @@ struct NodeId {
 u128 pack(const NodeId& id);
 inline constexpr unsigned kIndexShift = 15;  // the index field's lowest bit in pack(); the block counter below
 
-// AES-256 (ECB on counter blocks) keyed with K_w = HMAC-SHA256(secret, "dpstream window" || window LE8).
+// AES-256 (ECB on counter blocks; kernels/aes_blocks.hpp) keyed with K_w = HMAC-SHA256(secret, "dpstream window" ||
+// window LE8).
 // Block i of node n = AES_{K_w}(big-endian 128-bit pack(n) | i), i < 2^15. One per thread.
 class WindowPrf {
  public:
@@ -68,10 +68,7 @@ class WindowPrf {
   void first_blocks(const u128* packed, std::size_t n, std::uint32_t per_node, std::uint8_t* out);
 
  private:
-  struct CtxFree {
-    void operator()(evp_cipher_ctx_st* ctx) const;
-  };
-  std::unique_ptr<evp_cipher_ctx_st, CtxFree> ctx_;
+  Aes256Blocks cipher_;  // keyed with K_w, which lives on only inside it
 };
 
 // Uniform random words and bits of one node. Blocks are fetched lazily, kFirstBlocks on the first

@@ -1,0 +1,178 @@
+#include "kernels/aes_blocks.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define DPSTREAM_HAVE_VAES_CODE 1
+#else
+#define DPSTREAM_HAVE_VAES_CODE 0
+#endif
+
+namespace dpstream::noise {
+
+namespace {
+#if DPSTREAM_HAVE_VAES_CODE
+#define DPSTREAM_AES_TARGET __attribute__((target("aes,sse4.1")))
+#define DPSTREAM_VAES_TARGET __attribute__((target("aes,sse4.1,avx512f,vaes")))
+
+// FIPS-197 section 5.2's key expansion for Nk = 8, four words at a time: w[i] = w[i - 8] ^ f(w[i - 1]),
+// where f is SubWord(RotWord(.)) ^ Rcon at i = 0 mod 8 (`assisted`: AESKEYGENASSIST's word 3) and SubWord
+// at i = 4 mod 8 (its word 2). prev ^ (prev << 32) ^ (prev << 64) ^ (prev << 96) folds the w[i - 8] chain.
+DPSTREAM_AES_TARGET __m128i fold(__m128i prev, __m128i assisted_word) {
+  __m128i t = _mm_slli_si128(prev, 4);
+  prev = _mm_xor_si128(prev, t);
+  t = _mm_slli_si128(t, 4);
+  prev = _mm_xor_si128(prev, t);
+  t = _mm_slli_si128(t, 4);
+  prev = _mm_xor_si128(prev, t);
+  return _mm_xor_si128(prev, assisted_word);
+}
+
+template <int Rcon>
+DPSTREAM_AES_TARGET void expand_pair(__m128i& even, __m128i& odd, __m128i* out, bool last) {
+  even = fold(even, _mm_shuffle_epi32(_mm_aeskeygenassist_si128(odd, Rcon), 0xff));  // RotWord, SubWord, Rcon
+  out[0] = even;
+  if (last) return;
+  odd = fold(odd, _mm_shuffle_epi32(_mm_aeskeygenassist_si128(even, 0), 0xaa));  // SubWord only
+  out[1] = odd;
+}
+
+DPSTREAM_AES_TARGET void expand_key(const std::uint8_t* key, std::uint8_t* round_keys) {
+  __m128i rk[15];
+  __m128i even = _mm_loadu_si128(reinterpret_cast<const __m128i*>(key));
+  __m128i odd = _mm_loadu_si128(reinterpret_cast<const __m128i*>(key + 16));
+  rk[0] = even, rk[1] = odd;
+  expand_pair<0x01>(even, odd, rk + 2, false);
+  expand_pair<0x02>(even, odd, rk + 4, false);
+  expand_pair<0x04>(even, odd, rk + 6, false);
+  expand_pair<0x08>(even, odd, rk + 8, false);
+  expand_pair<0x10>(even, odd, rk + 10, false);
+  expand_pair<0x20>(even, odd, rk + 12, false);
+  expand_pair<0x40>(even, odd, rk + 14, true);
+  // Each round key four times in a row: one 512-bit load gives it to the four blocks of a register.
+  for (std::size_t r = 0; r < 15; ++r)
+    for (std::size_t copy = 0; copy < 4; ++copy)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(round_keys + 64 * r + 16 * copy), rk[r]);
+  // The locals hold the key schedule: zeroed before they go (the compiler may still have spilled copies).
+  for (auto& k : rk) k = _mm_setzero_si128();
+  even = odd = _mm_setzero_si128();
+}
+
+// Sixteen blocks a pass (four registers of four): the rounds of independent blocks overlap, so the
+// pipeline stays full; the remainder one block at a time.
+DPSTREAM_VAES_TARGET void encrypt_vaes512(const std::uint8_t* round_keys, const std::uint8_t* in, std::uint8_t* out,
+                                          std::size_t n) {
+  __m512i k[15];
+  for (std::size_t r = 0; r < 15; ++r) k[r] = _mm512_load_si512(round_keys + 64 * r);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i b[4];
+    for (std::size_t j = 0; j < 4; ++j) b[j] = _mm512_xor_si512(_mm512_loadu_si512(in + 16 * i + 64 * j), k[0]);
+    for (std::size_t r = 1; r < 14; ++r)
+      for (auto& v : b) v = _mm512_aesenc_epi128(v, k[r]);
+    for (std::size_t j = 0; j < 4; ++j)
+      _mm512_storeu_si512(out + 16 * i + 64 * j, _mm512_aesenclast_epi128(b[j], k[14]));
+  }
+  const auto key = [round_keys](std::size_t r) {
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(round_keys + 64 * r));
+  };
+  for (; i < n; ++i) {
+    __m128i b = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16 * i)), key(0));
+    for (std::size_t r = 1; r < 14; ++r) b = _mm_aesenc_si128(b, key(r));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * i), _mm_aesenclast_si128(b, key(14)));
+  }
+  for (auto& v : k) v = _mm512_setzero_si512();
+}
+
+// CPUID (Intel SDM vol. 2A, "CPUID"; clang 14's __builtin_cpu_supports knows no "vaes"): AES-NI and SSE4.1
+// (leaf 1 ECX bits 25, 19), AVX-512F (leaf 7 EBX bit 16), VAES (leaf 7 ECX bit 9), and the OS saving the
+// vector state: OSXSAVE (leaf 1 ECX bit 27), then XCR0's SSE, AVX, opmask and both ZMM halves (bits 1, 2, 5-7).
+bool cpu_runs_vaes512() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+  const bool aes = (c >> 25 & 1) != 0, sse41 = (c >> 19 & 1) != 0, osxsave = (c >> 27 & 1) != 0;
+  if (!aes || !sse41 || !osxsave) return false;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  const bool avx512f = (b >> 16 & 1) != 0, vaes = (c >> 9 & 1) != 0;
+  if (!avx512f || !vaes) return false;
+  std::uint32_t xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  constexpr std::uint32_t kZmmState = 0xe6;  // bits 1, 2, 5, 6, 7
+  return (xcr0_lo & kZmmState) == kZmmState;
+}
+#endif
+}  // namespace
+
+Aes256Blocks::Engine Aes256Blocks::best_engine() {
+#if DPSTREAM_HAVE_VAES_CODE
+  static const bool vaes = cpu_runs_vaes512();
+  return vaes ? Engine::Vaes512 : Engine::OpenSsl;
+#else
+  return Engine::OpenSsl;
+#endif
+}
+
+void Aes256Blocks::CtxFree::operator()(evp_cipher_ctx_st* ctx) const { EVP_CIPHER_CTX_free(ctx); }
+
+Aes256Blocks::Aes256Blocks(const std::uint8_t* key, Engine engine) : engine_(engine) {
+  if (engine_ == Engine::Vaes512) {
+#if DPSTREAM_HAVE_VAES_CODE
+    if (best_engine() != Engine::Vaes512) throw std::invalid_argument("AES-256: this CPU has no VAES with AVX-512");
+    expand_key(key, round_keys_);
+    return;
+#else
+    throw std::invalid_argument("AES-256: this build has no VAES code");
+#endif
+  }
+  ctx_.reset(EVP_CIPHER_CTX_new());
+  if (!ctx_ || EVP_EncryptInit_ex(ctx_.get(), EVP_aes_256_ecb(), nullptr, key, nullptr) != 1 ||
+      EVP_CIPHER_CTX_set_padding(ctx_.get(), 0) != 1)
+    throw std::runtime_error("AES-256: OpenSSL's EVP initialization failed");
+}
+
+// A moved-from cipher has no engine left: OpenSsl without a context, whose encrypt() throws.
+Aes256Blocks::Aes256Blocks(Aes256Blocks&& other) noexcept : engine_(other.engine_), ctx_(std::move(other.ctx_)) {
+  std::memcpy(round_keys_, other.round_keys_, sizeof round_keys_);
+  OPENSSL_cleanse(other.round_keys_, sizeof other.round_keys_);
+  other.engine_ = Engine::OpenSsl;
+}
+
+Aes256Blocks& Aes256Blocks::operator=(Aes256Blocks&& other) noexcept {
+  if (this == &other) return *this;
+  engine_ = other.engine_;
+  ctx_ = std::move(other.ctx_);
+  std::memcpy(round_keys_, other.round_keys_, sizeof round_keys_);
+  OPENSSL_cleanse(other.round_keys_, sizeof other.round_keys_);
+  other.engine_ = Engine::OpenSsl;
+  return *this;
+}
+
+Aes256Blocks::~Aes256Blocks() { OPENSSL_cleanse(round_keys_, sizeof round_keys_); }
+
+void Aes256Blocks::encrypt(const std::uint8_t* in, std::uint8_t* out, std::size_t n) {
+#if DPSTREAM_HAVE_VAES_CODE
+  if (engine_ == Engine::Vaes512) {
+    encrypt_vaes512(round_keys_, in, out, n);
+    return;
+  }
+#endif
+  if (!ctx_) throw std::logic_error("AES-256: a moved-from cipher");
+  constexpr std::size_t kMaxPerCall = std::size_t{1} << 20;  // EVP takes an int length
+  while (n > 0) {
+    const std::size_t c = n < kMaxPerCall ? n : kMaxPerCall;
+    int outl = 0;
+    if (EVP_EncryptUpdate(ctx_.get(), out, &outl, in, static_cast<int>(kBlockBytes * c)) != 1 ||
+        outl != static_cast<int>(kBlockBytes * c))
+      throw std::runtime_error("AES-256: EVP_EncryptUpdate failed");
+    in += kBlockBytes * c, out += kBlockBytes * c, n -= c;
+  }
+}
+
+}  // namespace dpstream::noise
