@@ -65,28 +65,60 @@ DPSTREAM_AES_TARGET void expand_key(const std::uint8_t* key, std::uint8_t* round
   even = odd = _mm_setzero_si128();
 }
 
-// Sixteen blocks a pass (four registers of four): the rounds of independent blocks overlap, so the
-// pipeline stays full; the remainder one block at a time.
+// One pass of R registers of four blocks, the last register's valid blocks in `last` (two 64-bit lanes a
+// block; masked lanes are neither read nor written): the rounds of the R registers' blocks are independent,
+// so they overlap in the pipeline instead of waiting out each aesenc's latency.
+template <std::size_t R>
+DPSTREAM_VAES_TARGET void pass(const __m512i* k, const std::uint8_t* in, std::uint8_t* out, __mmask8 last) {
+  __m512i b[R];
+#pragma GCC unroll 8
+  for (std::size_t j = 0; j < R; ++j)
+    b[j] = _mm512_xor_si512(_mm512_maskz_loadu_epi64(j + 1 < R ? 0xff : last, in + 64 * j), k[0]);
+#pragma GCC unroll 13
+  for (std::size_t r = 1; r < 14; ++r)
+#pragma GCC unroll 8
+    for (std::size_t j = 0; j < R; ++j) b[j] = _mm512_aesenc_epi128(b[j], k[r]);
+#pragma GCC unroll 8
+  for (std::size_t j = 0; j < R; ++j)
+    _mm512_mask_storeu_epi64(out + 64 * j, j + 1 < R ? 0xff : last, _mm512_aesenclast_epi128(b[j], k[14]));
+}
+
+// Thirty-two blocks a pass, then the rest in one pass of as many registers as it needs (short runs, such
+// as a ring's seven samples, are common: one block at a time would wait out 14 latencies each).
 DPSTREAM_VAES_TARGET void encrypt_vaes512(const std::uint8_t* round_keys, const std::uint8_t* in, std::uint8_t* out,
                                           std::size_t n) {
   __m512i k[15];
   for (std::size_t r = 0; r < 15; ++r) k[r] = _mm512_load_si512(round_keys + 64 * r);
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512i b[4];
-    for (std::size_t j = 0; j < 4; ++j) b[j] = _mm512_xor_si512(_mm512_loadu_si512(in + 16 * i + 64 * j), k[0]);
-    for (std::size_t r = 1; r < 14; ++r)
-      for (auto& v : b) v = _mm512_aesenc_epi128(v, k[r]);
-    for (std::size_t j = 0; j < 4; ++j)
-      _mm512_storeu_si512(out + 16 * i + 64 * j, _mm512_aesenclast_epi128(b[j], k[14]));
-  }
-  const auto key = [round_keys](std::size_t r) {
-    return _mm_load_si128(reinterpret_cast<const __m128i*>(round_keys + 64 * r));
-  };
-  for (; i < n; ++i) {
-    __m128i b = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16 * i)), key(0));
-    for (std::size_t r = 1; r < 14; ++r) b = _mm_aesenc_si128(b, key(r));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * i), _mm_aesenclast_si128(b, key(14)));
+  for (; n >= 32; n -= 32, in += 512, out += 512) pass<8>(k, in, out, 0xff);
+  if (n > 0) {
+    const std::size_t registers = (n + 3) / 4, in_last = n - 4 * (registers - 1);  // 1 .. 4 blocks
+    const auto last = static_cast<__mmask8>((1u << (2 * in_last)) - 1);
+    switch (registers) {
+      case 1:
+        pass<1>(k, in, out, last);
+        break;
+      case 2:
+        pass<2>(k, in, out, last);
+        break;
+      case 3:
+        pass<3>(k, in, out, last);
+        break;
+      case 4:
+        pass<4>(k, in, out, last);
+        break;
+      case 5:
+        pass<5>(k, in, out, last);
+        break;
+      case 6:
+        pass<6>(k, in, out, last);
+        break;
+      case 7:
+        pass<7>(k, in, out, last);
+        break;
+      default:
+        pass<8>(k, in, out, last);
+        break;
+    }
   }
   for (auto& v : k) v = _mm512_setzero_si512();
 }
