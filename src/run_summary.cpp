@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dpstream_version.hpp"
+#include "kernels/aes_blocks.hpp"
 #include "src/summary.hpp"
 
 namespace dpstream {
@@ -117,6 +118,9 @@ void add_times(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& co
   j["collective_calls"] = calls;
   j["collective_calls_per_trigger"] =
       static_cast<double>(calls) / static_cast<double>(std::max<std::uint64_t>(1, run.triggers_run));
+  // Which cipher code computed the noise PRF's blocks (the same blocks either way; the speed differs).
+  const std::uint64_t vaes = comm.sum(noise::Aes256Blocks::best_engine() == noise::Aes256Blocks::Engine::Vaes512);
+  j["noise_cipher_ranks"] = {{"vaes512", vaes}, {"openssl", static_cast<std::uint64_t>(comm.size()) - vaes}};
   // Each stage per rank: which rank's work the others wait for (a stage's maximum alone does not say).
   nlohmann::json& stages = j["seconds_per_rank"]["stages"];
   for (const Stage& s : kStages) stages[s.name] = per_rank(stage.*s.seconds);

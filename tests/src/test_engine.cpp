@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "kernels/aes_blocks.hpp"
 #include "partition/hash.hpp"
 #include "src/config.hpp"
 #include "src/csv_input.hpp"
@@ -114,6 +115,11 @@ void synthetic_job_matches_naive_reference(std::uint32_t batch, std::uint64_t* c
   const auto n_calls = summary.at("collective_calls").get<std::uint64_t>();
   EXPECT_DOUBLE_EQ(summary.at("collective_calls_per_trigger").get<double>(), static_cast<double>(n_calls) / 18);
   if (calls) *calls = n_calls;
+  // Every rank's cipher engine counted once: this CPU's, on every rank of this one machine.
+  const auto& cipher = summary.at("noise_cipher_ranks");
+  const bool vaes = dpstream::noise::Aes256Blocks::best_engine() == dpstream::noise::Aes256Blocks::Engine::Vaes512;
+  EXPECT_EQ(cipher.at("vaes512").get<int>(), vaes ? comm.size() : 0);
+  EXPECT_EQ(cipher.at("openssl").get<int>(), vaes ? 0 : comm.size());
 }
 }  // namespace
 
