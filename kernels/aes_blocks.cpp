@@ -19,13 +19,29 @@ namespace dpstream::noise {
 
 namespace {
 #if DPSTREAM_HAVE_VAES_CODE
-#define DPSTREAM_AES_TARGET __attribute__((target("aes,sse4.1")))
-#define DPSTREAM_VAES_TARGET __attribute__((target("aes,sse4.1,avx512f,vaes")))
+#define DPSTREAM_VAES_TARGET __attribute__((target("aes,avx512f,vaes")))
+
+// Clears every vector register the code below may leave key material in (OpenSSL's AES-NI code does the same):
+// VZEROALL for zmm0-15, and zmm16-31, which AVX-512 code also allocates.
+DPSTREAM_VAES_TARGET inline void clear_vector_registers() {
+  _mm256_zeroall();
+  __asm__ volatile(
+      "vpxord %%zmm16, %%zmm16, %%zmm16\n\tvpxord %%zmm17, %%zmm17, %%zmm17\n\t"
+      "vpxord %%zmm18, %%zmm18, %%zmm18\n\tvpxord %%zmm19, %%zmm19, %%zmm19\n\t"
+      "vpxord %%zmm20, %%zmm20, %%zmm20\n\tvpxord %%zmm21, %%zmm21, %%zmm21\n\t"
+      "vpxord %%zmm22, %%zmm22, %%zmm22\n\tvpxord %%zmm23, %%zmm23, %%zmm23\n\t"
+      "vpxord %%zmm24, %%zmm24, %%zmm24\n\tvpxord %%zmm25, %%zmm25, %%zmm25\n\t"
+      "vpxord %%zmm26, %%zmm26, %%zmm26\n\tvpxord %%zmm27, %%zmm27, %%zmm27\n\t"
+      "vpxord %%zmm28, %%zmm28, %%zmm28\n\tvpxord %%zmm29, %%zmm29, %%zmm29\n\t"
+      "vpxord %%zmm30, %%zmm30, %%zmm30\n\tvpxord %%zmm31, %%zmm31, %%zmm31" ::
+          : "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27",
+            "xmm28", "xmm29", "xmm30", "xmm31");
+}
 
 // FIPS-197 section 5.2's key expansion for Nk = 8, four words at a time: w[i] = w[i - 8] ^ f(w[i - 1]),
 // where f is SubWord(RotWord(.)) ^ Rcon at i = 0 mod 8 (`assisted`: AESKEYGENASSIST's word 3) and SubWord
 // at i = 4 mod 8 (its word 2). prev ^ (prev << 32) ^ (prev << 64) ^ (prev << 96) folds the w[i - 8] chain.
-DPSTREAM_AES_TARGET __m128i fold(__m128i prev, __m128i assisted_word) {
+DPSTREAM_VAES_TARGET inline __m128i fold(__m128i prev, __m128i assisted_word) {
   __m128i t = _mm_slli_si128(prev, 4);
   prev = _mm_xor_si128(prev, t);
   t = _mm_slli_si128(t, 4);
@@ -35,60 +51,65 @@ DPSTREAM_AES_TARGET __m128i fold(__m128i prev, __m128i assisted_word) {
   return _mm_xor_si128(prev, assisted_word);
 }
 
-template <int Rcon>
-DPSTREAM_AES_TARGET void expand_pair(__m128i& even, __m128i& odd, __m128i* out, bool last) {
-  even = fold(even, _mm_shuffle_epi32(_mm_aeskeygenassist_si128(odd, Rcon), 0xff));  // RotWord, SubWord, Rcon
-  out[0] = even;
-  if (last) return;
-  odd = fold(odd, _mm_shuffle_epi32(_mm_aeskeygenassist_si128(even, 0), 0xaa));  // SubWord only
-  out[1] = odd;
+// Round key r, four times in a row at bytes 64 r ..: one 512-bit load gives it to the four blocks of a register.
+DPSTREAM_VAES_TARGET inline void store_round_key(std::uint8_t* round_keys, std::size_t r, __m128i k) {
+  for (std::size_t copy = 0; copy < 4; ++copy)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(round_keys + 64 * r + 16 * copy), k);
 }
 
-DPSTREAM_AES_TARGET void expand_key(const std::uint8_t* key, std::uint8_t* round_keys) {
-  __m128i rk[15];
+template <int Rcon>
+DPSTREAM_VAES_TARGET inline void expand_pair(__m128i& even, __m128i& odd, std::uint8_t* round_keys, std::size_t r,
+                                             bool last) {
+  even = fold(even, _mm_shuffle_epi32(_mm_aeskeygenassist_si128(odd, Rcon), 0xff));  // RotWord, SubWord, Rcon
+  store_round_key(round_keys, r, even);
+  if (last) return;
+  odd = fold(odd, _mm_shuffle_epi32(_mm_aeskeygenassist_si128(even, 0), 0xaa));  // SubWord only
+  store_round_key(round_keys, r + 1, odd);
+}
+
+// Straight into the cipher's own memory (which its destructor wipes): no copy of the schedule on the stack.
+DPSTREAM_VAES_TARGET void expand_key(const std::uint8_t* key, std::uint8_t* round_keys) {
   __m128i even = _mm_loadu_si128(reinterpret_cast<const __m128i*>(key));
   __m128i odd = _mm_loadu_si128(reinterpret_cast<const __m128i*>(key + 16));
-  rk[0] = even, rk[1] = odd;
-  expand_pair<0x01>(even, odd, rk + 2, false);
-  expand_pair<0x02>(even, odd, rk + 4, false);
-  expand_pair<0x04>(even, odd, rk + 6, false);
-  expand_pair<0x08>(even, odd, rk + 8, false);
-  expand_pair<0x10>(even, odd, rk + 10, false);
-  expand_pair<0x20>(even, odd, rk + 12, false);
-  expand_pair<0x40>(even, odd, rk + 14, true);
-  // Each round key four times in a row: one 512-bit load gives it to the four blocks of a register.
-  for (std::size_t r = 0; r < 15; ++r)
-    for (std::size_t copy = 0; copy < 4; ++copy)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(round_keys + 64 * r + 16 * copy), rk[r]);
-  // The locals hold the key schedule: zeroed before they go (the compiler may still have spilled copies).
-  for (auto& k : rk) k = _mm_setzero_si128();
-  even = odd = _mm_setzero_si128();
+  store_round_key(round_keys, 0, even);
+  store_round_key(round_keys, 1, odd);
+  expand_pair<0x01>(even, odd, round_keys, 2, false);
+  expand_pair<0x02>(even, odd, round_keys, 4, false);
+  expand_pair<0x04>(even, odd, round_keys, 6, false);
+  expand_pair<0x08>(even, odd, round_keys, 8, false);
+  expand_pair<0x10>(even, odd, round_keys, 10, false);
+  expand_pair<0x20>(even, odd, round_keys, 12, false);
+  expand_pair<0x40>(even, odd, round_keys, 14, true);
+  clear_vector_registers();
 }
 
 // One pass of R registers of four blocks, the last register's valid blocks in `last` (two 64-bit lanes a
 // block; masked lanes are neither read nor written): the rounds of the R registers' blocks are independent,
-// so they overlap in the pipeline instead of waiting out each aesenc's latency.
+// so they overlap in the pipeline instead of waiting out each aesenc's latency. `k`: the round keys in the
+// cipher's memory, read from there (a local copy would leave the schedule on the stack).
 template <std::size_t R>
-DPSTREAM_VAES_TARGET void pass(const __m512i* k, const std::uint8_t* in, std::uint8_t* out, __mmask8 last) {
+DPSTREAM_VAES_TARGET inline void pass(const __m512i* k, const std::uint8_t* in, std::uint8_t* out, __mmask8 last) {
   __m512i b[R];
 #pragma GCC unroll 8
   for (std::size_t j = 0; j < R; ++j)
-    b[j] = _mm512_xor_si512(_mm512_maskz_loadu_epi64(j + 1 < R ? 0xff : last, in + 64 * j), k[0]);
+    b[j] = _mm512_xor_si512(_mm512_maskz_loadu_epi64(j + 1 < R ? 0xff : last, in + 64 * j), _mm512_load_si512(k));
 #pragma GCC unroll 13
-  for (std::size_t r = 1; r < 14; ++r)
+  for (std::size_t r = 1; r < 14; ++r) {
+    const __m512i key = _mm512_load_si512(k + r);
 #pragma GCC unroll 8
-    for (std::size_t j = 0; j < R; ++j) b[j] = _mm512_aesenc_epi128(b[j], k[r]);
+    for (std::size_t j = 0; j < R; ++j) b[j] = _mm512_aesenc_epi128(b[j], key);
+  }
+  const __m512i key = _mm512_load_si512(k + 14);
 #pragma GCC unroll 8
   for (std::size_t j = 0; j < R; ++j)
-    _mm512_mask_storeu_epi64(out + 64 * j, j + 1 < R ? 0xff : last, _mm512_aesenclast_epi128(b[j], k[14]));
+    _mm512_mask_storeu_epi64(out + 64 * j, j + 1 < R ? 0xff : last, _mm512_aesenclast_epi128(b[j], key));
 }
 
 // Thirty-two blocks a pass, then the rest in one pass of as many registers as it needs (short runs, such
 // as a ring's seven samples, are common: one block at a time would wait out 14 latencies each).
 DPSTREAM_VAES_TARGET void encrypt_vaes512(const std::uint8_t* round_keys, const std::uint8_t* in, std::uint8_t* out,
                                           std::size_t n) {
-  __m512i k[15];
-  for (std::size_t r = 0; r < 15; ++r) k[r] = _mm512_load_si512(round_keys + 64 * r);
+  const auto* k = reinterpret_cast<const __m512i*>(round_keys);  // 64-byte aligned (alignas in the header)
   for (; n >= 32; n -= 32, in += 512, out += 512) pass<8>(k, in, out, 0xff);
   if (n > 0) {
     const std::size_t registers = (n + 3) / 4, in_last = n - 4 * (registers - 1);  // 1 .. 4 blocks
@@ -120,17 +141,17 @@ DPSTREAM_VAES_TARGET void encrypt_vaes512(const std::uint8_t* round_keys, const 
         break;
     }
   }
-  for (auto& v : k) v = _mm512_setzero_si512();
+  clear_vector_registers();
 }
 
-// CPUID (Intel SDM vol. 2A, "CPUID"; clang 14's __builtin_cpu_supports knows no "vaes"): AES-NI and SSE4.1
-// (leaf 1 ECX bits 25, 19), AVX-512F (leaf 7 EBX bit 16), VAES (leaf 7 ECX bit 9), and the OS saving the
+// CPUID (Intel SDM vol. 2A, "CPUID"; clang 14's __builtin_cpu_supports knows no "vaes"): AES-NI (leaf 1 ECX
+// bit 25), AVX-512F (leaf 7 EBX bit 16), VAES (leaf 7 ECX bit 9), and the OS saving the
 // vector state: OSXSAVE (leaf 1 ECX bit 27), then XCR0's SSE, AVX, opmask and both ZMM halves (bits 1, 2, 5-7).
 bool cpu_runs_vaes512() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
-  const bool aes = (c >> 25 & 1) != 0, sse41 = (c >> 19 & 1) != 0, osxsave = (c >> 27 & 1) != 0;
-  if (!aes || !sse41 || !osxsave) return false;
+  const bool aes = (c >> 25 & 1) != 0, osxsave = (c >> 27 & 1) != 0;
+  if (!aes || !osxsave) return false;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
   const bool avx512f = (b >> 16 & 1) != 0, vaes = (c >> 9 & 1) != 0;
   if (!avx512f || !vaes) return false;

@@ -1,5 +1,5 @@
 // AES-256 in ECB mode on runs of blocks: the noise PRF's cipher (kernels/noise.hpp). Where the CPU has VAES
-// and AVX-512, sixteen blocks go through each round together (four per instruction), about three times
+// and AVX-512, up to 32 blocks go through each round together (four per instruction), about three times
 // OpenSSL's AES-NI code per block here (docs/PERFORMANCE.md round 32); elsewhere OpenSSL's EVP does the
 // work. Both are FIPS-197 AES-256 of each block, so the choice is invisible in every output
 // (tests/kernels/test_aes_blocks.cpp compares them block for block and checks FIPS-197's test vector).
@@ -23,7 +23,9 @@ class Aes256Blocks {
   explicit Aes256Blocks(const std::uint8_t* key, Engine engine = best_engine());
   Aes256Blocks(Aes256Blocks&&) noexcept;
   Aes256Blocks& operator=(Aes256Blocks&&) noexcept;
-  ~Aes256Blocks();  // wipes the round keys (the EVP context wipes its own)
+  // Wipes the round keys (the EVP context wipes its own). The VAES code reads them from this object only and
+  // clears the vector registers before it returns: no copy of the schedule is left behind on purpose.
+  ~Aes256Blocks();
 
   // out[i] = AES-256(in[i]) for n 16-byte blocks (in and out may be the same buffer).
   void encrypt(const std::uint8_t* in, std::uint8_t* out, std::size_t n);

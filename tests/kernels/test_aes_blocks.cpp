@@ -1,7 +1,10 @@
 // The noise PRF's cipher (kernels/aes_blocks.hpp): FIPS-197's AES-256 test vector on every engine this CPU runs,
-// and the VAES engine against OpenSSL's block for block, on run lengths around its sixteen-block passes.
+// and the VAES engine against OpenSSL's block for block, at every run length of its passes,
+// in place and at misaligned addresses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <stdexcept>
@@ -36,7 +39,7 @@ TEST(Aes256Blocks, Fips197TestVector) {
   for (const auto engine : engines()) {
     Aes256Blocks aes(key, engine);
     EXPECT_EQ(aes.engine(), engine);
-    // The vector at every position of a 37-block run: inside the sixteen-block passes and in the remainder.
+    // The vector at every position of a 37-block run: inside the 32-block passes and in the rest.
     std::vector<std::uint8_t> run(std::size_t{37} * 16);
     for (std::size_t b = 0; b < 37; ++b)
       for (int i = 0; i < 16; ++i) run[16 * b + i] = static_cast<std::uint8_t>(0x11 * i);
@@ -70,6 +73,39 @@ TEST(Aes256Blocks, VaesMatchesOpenSslBlockForBlock) {
     }
   }
 }
+
+// In place with distinct blocks (a pass that mixed up its blocks would show), and at odd addresses.
+TEST(Aes256Blocks, InPlaceAndMisalignedMatchOutOfPlace) {
+  std::mt19937_64 rng(7);
+  const std::vector<std::uint8_t> key = random_bytes(rng, 32);
+  for (const auto engine : engines()) {
+    Aes256Blocks aes(key.data(), engine), ssl(key.data(), Aes256Blocks::Engine::OpenSsl);
+    for (const std::size_t n : {std::size_t{5}, std::size_t{37}, std::size_t{70}}) {
+      const std::vector<std::uint8_t> in = random_bytes(rng, 16 * n);
+      std::vector<std::uint8_t> want(16 * n);
+      ssl.encrypt(in.data(), want.data(), n);
+      std::vector<std::uint8_t> same = in;
+      aes.encrypt(same.data(), same.data(), n);
+      EXPECT_EQ(same, want) << n << " blocks in place";
+      for (const std::size_t shift : {std::size_t{1}, std::size_t{3}, std::size_t{8}}) {
+        std::vector<std::uint8_t> src(16 * n + shift), dst(16 * n + shift);
+        std::copy(in.begin(), in.end(), src.begin() + static_cast<std::ptrdiff_t>(shift));
+        aes.encrypt(src.data() + shift, dst.data() + shift, n);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), dst.begin() + static_cast<std::ptrdiff_t>(shift)))
+            << n << " blocks at offset " << shift;
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// The engine's own CPUID test agrees with GCC's: a detection that always fell back would pass every other test.
+TEST(Aes256Blocks, DetectionAgreesWithTheCompilersCpuModel) {
+  const bool gcc_says =
+      __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("aes");
+  EXPECT_EQ(Aes256Blocks::best_engine() == Aes256Blocks::Engine::Vaes512, gcc_says);
+}
+#endif
 
 TEST(Aes256Blocks, MovedFromCipherRefusesToEncrypt) {
   std::uint8_t key[32] = {}, block[16] = {};
