@@ -119,6 +119,12 @@ BandedPlan::BandedPlan(std::vector<std::int64_t> band, double sigma) : m_(std::m
     throw std::invalid_argument("banded counter: sigma " + std::to_string(sigma) + " outside [2^-20, 2^30]");
   sigma_num_ = static_cast<std::uint64_t>(std::ceil(std::ldexp(sigma, kSigmaBits)));  // exact: < 2^62
   if (m_.size() >= 2) ring_magic_ = ~std::uint64_t{0} / (m_.size() - 1) + 1;
+  const std::size_t keep = m_.size() - 1;
+  if (keep > 0 && cum_[keep] >= 0) {
+    std::int64_t d = 0;  // < 15 x 2^32: no overflow
+    for (std::size_t j = 0; j < keep && d >= 0; ++j) d = cum_[j] >= cum_[keep] ? d + (cum_[j] - cum_[keep]) : -1;
+    dominance_sum_ = d;
+  }
 }
 
 bool BandedPlan::monotone() const {
@@ -299,6 +305,49 @@ DPSTREAM_AVX2_CLONES void BandedNoise::intervals_ahead(const BandedPlan& plan, s
     }
   }
   for (std::size_t k = 0; k < m; ++k) out[done + k] = rounded_edges(scale, y[k], bound[k] + magnitude[k] * 0x1p-43);
+}
+
+// With D_j = M_j - M_K >= 0 (K = b - 1; dominated()) and S_t the running sum of every Z~ up to step t, the
+// estimate at step t is y_t = M_K S_t + sum_{j < K} D_j Z~_(t-j) (units 2^-86), so over the run
+//   M_K min S + D min(0, min Z~) <= y_t <= M_K max S + D max(0, max Z~),   D = sum_j D_j,
+// the extremes of Z~ taken over the ring and the run (every Z~ a step's terms read). S over the run is S_at
+// (the running sum older_ plus the ring) plus the run's partial sums, kept exactly as sums of Z~ >> 8 (floor:
+// Z~ = 256 (Z~ >> 8) + r, 0 <= r < 256, so a sum of k of them lies in [256 P', 256 P' + 255 k]; |P'| < 2^63 for
+// n <= 255). The true noise's estimate differs from y_t by at most A_t = abs_cumulative_sum(t), largest at the
+// run's last step. Every int128 stays below 2^116. The doubles: the estimate's conversion and the product with
+// the grid's scale (itself up to two roundings) err by at most 4 x 2^-53 relative, covered by 2^-50 of the
+// magnitude; the rounding of q N to the grid by 1 (> 1/2).
+NoiseEdges BandedNoise::run_bounds(const BandedPlan& plan, std::int64_t q, const std::int64_t* kept,
+                                   std::size_t n) const {
+  const std::size_t keep = plan.band() - 1;
+  if (n == 0 || n > kMaxRunBound || keep == 0 || at_ < keep || recent_.size() != keep || !plan.dominated() ||
+      at_ + n > kMaxSteps)
+    return {};
+  int128 s = int128(older_);
+  std::int64_t z_max = 0, z_min = 0;  // already max(0, .) and min(0, .)
+  for (std::size_t k = 0; k < keep; ++k) {
+    const std::int64_t z = recent_[k];
+    s += z;
+    z_max = std::max(z_max, z), z_min = std::min(z_min, z);
+  }
+  std::int64_t p = 0, p_max = std::numeric_limits<std::int64_t>::min(),
+               p_min = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::int64_t z = kept[k];
+    p += z >> 8;  // arithmetic shift: floor(z / 256)
+    p_max = std::max(p_max, p), p_min = std::min(p_min, p);
+    z_max = std::max(z_max, z), z_min = std::min(z_min, z);
+  }
+  const int128 tail = plan.cumulative(static_cast<std::uint32_t>(keep)), d = plan.dominance_sum();
+  const int128 kept_error = plan.abs_cumulative_sum(static_cast<std::uint32_t>(at_ + n));
+  const int128 s_max = s + int128{p_max} * 256 + int128{255} * static_cast<std::int64_t>(n),
+               s_min = s + int128{p_min} * 256;
+  const int128 y_max = tail * s_max + d * z_max + kept_error, y_min = tail * s_min + d * z_min - kept_error;
+  const double scale = grid_scale(plan, q);
+  const double hi = scale * to_double(y_max), lo = scale * to_double(y_min);
+  const NoiseEdges e{lo - std::abs(lo) * 0x1p-50 - 1, hi + std::abs(hi) * 0x1p-50 + 1};
+  if (!(std::abs(e.below) < 0x1p50 && std::abs(e.above) < 0x1p50)) return {};
+  return e;
 }
 
 NoiseInterval NoiseEdges::interval() const {

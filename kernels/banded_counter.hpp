@@ -56,6 +56,10 @@ class BandedPlan {
   double sigma() const;  // exactly sigma_numerator() 2^-32
   // Every partial sum M_j >= 0: the prefix noise is non-decreasing in every Z (the thresholds need it).
   bool monotone() const;
+  // M_j >= M_(b-1) >= 0 for every j < b - 1 (b >= 2): then N_t = sigma (M_(b-1) S_t + sum_{j < b-1} D_j Z_(t-j))
+  // with S_t the running sum of every Z and D_j = M_j - M_(b-1) >= 0, which BandedNoise::run_bounds bounds.
+  bool dominated() const { return dominance_sum_ >= 0; }
+  std::int64_t dominance_sum() const { return dominance_sum_; }  // sum_j D_j numerator; -1 when not dominated
   std::uint64_t sigma_numerator() const { return sigma_num_; }
   // (at - 1) mod (b - 1) for b >= 2, at >= 1: BandedNoise's ring slot of step `at`, by a multiplication
   // (Lemire, Kaser and Kurz, "Faster remainder by direct computation", arXiv 1902.01961): a division
@@ -78,6 +82,7 @@ class BandedPlan {
   std::uint64_t abs_tail_ = 0;          // |M_(b-1)| 2^30: each step beyond b adds it
   std::uint64_t sigma_num_ = 0;
   std::uint64_t ring_magic_ = 0;  // 2^64 / (b - 1) rounded up: exact remainders of 32-bit numerators
+  std::int64_t dominance_sum_ = -1;
 };
 
 // ||C e_1||^2 = sum_{k < T} c_k^2 for C = (C^{-1})^{-1}, c the power-series inverse of the band,
@@ -185,6 +190,13 @@ class BandedNoise {
   // double whose drift is bounded, a few multiply-adds a step instead of push() and prefix_interval().
   void intervals_ahead(const BandedPlan& plan, std::int64_t q, const std::int64_t* kept, std::size_t n,
                        std::vector<NoiseEdges>& out) const;
+  // For a simulation: edges that hold round(q N) at every one of the steps at()+1 .. at()+n that push() of
+  // kept[0..n) would reach, from one pass of a running sum and extremes instead of each step's estimate
+  // (about two times wider than the steps' own extremes: most runs of a key far from its threshold still
+  // fail everywhere inside them). Unknown (NaN) unless the plan is dominated(), the ring is full (at() >=
+  // b - 1), 1 <= n <= kMaxRunBound and the edges lie within 2^50.
+  static constexpr std::size_t kMaxRunBound = 255;
+  NoiseEdges run_bounds(const BandedPlan& plan, std::int64_t q, const std::int64_t* kept, std::size_t n) const;
   // push() of kept[0..n), in order.
   void push_all(const BandedPlan& plan, const std::int64_t* kept, std::size_t n);
 

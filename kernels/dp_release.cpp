@@ -144,6 +144,9 @@ class TreeSelection {
   static std::uint32_t take_plain(std::uint32_t /*q*/, std::uint32_t /*last*/, Plain&& /*plain*/) {
     return 0;
   }
+  static std::int64_t take_all_bounded(std::uint32_t /*q*/, const PlainSteps& /*steps*/, std::int64_t /*users*/) {
+    return PlainSteps::kNoCount;
+  }
   std::uint64_t draws = 0;
 
  private:
@@ -190,14 +193,28 @@ class BandedSelection {
   void begin_ahead(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
     if (!holds(st, key, round)) throw std::logic_error("BandedSelection: simulation of a key not sought");
     prepare(key, round, counter_.at(), until);
-    counter_.intervals_ahead(plan_, kOne, values_.data(), values_.size(), edges_);
+    edges_ready_ = false;  // computed when a step first needs them (take_all_bounded needs none)
     from_ = counter_.at();
     next_ = 0;
+  }
+  // Takes every step of the simulation at once (q + 1 .. its last) when one bound on their noise
+  // (BandedNoise::run_bounds) makes each fail for `users` round users: returns the largest count that fails
+  // at all of them (at least `users`), or PlainSteps::kNoCount and takes none. Most runs of keys far below
+  // their threshold: neither the steps' intervals nor their tests are computed.
+  std::int64_t take_all_bounded(std::uint32_t q, const PlainSteps& steps, std::int64_t users) {
+    if (from_ + next_ != q || next_ != 0) throw std::logic_error("BandedSelection: a bounded run starts a simulation");
+    const auto n = static_cast<std::uint32_t>(values_.size());
+    const banded::NoiseEdges e = counter_.run_bounds(plan_, kOne, values_.data(), n);
+    const std::int64_t failing = steps.failing_users(e.above, q + 1, q + n);
+    if (failing == PlainSteps::kNoCount || failing < users) return PlainSteps::kNoCount;
+    next_ = n;
+    return failing;
   }
   // The simulation's next step: an interval holding its prefix noise, the exact value when doubles
   // cannot bound it; exact_ahead() gives the value.
   std::pair<int128, int128> step_ahead(State& st, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
     if (next_ >= values_.size() || from_ + next_ + 1 != q) throw std::logic_error("BandedSelection: step not prepared");
+    ensure_edges();
     if (const banded::NoiseInterval interval = edges_[next_++].interval(); interval.known())
       return {interval.lo, interval.hi};
     const int128 exact = exact_ahead(st, key, round);
@@ -209,6 +226,7 @@ class BandedSelection {
   template <class Plain>
   std::uint32_t take_plain(std::uint32_t q, std::uint32_t last, Plain&& plain) {
     if (from_ + next_ != q) throw std::logic_error("BandedSelection: step not prepared");
+    ensure_edges();
     const std::size_t end = last > q ? std::min<std::size_t>(edges_.size(), next_ + (last - q)) : next_;
     const std::size_t first = next_;
     while (next_ < end && plain(q + static_cast<std::uint32_t>(next_ - first) + 1, edges_[next_])) ++next_;
@@ -242,6 +260,14 @@ class BandedSelection {
     draws += values_.size();
   }
 
+  // The intervals of every prepared step (BandedNoise::intervals_ahead), from the counter at the simulation's start.
+  void ensure_edges() {
+    if (edges_ready_) return;
+    if (counter_.at() != from_) throw std::logic_error("BandedSelection: intervals of a simulation under way");
+    counter_.intervals_ahead(plan_, kOne, values_.data(), values_.size(), edges_);
+    edges_ready_ = true;
+  }
+
   // Whether counter_ is the key's counter at its State's step: the counter is a pure function of
   // (key, round, step) in a window, and its step is counter_.at().
   struct Held {
@@ -262,9 +288,10 @@ class BandedSelection {
   Noise counter_;
   Held held_;
   std::vector<std::int64_t> values_;       // Z~ of the prepared steps
-  std::vector<banded::NoiseEdges> edges_;  // of the prepared steps' noise intervals
-  std::uint32_t from_ = 0;                 // the frontier's step when the simulation began
-  std::size_t next_ = 0;                   // steps of the simulation taken
+  std::vector<banded::NoiseEdges> edges_;  // of the prepared steps' noise intervals, once edges_ready_
+  bool edges_ready_ = false;
+  std::uint32_t from_ = 0;  // the frontier's step when the simulation began
+  std::size_t next_ = 0;    // steps of the simulation taken
 };
 
 // A released value counter's noise at `leaf` on the grid q, banded, from its frontier at the last
@@ -516,6 +543,14 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           selection.begin_ahead(c.noise, key, st.round, until);
           std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
           std::uint32_t q = step;
+          // A run that one bound on its noise shows failing at every step is taken at once; the bound's count
+          // is its quiet bound (lower than the steps' own would be: it only leaves more new records to visit).
+          if (const std::int64_t failing = selection.take_all_bounded(q, plain_steps_, round_users);
+              failing != PlainSteps::kNoCount) {
+            simulated += until - q;
+            q = until;
+            quiet_users = failing;
+          }
           // A step that fails at both ends of its interval and leaves the quiet bound as it is changes
           // nothing (most steps): such steps are taken in bulk (PlainSteps), the others one at a time below.
           while (q < until) {

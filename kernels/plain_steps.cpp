@@ -36,4 +36,18 @@ double PlainSteps::floor_units(std::int64_t round_users, std::int64_t quiet_user
   return std::max({0.0, static_cast<double>(round_users), static_cast<double>(quiet_users) + 2}) * one_;
 }
 
+// top_[s] = M one - 8 with M = thresholds[s], |M| < 2^28 (else -inf: kNoCount), exact up to 2^-5 (|M one| < 2^48).
+// m = min top_ over the steps and d = m - above (|d| < 2^51: rounding under 1/4); u = floor(d / one) exactly (one
+// is a power of two), capped so that u one <= 2^50. For a step t, a noise N <= above and a count c <= u:
+// c one + N <= d + above < M_t one - 7.7, an integer below M_t one of magnitude < 2^51, which to_double keeps
+// exactly: passes(N, c, t) is false.
+std::int64_t PlainSteps::failing_users(double above, std::uint32_t first, std::uint32_t last) const {
+  if (!(std::abs(above) < 0x1p50) || first > last || last >= top_.size()) return kNoCount;
+  double m = std::numeric_limits<double>::infinity();
+  for (std::uint32_t s = first; s <= last; ++s) m = std::min(m, top_[s]);
+  if (!(m > -0x1p50)) return kNoCount;  // -inf: a threshold outside the range
+  const double u = std::floor((m - above) / one_), cap = std::min(0x1p30, 0x1p50 / one_);
+  return u >= cap ? static_cast<std::int64_t>(cap) : static_cast<std::int64_t>(u);
+}
+
 }  // namespace dpstream::kernels

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "kernels/banded_counter.hpp"
@@ -26,6 +27,14 @@ class PlainSteps {
   bool plain(const banded::NoiseEdges& e, double floor, std::uint32_t step) const {
     return e.above <= top_[step] - floor && e.below >= bottom_[step];
   }
+
+  // The largest user count that fails the threshold test at every round step first..last for every noise at
+  // or below `above` (grid units, |above| < 2^50), at most 2^30; kNoCount when a threshold there lies outside
+  // (-2^28, 2^28) users or `above` is not within 2^50 (the count is also at most 2^50 grid units). A run of a
+  // simulation whose noise is bounded by BandedNoise::run_bounds fails at every step for these counts (and any round
+  // users among them).
+  static constexpr std::int64_t kNoCount = std::numeric_limits<std::int64_t>::min();
+  std::int64_t failing_users(double above, std::uint32_t first, std::uint32_t last) const;
 
   // Grid units kept between a plain step's edges and the limits: covers the interval's +-1 and ceil/floor
   // (2), the limits' and the subtraction's roundings (under 1) and the quiet test's margin (under 1).

@@ -491,3 +491,108 @@ TEST(BandedCounter, RejectsBadPlans) {
   EXPECT_THROW(optimized_band(100, 0), std::invalid_argument);
   EXPECT_THROW(sensitivity_squared({one}, 0), std::invalid_argument);
 }
+
+// A run's bounds (run_bounds, from a counter at step `at`, for the next n samples) hold the exact rounded noise
+// of every step of the run, on the engine's band and grid with real normals; unknown before the ring is full,
+// for runs of 0 or more than kMaxRunBound steps, and for a band whose partial sums are not dominated.
+TEST(BandedCounter, RunBoundsHoldEveryStepsExactNoise) {
+  std::size_t checked = 0, runs = 0;
+  for (const std::size_t b : {2, 3, 8, 16}) {
+    const BandedPlan plan(optimized_band(1000, b), 19.0);
+    if (!plan.dominated()) continue;
+    for (int key = 0; key < 6; ++key) {
+      Keyed k{noise::WindowPrf(noise::secret_from_seed(22), 5), static_cast<std::uint64_t>(key)};
+      const auto z = [&](std::uint32_t i) { return noise::normal_fixed56(k.sample(i, 1)); };
+      for (const std::uint32_t at : {0u, static_cast<std::uint32_t>(b) - 1, static_cast<std::uint32_t>(b), 37u, 600u}) {
+        for (const std::uint32_t n : {0u, 1u, 9u, 64u, 255u, 256u}) {
+          BandedNoise counter;
+          counter.advance(plan, at, z);
+          std::vector<std::int64_t> samples;
+          for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(z(i));
+          const NoiseEdges e = counter.run_bounds(plan, kGrid, samples.data(), n);
+          const bool expect_known = at >= b - 1 && n >= 1 && n <= BandedNoise::kMaxRunBound;
+          ASSERT_EQ(!std::isnan(e.above), expect_known) << "b " << b << " at " << at << " n " << n;
+          if (!expect_known) continue;
+          ++runs;
+          BandedNoise stepped = counter;
+          double top = -0x1p60;
+          for (std::uint32_t j = 0; j < n; ++j) {
+            stepped.push(plan, samples[j]);
+            const int128 exact = exact_prefix_noise(plan, kGrid, at + j + 1,
+                                                    [&](std::uint32_t i, std::size_t w) { return k.sample(i, w); });
+            ASSERT_TRUE(e.below <= to_double(exact) && to_double(exact) <= e.above)
+                << "b " << b << " key " << key << " at " << at << " step " << at + j + 1;
+            top = std::max(top, to_double(exact));
+            ++checked;
+          }
+          // Not far looser than the run's own extremes (a few sigma of the ring's terms): the bound is of use.
+          EXPECT_LT(e.above - top, 40 * 19.0 * static_cast<double>(kGrid)) << "b " << b << " at " << at;
+        }
+      }
+    }
+  }
+  EXPECT_GT(runs, 100u);
+  EXPECT_GT(checked, 10000u);
+  // A band whose last partial sum exceeds an earlier one: not dominated, no bounds.
+  std::vector<std::int64_t> band{std::int64_t{1} << kCoefBits, -(std::int64_t{3} << (kCoefBits - 2)),
+                                 std::int64_t{1} << (kCoefBits - 1)};  // M = 1, 1/4, 3/4
+  const BandedPlan rising(band, 19.0);
+  EXPECT_FALSE(rising.dominated());
+  BandedNoise counter;
+  counter.advance(rising, 10, [](std::uint32_t) { return std::int64_t{1} << 50; });
+  const std::int64_t one[1] = {0};
+  EXPECT_TRUE(std::isnan(counter.run_bounds(rising, kGrid, one, 1).above));
+}
+
+// The same on extreme samples (the range's edge, tiny ones, a drift of +100 a step) with random dominated
+// bands (non-increasing partial sums, the last one small or zero) and grids where |q N| reaches 2^44..2^49.
+TEST(BandedCounter, RunBoundsHoldOnExtremeSamples) {
+  std::mt19937_64 g(12);
+  std::size_t checked = 0;
+  const std::int64_t two = std::int64_t{2} << kCoefBits;
+  for (const std::size_t b : {2, 5, 8, 16}) {
+    for (int trial = 0; trial < 6; ++trial) {
+      std::vector<std::int64_t> cum{std::int64_t{1} << kCoefBits};  // M_0 = 1 >= M_1 >= ... >= M_(b-1) >= 0
+      for (std::size_t k = 1; k < b; ++k)
+        cum.push_back(trial % 3 == 0 && k + 1 == b
+                          ? 0
+                          : static_cast<std::int64_t>(g() % static_cast<std::uint64_t>(cum.back() + 1)));
+      std::vector<std::int64_t> band(b);
+      for (std::size_t j = 0; j < b; ++j) band[j] = cum[j] - (j == 0 ? 0 : cum[j - 1]);
+      ASSERT_LE(cum[0], two);
+      for (const double sigma : {19.0, 0x1p30}) {
+        const BandedPlan plan(band, sigma);
+        ASSERT_TRUE(plan.dominated());
+        for (int kind = 0; kind < 3; ++kind) {
+          const Synthetic src{kind, g()};
+          std::vector<std::int64_t> grids{kGrid};
+          for (const int e : {44, 47, 49}) {
+            const double size = kind == 2 ? 100.0 * 3000 : 64.0 * std::sqrt(3000.0);
+            grids.push_back(static_cast<std::int64_t>(std::clamp(std::ldexp(1.0, e) / (sigma * size), 1.0, 0x1p62)));
+          }
+          for (const std::int64_t q : grids) {
+            const auto at = static_cast<std::uint32_t>(b + g() % 3000);
+            const std::uint32_t n = std::vector<std::uint32_t>{1, 64, 255}[g() % 3];
+            BandedNoise counter;
+            counter.advance(plan, at, [&](std::uint32_t i) { return src.kept(i); });
+            std::vector<std::int64_t> samples;
+            for (std::uint32_t i = at; i < at + n; ++i) samples.push_back(src.kept(i));
+            const NoiseEdges e = counter.run_bounds(plan, q, samples.data(), n);
+            if (std::isnan(e.above)) continue;  // beyond 2^50: the caller falls back to the steps' intervals
+            BandedNoise stepped = counter;
+            for (std::uint32_t j = 0; j < n; ++j) {
+              stepped.push(plan, samples[j]);
+              const int128 exact =
+                  stepped.prefix_noise(plan, q, [&](std::uint32_t i, std::size_t w) { return src.exact(i, w); });
+              ASSERT_TRUE(e.below <= to_double(exact) && to_double(exact) <= e.above)
+                  << "b " << b << " trial " << trial << " sigma " << sigma << " kind " << kind << " q " << q << " step "
+                  << at + j + 1;
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 5000u);
+}

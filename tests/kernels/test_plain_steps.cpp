@@ -122,3 +122,49 @@ TEST(PlainSteps, RefusesAGridThatIsNotAPowerOfTwo) {
   EXPECT_THROW(PlainSteps({1.0}, 0), std::invalid_argument);
   EXPECT_NO_THROW(PlainSteps({1.0}, kOne));
 }
+
+// A run's failing count (PlainSteps::failing_users): every count up to it fails the threshold test, as
+// DpReleaser's passes() states it, at every step of the run for every noise up to `above` (the integer noises
+// just below it checked), and it is the largest such count up to the margins (one more passes somewhere with
+// noise just below `above`, unless capped).
+TEST(PlainSteps, FailingUsersFailEveryStepOfTheRun) {
+  std::mt19937_64 g(13);
+  std::vector<double> thresholds(300);
+  for (double& t : thresholds) t = static_cast<double>(g() % 400000) / 1024.0 - 50;  // (-50, 340) users, fractions
+  thresholds[250] = 0x1p28;                                                          // outside the range
+  const PlainSteps plain(thresholds, kOne);
+  std::uniform_real_distribution<double> unit(0, 1);
+  std::uint64_t checked = 0, tight = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const auto first = static_cast<std::uint32_t>(1 + g() % 240), last = first + static_cast<std::uint32_t>(g() % 64);
+    const double above = (unit(g) * 600 - 300) * static_cast<double>(kOne) + unit(g);
+    const std::int64_t u = plain.failing_users(above, first, last);
+    if (last >= 250) {
+      EXPECT_EQ(u, PlainSteps::kNoCount) << "a threshold outside the range";
+      continue;
+    }
+    ASSERT_NE(u, PlainSteps::kNoCount);
+    double least = std::numeric_limits<double>::infinity();
+    for (std::uint32_t s = first; s <= last; ++s) {
+      least = std::min(least, thresholds[s]);
+      for (std::int64_t below = 0; below < 3; ++below) {
+        const auto noise = static_cast<std::int64_t>(std::floor(above)) - below;
+        EXPECT_FALSE(to_double(int128{u} * kOne + noise) > thresholds[s] * static_cast<double>(kOne))
+            << "count " << u << " passes at step " << s;
+        ++checked;
+      }
+    }
+    // One more user passes at the lowest threshold, but for the margin of 8 grid units and the roundings.
+    const auto noise = static_cast<std::int64_t>(std::floor(above));
+    tight += to_double(int128{u + 1} * kOne + noise + 10) > least * static_cast<double>(kOne);
+  }
+  EXPECT_GT(checked, 100000u);
+  EXPECT_GT(tight, 15000u);  // all but the trials stopped by the range
+  const std::vector<double> few{5.0, 6.0};
+  const PlainSteps small(few, kOne);
+  EXPECT_EQ(small.failing_users(std::numeric_limits<double>::quiet_NaN(), 0, 1), PlainSteps::kNoCount);
+  EXPECT_EQ(small.failing_users(0x1p51, 0, 1), PlainSteps::kNoCount);
+  EXPECT_EQ(small.failing_users(0, 1, 2), PlainSteps::kNoCount);  // beyond the steps
+  const std::vector<double> high{0x1p28 - 1, 0x1p28 - 1};
+  EXPECT_EQ(PlainSteps(high, kOne).failing_users(-0x1p50 + 1, 0, 1), std::int64_t{1} << 30);  // capped
+}
