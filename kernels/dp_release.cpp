@@ -24,10 +24,10 @@ namespace dpstream::kernels {
 
 namespace {
 constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or record in fixed point
-// Paper workload at 2M users, T = 1000, 2 ranks, with quiet keys left unvisited: caps 16 / 64 / 256
-// visit 6.3k / 3.6k / 3.1k keys per trigger and draw 225.7M / 230.1M / 242.3M nodes (the full scan:
-// 427k keys, 225.2M).
-constexpr std::uint32_t kMaxHorizon = 64;
+// The longest look-ahead: the cache entry's limit. A visit costs misses and its ring's draws, a longer
+// look-ahead the steps drawn past new records; since most runs are taken on one bound (run_bounds), 127
+// steps beat 64 by about 3% of key selection (docs/PERFORMANCE.md round 33; 64 in rounds 5-32).
+constexpr std::uint32_t kMaxHorizon = 127;
 static_assert(kMaxHorizon <= SelectionCache<BandedSelectionNoise>::Entry::kMaxHorizon &&
               kMaxHorizon <= SelectionCache<BandedSelectionNoise>::kMaxAhead);
 // Key selection's cache entry, banded (the default): 32 bytes.

@@ -28,6 +28,7 @@ PlainSteps::PlainSteps(const std::vector<double>& thresholds, std::int64_t one)
     top_[s] = inside ? m * one_ - kMarginUnits : -std::numeric_limits<double>::infinity();
     bottom_[s] = inside ? (m - 0x1p29) * one_ + kMarginUnits : std::numeric_limits<double>::infinity();
   }
+  top_rises_ = std::is_sorted(top_.begin() + std::min<std::ptrdiff_t>(1, std::ssize(top_)), top_.end());
 }
 
 // Exact for counts within 2^50: quiet + 2 as quiet_bound_holds computes it, each term scaled by a power of
@@ -43,8 +44,9 @@ double PlainSteps::floor_units(std::int64_t round_users, std::int64_t quiet_user
 // exactly: passes(N, c, t) is false.
 std::int64_t PlainSteps::failing_users(double above, std::uint32_t first, std::uint32_t last) const {
   if (!(std::abs(above) < 0x1p50) || first > last || last >= top_.size()) return kNoCount;
-  double m = std::numeric_limits<double>::infinity();
-  for (std::uint32_t s = first; s <= last; ++s) m = std::min(m, top_[s]);
+  double m = top_[first];  // the least of top_[first..last]: the first one where the thresholds rise (most plans)
+  if (!top_rises_ || first == 0)
+    for (std::uint32_t s = first + 1; s <= last; ++s) m = std::min(m, top_[s]);
   if (!(m > -0x1p50)) return kNoCount;  // -inf: a threshold outside the range
   const double u = std::floor((m - above) / one_), cap = std::min(0x1p30, 0x1p50 / one_);
   return u >= cap ? static_cast<std::int64_t>(cap) : static_cast<std::int64_t>(u);

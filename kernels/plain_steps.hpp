@@ -43,6 +43,7 @@ class PlainSteps {
  private:
   double one_ = 1;
   std::vector<double> top_, bottom_;  // per round step: the edges' limits (top_ before the floor is taken off)
+  bool top_rises_ = false;            // top_ non-decreasing from step 1 (thresholds that grow with the step)
 };
 
 }  // namespace dpstream::kernels

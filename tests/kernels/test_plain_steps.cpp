@@ -160,6 +160,18 @@ TEST(PlainSteps, FailingUsersFailEveryStepOfTheRun) {
   }
   EXPECT_GT(checked, 100000u);
   EXPECT_GT(tight, 15000u);  // all but the trials stopped by the range
+  // Rising thresholds (the engine's plans; the least is the first step's) against the same scan on a copy whose
+  // step 0 breaks the order.
+  std::vector<double> rising(200);
+  for (std::size_t s = 0; s < rising.size(); ++s) rising[s] = 100 + std::sqrt(static_cast<double>(s)) * 7.25;
+  std::vector<double> broken = rising;
+  broken[0] = 1e6;
+  const PlainSteps fast(rising, kOne), scanned(broken, kOne);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const auto first = static_cast<std::uint32_t>(1 + g() % 150), last = first + static_cast<std::uint32_t>(g() % 49);
+    const double above = (unit(g) * 200 - 100) * static_cast<double>(kOne);
+    ASSERT_EQ(fast.failing_users(above, first, last), scanned.failing_users(above, first, last));
+  }
   const std::vector<double> few{5.0, 6.0};
   const PlainSteps small(few, kOne);
   EXPECT_EQ(small.failing_users(std::numeric_limits<double>::quiet_NaN(), 0, 1), PlainSteps::kNoCount);
