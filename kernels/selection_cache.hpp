@@ -107,7 +107,7 @@ class SelectionCache {
   void unschedule(std::uint32_t n) { next_visit_[n] = kUnscheduled; }
 
   // The entries whose visit is scheduled at `trigger`, ascending, into `out`: a scan of a byte per entry,
-  // where visits come at least every kMaxHorizon = 64 triggers (kernels/dp_release.cpp) and each draws
+  // where visits come at least every kMaxHorizon = 127 triggers (kernels/dp_release.cpp) and each draws
   // its steps' noise (~20 ns a step): the scan stays a few percent of the visits' work.
   void due(std::uint32_t trigger, std::vector<std::uint32_t>& out) const {
     out.clear();
