@@ -450,10 +450,11 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
   const bool scan_all = !predict || scan_all_next_;
   const bool states_current = keys.touched_states_current;  // else a release since the last accumulate put some
   std::vector<std::vector<KeyRelease>> out(KeyStateTable::kShards);
-  std::uint64_t tested = 0, released = 0, draws = 0, visited = 0, simulated = 0, scheduled = 0, discarded = 0,
-                predicted = 0, quiet = 0;
+  std::uint64_t tested = 0, released = 0, draws = 0, visited = 0, simulated = 0, bounded = 0, scheduled = 0,
+                discarded = 0, predicted = 0, quiet = 0;
   std::string error;  // an exception must not leave the OpenMP region: keep the first, rethrow after
-#pragma omp parallel reduction(+ : tested, released, draws, visited, simulated, scheduled, discarded, predicted, quiet)
+#pragma omp parallel reduction(+ : tested, released, draws, visited, simulated, bounded, scheduled, discarded, predicted, \
+                                    quiet)
   try {
     noise::WindowPrf prf(secret_, window_);
     Selection selection = [&] {
@@ -548,6 +549,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           if (const std::int64_t failing = selection.take_all_bounded(q, plain_steps_, round_users);
               failing != PlainSteps::kNoCount) {
             simulated += until - q;
+            bounded += until - q;
             q = until;
             quiet_users = failing;
           }
@@ -643,6 +645,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
   stats.noise_draws += draws;
   stats.visited += visited;
   stats.simulated += simulated;
+  stats.bounded += bounded;
   stats.scheduled += scheduled;
   stats.discarded += discarded;
   stats.predicted += predicted;

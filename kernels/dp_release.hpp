@@ -50,6 +50,7 @@ struct DpStats {
   std::uint64_t noise_draws = 0;  // discrete Gaussian samples (simulations included)
   std::uint64_t visited = 0;      // (key, trigger) visits: keys of the micro-batch and keys due (all, for Full)
   std::uint64_t simulated = 0;    // steps simulated ahead by failed keys (Algorithm 4)
+  std::uint64_t bounded = 0;      // of those, steps taken on one bound of their run (BandedNoise::run_bounds)
   std::uint64_t scheduled = 0;    // visits scheduled by a simulation (a predicted release or the horizon's end)
   std::uint64_t discarded = 0;    // scheduled visits overtaken by new records before they were due
   std::uint64_t predicted = 0;    // releases at a scheduled visit (new records, if any, stayed quiet)

@@ -77,6 +77,7 @@ struct RunCounters {
     f("new_users", bounding.new_users);
     f("threshold_tests", dp.tested), f("dp_release_rows", dp.released), f("noise_draws", dp.noise_draws);
     f("keys_visited", dp.visited), f("simulated_steps", dp.simulated), f("scheduled_visits", dp.scheduled);
+    f("simulated_steps_bounded", dp.bounded);  // absent from older checkpoints: restored as 0
     f("discarded_visits", dp.discarded), f("predicted_releases", dp.predicted), f("quiet_keys", dp.quiet);
     f("user_shuffle_bytes", user_traffic.bytes_total),
         f("user_shuffle_bytes_to_others", user_traffic.bytes_sent_to_others);

@@ -55,6 +55,7 @@ void add_job_and_privacy(nlohmann::json& j, const RunFigures& run, const shuffle
              {"key_scan", to_string(config.engine.key_scan)},
              {"keys_visited_per_trigger", visits_json(comm, c.dp.visited, c.visits_per_trigger, run.total_triggers)},
              {"simulated_steps", comm.sum(c.dp.simulated)},
+             {"simulated_steps_bounded", comm.sum(c.dp.bounded)},
              {"scheduled_visits", comm.sum(c.dp.scheduled)},
              {"discarded_visits", comm.sum(c.dp.discarded)},
              {"predicted_releases", comm.sum(c.dp.predicted)},

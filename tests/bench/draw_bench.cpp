@@ -1,6 +1,6 @@
 // One exact normal sample's cost, as the banded counters draw them (kernels/exact_normal.hpp): runs of
 // consecutive steps of many keys' counters through normal_fixed56_run (Z~) (key selection draws its
-// look-ahead, up to 64 steps, and a key's prefix this way), on one core, repeated. Prints the minimum
+// look-ahead, up to 127 steps, and a key's prefix this way), on one core, repeated. Prints the minimum
 // and the median over the repeats in ns per sample (compare builds by the minimum, alternating: this
 // host is shared). Every repeat must give the same samples, and the first ~131,000 samples must equal
 // the general sampler's node by node (sample_normal on each node's own stream), so a fast path that

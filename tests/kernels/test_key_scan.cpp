@@ -36,14 +36,14 @@ constexpr int kKeys = 400;
 
 using kernels::CounterKind;
 
-DpParams params(double mu, CounterKind counter = CounterKind::Tree) {
+DpParams params(double mu, CounterKind counter = CounterKind::Tree, std::uint32_t triggers = kT) {
   DpParams p;
   p.selection_counter = p.value_counter = counter;
-  if (counter == CounterKind::Banded) p.band = kernels::banded::optimized_band(kT, 8);
-  p.triggers = kT;
+  if (counter == CounterKind::Banded) p.band = kernels::banded::optimized_band(triggers, 8);
+  p.triggers = triggers;
   p.mu = mu;
-  p.tau.resize(kT + 1);
-  for (std::uint32_t s = 0; s <= kT; ++s) p.tau[s] = 5.0 + 0.1 * s;  // grows with the step, as the plan's
+  p.tau.resize(triggers + 1);
+  for (std::uint32_t s = 0; s <= triggers; ++s) p.tau[s] = 5.0 + 0.1 * s;  // grows with the step, as the plan's
   p.sigma_selection = 3.0;
   p.sigma_count = 2.0;
   p.sigma_sum = 3.0;
@@ -53,12 +53,12 @@ DpParams params(double mu, CounterKind counter = CounterKind::Tree) {
 
 // Per trigger, the partials of a stream where key k gets records with a probability of its own
 // (from every trigger to almost never), some with no new user (records of users it already had).
-std::vector<std::vector<KeyPartial>> stream(std::uint64_t seed) {
+std::vector<std::vector<KeyPartial>> stream(std::uint64_t seed, std::uint32_t triggers = kT) {
   std::mt19937_64 rng(seed);
   std::vector<double> rate(kKeys);
   for (auto& r : rate) r = std::pow(std::uniform_real_distribution<double>(0.0, 1.0)(rng), 3.0);
-  std::vector<std::vector<KeyPartial>> out(kT);
-  for (std::uint32_t t = 0; t < kT; ++t)
+  std::vector<std::vector<KeyPartial>> out(triggers);
+  for (std::uint32_t t = 0; t < triggers; ++t)
     for (int k = 0; k < kKeys; ++k)
       if (std::uniform_real_distribution<double>(0.0, 1.0)(rng) < rate[k]) {
         const auto users = static_cast<std::int64_t>(rng() % 3);  // 0: records of known users only
@@ -69,6 +69,7 @@ std::vector<std::vector<KeyPartial>> stream(std::uint64_t seed) {
 
 struct Totals {
   std::uint64_t releases = 0, predicted = 0, visits_full = 0, visits_predicted = 0, discarded = 0, quiet = 0;
+  std::uint64_t bounded = 0;  // steps taken on one bound of their run
 };
 
 void expect_same(const std::vector<KeyRelease>& full, const std::vector<KeyRelease>& pred, const std::string& where) {
@@ -82,28 +83,28 @@ void expect_same(const std::vector<KeyRelease>& full, const std::vector<KeyRelea
 // Two windows of the stream; in window 1 the predicting releaser is replaced at `resume_at` by a new
 // one (a resumed run: the key table is restored, the releaser's selection caches are not).
 void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t resume_at, Totals& totals,
-                      CounterKind counter) {
+                      CounterKind counter, std::uint32_t triggers = kT) {
   const testing::ScopedOmpThreads scoped(threads);
   const auto secret = noise::secret_from_seed(seed);
-  DpReleaser full(params(mu, counter), secret, KeyScan::Full);
-  auto predicted = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
+  DpReleaser full(params(mu, counter, triggers), secret, KeyScan::Full);
+  auto predicted = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
   // The engine's path: accumulate hands key selection only the keys above mu (touched_above).
-  auto filtered = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
+  auto filtered = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
   for (std::int64_t window = 0; window < 2; ++window) {
-    const auto partials = stream(seed * 31 + static_cast<std::uint64_t>(window));
+    const auto partials = stream(seed * 31 + static_cast<std::uint64_t>(window), triggers);
     KeyStateTable full_keys, predicted_keys, filtered_keys;
     full.begin_window(window);
     predicted->begin_window(window);
     filtered->begin_window(window);
     DpStats fs, ps, fps;
-    for (std::uint32_t t = 0; t < kT; ++t) {
+    for (std::uint32_t t = 0; t < triggers; ++t) {
       const std::string where = "mu " + std::to_string(mu) + " threads " + std::to_string(threads) + " seed " +
                                 std::to_string(seed) + " window " + std::to_string(window) + " trigger " +
                                 std::to_string(t);
       if (window == 1 && t == resume_at) {
-        predicted = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
+        predicted = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
         predicted->begin_window(window);
-        filtered = std::make_unique<DpReleaser>(params(mu, counter), secret, KeyScan::Predicted);
+        filtered = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
         filtered->begin_window(window);
       }
       full_keys.accumulate(partials[t], KeyStateTable::Report::Nothing);
@@ -124,6 +125,7 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
     totals.visits_predicted += ps.visited;
     totals.discarded += ps.discarded;
     totals.quiet += ps.quiet;
+    totals.bounded += ps.bounded;
     EXPECT_EQ(fs.predicted, 0u) << "the full scan schedules nothing";
   }
 }
@@ -150,6 +152,26 @@ TEST_P(KeyScanCounters, PredictionReleasesExactlyWhatTheFullScanReleases) {
         mu, static_cast<unsigned long long>(totals.releases), static_cast<unsigned long long>(totals.predicted),
         static_cast<unsigned long long>(totals.visits_predicted), static_cast<unsigned long long>(totals.visits_full),
         static_cast<unsigned long long>(totals.discarded), static_cast<unsigned long long>(totals.quiet));
+  }
+}
+
+// Windows of 400 triggers: look-aheads reach their cap (127 steps) and, with the banded counter, most runs are
+// taken on one bound of their noise (BandedNoise::run_bounds), some of the cap's whole length; the releases stay
+// the full scan's, across a resume in the middle of the second window.
+TEST_P(KeyScanCounters, LongWindowsReleaseExactlyWhatTheFullScanReleases) {
+  for (const double mu : {0.0, 3.0}) {
+    Totals totals;
+    for (std::uint64_t seed = 1; seed <= 2; ++seed)
+      run_side_by_side(mu, 1, seed, 150 + 40 * static_cast<std::uint32_t>(seed), totals, GetParam(), 400);
+    EXPECT_GT(totals.releases, 500u) << "mu " << mu;
+    EXPECT_GT(totals.predicted, 50u) << "mu " << mu;
+    if (GetParam() == CounterKind::Banded)
+      EXPECT_GT(totals.bounded, 10000u) << "mu " << mu << ": runs taken on one bound";
+    else
+      EXPECT_EQ(totals.bounded, 0u) << "the tree's steps are known only once taken";
+    std::printf("mu %.0f, T = 400: %llu releases, %llu at a scheduled visit, %llu steps taken on one bound\n", mu,
+                static_cast<unsigned long long>(totals.releases), static_cast<unsigned long long>(totals.predicted),
+                static_cast<unsigned long long>(totals.bounded));
   }
 }
 

@@ -165,7 +165,7 @@ TEST(PlainSteps, FailingUsersFailEveryStepOfTheRun) {
   std::vector<double> rising(200);
   for (std::size_t s = 0; s < rising.size(); ++s) rising[s] = 100 + std::sqrt(static_cast<double>(s)) * 7.25;
   std::vector<double> broken = rising;
-  broken[0] = 1e6;
+  broken[199] = 0;  // past every trial's steps: the same least thresholds, but `scanned` must scan
   const PlainSteps fast(rising, kOne), scanned(broken, kOne);
   for (int trial = 0; trial < 2000; ++trial) {
     const auto first = static_cast<std::uint32_t>(1 + g() % 150), last = first + static_cast<std::uint32_t>(g() % 49);
