@@ -191,11 +191,7 @@ Aes256Blocks::Aes256Blocks(const std::uint8_t* key, Engine engine) : engine_(eng
 }
 
 // A moved-from cipher has no engine left: OpenSsl without a context, whose encrypt() throws.
-Aes256Blocks::Aes256Blocks(Aes256Blocks&& other) noexcept : engine_(other.engine_), ctx_(std::move(other.ctx_)) {
-  std::memcpy(round_keys_, other.round_keys_, sizeof round_keys_);
-  OPENSSL_cleanse(other.round_keys_, sizeof other.round_keys_);
-  other.engine_ = Engine::OpenSsl;
-}
+Aes256Blocks::Aes256Blocks(Aes256Blocks&& other) noexcept : engine_(Engine::OpenSsl) { *this = std::move(other); }
 
 Aes256Blocks& Aes256Blocks::operator=(Aes256Blocks&& other) noexcept {
   if (this == &other) return *this;
