@@ -1,5 +1,7 @@
 #include "kernels/aes_blocks.hpp"
 
+#include "kernels/cpu_features.hpp"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
@@ -8,7 +10,6 @@
 #include <utility>
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define DPSTREAM_HAVE_VAES_CODE 1
 #else
@@ -144,29 +145,12 @@ DPSTREAM_VAES_TARGET void encrypt_vaes512(const std::uint8_t* round_keys, const 
   clear_vector_registers();
 }
 
-// CPUID (Intel SDM vol. 2A, "CPUID"; clang 14's __builtin_cpu_supports knows no "vaes"): AES-NI (leaf 1 ECX
-// bit 25), AVX-512F (leaf 7 EBX bit 16), VAES (leaf 7 ECX bit 9), and the OS saving the
-// vector state: OSXSAVE (leaf 1 ECX bit 27), then XCR0's SSE, AVX, opmask and both ZMM halves (bits 1, 2, 5-7).
-bool cpu_runs_vaes512() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
-  const bool aes = (c >> 25 & 1) != 0, osxsave = (c >> 27 & 1) != 0;
-  if (!aes || !osxsave) return false;
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-  const bool avx512f = (b >> 16 & 1) != 0, vaes = (c >> 9 & 1) != 0;
-  if (!avx512f || !vaes) return false;
-  std::uint32_t xcr0_lo = 0, xcr0_hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  constexpr std::uint32_t kZmmState = 0xe6;  // bits 1, 2, 5, 6, 7
-  return (xcr0_lo & kZmmState) == kZmmState;
-}
 #endif
 }  // namespace
 
 Aes256Blocks::Engine Aes256Blocks::best_engine() {
 #if DPSTREAM_HAVE_VAES_CODE
-  static const bool vaes = cpu_runs_vaes512();
-  return vaes ? Engine::Vaes512 : Engine::OpenSsl;
+  return cpu_runs_vaes512() ? Engine::Vaes512 : Engine::OpenSsl;
 #else
   return Engine::OpenSsl;
 #endif

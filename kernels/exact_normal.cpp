@@ -3,13 +3,23 @@
 #include <boost/multiprecision/cpp_int.hpp>
 
 #include "kernels/cdf_table.hpp"
+#include "kernels/cpu_features.hpp"
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <utility>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DPSTREAM_HAVE_AVX512_CODE 1
+#define DPSTREAM_AVX512_TARGET __attribute__((target("avx512f")))
+#else
+#define DPSTREAM_HAVE_AVX512_CODE 0
+#endif
 
 namespace dpstream::noise {
 
@@ -273,6 +283,62 @@ namespace {
   return true;
 }
 
+// fixed56_from_block0 of one 16-byte block (w0, w1, as NodeStream reads them).
+bool decide_one(const std::uint8_t* block, const CdfTable& table, std::int64_t& out) {
+  std::array<std::uint64_t, 2> w;
+  std::memcpy(w.data(), block, sizeof(w));
+  return fixed56_from_block0(w[0], w[1], table, out);
+}
+
+#if DPSTREAM_HAVE_AVX512_CODE
+// decide_one eight blocks a step, with fixed56_from_block0's arithmetic lane by lane: the guide's cell m,
+// at most two steps of cell_from_top's search (u0 < hi[m] gives m; u0 > hi[m] and u0 < hi[m + 1] gives m + 1),
+// V's test and the value. A lane that needs more (a third step, u0 equal to an entry, m or m + 1 the last
+// cell, V not above the cell) is left undecided, for decide_one (a lane it decides, it decides as decide_one
+// would). Bit i of the result set when block i is decided (out[i] set). Lanes past n read nothing.
+DPSTREAM_AVX512_TARGET std::uint64_t decide_avx512(const std::uint8_t* blocks, std::size_t n, const CdfTable& table,
+                                                   std::int64_t* out) {
+  const __m512i even = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0), odd = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i last = _mm512_set1_epi64(static_cast<long long>(table.hi.size() - 1));
+  const __m512i one = _mm512_set1_epi64(1), v_bits = _mm512_set1_epi64((1 << FirstAttempt::kVHigh) - 1);
+  const long long* hi = reinterpret_cast<const long long*>(table.hi.data());
+  const int* guide = reinterpret_cast<const int*>(table.guide.data());
+  constexpr __mmask8 kAll = 0xff;  // the zero-masked forms: GCC 12 warns of its unmasked ones' undefined source
+  std::uint64_t decided = 0;
+  for (std::size_t at = 0; at < n; at += 8) {
+    const std::size_t lanes = std::min<std::size_t>(8, n - at);
+    const auto in_run = static_cast<__mmask8>((1u << lanes) - 1);
+    const std::uint8_t* p = blocks + 16 * at;  // words 0-7 in the first register, 8-15 in the second
+    const auto words_lo = static_cast<__mmask8>(lanes >= 4 ? 0xff : (1u << 2 * lanes) - 1);
+    const auto words_hi = static_cast<__mmask8>(lanes <= 4 ? 0 : (1u << 2 * (lanes - 4)) - 1);
+    const __m512i a = _mm512_maskz_loadu_epi64(words_lo, p), b = _mm512_maskz_loadu_epi64(words_hi, p + 64);
+    const __m512i w0 = _mm512_permutex2var_epi64(a, even, b), w1 = _mm512_permutex2var_epi64(a, odd, b);
+    // The cell: m = guide[u0's top 12 bits]; m + 1 where u0 > hi[m] (gathered at min(m + 1, last)).
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i top = _mm512_maskz_srli_epi64(kAll, w0, 64 - CdfTable::kGuideBits);
+    const __m512i m =
+        _mm512_maskz_cvtepu32_epi64(kAll, _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), kAll, top, guide, 4));
+    const __m512i m1 = _mm512_maskz_min_epu64(kAll, _mm512_add_epi64(m, one), last);
+    const __m512i hi_m = _mm512_mask_i64gather_epi64(zero, kAll, m, hi, 8);
+    const __m512i hi_m1 = _mm512_mask_i64gather_epi64(zero, kAll, m1, hi, 8);
+    const __mmask8 at_m = _mm512_cmplt_epu64_mask(w0, hi_m), past_m = _mm512_cmpgt_epu64_mask(w0, hi_m);
+    const __mmask8 at_m1 = past_m & _mm512_cmplt_epu64_mask(w0, hi_m1) & _mm512_cmplt_epu64_mask(m1, last);
+    const __mmask8 searched = (at_m | at_m1) & _mm512_cmplt_epu64_mask(m, last);
+    const __m512i j = _mm512_mask_mov_epi64(m, at_m1, m1);
+    // V's top 14 digits above j: accepted; Z~ = sign (j 2^49 + U's top 49 digits).
+    const __m512i v_high = _mm512_and_si512(_mm512_maskz_srli_epi64(kAll, w1, 1), v_bits);
+    const __mmask8 ok = searched & _mm512_cmpgt_epu64_mask(v_high, j) & in_run;
+    const __m512i value = _mm512_or_si512(_mm512_maskz_slli_epi64(kAll, j, FirstAttempt::kUHigh),
+                                          _mm512_maskz_srli_epi64(kAll, w1, 64 - FirstAttempt::kUHigh));
+    const __mmask8 negative = _mm512_test_epi64_mask(w1, one);
+    const __m512i z = _mm512_mask_sub_epi64(value, negative, zero, value);
+    _mm512_mask_storeu_epi64(out + at, ok, z);
+    decided |= std::uint64_t{ok} << at;
+  }
+  return decided;
+}
+#endif
+
 // The general sampler on a node's stream whose block 0 was fetched: the rare draws, out of line.
 [[gnu::noinline]] std::int64_t general_fixed56(WindowPrf& prf, u128 packed, const std::uint8_t* block0) {
   NodeStream again(prf, packed, 1, block0);
@@ -285,30 +351,50 @@ bool fixed56_from_first_block(const std::array<std::uint64_t, 2>& block0, std::i
   return fixed56_from_block0(block0[0], block0[1], cell_table(), out);
 }
 
+Block0Path best_block0_path() { return cpu_runs_avx512f() ? Block0Path::Avx512 : Block0Path::Scalar; }
+
+std::uint64_t fixed56_from_first_blocks(const std::uint8_t* blocks, std::size_t n, std::int64_t* out, Block0Path path) {
+  if (n > 64) throw std::invalid_argument("fixed56_from_first_blocks: at most 64 blocks");
+  const CdfTable& table = cell_table();
+  std::uint64_t decided = 0;
+  if (path == Block0Path::Avx512) {
+#if DPSTREAM_HAVE_AVX512_CODE
+    if (!cpu_runs_avx512f()) throw std::invalid_argument("fixed56_from_first_blocks: this CPU has no AVX-512F");
+    decided = decide_avx512(blocks, n, table, out);
+#else
+    throw std::invalid_argument("fixed56_from_first_blocks: this build has no AVX-512 code");
+#endif
+  }
+  // Every block the vector steps left (all of them on the scalar path).
+  for (std::uint64_t rest = ~decided & (n == 0 ? 0 : ~std::uint64_t{0} >> (64 - n)); rest != 0; rest &= rest - 1) {
+    const auto i = static_cast<std::size_t>(std::countr_zero(rest));
+    if (decide_one(blocks + 16 * i, table, out[i])) decided |= std::uint64_t{1} << i;
+  }
+  return decided;
+}
+
 void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std::int64_t* out) {
   if (n == 0) return;
   NodeId last = first;
   last.index += static_cast<std::uint32_t>(n - 1);
   if (n - 1 > std::numeric_limits<std::uint32_t>::max() || last.index < first.index)
     throw std::invalid_argument("normal_fixed56_run: node index out of range");
-  static_cast<void>(pack(last));             // range-checks the run's last index; the ones between lie between
-  const u128 step = u128{1} << kIndexShift;  // the next index: packed by addition (a 128-bit shift a node was 10%)
+  static_cast<void>(pack(last));  // range-checks the run's last index; the ones between lie between
   u128 next = pack(first);
-  // Block 0 of kChunk nodes fetched together (many AES blocks in flight instead of one call per node).
-  constexpr std::size_t kChunk = 64, kBlock = 16;  // nodes a cipher call; bytes of block 0 (w0, w1)
-  std::array<u128, kChunk> packed;
+  constexpr std::size_t kChunk = 64, kBlock = 16;  // nodes a cipher call (many AES blocks in flight); bytes of block 0
   std::array<std::uint8_t, kChunk * kBlock> fetched;
-  const CdfTable& table = cell_table();
+  static const Block0Path path = best_block0_path();
+  constexpr std::size_t kVectorFrom = 16;  // shorter runs: the vector steps' dependent gathers cost more than scalar
   for (std::size_t at = 0; at < n; at += kChunk) {
     const std::size_t c = std::min(kChunk, n - at);
-    for (std::size_t i = 0; i < c; ++i, next += step) packed[i] = next;
-    prf.first_blocks(packed.data(), c, 1, fetched.data());
-    for (std::size_t i = 0; i < c; ++i) {
-      std::array<std::uint64_t, 2> w;  // the stream's first words, as NodeStream reads them
-      const std::uint8_t* block0 = fetched.data() + kBlock * i;
-      std::memcpy(w.data(), block0, sizeof(w));
-      if (!fixed56_from_block0(w[0], w[1], table, out[at + i])) out[at + i] = general_fixed56(prf, packed[i], block0);
+    prf.first_blocks_of_run(next, c, fetched.data());
+    const std::uint64_t decided =
+        fixed56_from_first_blocks(fetched.data(), c, out + at, c >= kVectorFrom ? path : Block0Path::Scalar);
+    for (std::uint64_t rest = ~decided & (~std::uint64_t{0} >> (64 - c)); rest != 0; rest &= rest - 1) {
+      const auto i = static_cast<std::size_t>(std::countr_zero(rest));
+      out[at + i] = general_fixed56(prf, next + (u128{i} << kIndexShift), fetched.data() + kBlock * i);
     }
+    next += u128{c} << kIndexShift;  // by addition: the index field, range-checked above, never carries
   }
 }
 

@@ -143,6 +143,21 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
   cipher_.encrypt(in, out, b);
 }
 
+void WindowPrf::first_blocks_of_run(u128 first_packed, std::size_t n, std::uint8_t* out) {
+  constexpr std::size_t kMaxBlocks = 64;
+  if (n > kMaxBlocks) throw std::invalid_argument("first_blocks_of_run: at most 64 nodes per call");
+  std::uint8_t in[kMaxBlocks * kAesBlock];
+  // plaintext = big-endian (pack(node) | 0): the key word is the same for all, the low word steps by 2^15.
+  const std::uint64_t hi = __builtin_bswap64(static_cast<std::uint64_t>(first_packed >> 64));
+  const auto lo = static_cast<std::uint64_t>(first_packed);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t lo_i = __builtin_bswap64(lo + (std::uint64_t{i} << kIndexShift));
+    std::memcpy(in + kAesBlock * i, &hi, 8);
+    std::memcpy(in + kAesBlock * i + 8, &lo_i, 8);
+  }
+  cipher_.encrypt(in, out, n);
+}
+
 // ---------------------------------------------------------------------------------------------
 NodeStream::NodeStream(WindowPrf& prf, u128 packed, std::uint32_t first_blocks, const std::uint8_t* fetched)
     : prf_(prf), packed_(packed), first_blocks_(first_blocks) {

@@ -66,6 +66,9 @@ class WindowPrf {
   void blocks_packed(u128 packed, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);  // packed = pack(id)
   // Blocks 0..per_node-1 of each of `n` nodes, node after node, in one cipher call (n per_node <= 64).
   void first_blocks(const u128* packed, std::size_t n, std::uint32_t per_node, std::uint8_t* out);
+  // Block 0 of each of `n` <= 64 consecutive nodes, pack(first) with index + 0, 1, ..., n - 1 (the caller keeps the
+  // last index in range, so the index field never carries into the fields above it), in one cipher call.
+  void first_blocks_of_run(u128 first_packed, std::size_t n, std::uint8_t* out);
 
  private:
   Aes256Blocks cipher_;  // keyed with K_w, which lives on only inside it

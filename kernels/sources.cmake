@@ -3,6 +3,7 @@
 set(DPSTREAM_KERNELS_SOURCES
     bounding.cpp
     key_accumulate.cpp
+    cpu_features.cpp
     aes_blocks.cpp
     noise.cpp
     exact_normal.cpp

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/aes_blocks.hpp"
+#include "kernels/cpu_features.hpp"
 
 using dpstream::noise::Aes256Blocks;
 
@@ -104,6 +105,9 @@ TEST(Aes256Blocks, DetectionAgreesWithTheCompilersCpuModel) {
   const bool gcc_says =
       __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("aes");
   EXPECT_EQ(Aes256Blocks::best_engine() == Aes256Blocks::Engine::Vaes512, gcc_says);
+  EXPECT_EQ(dpstream::noise::cpu_runs_vaes512(), gcc_says);
+  EXPECT_EQ(dpstream::noise::cpu_runs_avx512f(),
+            __builtin_cpu_supports("avx512f") != 0);  // the normal sampler's vector path
 }
 #endif
 

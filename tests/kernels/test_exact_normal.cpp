@@ -3,7 +3,9 @@
 // false-failure rate under a fresh seed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -184,30 +186,32 @@ NormalSample sample_from_words(WindowPrf& prf, const NodeId& id, const std::arra
 // from block 0 iff w0 does not tie a table entry and V's top 14 digits exceed j (else the general sampler runs:
 // always safe, so only the decided cases need the comparison; the rule itself is asserted so that a wider one,
 // which would be unsound on some U, V, fails here).
+// The cell table seen through fixed56_from_first_block alone (the table itself is the sampler's own).
+constexpr std::uint64_t kAcceptAll = ~std::uint64_t{0} - 1;  // w1 with V's top digits at their maximum
+bool tie(std::uint64_t w0) {  // w0 equals a table entry's top word: the lower words decide
+  std::int64_t z = 0;
+  return !fixed56_from_first_block({w0, kAcceptAll}, z);
+}
+std::uint64_t cell_of(std::uint64_t w0) {  // the cell w0 gives (a tie counted as the cell above it)
+  std::int64_t z = 0;
+  for (; !fixed56_from_first_block({w0, kAcceptAll}, z); ++w0)
+    if (w0 == ~std::uint64_t{0}) return std::uint64_t{1} << 20;  // ties up to the top: above every decided cell
+  return static_cast<std::uint64_t>(z) >> 49;
+}
+std::uint64_t lowest_word_of_cell(std::uint64_t j) {  // the smallest w0 with cell_of(w0) >= j
+  std::uint64_t lo = 0, hi = ~std::uint64_t{0};
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    if (cell_of(mid) >= j)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
 TEST(ExactNormal, FirstBlockShortcutEqualsTheGeneralSamplerWhereItDecides) {
   WindowPrf prf(secret_from_seed(25), 2);
-  constexpr std::uint64_t kAcceptAll = ~std::uint64_t{0} - 1;  // w1 with V's top digits at their maximum
-  const auto tie = [&](std::uint64_t w0) {  // w0 equals a table entry's top word: the lower words decide
-    std::int64_t z = 0;
-    return !fixed56_from_first_block({w0, kAcceptAll}, z);
-  };
-  const auto cell_of = [&](std::uint64_t w0) {  // the cell w0 gives (a tie counted as the cell above it)
-    std::int64_t z = 0;
-    for (; !fixed56_from_first_block({w0, kAcceptAll}, z); ++w0)
-      if (w0 == ~std::uint64_t{0}) return std::uint64_t{1} << 20;  // ties up to the top: above every decided cell
-    return static_cast<std::uint64_t>(z) >> 49;
-  };
-  const auto lowest_word_of_cell = [&](std::uint64_t j) {  // the smallest w0 with cell_of(w0) >= j
-    std::uint64_t lo = 0, hi = ~std::uint64_t{0};
-    while (lo < hi) {
-      const std::uint64_t mid = lo + (hi - lo) / 2;
-      if (cell_of(mid) >= j)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    return lo;
-  };
   // The largest cell block 0 can decide: the highest w0 that ties no entry. Beyond it the entries' top words are
   // the last few values below 2^64 (P[|Z| beyond] < 2^-62), each a tie the general sampler decides.
   // P[|Z| >= 8] > 2^-62: that cell is above 1024.
@@ -258,6 +262,58 @@ TEST(ExactNormal, FirstBlockShortcutEqualsTheGeneralSamplerWhereItDecides) {
   EXPECT_GT(decided, 0u);
   EXPECT_GT(refused, 0u);
   EXPECT_GT(ties, 0u) << "the lowest word of a cell above 0 is its lower entry's top word: a tie";
+}
+
+// normal_fixed56_run decides block 0s eight at a time with AVX-512F where the CPU runs it: the same decisions
+// and values as one at a time, on every cell's edges (the words just below, at and above each entry's top word
+// and each guide bucket's first word, where the vector search's two steps and ties are decided), V's top digits
+// just below, at and above the cell, both signs and random words, in runs of every length 1-64 at odd offsets.
+// Lanes left undecided must keep `out` as it was.
+TEST(ExactNormal, VectorBlock0PathDecidesAsTheScalarOne) {
+  if (best_block0_path() != Block0Path::Avx512) GTEST_SKIP() << "this CPU has no AVX-512F: only the scalar path runs";
+  std::uint64_t x = 0x243f6a8885a308d3u;
+  const auto next = [&] { return x = x * 6364136223846793005u + 1442695040888963407u; };
+  std::vector<std::uint64_t> w0s;
+  for (std::uint64_t j = 1; j < 2100; ++j) {
+    const std::uint64_t edge = lowest_word_of_cell(j);
+    if (edge == ~std::uint64_t{0}) break;
+    w0s.insert(w0s.end(), {edge - 1, edge, edge + 1});
+  }
+  for (std::uint64_t h = 0; h < 4096; ++h) w0s.insert(w0s.end(), {h << 52, (h << 52) - 1, (h << 52) + 1});
+  for (int i = 0; i < 50000; ++i) w0s.push_back(next());
+  w0s.insert(w0s.end(), {0, 1, ~std::uint64_t{0}, ~std::uint64_t{0} - 1});
+  std::vector<std::uint64_t> words;  // w0, w1 pairs
+  for (const std::uint64_t w0 : w0s) {
+    const std::uint64_t j = std::min<std::uint64_t>(cell_of(w0), (1u << 14) - 1);
+    for (const std::uint64_t v_top : {j == 0 ? 0 : j - 1, j, j + 1, next() >> 50}) {
+      const std::uint64_t w1 = (next() & ~std::uint64_t{0x7fff}) | (v_top & 0x3fff) << 1 | (next() >> 63);
+      words.insert(words.end(), {w0, w1});
+    }
+  }
+  std::uint32_t decided = 0, undecided = 0;
+  std::vector<std::uint8_t> bytes(words.size() * 8 + 16);
+  for (const std::size_t offset : {std::size_t{0}, std::size_t{3}}) {  // misaligned blocks too
+    std::memcpy(bytes.data() + offset, words.data(), words.size() * 8);
+    std::size_t at = 0;
+    for (std::size_t n = 1; at + n <= words.size() / 2; n = n % 64 + 1) {
+      std::array<std::int64_t, 64> scalar, vector;
+      scalar.fill(-7);
+      vector.fill(-7);
+      const std::uint8_t* blocks = bytes.data() + offset + 16 * at;
+      const std::uint64_t s = fixed56_from_first_blocks(blocks, n, scalar.data(), Block0Path::Scalar);
+      const std::uint64_t v = fixed56_from_first_blocks(blocks, n, vector.data(), Block0Path::Avx512);
+      ASSERT_EQ(v, s) << "blocks " << at << " .. " << at + n - 1;
+      ASSERT_EQ(vector, scalar) << "blocks " << at << " .. " << at + n - 1;
+      const int set = std::popcount(s);
+      decided += set;
+      undecided += static_cast<std::uint32_t>(n) - set;
+      at += n;
+    }
+  }
+  EXPECT_GT(decided, 100000u);
+  EXPECT_GT(undecided, 10000u);
+  std::array<std::int64_t, 65> out{};
+  EXPECT_THROW(fixed56_from_first_blocks(bytes.data(), 65, out.data()), std::invalid_argument);
 }
 
 // The sign (w1's bit 0) is independent of the magnitude: P[negative] is 1/2 within 5 standard errors in each

@@ -157,6 +157,28 @@ TEST(Noise, FirstBlocksEqualEachNodesStream) {
   EXPECT_THROW(prf.first_blocks(many.data(), many.size(), NodeStream::kFirstBlocks, out.data()), std::invalid_argument);
 }
 
+// first_blocks_of_run steps the index field by addition: block 0 of each node of a run is block 0 of that node's
+// own stream, for runs of every length 1-64 starting at index 0, in the middle, and ending at the last index
+// (2^20 - 1, where one more would carry into the level field); more than 64 nodes in one call is refused.
+TEST(Noise, FirstBlocksOfRunEqualEachNodesStream) {
+  WindowPrf prf(secret_from_seed(3), 9);
+  std::vector<std::uint8_t> out(std::size_t{64} * 16), own(16);
+  for (std::size_t n = 1; n <= 64; ++n) {
+    for (const std::uint32_t start : {0u, 40503u, (1u << 20) - static_cast<std::uint32_t>(n)}) {
+      const NodeId first{n * 31 + start, Family::BandedSelection, 5, 3, start};
+      prf.first_blocks_of_run(pack(first), n, out.data());
+      for (std::size_t i = 0; i < n; ++i) {
+        NodeId id = first;
+        id.index += static_cast<std::uint32_t>(i);
+        prf.blocks(id, 0, 1, own.data());
+        ASSERT_EQ(std::memcmp(own.data(), out.data() + i * 16, 16), 0) << n << " " << start << " " << i;
+      }
+    }
+  }
+  std::vector<std::uint8_t> more(std::size_t{65} * 16);
+  EXPECT_THROW(prf.first_blocks_of_run(pack(node(1)), 65, more.data()), std::invalid_argument);
+}
+
 TEST(Noise, BatchedDrawsEqualSingleDraws) {
   // node_noises fetches the first blocks of many nodes in one cipher call: the same values as node_noise.
   WindowPrf prf(secret_from_seed(4), 3);
