@@ -619,6 +619,10 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           cache.due(trigger, due_entries);
           for (std::size_t j = 0; j < std::min(2 * kAhead, due_entries.size()); ++j)
             cache.prefetch_entry(due_entries[j]);
+          // The first kAhead keys' slots too (a shard has a few due keys a trigger at T = 1000: most are among
+          // them); their entries' loads overlap, as they were just prefetched.
+          for (std::size_t j = 0; j < std::min(kAhead, due_entries.size()); ++j)
+            keys.prefetch(cache.entry(due_entries[j]).key);
           for (std::size_t i = 0; i < due_entries.size(); ++i) {
             if (i + 2 * kAhead < due_entries.size()) cache.prefetch_entry(due_entries[i + 2 * kAhead]);
             if (i + kAhead < due_entries.size()) keys.prefetch(cache.entry(due_entries[i + kAhead]).key);
