@@ -311,7 +311,8 @@ DPSTREAM_AVX512_TARGET std::uint64_t decide_avx512(const std::uint8_t* blocks, s
     const std::uint8_t* p = blocks + 16 * at;  // words 0-7 in the first register, 8-15 in the second
     const auto words_lo = static_cast<__mmask8>(lanes >= 4 ? 0xff : (1u << 2 * lanes) - 1);
     const auto words_hi = static_cast<__mmask8>(lanes <= 4 ? 0 : (1u << 2 * (lanes - 4)) - 1);
-    const __m512i a = _mm512_maskz_loadu_epi64(words_lo, p), b = _mm512_maskz_loadu_epi64(words_hi, p + 64);
+    const __m512i a = _mm512_maskz_loadu_epi64(words_lo, p);
+    const __m512i b = _mm512_maskz_loadu_epi64(words_hi, words_hi != 0 ? p + 64 : p);  // no pointer past the run
     const __m512i w0 = _mm512_permutex2var_epi64(a, even, b), w1 = _mm512_permutex2var_epi64(a, odd, b);
     // The cell: m = guide[u0's top 12 bits]; m + 1 where u0 > hi[m] (gathered at min(m + 1, last)).
     const __m512i zero = _mm512_setzero_si512();
@@ -357,10 +358,11 @@ std::uint64_t fixed56_from_first_blocks(const std::uint8_t* blocks, std::size_t 
   if (n > 64) throw std::invalid_argument("fixed56_from_first_blocks: at most 64 blocks");
   const CdfTable& table = cell_table();
   std::uint64_t decided = 0;
-  if (path == Block0Path::Avx512) {
+  if (path != Block0Path::Scalar) {
 #if DPSTREAM_HAVE_AVX512_CODE
     if (!cpu_runs_avx512f()) throw std::invalid_argument("fixed56_from_first_blocks: this CPU has no AVX-512F");
     decided = decide_avx512(blocks, n, table, out);
+    if (path == Block0Path::Avx512Only) return decided;
 #else
     throw std::invalid_argument("fixed56_from_first_blocks: this build has no AVX-512 code");
 #endif

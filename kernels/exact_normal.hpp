@@ -53,13 +53,14 @@ void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std:
 // normal_fixed56(sample_normal(stream)) from the stream's first two words alone when they decide it (about
 // 99.4% of draws: true, `out` set); false when the sample needs more of the stream.
 bool fixed56_from_first_block(const std::array<std::uint64_t, 2>& block0, std::int64_t& out);
-// How block 0s are decided in a run: eight at a time with AVX-512F where this CPU runs it, else one at a time;
-// the same outputs either way.
-enum class Block0Path { Avx512, Scalar };
+// How block 0s are decided in a run: eight at a time with AVX-512F where this CPU runs it (the blocks its vector
+// steps leave then one at a time), else one at a time; the same outputs either way. Avx512Only: the vector steps
+// alone, which leave a few blocks the scalar test decides (for tests and measurements).
+enum class Block0Path { Avx512, Scalar, Avx512Only };
 Block0Path best_block0_path();
 // fixed56_from_first_block of n <= 64 consecutive 16-byte blocks (w0, w1 each, as NodeStream reads them): bit i of
-// the result set when block i decides its sample (out[i] set; the others' out untouched), on either path
-// (std::invalid_argument: n > 64, or Avx512 where the CPU or build has none).
+// the result set when block i decides its sample (out[i] set; the others' out untouched), on every path but
+// Avx512Only (std::invalid_argument: n > 64, or an AVX-512 path where the CPU or build has none).
 std::uint64_t fixed56_from_first_blocks(const std::uint8_t* blocks, std::size_t n, std::int64_t* out,
                                         Block0Path path = best_block0_path());
 

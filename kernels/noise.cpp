@@ -146,12 +146,17 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
 void WindowPrf::first_blocks_of_run(u128 first_packed, std::size_t n, std::uint8_t* out) {
   constexpr std::size_t kMaxBlocks = 64;
   if (n > kMaxBlocks) throw std::invalid_argument("first_blocks_of_run: at most 64 nodes per call");
+  // A carry out of the index field would give a node another node's stream (pack(): 20 index bits above 15 counter
+  // bits).
+  const auto low = static_cast<std::uint64_t>(first_packed);
+  constexpr std::uint64_t kIndexMask = (std::uint64_t{1} << 20) - 1;
+  if ((low & (kBlocksPerNode - 1)) != 0 || (low >> kIndexShift & kIndexMask) + n > kIndexMask + 1)
+    throw std::invalid_argument("first_blocks_of_run: node index out of range (or a block counter set)");
   std::uint8_t in[kMaxBlocks * kAesBlock];
   // plaintext = big-endian (pack(node) | 0): the key word is the same for all, the low word steps by 2^15.
   const std::uint64_t hi = __builtin_bswap64(static_cast<std::uint64_t>(first_packed >> 64));
-  const auto lo = static_cast<std::uint64_t>(first_packed);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t lo_i = __builtin_bswap64(lo + (std::uint64_t{i} << kIndexShift));
+    const std::uint64_t lo_i = __builtin_bswap64(low + (std::uint64_t{i} << kIndexShift));
     std::memcpy(in + kAesBlock * i, &hi, 8);
     std::memcpy(in + kAesBlock * i + 8, &lo_i, 8);
   }

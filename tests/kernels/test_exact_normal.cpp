@@ -2,6 +2,8 @@
 // computed independently (std::erfc). Fixed seeds; each statistical assertion states its
 // false-failure rate under a fresh seed.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -280,8 +282,9 @@ TEST(ExactNormal, VectorBlock0PathDecidesAsTheScalarOne) {
     w0s.insert(w0s.end(), {edge - 1, edge, edge + 1});
   }
   for (std::uint64_t h = 0; h < 4096; ++h) w0s.insert(w0s.end(), {h << 52, (h << 52) - 1, (h << 52) + 1});
-  for (int i = 0; i < 50000; ++i) w0s.push_back(next());
   w0s.insert(w0s.end(), {0, 1, ~std::uint64_t{0}, ~std::uint64_t{0} - 1});
+  const std::size_t random_pairs = 50000;  // last: 4 pairs each (V's top digits below, at, above the cell, random)
+  for (std::size_t i = 0; i < random_pairs; ++i) w0s.push_back(next());
   std::vector<std::uint64_t> words;  // w0, w1 pairs
   for (const std::uint64_t w0 : w0s) {
     const std::uint64_t j = std::min<std::uint64_t>(cell_of(w0), (1u << 14) - 1);
@@ -290,7 +293,7 @@ TEST(ExactNormal, VectorBlock0PathDecidesAsTheScalarOne) {
       words.insert(words.end(), {w0, w1});
     }
   }
-  std::uint32_t decided = 0, undecided = 0;
+  std::uint32_t decided = 0, undecided = 0, decided_random = 0, vector_alone_random = 0;
   std::vector<std::uint8_t> bytes(words.size() * 8 + 16);
   for (const std::size_t offset : {std::size_t{0}, std::size_t{3}}) {  // misaligned blocks too
     std::memcpy(bytes.data() + offset, words.data(), words.size() * 8);
@@ -304,17 +307,59 @@ TEST(ExactNormal, VectorBlock0PathDecidesAsTheScalarOne) {
       const std::uint64_t v = fixed56_from_first_blocks(blocks, n, vector.data(), Block0Path::Avx512);
       ASSERT_EQ(v, s) << "blocks " << at << " .. " << at + n - 1;
       ASSERT_EQ(vector, scalar) << "blocks " << at << " .. " << at + n - 1;
+      // The vector steps alone: a subset of the scalar decisions, with their values, the rest untouched.
+      std::array<std::int64_t, 64> alone;
+      alone.fill(-7);
+      const std::uint64_t a = fixed56_from_first_blocks(blocks, n, alone.data(), Block0Path::Avx512Only);
+      ASSERT_EQ(a & ~s, 0u) << "blocks " << at << " .. " << at + n - 1;
+      for (std::size_t i = 0; i < 64; ++i) ASSERT_EQ(alone[i], (a >> i & 1) != 0 ? scalar[i] : -7) << at + i;
       const int set = std::popcount(s);
       decided += set;
       undecided += static_cast<std::uint32_t>(n) - set;
+      if (at >= words.size() / 2 - 4 * random_pairs)  // the random words (the last blocks), as a run meets them
+        decided_random += set, vector_alone_random += std::popcount(a);
       at += n;
     }
   }
   EXPECT_GT(decided, 100000u);
   EXPECT_GT(undecided, 10000u);
+  // The vector steps leave only the rare cases (a third search step, the last cell): a vector path that
+  // decided nothing would pass every comparison above.
+  EXPECT_GT(vector_alone_random, decided_random / 100 * 99) << vector_alone_random << " of " << decided_random;
   std::array<std::int64_t, 65> out{};
   EXPECT_THROW(fixed56_from_first_blocks(bytes.data(), 65, out.data()), std::invalid_argument);
 }
+
+// The vector steps read no byte past a run's last block: runs of 1-64 blocks ending at an unreadable page (a
+// masked load that read its whole register there would fault; AddressSanitizer does not see masked loads).
+TEST(ExactNormal, VectorBlock0PathReadsNothingPastTheRun) {
+  if (best_block0_path() != Block0Path::Avx512) GTEST_SKIP() << "this CPU has no AVX-512F: only the scalar path runs";
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* mem = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* base = static_cast<std::uint8_t*>(mem);
+  ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);
+  std::uint64_t x = 0x13198a2e03707344u;
+  for (std::size_t i = 0; i < page; i += 8) {
+    x = x * 6364136223846793005u + 1442695040888963407u;
+    std::memcpy(base + i, &x, 8);
+  }
+  for (std::size_t n = 1; n <= 64; ++n) {
+    const std::uint8_t* blocks = base + page - 16 * n;
+    std::array<std::int64_t, 64> scalar{}, vector{};
+    const std::uint64_t s = fixed56_from_first_blocks(blocks, n, scalar.data(), Block0Path::Scalar);
+    EXPECT_EQ(fixed56_from_first_blocks(blocks, n, vector.data(), Block0Path::Avx512), s) << n;
+    EXPECT_EQ(vector, scalar) << n;
+  }
+  munmap(mem, 2 * page);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// The run takes the vector path exactly where GCC's CPU model says the CPU has AVX-512F.
+TEST(ExactNormal, VectorPathChosenWhereTheCpuHasAvx512) {
+  EXPECT_EQ(best_block0_path() == Block0Path::Avx512, __builtin_cpu_supports("avx512f") != 0);
+}
+#endif
 
 // The sign (w1's bit 0) is independent of the magnitude: P[negative] is 1/2 within 5 standard errors in each
 // of |Z|'s ranges [0, 1/2), [1/2, 1), [1, 2), [2, 20) and for each value of Z~'s two lowest bits (w1's bits 16

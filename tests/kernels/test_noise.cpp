@@ -177,6 +177,11 @@ TEST(Noise, FirstBlocksOfRunEqualEachNodesStream) {
   }
   std::vector<std::uint8_t> more(std::size_t{65} * 16);
   EXPECT_THROW(prf.first_blocks_of_run(pack(node(1)), 65, more.data()), std::invalid_argument);
+  // One node past the last index would carry into the level field (another node's stream): refused.
+  const NodeId last{7, Family::BandedSelection, 5, 3, (1u << 20) - 1};
+  EXPECT_NO_THROW(prf.first_blocks_of_run(pack(last), 1, more.data()));
+  EXPECT_THROW(prf.first_blocks_of_run(pack(last), 2, more.data()), std::invalid_argument);
+  EXPECT_THROW(prf.first_blocks_of_run(pack(node(1)) | 1, 1, more.data()), std::invalid_argument);  // a block counter
 }
 
 TEST(Noise, BatchedDrawsEqualSingleDraws) {
