@@ -58,7 +58,7 @@ Secret secret_from_seed(std::uint64_t seed) {
 
 u128 pack(const NodeId& id) {
   const auto fam = static_cast<std::uint32_t>(id.family);
-  if (fam >= 16 || id.round >= (1u << 20) || id.level >= 32 || id.index >= (1u << 20))
+  if (fam >= 16 || id.round >= (1u << 20) || id.level >= 32 || id.index >= (1u << kIndexBits))
     throw std::invalid_argument("NodeId field out of range");
   const std::uint64_t lo = std::uint64_t{fam} << 60 | std::uint64_t{id.round} << 40 | std::uint64_t{id.level} << 35 |
                            std::uint64_t{id.index} << kIndexShift;
@@ -146,10 +146,9 @@ void WindowPrf::first_blocks(const u128* packed, std::size_t n, std::uint32_t pe
 void WindowPrf::first_blocks_of_run(u128 first_packed, std::size_t n, std::uint8_t* out) {
   constexpr std::size_t kMaxBlocks = 64;
   if (n > kMaxBlocks) throw std::invalid_argument("first_blocks_of_run: at most 64 nodes per call");
-  // A carry out of the index field would give a node another node's stream (pack(): 20 index bits above 15 counter
-  // bits).
+  // A carry out of the index field would give a node another node's stream.
   const auto low = static_cast<std::uint64_t>(first_packed);
-  constexpr std::uint64_t kIndexMask = (std::uint64_t{1} << 20) - 1;
+  constexpr std::uint64_t kIndexMask = (std::uint64_t{1} << kIndexBits) - 1;
   if ((low & (kBlocksPerNode - 1)) != 0 || (low >> kIndexShift & kIndexMask) + n > kIndexMask + 1)
     throw std::invalid_argument("first_blocks_of_run: node index out of range (or a block counter set)");
   std::uint8_t in[kMaxBlocks * kAesBlock];

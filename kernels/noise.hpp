@@ -48,6 +48,7 @@ struct NodeId {
 // counter, as a 128-bit integer; throws std::invalid_argument on out-of-range fields.
 u128 pack(const NodeId& id);
 inline constexpr unsigned kIndexShift = 15;  // the index field's lowest bit in pack(); the block counter below
+inline constexpr unsigned kIndexBits = 20;   // the index field's width: node indices below 2^20
 
 // AES-256 (ECB on counter blocks; kernels/aes_blocks.hpp) keyed with K_w = HMAC-SHA256(secret, "dpstream window" ||
 // window LE8).
@@ -66,8 +67,9 @@ class WindowPrf {
   void blocks_packed(u128 packed, std::uint32_t first, std::uint32_t blocks, std::uint8_t* out);  // packed = pack(id)
   // Blocks 0..per_node-1 of each of `n` nodes, node after node, in one cipher call (n per_node <= 64).
   void first_blocks(const u128* packed, std::size_t n, std::uint32_t per_node, std::uint8_t* out);
-  // Block 0 of each of `n` <= 64 consecutive nodes, pack(first) with index + 0, 1, ..., n - 1 (the caller keeps the
-  // last index in range, so the index field never carries into the fields above it), in one cipher call.
+  // Block 0 of each of `n` <= 64 consecutive nodes, pack(first) with index + 0, 1, ..., n - 1, in one cipher call;
+  // std::invalid_argument where the last index would pass 2^20 - 1 (a carry into the level field) or a block
+  // counter is set.
   void first_blocks_of_run(u128 first_packed, std::size_t n, std::uint8_t* out);
 
  private:
