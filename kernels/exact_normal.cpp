@@ -385,13 +385,12 @@ void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std:
   u128 next = pack(first);
   constexpr std::size_t kChunk = 64, kBlock = 16;  // nodes a cipher call (many AES blocks in flight); bytes of block 0
   std::array<std::uint8_t, kChunk * kBlock> fetched;
-  static const Block0Path path = best_block0_path();
   constexpr std::size_t kVectorFrom = 16;  // shorter runs: the vector steps' dependent gathers cost more than scalar
   for (std::size_t at = 0; at < n; at += kChunk) {
     const std::size_t c = std::min(kChunk, n - at);
     prf.first_blocks_of_run(next, c, fetched.data());
-    const std::uint64_t decided =
-        fixed56_from_first_blocks(fetched.data(), c, out + at, c >= kVectorFrom ? path : Block0Path::Scalar);
+    const std::uint64_t decided = fixed56_from_first_blocks(fetched.data(), c, out + at,
+                                                            c >= kVectorFrom ? best_block0_path() : Block0Path::Scalar);
     for (std::uint64_t rest = ~decided & (~std::uint64_t{0} >> (64 - c)); rest != 0; rest &= rest - 1) {
       const auto i = static_cast<std::size_t>(std::countr_zero(rest));
       out[at + i] = general_fixed56(prf, next + (u128{i} << kIndexShift), fetched.data() + kBlock * i);

@@ -153,11 +153,10 @@ void WindowPrf::first_blocks_of_run(u128 first_packed, std::size_t n, std::uint8
     throw std::invalid_argument("first_blocks_of_run: node index out of range (or a block counter set)");
   std::uint8_t in[kMaxBlocks * kAesBlock];
   // plaintext = big-endian (pack(node) | 0): the key word is the same for all, the low word steps by 2^15.
-  const std::uint64_t hi = __builtin_bswap64(static_cast<std::uint64_t>(first_packed >> 64));
+  const auto hi = static_cast<std::uint64_t>(first_packed >> 64);
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t lo_i = __builtin_bswap64(low + (std::uint64_t{i} << kIndexShift));
-    std::memcpy(in + kAesBlock * i, &hi, 8);
-    std::memcpy(in + kAesBlock * i + 8, &lo_i, 8);
+    put_be64(in + kAesBlock * i, hi);
+    put_be64(in + kAesBlock * i + 8, low + (std::uint64_t{i} << kIndexShift));
   }
   cipher_.encrypt(in, out, n);
 }

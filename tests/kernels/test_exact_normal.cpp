@@ -188,6 +188,9 @@ NormalSample sample_from_words(WindowPrf& prf, const NodeId& id, const std::arra
 // from block 0 iff w0 does not tie a table entry and V's top 14 digits exceed j (else the general sampler runs:
 // always safe, so only the decided cases need the comparison; the rule itself is asserted so that a wider one,
 // which would be unsound on some U, V, fails here).
+// The tests' pseudo-random words (Knuth's MMIX LCG): the next state of x.
+std::uint64_t lcg_next(std::uint64_t& x) { return x = x * 6364136223846793005u + 1442695040888963407u; }
+
 // The cell table seen through fixed56_from_first_block alone (the table itself is the sampler's own).
 constexpr std::uint64_t kAcceptAll = ~std::uint64_t{0} - 1;  // w1 with V's top digits at their maximum
 bool tie(std::uint64_t w0) {  // w0 equals a table entry's top word: the lower words decide
@@ -274,7 +277,7 @@ TEST(ExactNormal, FirstBlockShortcutEqualsTheGeneralSamplerWhereItDecides) {
 TEST(ExactNormal, VectorBlock0PathDecidesAsTheScalarOne) {
   if (best_block0_path() != Block0Path::Avx512) GTEST_SKIP() << "this CPU has no AVX-512F: only the scalar path runs";
   std::uint64_t x = 0x243f6a8885a308d3u;
-  const auto next = [&] { return x = x * 6364136223846793005u + 1442695040888963407u; };
+  const auto next = [&] { return lcg_next(x); };
   std::vector<std::uint64_t> w0s;
   for (std::uint64_t j = 1; j < 2100; ++j) {
     const std::uint64_t edge = lowest_word_of_cell(j);
@@ -341,8 +344,8 @@ TEST(ExactNormal, VectorBlock0PathReadsNothingPastTheRun) {
   ASSERT_EQ(mprotect(base + page, page, PROT_NONE), 0);
   std::uint64_t x = 0x13198a2e03707344u;
   for (std::size_t i = 0; i < page; i += 8) {
-    x = x * 6364136223846793005u + 1442695040888963407u;
-    std::memcpy(base + i, &x, 8);
+    const std::uint64_t word = lcg_next(x);
+    std::memcpy(base + i, &word, 8);
   }
   for (std::size_t n = 1; n <= 64; ++n) {
     const std::uint8_t* blocks = base + page - 16 * n;
@@ -422,7 +425,7 @@ TEST(CdfTable, CellFromTopIsTheFirstEntryAboveOrATie) {
   std::uint64_t x = 0x9e3779b97f4a7c15u;
   std::vector<std::uint64_t> words;
   words.reserve(100000 + 2 * (table.hi.size() / 37 + 1));
-  for (int i = 0; i < 100000; ++i) words.push_back(x = x * 6364136223846793005u + 1442695040888963407u);
+  for (int i = 0; i < 100000; ++i) words.push_back(lcg_next(x));
   for (std::size_t m = 0; m < table.hi.size(); m += 37) words.insert(words.end(), {table.hi[m], table.hi[m] - 1});
   std::size_t ties = 0;
   for (const std::uint64_t u0 : words) {
