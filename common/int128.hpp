@@ -3,8 +3,10 @@
 // (partition/hash.hpp), noise arithmetic (kernels/noise.hpp) and error sums (src/evaluate.cpp) use them.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 
 namespace dpstream {
 
@@ -35,16 +37,22 @@ struct Int128Words {
   Int128Words& operator+=(int128 v) { return *this = int128(*this) + v; }
 };
 
-// An int128 kept as four 32-bit words (alignment 4), so that a struct can pack it right after a 4-byte
-// field: a 4-byte step and one of these make 20 bytes, where Int128Words would pad them to 24.
-struct Int128Words32 {
-  std::uint32_t words[4] = {};
-  Int128Words32() = default;
-  Int128Words32(int128 v) { std::memcpy(words, &v, sizeof v); }  // NOLINT: implicit by design
-  operator int128() const {                                      // NOLINT: implicit by design
-    int128 v;
-    std::memcpy(&v, words, sizeof v);
-    return v;
+// A signed integer below 2^95 in magnitude kept as three 32-bit words (alignment 4), so that a struct
+// packs it with two 4-byte fields in 20 bytes (a banded counter's frontier, kernels/banded_counter.hpp:
+// its running sum is below 2^84). Converting a value out of range throws std::overflow_error.
+struct Int96Words32 {
+  static_assert(std::endian::native == std::endian::little, "the low words come first");
+  static constexpr int128 kLimit = int128{1} << 95;  // |v| < kLimit
+  std::uint32_t words[3] = {};
+  Int96Words32() = default;
+  Int96Words32(int128 v) {  // NOLINT: implicit by design
+    if (v >= kLimit || v < -kLimit) throw std::overflow_error("Int96Words32: a value beyond 2^95");
+    std::memcpy(words, &v, sizeof words);  // the low 96 bits (little-endian)
+  }
+  operator int128() const {  // NOLINT: implicit by design
+    int128 v = 0;
+    std::memcpy(&v, words, sizeof words);
+    return (v << 32) >> 32;  // sign-extends bit 95 (arithmetic shift)
   }
 };
 

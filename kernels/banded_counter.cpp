@@ -214,6 +214,30 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
   return memo[{horizon, b}] = grid(m);
 }
 
+absl::InlinedVector<PrefixBlock, 32> prefix_blocks(std::uint32_t p) {
+  if (p > kMaxSteps) throw std::invalid_argument("banded counter: a blocked prefix beyond 2^20 steps");
+  absl::InlinedVector<PrefixBlock, 32> blocks;
+  std::uint32_t covered = 0;  // a multiple of 4^level below: every block is aligned
+  for (std::uint32_t level = kMaxBlockLevel + 1; level-- > 0;)
+    for (const std::uint32_t size = 1u << (2 * level); p - covered >= size; covered += size)
+      blocks.push_back({level, covered >> (2 * level)});
+  return blocks;
+}
+
+// The blocked steps' ring slots hold zeros: as the first b - 1 pushes take them out of the ring they add
+// nothing to older_, which holds their blocks already.
+void BandedNoise::start_blocked(const BandedPlan& plan, std::uint32_t p, int128 blocks_kept, const std::int64_t* ring) {
+  const std::size_t keep = plan.band() - 1;
+  if (at_ != 0) throw std::logic_error("banded counter: a blocked prefix starts a fresh counter");
+  if (p == 0 || p + keep > kMaxSteps)
+    throw std::invalid_argument("banded counter: a blocked prefix of 0 or beyond 2^20");
+  at_ = p;
+  blocked_ = p;
+  older_ = blocks_kept;
+  recent_.assign(keep, 0);
+  for (std::size_t i = 0; i < keep; ++i) push(plan, ring[i]);
+}
+
 void BandedNoise::push(const BandedPlan& plan, std::int64_t kept) {
   if (at_ >= kMaxSteps) throw std::length_error("banded counter: step beyond 2^20");
   ++at_;
@@ -397,27 +421,36 @@ NoiseEdges BandedNoise::prefix_edges(const BandedPlan& plan, std::int64_t q) con
 }
 
 // N q = sigma q Y, Y in (Y~ - A, Y~ + A) with Y~ = estimate and A = sum |M_j| (units 2^-86).
-int128 BandedNoise::interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const {
+int128 BandedNoise::interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw,
+                                          const DrawBlock& redraw_block) const {
   const mp::cpp_int scale = mp::cpp_int(plan.sigma_numerator()) * q;  // sigma q, units 2^-32
   const mp::cpp_int y = to_cpp(estimate_units(plan));
   const mp::cpp_int a = plan.abs_cumulative_sum(at_);
   constexpr unsigned kShift = kKeptBits + kCoefBits + kSigmaBits;
   if (const auto r = rounding_of_interval(scale, y, a, kShift)) return *r;
-  return exact_prefix_noise(plan, q, at_, redraw);
+  return exact_prefix_noise(plan, q, at_, redraw, blocked_, redraw_block);
 }
 
-int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t t, const BandedNoise::Draw& redraw) {
+// A blocked step r <= blocked has t - r >= b - 1: its coefficient is M_(b-1), and its block's 2^L zeta enters once.
+int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t t, const BandedNoise::Draw& redraw,
+                          std::uint32_t blocked, const BandedNoise::DrawBlock& redraw_block) {
+  const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
+  if (blocked > 0 && (!redraw_block || t < blocked + keep))
+    throw std::logic_error("banded counter: a blocked prefix needs its blocks and t >= blocked + b - 1");
+  const auto blocks = prefix_blocks(blocked);
   const mp::cpp_int scale = mp::cpp_int(plan.sigma_numerator()) * q;
   const mp::cpp_int a = plan.abs_cumulative_sum(t);
   for (std::size_t words = 2; words <= 64; ++words) {
-    mp::cpp_int y = 0;
     const unsigned frac = static_cast<unsigned>(64 * words);
-    for (std::uint32_t r = 1; r <= t; ++r) {
-      const noise::NormalSample z = redraw(r - 1, words);
+    const auto value = [&](const noise::NormalSample& z) {  // z in units 2^-frac
       mp::cpp_int v = mp::cpp_int(z.k) << frac;
       for (std::size_t w = 0; w < words; ++w) v += mp::cpp_int(z.fraction.at(w)) << (frac - 64 * (w + 1));
-      y += (z.negative ? mp::cpp_int(-v) : v) * plan.cumulative(t - r);
-    }
+      return z.negative ? mp::cpp_int(-v) : v;
+    };
+    mp::cpp_int y = 0;
+    for (std::uint32_t r = blocked + 1; r <= t; ++r) y += value(redraw(r - 1, words)) * plan.cumulative(t - r);
+    for (const PrefixBlock& blk : blocks)
+      y += (value(redraw_block(blk.level, blk.index, words)) << blk.level) * plan.cumulative(keep);
     const unsigned shift = frac + kCoefBits + kSigmaBits;
     if (const auto r = rounding_of_interval(scale, y, a, shift)) return *r;
   }

@@ -97,15 +97,33 @@ double sensitivity_squared(const std::vector<std::int64_t>& band, std::uint32_t 
 // section 6 needs it for the thresholds' union bound).
 std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b);
 
-// A counter's state without its ring (20 bytes, aligned to 4, where BandedNoise holds 88): its step and
-// running sum. The ring's samples are a pure function of the secret and the counter's node, so
-// BandedNoise::restore draws them again; for caches that keep many counters between visits (a key
-// selection cache entry is its key, this and 4 bytes: 32, kernels/selection_cache.hpp).
+// A counter's state without its ring (20 bytes, aligned to 4, where BandedNoise holds 88): its step, the
+// steps its running sum holds as blocks (BandedNoise::start_blocked) and the running sum. The ring's samples
+// are a pure function of the secret and the counter's node, so BandedNoise::restore draws them again; for
+// caches that keep many counters between visits (a key selection cache entry is its key, this and 4 bytes:
+// 32, kernels/selection_cache.hpp).
 struct BandedFrontier {
   std::uint32_t at = 0;
-  Int128Words32 older;
+  std::uint32_t blocked = 0;
+  Int96Words32 older;  // |older| < 2^20 steps x 2^63 < 2^95
 };
 static_assert(sizeof(BandedFrontier) == 20 && alignof(BandedFrontier) == 4);
+
+// The blocked prefix (issue 16: a key's first test at step t draws the t - b + 1 steps before its ring as
+// about 15 samples instead of one each). Block (level L, index j) covers steps j 4^L + 1 .. (j + 1) 4^L and
+// stands for their sum, 2^L zeta with zeta one standard normal of node (key, family, round, L, j): a sum of
+// 4^L i.i.d. N(0, 1) is N(0, 4^L), and the scale is a power of two, exact in the fixed point. Level 0 is
+// the step's own node. Every output at a step t >= p + b - 1 depends on steps 1..p only through their sum
+// (they all carry M_(b-1)), so drawing that sum as blocks leaves the joint law of every such output as it is.
+// Not used by key selection yet: there p + b - 1 is a key's first test, fixed by the data, and a counter's
+// p must then survive a checkpoint and a resume on another rank count (the selection caches do not), or
+// a resumed job would draw the prefix again as other blocks (docs/PERFORMANCE.md round 35).
+struct PrefixBlock {
+  std::uint32_t level, index;
+};
+inline constexpr std::uint32_t kMaxBlockLevel = 10;  // 4^10 = 2^20 = kMaxSteps
+// The aligned blocks that cover steps 1..p exactly, largest first (p's base-4 digits: at most 3 per level).
+absl::InlinedVector<PrefixBlock, 32> prefix_blocks(std::uint32_t p);
 
 // round(q N) known to lie in [lo, hi] on the output grid; lo > hi (the default) when doubles cannot
 // bound it (|q N| near 2^50) and the caller needs the exact value. A plain pair, not an optional: a
@@ -130,11 +148,29 @@ class BandedNoise {
  public:
   // draw(index) -> the step's standard normal sample Z (index = step - 1, from its node stream).
   using Draw = std::function<noise::NormalSample(std::uint32_t index, std::size_t words)>;
+  // draw_block(level, index, words) -> zeta of block (level, index) (PrefixBlock), for a blocked counter.
+  using DrawBlock = std::function<noise::NormalSample(std::uint32_t level, std::uint32_t index, std::size_t words)>;
 
   std::uint32_t at() const { return at_; }
+  std::uint32_t blocked() const { return blocked_; }  // steps 1..blocked() are held as blocks (start_blocked)
   void reset() {
     at_ = 0;
+    blocked_ = 0;
     older_ = int128{0};
+  }
+
+  // Starts a fresh counter (at() == 0) at step p + b - 1 with steps 1..p held as the blocks of
+  // prefix_blocks(p): `blocks_kept` is blocks_kept_sum() of their zeta~ (each truncated as Z~ is, so a
+  // block's 2^L zeta~ errs by less than 2^L <= 4^L units of 2^-56: every error bound stated for its 4^L
+  // steps still holds), `ring` Z~ of steps p + 1 .. p + b - 1. Steps up to p + b - 1 are then neither
+  // estimated nor rewound or restored to: their samples are not defined one by one.
+  void start_blocked(const BandedPlan& plan, std::uint32_t p, int128 blocks_kept, const std::int64_t* ring);
+  // sum of 2^L zeta~ over `blocks`, from kept(level, index) -> zeta~ (noise::normal_fixed56 of the block's node).
+  template <class Kept>
+  static int128 blocks_kept_sum(const absl::InlinedVector<PrefixBlock, 32>& blocks, Kept&& kept) {
+    int128 sum = 0;
+    for (const PrefixBlock& blk : blocks) sum += int128{kept(blk.level, blk.index)} * (std::int64_t{1} << blk.level);
+    return sum;
   }
 
   // Adds steps at()+1 .. to; `draw_kept(index)` returns Z~ of step index + 1 (noise::normal_fixed56).
@@ -153,6 +189,7 @@ class BandedNoise {
   void rewind(const BandedPlan& plan, std::uint32_t to, DrawKept&& draw_kept) {
     if (to > at_) throw std::logic_error("banded counter: rewind ahead of the counter");
     const std::uint32_t keep = static_cast<std::uint32_t>(plan.band()) - 1;
+    if (blocked_ > 0 && to < blocked_ + keep) throw std::logic_error("banded counter: rewind into a blocked prefix");
     const auto [first, last] = rewind_steps(plan, at_, to);
     for (std::uint32_t r = first; r <= last; ++r) {
       const std::int64_t kept = draw_kept(r - 1);
@@ -170,13 +207,14 @@ class BandedNoise {
     return {to > keep ? to - keep + 1 : 1, std::max(to, at > keep ? at - keep : 0)};
   }
 
-  BandedFrontier frontier() const { return {at_, int128{older_}}; }
+  BandedFrontier frontier() const { return {at_, blocked_, int128{older_}}; }
   // The counter at step `to` <= f.at of the counter that frontier() returned as `f`, exactly what
   // advance(to) reaches: f's running sum less the steps that entered it after `to`, and the ring of
   // `to`, from `draw_kept(index)` (as for advance) for steps rewind_steps(plan, f.at, to) only.
   template <class DrawKept>
   void restore(const BandedPlan& plan, const BandedFrontier& f, std::uint32_t to, DrawKept&& draw_kept) {
     at_ = f.at;
+    blocked_ = f.blocked;
     older_ = int128{f.older};
     recent_.assign(plan.band() - 1, 0);  // rewind writes every slot of the ring of `to` it holds
     rewind(plan, to, std::forward<DrawKept>(draw_kept));
@@ -202,11 +240,17 @@ class BandedNoise {
 
   // round(q N_at) on the output grid, ties away from zero (a tie has probability 0); q in [1, 2^62].
   // `redraw` is called only when 64 bits per sample leave the rounding undecided (probability about
-  // the interval's width in grid units, ~2^-22 here): it must return the same samples with more digits.
+  // the interval's width in grid units, ~2^-22 here): it must return the same samples with more digits;
+  // `redraw_block` likewise the blocks' of a blocked counter (std::logic_error without it).
   template <class Redraw>
   int128 prefix_noise(const BandedPlan& plan, std::int64_t q, Redraw&& redraw) const {
+    return prefix_noise(plan, q, std::forward<Redraw>(redraw), DrawBlock{});
+  }
+  template <class Redraw, class RedrawBlock>
+  int128 prefix_noise(const BandedPlan& plan, std::int64_t q, Redraw&& redraw, RedrawBlock&& redraw_block) const {
     if (const auto fast = fast_prefix_noise(plan, q)) return *fast;
-    return interval_prefix_noise(plan, q, Draw(std::forward<Redraw>(redraw)));
+    return interval_prefix_noise(plan, q, Draw(std::forward<Redraw>(redraw)),
+                                 DrawBlock(std::forward<RedrawBlock>(redraw_block)));
   }
 
   // An interval [lo, hi] (a few grid units wide) that holds round(q N_at), from double arithmetic alone:
@@ -226,7 +270,8 @@ class BandedNoise {
   // round(q N_at) when the long double estimate decides it (almost always), else nothing.
   std::optional<int128> fast_prefix_noise(const BandedPlan& plan, std::int64_t q) const;
   // The same from the exact interval of the kept 56 bits, then from more digits.
-  int128 interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw) const;
+  int128 interval_prefix_noise(const BandedPlan& plan, std::int64_t q, const Draw& redraw,
+                               const DrawBlock& redraw_block) const;
 
   // f(M_j numerator, Z~ of step at - j) for the ring's steps, newest first (j = 0 .. min(at, b - 1) - 1).
   template <class F>
@@ -246,14 +291,18 @@ class BandedNoise {
   }
 
   std::uint32_t at_ = 0;
-  Int128Words older_;  // sum of Z~_r for r <= at - (b - 1), units 2^-56 (8-byte aligned: a smaller cache entry)
+  std::uint32_t blocked_ = 0;  // steps 1..blocked_ entered older_ as blocks
+  Int128Words older_;          // sum of Z~_r for r <= at - (b - 1), units 2^-56 (8-byte aligned: a smaller cache entry)
   // Z~ of the last min(at, b - 1) steps: a ring of b - 1 slots, step r at recent_[(r - 1) % (b - 1)]
   // (inline up to b = 8: a released key keeps one per value counter; key selection keeps the frontier only).
   absl::InlinedVector<std::int64_t, 7> recent_;
 };
 
 // round(q N_t) from samples of `words` digits each, or the same with any number of digits: exact
-// (used by prefix_noise when 64 bits do not decide, and by tests as the reference).
-int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t t, const BandedNoise::Draw& redraw);
+// (used by prefix_noise when 64 bits do not decide, and by tests as the reference). With `blocked` > 0
+// (a counter started by start_blocked, t >= blocked + b - 1) steps 1..blocked come from the blocks of
+// prefix_blocks(blocked), drawn by `redraw_block`.
+int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t t, const BandedNoise::Draw& redraw,
+                          std::uint32_t blocked = 0, const BandedNoise::DrawBlock& redraw_block = {});
 
 }  // namespace dpstream::kernels::banded
