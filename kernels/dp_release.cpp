@@ -5,6 +5,7 @@
 #include <openssl/crypto.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -171,7 +172,11 @@ class BandedSelection {
   // batch), or rewound to it (the steps simulated past it drawn again: as many as keeping the state of
   // the last test would cost).
   const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
-    held_.valid = false;  // counter_ changes below
+    held_.valid = false;        // counter_ changes below
+    if (st.frontier.at == 0) {  // the first test: its prefix as blocks (fixed by `step`: a resume seeks it again)
+      const std::uint32_t keep = static_cast<std::uint32_t>(plan_.band()) - 1;
+      if (step > keep + DpReleaser::kMinBlocked) return seek_blocked(st, key, round, step - keep, step);
+    }
     const std::uint32_t at = st.frontier.at, to = std::min(step, at);
     // One batch: the steps restore() reads (the ring of `to`, and for a rewind the steps that entered the
     // running sum since), then those up to `step` when it is ahead of the frontier.
@@ -185,7 +190,11 @@ class BandedSelection {
   }
   int128 prefix(const Noise& n, std::uint64_t key, std::uint32_t round) const {
     return n.prefix_noise(
-        plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); });
+        plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); },
+        [this, key, round](std::uint32_t l, std::uint32_t j, std::size_t w) {
+          noise::NodeStream s(prf_, noise::NodeId{key, noise::Family::BandedSelection, round, l, j});
+          return noise::sample_normal(s, w);
+        });
   }
   // A simulation from the frontier (the last test, just sought) up to `until`: its steps drawn now, and
   // the intervals of their prefix noise computed together (BandedNoise::intervals_ahead); the counter
@@ -252,6 +261,31 @@ class BandedSelection {
   }
 
  private:
+  // The counter at `step` >= p + b - 1 started blocked at p: the blocks one run per level (a level's
+  // indices are consecutive), then steps p + 1 .. step in one batch.
+  const Noise& seek_blocked(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t p, std::uint32_t step) {
+    const std::uint32_t keep = static_cast<std::uint32_t>(plan_.band()) - 1;
+    if (step < p + keep) throw std::logic_error("BandedSelection: a test before its blocked prefix's first");
+    const auto blocks = banded::prefix_blocks(p);
+    std::array<std::int64_t, 32> kept{};
+    for (std::size_t i = 0; i < blocks.size();) {
+      std::size_t j = i;
+      while (j < blocks.size() && blocks[j].level == blocks[i].level) ++j;
+      noise::normal_fixed56_run(prf_, {key, noise::Family::BandedSelection, round, blocks[i].level, blocks[i].index},
+                                j - i, kept.data() + i);
+      i = j;
+    }
+    draws += blocks.size();
+    std::size_t next = 0;
+    const int128 sum = Noise::blocks_kept_sum(blocks, [&](std::uint32_t, std::uint32_t) { return kept[next++]; });
+    prepare(key, round, p, step);
+    counter_.reset();
+    counter_.start_blocked(plan_, p, sum, values_.data());
+    counter_.push_all(plan_, values_.data() + keep, step - p - keep);
+    store(st, key, round);
+    return counter_;
+  }
+
   // Z~ of steps from+1..to (node index = step - 1).
   void prepare(std::uint64_t key, std::uint32_t round, std::uint32_t from, std::uint32_t to) {
     values_.resize(to > from ? to - from : 0);
@@ -357,9 +391,34 @@ void DpReleaser::begin_window(std::int64_t window) {
   const auto clear = [](auto& shards) {
     for (auto& m : shards) m.clear();
   };
-  clear(count_trees_), clear(sum_trees_), clear(count_bands_), clear(sum_bands_);
+  clear(count_trees_), clear(sum_trees_), clear(count_bands_), clear(sum_bands_), clear(first_tests_);
   std::fill(above_mu_.begin(), above_mu_.end(), 0);
   scan_all_next_ = true;
+}
+
+std::vector<FirstTest> DpReleaser::drain_first_tests() {
+  std::vector<FirstTest> all;
+  for (auto& shard : first_tests_) {
+    all.insert(all.end(), shard.begin(), shard.end());
+    std::vector<FirstTest>().swap(shard);
+  }
+  return all;
+}
+
+// After begin_window (the caches are empty): each key still in the round of its first test is sought at
+// that step, as its first test did (a blocked prefix or not, by the step); the next test goes on from there.
+// A key released since is in a later round: its next test starts a new counter.
+void DpReleaser::restore_first_tests(const std::vector<FirstTest>& tests, const KeyStateTable& keys) {
+  if (!selection_band_) return;  // the tree's noise is a function of its nodes alone
+  noise::WindowPrf prf(secret_, window_);
+  BandedSelection selection(prf, *selection_band_);
+  for (const FirstTest& t : tests) {
+    const std::optional<KeyState> st = keys.find(t.key);
+    if (!st || st->round != t.round) continue;
+    auto& cache = banded_caches_[KeyStateTable::shard_of(t.key)];
+    auto& entry = cache.entry(cache.find_or_add(t.key).first);
+    if (BandedSelection::untested(entry.noise)) selection.seek(entry.noise, t.key, t.round, t.step);
+  }
 }
 
 std::uint64_t DpReleaser::cached_keys() const {
@@ -379,6 +438,7 @@ std::uint64_t DpReleaser::memory_bytes() const {
     return n;
   };
   b += map_bytes(count_trees_) + map_bytes(sum_trees_) + map_bytes(count_bands_) + map_bytes(sum_bands_);
+  for (const auto& shard : first_tests_) b += shard.capacity() * sizeof(FirstTest);
   return b;
 }
 
@@ -493,13 +553,15 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
           const std::uint32_t entry = known != Cache::kNone ? known : cache.find_or_add(key).first;
           auto& c = cache.entry(entry);  // of the key's current round: a release resets it
-          if (scan_all || Selection::untested(c.noise))
-            ++above;  // first test of its round (users only grow in a round)
+          const bool first_test = Selection::untested(c.noise);
+          if (scan_all || first_test) ++above;  // first test of its round (users only grow in a round)
           const auto next = cache.visit(entry, trigger);
           if (next == Cache::Visit::Later) ++discarded;            // new records came first (case 1)
           const bool due = !touched && next == Cache::Visit::Due;  // visited for its prediction alone
           cache.unschedule(entry);
           const auto& noise_now = selection.seek(c.noise, key, st.round, step);
+          if constexpr (std::is_same_v<Selection, BandedSelection>)
+            if (first_test && journal_first_tests) first_tests_[s].push_back({key, st.round, step});
           if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
             KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
             if (count_noise_) {

@@ -69,6 +69,15 @@ struct BandedSelectionNoise {
   banded::BandedFrontier frontier;
 };
 
+// A key's first test in its round, on the banded counter: its prefix up to `step` - b + 1 may be drawn as
+// blocks (BandedNoise::start_blocked), so the counter is no longer a function of (key, round) alone but
+// of that step too, fixed by the data: a checkpoint keeps it and a resume seeks the key there again, or
+// the resumed job would draw the prefix again as other blocks (docs/PRIVACY.md section 9).
+struct FirstTest {
+  std::uint64_t key;
+  std::uint32_t round, step;
+};
+
 class DpReleaser {
  public:
   DpReleaser(DpParams params, const noise::Secret& secret, KeyScan scan = KeyScan::Predicted);
@@ -78,6 +87,12 @@ class DpReleaser {
 
   // Starts a window, or resumes one from a checkpoint: the next trigger visits every tracked key.
   void begin_window(std::int64_t window);
+  // The first tests since the last drain (every rank's keys' that it tested; empty unless journaling).
+  std::vector<FirstTest> drain_first_tests();
+  // A resume's: each of this rank's keys still in the round of its first test is sought at that step again.
+  void restore_first_tests(const std::vector<FirstTest>& tests, const KeyStateTable& keys);
+  bool journal_first_tests = false;                 // keep first tests for drain_first_tests (a checkpointed job)
+  static constexpr std::uint32_t kMinBlocked = 16;  // a shorter prefix is drawn step by step
   // After the trigger's accumulation (keys.touched: its keys above mu): tests the keys that can pass and
   // schedules their next visits; returns the releases sorted by key.
   std::vector<KeyRelease> release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats);
@@ -129,6 +144,7 @@ class DpReleaser {
   CacheShards<BandedSelectionNoise> banded_caches_{KeyStateTable::kShards};
   ValueNoises<dptree::PrefixNoise> count_trees_{KeyStateTable::kShards}, sum_trees_{KeyStateTable::kShards};
   ValueNoises<banded::BandedFrontier> count_bands_{KeyStateTable::kShards}, sum_bands_{KeyStateTable::kShards};
+  std::vector<std::vector<FirstTest>> first_tests_ = std::vector<std::vector<FirstTest>>(KeyStateTable::kShards);
   // Per shard, the number of keys whose round users exceed mu (each is tested at every trigger until released).
   std::vector<std::uint64_t> above_mu_ = std::vector<std::uint64_t>(KeyStateTable::kShards);
 };

@@ -26,6 +26,11 @@ class DpSqlpReleaser final : public Releaser {
   KeyStateTable::Report accumulation() const override { return KeyStateTable::Report::Nothing; }
   double touched_above() const override { return impl_.params().mu; }  // DP-SQLP tests only above mu
   void begin_window(std::int64_t window) override { impl_.begin_window(window); }
+  void journal_first_tests(bool on) override { impl_.journal_first_tests = on; }
+  std::vector<FirstTest> drain_first_tests() override { return impl_.drain_first_tests(); }
+  void restore_first_tests(const std::vector<FirstTest>& tests, const KeyStateTable& keys) override {
+    impl_.restore_first_tests(tests, keys);
+  }
   std::vector<KeyRelease> release(std::vector<KeyTotals>&&, KeyStateTable& keys, std::uint32_t trigger,
                                   DpStats& stats) override {
     return impl_.release(keys, trigger, stats);

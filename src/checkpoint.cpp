@@ -41,7 +41,7 @@ constexpr const char* kSegmentFormat = "dpstream-checkpoint-segment";
 constexpr const char* kJobFormat = "dpstream-checkpoint-job";
 // 2: key sums in 128 bits (keys/sum_low, keys/sum_high); 3: pairs as (user, key fingerprint); 4: key
 // fingerprints of 16 bits (UserState::kFingerprintBits)
-constexpr std::uint64_t kFormatVersion = 4;
+constexpr std::uint64_t kFormatVersion = 5;  // 5: key selection's first tests (blocked prefixes)
 constexpr std::uint64_t kTrimJournalBytes = std::uint64_t{64} << 20;  // see Store::commit
 constexpr mode_t kFileMode = 0600;
 constexpr const char* kJobFile = "job.h5";
@@ -351,6 +351,9 @@ void visit_columns(Segment& s, F&& f) {
   f("keys/round_base_users", s.key_round_base_users);
   f("keys/round", s.key_round);
   f("keys/round_start", s.key_round_start);
+  f("first_tests/key", s.first_test_key);
+  f("first_tests/round", s.first_test_round);
+  f("first_tests/step", s.first_test_step);
 }
 
 // The columns of a journal's tables, one at a time, in the order the segment lists them: users and
@@ -406,6 +409,16 @@ void for_each_column(const Journal& j, Put&& put, Done&& done) {
   put("keys/round", key_column<std::uint32_t>(j, [](std::uint64_t, const KS& st) { return st.round; }));
   put("keys/round_start", key_column<std::uint32_t>(j, [](std::uint64_t, const KS& st) { return st.round_start; }));
   done("keys");
+  const auto first_test_column = [&j](auto field) {
+    std::vector<decltype(field(j.first_tests.front()))> out;
+    out.reserve(j.first_tests.size());
+    for (const auto& t : j.first_tests) out.push_back(field(t));
+    return out;
+  };
+  put("first_tests/key", first_test_column([](const kernels::FirstTest& t) { return t.key; }));
+  put("first_tests/round", first_test_column([](const kernels::FirstTest& t) { return t.round; }));
+  put("first_tests/step", first_test_column([](const kernels::FirstTest& t) { return t.step; }));
+  done("first_tests");
 }
 
 // Writes a journal's segment into an open HDF5 file, a column at a time, freeing each table of the
@@ -422,7 +435,7 @@ double write_segment_tables(hid_t root, Journal& j, const std::string& rows, con
   h5::write_attribute(root, "window_index", h.window_index);
   h5::write_attribute(root, "first_trigger", h.first_trigger);
   h5::write_attribute(root, "next_trigger", h.next_trigger);
-  for (const char* g : {"users", "pairs", "keys", "releases"}) h5::create_group(root, g);
+  for (const char* g : {"users", "pairs", "keys", "first_tests", "releases"}) h5::create_group(root, g);
   double gather_seconds = 0;
   auto t = std::chrono::steady_clock::now();
   for_each_column(
@@ -443,6 +456,7 @@ double write_segment_tables(hid_t root, Journal& j, const std::string& rows, con
           decltype(j.count_keys)().swap(j.count_keys);
           decltype(j.full_keys)().swap(j.full_keys);
         }
+        if (table == "first_tests") decltype(j.first_tests)().swap(j.first_tests);
       });
   h5::write_dataset_raw(root, "releases/csv", H5T_NATIVE_UINT8, rows.data(), rows.size());
   return gather_seconds;
@@ -465,8 +479,12 @@ Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string
   const std::size_t nu = s.user_id.size(), np = s.pair_user.size(), nk = s.key_id.size();
   if (s.user_kept.size() != nu || s.pair_fingerprint.size() != np || s.key_count.size() != nk ||
       s.key_sum_low.size() != nk || s.key_sum_high.size() != nk || s.key_users.size() != nk ||
-      s.key_round_base_users.size() != nk || s.key_round.size() != nk || s.key_round_start.size() != nk)
+      s.key_round_base_users.size() != nk || s.key_round.size() != nk || s.key_round_start.size() != nk ||
+      s.first_test_round.size() != s.first_test_key.size() || s.first_test_step.size() != s.first_test_key.size())
     throw std::runtime_error("its columns have different lengths");
+  for (const std::uint32_t step : s.first_test_step)
+    if (step == 0 || step > kernels::banded::kMaxSteps)
+      throw std::runtime_error(fmt::format("a key's first test step ({}) is outside [1, 2^20]", step));
   for (const std::uint32_t f : s.pair_fingerprint)
     if (f >> kernels::UserState::kFingerprintBits != 0)
       throw std::runtime_error(
@@ -577,8 +595,10 @@ std::string file_digest(const std::string& path) {
 
 // ---- journal <-> state ------------------------------------------------------------------------
 
-Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys) {
+Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys,
+                      std::vector<kernels::FirstTest> first_tests) {
   Journal j;
+  j.first_tests = std::move(first_tests);
   j.changed_users.resize(kernels::UserState::kShards);
   j.new_pairs.resize(kernels::UserState::kShards);
 #pragma omp parallel for schedule(dynamic, 8)
@@ -643,7 +663,7 @@ std::uint64_t Journal::key_bytes() const {
   std::uint64_t b = 0;
   for (std::size_t s = 0; s < count_keys.size(); ++s)
     b += (count_keys[s].size() + full_keys[s].size()) * Segment::kKeyBytes;
-  return b;
+  return b + first_tests.size() * Segment::kFirstTestBytes;
 }
 
 std::uint64_t Journal::memory_bytes() const {
@@ -652,7 +672,7 @@ std::uint64_t Journal::memory_bytes() const {
   for (const auto& shard : new_pairs) b += shard.capacity() * sizeof(shard[0]);
   for (const auto& shard : count_keys) b += shard.capacity() * sizeof(CountKey);
   for (const auto& shard : full_keys) b += shard.capacity() * sizeof(shard[0]);
-  return b;
+  return b + first_tests.capacity() * sizeof(kernels::FirstTest);
 }
 
 Segment Journal::to_segment() const {
@@ -671,7 +691,7 @@ Segment Journal::to_segment() const {
 }
 
 void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks,
-           bool filter) {
+           bool filter, std::vector<kernels::FirstTest>* first_tests) {
   using kernels::UserState;
   using partition::kKeySalt;
   using partition::owner_rank;
@@ -699,6 +719,10 @@ void apply(const Segment& seg, kernels::UserState& users, kernels::KeyStateTable
     st.round = seg.key_round[i];
     st.round_start = seg.key_round_start[i];
     keys.put(seg.key_id[i], st);
+  }
+  for (std::size_t i = 0; first_tests && i < seg.first_test_key.size(); ++i) {
+    if (filter && owner_rank(salted_hash(seg.first_test_key[i], kKeySalt), ranks) != rank) continue;
+    first_tests->push_back({seg.first_test_key[i], seg.first_test_round[i], seg.first_test_step[i]});
   }
 }
 
@@ -846,7 +870,8 @@ noise::Secret Store::secret() const {
   return s;
 }
 
-std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done) {
+std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done,
+                        std::vector<kernels::FirstTest>* first_tests) {
   const bool root = comm_.rank() == 0;
   std::string staged;
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
@@ -858,7 +883,7 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
       const bool mine = !window_done && (!same_ranks || ref.rank == comm_.rank());
       if (!mine && !holds_staged) continue;
       Segment seg = read_segment(dir_, ref, latest_.job_id);
-      if (mine) apply(seg, users, keys, comm_.rank(), comm_.size(), !same_ranks);
+      if (mine) apply(seg, users, keys, comm_.rank(), comm_.size(), !same_ranks, first_tests);
       if (holds_staged) staged = std::move(seg.releases_csv);
     }
     if (root && staged.size() != latest_.staged_bytes)

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/bounding.hpp"
+#include "kernels/dp_release.hpp"
 #include "kernels/key_accumulate.hpp"
 #include "kernels/noise.hpp"
 #include "shuffle/comm.hpp"
@@ -77,12 +78,16 @@ struct Segment {
   std::vector<std::uint64_t> key_sum_low;  // the 128-bit sum as two words (record.hpp)
   std::vector<std::int64_t> key_sum_high;
   std::vector<std::uint32_t> key_round, key_round_start;
+  // Keys first tested in their round since the previous commit (kernels::FirstTest: their selection
+  // counter may begin with a blocked prefix, fixed by that step): key, round, step. A resume seeks them there.
+  std::vector<std::uint64_t> first_test_key;
+  std::vector<std::uint32_t> first_test_round, first_test_step;
   std::string releases_csv;  // rank 0: the commit's release rows as they go into releases.csv
 
   // Payload bytes per entry of each table.
-  static constexpr std::uint64_t kKeptBytes = 12, kPairBytes = 12, kKeyBytes = 56;
+  static constexpr std::uint64_t kKeptBytes = 12, kPairBytes = 12, kKeyBytes = 56, kFirstTestBytes = 16;
   std::uint64_t user_bytes() const { return user_id.size() * kKeptBytes + pair_user.size() * kPairBytes; }
-  std::uint64_t key_bytes() const { return key_id.size() * kKeyBytes; }
+  std::uint64_t key_bytes() const { return key_id.size() * kKeyBytes + first_test_key.size() * kFirstTestBytes; }
 };
 
 // The tables' journals, drained at a commit: every changed user's kept count and its new pairs (read
@@ -100,12 +105,14 @@ struct Journal {
   std::vector<std::vector<std::pair<std::uint64_t, std::uint32_t>>> new_pairs;
   std::vector<std::vector<CountKey>> count_keys;                                    // per shard, table order
   std::vector<std::vector<std::pair<std::uint64_t, kernels::KeyState>>> full_keys;  // per shard, table order
+  std::vector<kernels::FirstTest> first_tests;                                      // key selection's (Segment)
   std::uint64_t user_bytes() const;  // what the segment will hold, in Segment's payload bytes
   std::uint64_t key_bytes() const;
   std::uint64_t memory_bytes() const;  // what the journal itself holds
   Segment to_segment() const;          // the segment it writes, whole in memory (tests)
 };
-Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys);
+Journal drain_journal(kernels::UserState& users, kernels::KeyStateTable& keys,
+                      std::vector<kernels::FirstTest> first_tests = {});
 // The journal's size now, from counts kept as the changes happen (O(shards): no pass over the users
 // or keys), for the commit cadence's byte bound. `users` and `keys`: what drain_journal would hold,
 // as Journal::memory_bytes() counts it; exact for the users; for the keys an upper bound (the drain
@@ -118,8 +125,9 @@ struct JournalEstimate {
 };
 JournalEstimate estimate_journal(const kernels::UserState& users, const kernels::KeyStateTable& keys);
 // Applies a segment to this rank's tables; with `filter`, only the users and keys it owns.
+// `first_tests`: where the segment's key selection entries go (of this rank's keys, with `filter`).
 void apply(const Segment& segment, kernels::UserState& users, kernels::KeyStateTable& keys, int rank, int ranks,
-           bool filter);
+           bool filter, std::vector<kernels::FirstTest>* first_tests = nullptr);
 
 // Readers of the checkpoint's files, as Store::open and Store::load use them (also tests and fuzzing).
 // A manifest, verified against its own checksum: false with `why` when unreadable, damaged or of
@@ -174,7 +182,8 @@ class Store {
   // Resume: loads this rank's share of the state of the opened commit (re-partitioned when the rank
   // count changed) unless `window_done`; returns the commit's staged release rows on rank 0. Also for
   // a complete job (window_done), whose last rows may not have reached releases.csv.
-  std::string load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done);
+  std::string load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done,
+                   std::vector<kernels::FirstTest>* first_tests = nullptr);
 
   // New job, collective: empties DIR/checkpoint and writes job.h5 (with the secret, if any).
   void begin(const std::string& job_name, const Fields& fields, const noise::Secret* secret);

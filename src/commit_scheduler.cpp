@@ -38,7 +38,8 @@ TriggerEnd agree_on_trigger_end(const shuffle::Comm& comm, bool clock_due_on_roo
 
 CommitScheduler::CommitScheduler(const JobConfig& config, const shuffle::Comm& comm, bool checkpointing,
                                  checkpoint::Store& store, ReleaseWriter* writer, kernels::UserState& users,
-                                 kernels::KeyStateTable& keys, RunCounters& counters, StageTimes& stage)
+                                 kernels::KeyStateTable& keys, kernels::Releaser& releaser, RunCounters& counters,
+                                 StageTimes& stage)
     : config_(config),
       comm_(comm),
       checkpointing_(checkpointing),
@@ -46,6 +47,7 @@ CommitScheduler::CommitScheduler(const JobConfig& config, const shuffle::Comm& c
       writer_(writer),
       users_(users),
       keys_(keys),
+      releaser_(releaser),
       counters_(counters),
       stage_(stage) {}
 
@@ -151,7 +153,7 @@ void CommitScheduler::commit(std::uint32_t wi, std::uint32_t first_trigger, std:
   // critical path of the window's end. Its journal is dropped with the state (or the job ends).
   auto journal = std::make_shared<checkpoint::Journal>();
   if (next_trigger != config_.stream.triggers)
-    *journal = checkpoint::drain_journal(users_, keys_);  // else the users' and keys' marks go with clear()
+    *journal = checkpoint::drain_journal(users_, keys_, releaser_.drain_first_tests());  // else they go with clear()
   figures_.journal += seconds_since(c0);
   figures_.user_bytes += journal->user_bytes();
   figures_.key_bytes += journal->key_bytes();

@@ -13,6 +13,7 @@
 
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
+#include "kernels/releaser.hpp"
 #include "shuffle/comm.hpp"
 #include "src/checkpoint.hpp"
 #include "src/config.hpp"
@@ -32,8 +33,8 @@ class CommitScheduler {
   using Clock = std::chrono::steady_clock;
   // `checkpointing` false: never commits, but still agrees on stop signals. `writer`: rank 0's.
   CommitScheduler(const JobConfig& config, const shuffle::Comm& comm, bool checkpointing, checkpoint::Store& store,
-                  ReleaseWriter* writer, kernels::UserState& users, kernels::KeyStateTable& keys, RunCounters& counters,
-                  StageTimes& stage);
+                  ReleaseWriter* writer, kernels::UserState& users, kernels::KeyStateTable& keys,
+                  kernels::Releaser& releaser, RunCounters& counters, StageTimes& stage);
 
   // The run starts at `first_trigger` of its first window; the commit clock starts now.
   void start_at(std::uint32_t first_trigger);
@@ -71,6 +72,7 @@ class CommitScheduler {
   ReleaseWriter* writer_;
   kernels::UserState& users_;
   kernels::KeyStateTable& keys_;
+  kernels::Releaser& releaser_;  // its key selection state a commit keeps (first tests)
   RunCounters& counters_;
   StageTimes& stage_;
   CommitFigures figures_;

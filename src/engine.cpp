@@ -53,6 +53,10 @@ void Engine::run_window(std::uint32_t wi) {
     return;
   }
   releaser_->begin_window(window);
+  if (resumed_here) {
+    releaser_->restore_first_tests(resumed_first_tests_, keys_);
+    std::vector<kernels::FirstTest>().swap(resumed_first_tests_);
+  }
   reserve_tables();
   const std::uint32_t batch = config_.engine.triggers_per_batch(T);
   for (std::uint32_t first = wi == start_window_ ? start_trigger_ : 0; first < T && !stop_.signal;) {

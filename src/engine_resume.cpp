@@ -69,6 +69,7 @@ void Engine::start_checkpoint(const noise::Secret& secret) {
     store_.commit_start(root_ ? writer_->bytes() : 0, ledger);
   }
   users_.journal = keys_.journal = true;
+  releaser_->journal_first_tests(true);
   if (root_) store_.set_publisher([this](const std::string& rows) { writer_->append(rows); });
   commits_->figures().load = seconds_since(t0);
 }
@@ -90,7 +91,7 @@ void Engine::resume() {
                  config_.stream.windows, start_trigger_, T, m.ranks, comm_.size(),
                  m.ranks != comm_.size() ? ": re-partitioning the state" : "");
   if (start_trigger_ != 0) reserve_tables();  // before the state comes in, not after it grew step by step
-  const std::string staged = store_.load(users_, keys_, /*window_done=*/start_trigger_ == 0);
+  const std::string staged = store_.load(users_, keys_, /*window_done=*/start_trigger_ == 0, &resumed_first_tests_);
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (root_) writer_->restore(m.releases_bytes, staged, m.release_rows);
   });

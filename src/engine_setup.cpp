@@ -146,7 +146,7 @@ void Engine::create_state() {
   total_triggers_ = std::uint64_t{config_.stream.windows} * config_.stream.triggers;
   pipeline_ = std::make_unique<TriggerPipeline>(comm_, bounding, users_, keys_, *releaser_, counters_, stage_);
   commits_ = std::make_unique<CommitScheduler>(config_, comm_, checkpointing_, store_, writer_.get(), users_, keys_,
-                                               counters_, stage_);
+                                               *releaser_, counters_, stage_);
 }
 
 }  // namespace dpstream

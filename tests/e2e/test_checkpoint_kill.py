@@ -64,7 +64,7 @@ def add_args(ap):
 # Jobs
 
 
-def dp_toml(name="e2e-ckpt-dp", seed=True, every=None):
+def dp_toml(name="e2e-ckpt-dp", seed=True, every=None, triggers=8, windows=2, keys=100):
     return f"""\
 [job]
 name = "{name}"
@@ -72,13 +72,13 @@ name = "{name}"
 [input]
 kind = "synthetic"
 users = 20000
-keys = 100
+keys = {keys}
 seed = 11
 
 [stream]
 window_seconds = 800
-triggers = 8
-windows = 2
+triggers = {triggers}
+windows = {windows}
 
 [privacy]
 mode = "dp"
@@ -397,6 +397,11 @@ def main():
                       0, 8, 2, True)
         noseed_job = Job("dp no seed", harness.write_job(os.path.join(root, "dp-noseed.toml"),
                                                          dp_toml("e2e-ckpt-dp-noseed", seed=False)), 0, 8, 2, True)
+        # Keys first tested after step b + 15 = 23 draw their selection counter's prefix as blocks, fixed by
+        # that step (kernels/banded_counter.hpp): a resume must seek them there again (FirstTest in the log).
+        blocked_job = Job("dp T=64", harness.write_job(os.path.join(root, "dp-t64.toml"),
+                                                      dp_toml("e2e-ckpt-dp-t64", triggers=64, windows=1, keys=3000)),
+                          0, 64, 1, True)
         jobs = [dp_job, none_job, csv_job]
 
         def fresh(job, out, *extra, ranks=None, cwd=None):
@@ -603,6 +608,21 @@ def main():
 
             results.check(f"{job.label}: kill {fault} at {k_ranks} rank(s), resume at {r_ranks} = reference",
                           rank_change)
+
+        # ---- key selection's blocked prefixes across a resume ----
+
+        results.check(f"uninterrupted DP job with T = 64 ({args.ranks} rank(s)) = reference", reference(blocked_job))
+        for fault, k_ranks, r_ranks in [("committed@40:0", args.ranks, args.ranks), ("dp_release@50:0", 2, 3),
+                                        ("committed@30:0", 3, 1)]:
+            def blocked_resume(fault=fault, k_ranks=k_ranks, r_ranks=r_ranks):
+                have(blocked_job)
+                out = os.path.join(case_dir(f"blocked-{fault}-{k_ranks}-{r_ranks}"), "out")
+                point, hit = fault.split("@")[0], int(fault.split("@")[1].split(":")[0])
+                kill(blocked_job, out, fault, ranks=k_ranks, bounds=bounds_for(blocked_job, point, hit))
+                resume(blocked_job, out, ranks=r_ranks, what=f"resume at {r_ranks} rank(s)")
+
+            results.check(f"dp T=64: kill {fault} at {k_ranks} rank(s), resume at {r_ranks} = reference "
+                          "(first tests' blocked prefixes kept)", blocked_resume)
 
         # A window's log that mixes rank counts (commits by 4 ranks, then by 2), resumed again at 2:
         # the 4-rank segments must still be re-partitioned (each rank reads them all).

@@ -81,7 +81,8 @@ void expect_same(const std::vector<KeyRelease>& full, const std::vector<KeyRelea
 }
 
 // Two windows of the stream; in window 1 the predicting releaser is replaced at `resume_at` by a new
-// one (a resumed run: the key table is restored, the releaser's selection caches are not).
+// one (a resumed run: the key table is restored, the releaser's selection caches are not, but the
+// first tests that a checkpoint keeps are given back, as Engine::run_window does).
 void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t resume_at, Totals& totals,
                       CounterKind counter, std::uint32_t triggers = kT) {
   const testing::ScopedOmpThreads scoped(threads);
@@ -90,6 +91,7 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
   auto predicted = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
   // The engine's path: accumulate hands key selection only the keys above mu (touched_above).
   auto filtered = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
+  predicted->journal_first_tests = filtered->journal_first_tests = true;
   for (std::int64_t window = 0; window < 2; ++window) {
     const auto partials = stream(seed * 31 + static_cast<std::uint64_t>(window), triggers);
     KeyStateTable full_keys, predicted_keys, filtered_keys;
@@ -102,10 +104,14 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
                                 std::to_string(seed) + " window " + std::to_string(window) + " trigger " +
                                 std::to_string(t);
       if (window == 1 && t == resume_at) {
+        const auto predicted_first = predicted->drain_first_tests(), filtered_first = filtered->drain_first_tests();
         predicted = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
         predicted->begin_window(window);
+        predicted->restore_first_tests(predicted_first, predicted_keys);
         filtered = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
         filtered->begin_window(window);
+        filtered->restore_first_tests(filtered_first, filtered_keys);
+        predicted->journal_first_tests = filtered->journal_first_tests = true;
       }
       full_keys.accumulate(partials[t], KeyStateTable::Report::Nothing);
       predicted_keys.accumulate(partials[t], KeyStateTable::Report::Nothing);
