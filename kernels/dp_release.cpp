@@ -261,20 +261,17 @@ class BandedSelection {
   }
 
  private:
-  // The counter at `step` >= p + b - 1 started blocked at p: the blocks one run per level (a level's
-  // indices are consecutive), then steps p + 1 .. step in one batch.
+  // The counter at `step` >= p + b - 1 started blocked at p: the blocks in one batch, then steps p + 1 .. step
+  // in another.
   const Noise& seek_blocked(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t p, std::uint32_t step) {
     const std::uint32_t keep = static_cast<std::uint32_t>(plan_.band()) - 1;
     if (step < p + keep) throw std::logic_error("BandedSelection: a test before its blocked prefix's first");
     const auto blocks = banded::prefix_blocks(p);
+    std::array<noise::NodeId, 32> ids;
     std::array<std::int64_t, 32> kept{};
-    for (std::size_t i = 0; i < blocks.size();) {
-      std::size_t j = i;
-      while (j < blocks.size() && blocks[j].level == blocks[i].level) ++j;
-      noise::normal_fixed56_run(prf_, {key, noise::Family::BandedSelection, round, blocks[i].level, blocks[i].index},
-                                j - i, kept.data() + i);
-      i = j;
-    }
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      ids[i] = {key, noise::Family::BandedSelection, round, blocks[i].level, blocks[i].index};
+    noise::normal_fixed56_nodes(prf_, ids.data(), blocks.size(), kept.data());
     draws += blocks.size();
     std::size_t next = 0;
     const int128 sum = Noise::blocks_kept_sum(blocks, [&](std::uint32_t, std::uint32_t) { return kept[next++]; });

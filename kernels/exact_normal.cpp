@@ -399,6 +399,22 @@ void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std:
   }
 }
 
+void normal_fixed56_nodes(WindowPrf& prf, const NodeId* ids, std::size_t n, std::int64_t* out) {
+  constexpr std::size_t kChunk = 64, kBlock = 16;
+  std::array<u128, kChunk> packed;
+  std::array<std::uint8_t, kChunk * kBlock> fetched;
+  for (std::size_t at = 0; at < n; at += kChunk) {
+    const std::size_t c = std::min(kChunk, n - at);
+    for (std::size_t i = 0; i < c; ++i) packed[i] = pack(ids[at + i]);
+    prf.first_blocks(packed.data(), c, 1, fetched.data());
+    const std::uint64_t decided = fixed56_from_first_blocks(fetched.data(), c, out + at, Block0Path::Scalar);
+    for (std::uint64_t rest = ~decided & (~std::uint64_t{0} >> (64 - c)); rest != 0; rest &= rest - 1) {
+      const auto i = static_cast<std::size_t>(std::countr_zero(rest));
+      out[at + i] = general_fixed56(prf, packed[i], fetched.data() + kBlock * i);
+    }
+  }
+}
+
 int128 normal_fixed64(const NormalSample& z) {
   if (z.k >= (1u << 30)) throw std::range_error("normal sample: integer part too large for fixed point");
   const int128 v = (int128{z.k} << 64) + int128{z.fraction.at(0)};

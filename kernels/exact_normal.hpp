@@ -50,6 +50,8 @@ std::int64_t fixed56_of(int128 fixed64);
 // fixed56_from_first_block, the rest by the general sampler; packed by addition, no list of ids.
 // std::invalid_argument if the last index is out of range.
 void normal_fixed56_run(WindowPrf& prf, const NodeId& first, std::size_t n, std::int64_t* out);
+// The same of n nodes of any ids (a blocked prefix's blocks: a few per level), block 0 of up to 64 in one call.
+void normal_fixed56_nodes(WindowPrf& prf, const NodeId* ids, std::size_t n, std::int64_t* out);
 // normal_fixed56(sample_normal(stream)) from the stream's first two words alone when they decide it (about
 // 99.4% of draws: true, `out` set); false when the sample needs more of the stream.
 bool fixed56_from_first_block(const std::array<std::uint64_t, 2>& block0, std::int64_t& out);

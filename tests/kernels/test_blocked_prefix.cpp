@@ -278,3 +278,19 @@ TEST(BlockedPrefix, FrontierSumRoundTripsBelowTwoToThe95) {
   BandedFrontier f{3, 1, -(int128{1} << 80)};
   EXPECT_TRUE(int128(f.older) == -(int128{1} << 80));
 }
+
+// The blocks' batch draw (normal_fixed56_nodes) gives each node's own sample, over chunks of 64.
+TEST(BlockedPrefix, NodesBatchEqualsEachNodesSample) {
+  noise::WindowPrf prf(noise::secret_from_seed(5), 3);
+  std::mt19937_64 rng(9);
+  std::vector<noise::NodeId> ids;
+  for (int i = 0; i < 150; ++i)
+    ids.push_back({rng(), noise::Family::BandedSelection, static_cast<std::uint32_t>(rng() % 5),
+                   static_cast<std::uint32_t>(rng() % (kMaxBlockLevel + 1)), static_cast<std::uint32_t>(rng() % 4096)});
+  std::vector<std::int64_t> got(ids.size());
+  noise::normal_fixed56_nodes(prf, ids.data(), ids.size(), got.data());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    noise::NodeStream s(prf, ids[i]);
+    ASSERT_EQ(got[i], noise::normal_fixed56(noise::sample_normal(s, 1))) << "node " << i;
+  }
+}
