@@ -388,16 +388,33 @@ void DpReleaser::begin_window(std::int64_t window) {
   const auto clear = [](auto& shards) {
     for (auto& m : shards) m.clear();
   };
-  clear(count_trees_), clear(sum_trees_), clear(count_bands_), clear(sum_bands_), clear(first_tests_);
+  clear(count_trees_), clear(sum_trees_), clear(count_bands_), clear(sum_bands_), clear(retested_);
+  std::fill(journaled_entries_.begin(), journaled_entries_.end(), 0);
   std::fill(above_mu_.begin(), above_mu_.end(), 0);
   scan_all_next_ = true;
 }
 
-std::vector<FirstTest> DpReleaser::drain_first_tests() {
+// A shard's first tests since the last drain are in its entries added since (every entry is added at its
+// key's first test) and in the older ones tested again in a later round (retested_): of those, the ones still
+// tested now (a key released since has nothing to keep). A counter started blocked at p was first tested at
+// p + b - 1; one drawn step by step is the same from any step, and step 1 draws it so again on a resume.
+std::vector<FirstTest> DpReleaser::drain_first_tests(const KeyStateTable& keys) {
   std::vector<FirstTest> all;
-  for (auto& shard : first_tests_) {
-    all.insert(all.end(), shard.begin(), shard.end());
-    std::vector<FirstTest>().swap(shard);
+  if (!selection_band_) return all;  // the tree's noise is a function of its nodes alone
+  const auto keep = static_cast<std::uint32_t>(selection_band_->band()) - 1;
+  for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) {
+    auto& cache = banded_caches_[s];
+    const auto emit = [&](std::uint32_t n) {
+      const auto& e = cache.entry(n);
+      if (BandedSelection::untested(e.noise)) return;
+      const std::uint32_t blocked = e.noise.frontier.blocked;
+      all.push_back({e.key, keys.at(e.key).round, blocked > 0 ? blocked + keep : 1});
+    };
+    for (std::uint32_t n = journaled_entries_[s]; n < cache.size(); ++n) emit(n);
+    for (const std::uint32_t n : retested_[s])
+      if (n < journaled_entries_[s]) emit(n);
+    journaled_entries_[s] = cache.size();
+    std::vector<std::uint32_t>().swap(retested_[s]);
   }
   return all;
 }
@@ -435,7 +452,7 @@ std::uint64_t DpReleaser::memory_bytes() const {
     return n;
   };
   b += map_bytes(count_trees_) + map_bytes(sum_trees_) + map_bytes(count_bands_) + map_bytes(sum_bands_);
-  for (const auto& shard : first_tests_) b += shard.capacity() * sizeof(FirstTest);
+  for (const auto& shard : retested_) b += shard.capacity() * sizeof(std::uint32_t);
   return b;
 }
 
@@ -558,7 +575,7 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           cache.unschedule(entry);
           const auto& noise_now = selection.seek(c.noise, key, st.round, step);
           if constexpr (std::is_same_v<Selection, BandedSelection>)
-            if (first_test && journal_first_tests) first_tests_[s].push_back({key, st.round, step});
+            if (first_test && journal_first_tests && entry < journaled_entries_[s]) retested_[s].push_back(entry);
           if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
             KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
             if (count_noise_) {

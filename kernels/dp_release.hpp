@@ -88,10 +88,10 @@ class DpReleaser {
   // Starts a window, or resumes one from a checkpoint: the next trigger visits every tracked key.
   void begin_window(std::int64_t window);
   // The first tests since the last drain (every rank's keys' that it tested; empty unless journaling).
-  std::vector<FirstTest> drain_first_tests();
+  std::vector<FirstTest> drain_first_tests(const KeyStateTable& keys);
   // A resume's: each of this rank's keys still in the round of its first test is sought at that step again.
   void restore_first_tests(const std::vector<FirstTest>& tests, const KeyStateTable& keys);
-  bool journal_first_tests = false;                 // keep first tests for drain_first_tests (a checkpointed job)
+  bool journal_first_tests = false;                 // note retested entries for drain_first_tests (a checkpointed job)
   static constexpr std::uint32_t kMinBlocked = 16;  // a shorter prefix is drawn step by step
   // After the trigger's accumulation (keys.touched: its keys above mu): tests the keys that can pass and
   // schedules their next visits; returns the releases sorted by key.
@@ -144,7 +144,9 @@ class DpReleaser {
   CacheShards<BandedSelectionNoise> banded_caches_{KeyStateTable::kShards};
   ValueNoises<dptree::PrefixNoise> count_trees_{KeyStateTable::kShards}, sum_trees_{KeyStateTable::kShards};
   ValueNoises<banded::BandedFrontier> count_bands_{KeyStateTable::kShards}, sum_bands_{KeyStateTable::kShards};
-  std::vector<std::vector<FirstTest>> first_tests_ = std::vector<std::vector<FirstTest>>(KeyStateTable::kShards);
+  // Per shard, for drain_first_tests: entries below this were journaled; older entries tested again since.
+  std::vector<std::uint32_t> journaled_entries_ = std::vector<std::uint32_t>(KeyStateTable::kShards);
+  std::vector<std::vector<std::uint32_t>> retested_ = std::vector<std::vector<std::uint32_t>>(KeyStateTable::kShards);
   // Per shard, the number of keys whose round users exceed mu (each is tested at every trigger until released).
   std::vector<std::uint64_t> above_mu_ = std::vector<std::uint64_t>(KeyStateTable::kShards);
 };

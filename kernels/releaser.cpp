@@ -27,7 +27,7 @@ class DpSqlpReleaser final : public Releaser {
   double touched_above() const override { return impl_.params().mu; }  // DP-SQLP tests only above mu
   void begin_window(std::int64_t window) override { impl_.begin_window(window); }
   void journal_first_tests(bool on) override { impl_.journal_first_tests = on; }
-  std::vector<FirstTest> drain_first_tests() override { return impl_.drain_first_tests(); }
+  std::vector<FirstTest> drain_first_tests(const KeyStateTable& keys) override { return impl_.drain_first_tests(keys); }
   void restore_first_tests(const std::vector<FirstTest>& tests, const KeyStateTable& keys) override {
     impl_.restore_first_tests(tests, keys);
   }

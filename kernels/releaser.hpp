@@ -30,7 +30,7 @@ class Releaser {
   // Key selection state that a checkpoint must keep (DpReleaser::FirstTest): what came since the last
   // drain, and a resume's, given back after begin_window (the entries of this rank's keys).
   virtual void journal_first_tests(bool /*on*/) {}  // keep them for drain_first_tests (a checkpointed job)
-  virtual std::vector<FirstTest> drain_first_tests() { return {}; }
+  virtual std::vector<FirstTest> drain_first_tests(const KeyStateTable& /*keys*/) { return {}; }
   virtual void restore_first_tests(const std::vector<FirstTest>& /*tests*/, const KeyStateTable& /*keys*/) {}
   // The trigger's rows sorted by key, from `reported` (what accumulate returned; consumed) and the
   // key table (keys.touched: the trigger's keys above touched_above()). Counts tests, draws and visits

@@ -153,7 +153,8 @@ void CommitScheduler::commit(std::uint32_t wi, std::uint32_t first_trigger, std:
   // critical path of the window's end. Its journal is dropped with the state (or the job ends).
   auto journal = std::make_shared<checkpoint::Journal>();
   if (next_trigger != config_.stream.triggers)
-    *journal = checkpoint::drain_journal(users_, keys_, releaser_.drain_first_tests());  // else they go with clear()
+    *journal =
+        checkpoint::drain_journal(users_, keys_, releaser_.drain_first_tests(keys_));  // else they go with clear()
   figures_.journal += seconds_since(c0);
   figures_.user_bytes += journal->user_bytes();
   figures_.key_bytes += journal->key_bytes();

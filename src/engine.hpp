@@ -120,9 +120,8 @@ class Engine {
   std::unique_ptr<ReleaseStager> stager_;
   std::unique_ptr<CommitScheduler> commits_;
   std::unique_ptr<TriggerPipeline> pipeline_;
-  std::uint32_t start_window_ = 0, start_trigger_ = 0;
-  std::vector<kernels::FirstTest> resumed_first_tests_;  // a resume's, for key selection once its window begins  // the
-                                                         // beginning, or the first trigger after the last commit
+  std::uint32_t start_window_ = 0, start_trigger_ = 0;   // the beginning, or the first trigger after the last commit
+  std::vector<kernels::FirstTest> resumed_first_tests_;  // a resume's, for key selection once its window begins
   std::uint64_t triggers_done_ = 0, total_triggers_ = 0;
   StopAgreement stop_;
   std::uint32_t stopped_window_ = 0, stopped_trigger_ = 0;

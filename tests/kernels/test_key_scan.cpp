@@ -104,7 +104,8 @@ void run_side_by_side(double mu, int threads, std::uint64_t seed, std::uint32_t 
                                 std::to_string(seed) + " window " + std::to_string(window) + " trigger " +
                                 std::to_string(t);
       if (window == 1 && t == resume_at) {
-        const auto predicted_first = predicted->drain_first_tests(), filtered_first = filtered->drain_first_tests();
+        const auto predicted_first = predicted->drain_first_tests(predicted_keys),
+                   filtered_first = filtered->drain_first_tests(filtered_keys);
         predicted = std::make_unique<DpReleaser>(params(mu, counter, triggers), secret, KeyScan::Predicted);
         predicted->begin_window(window);
         predicted->restore_first_tests(predicted_first, predicted_keys);
