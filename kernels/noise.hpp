@@ -28,7 +28,8 @@ enum class Family : std::uint32_t {
   BaselineSelection = 3,
   BaselineCount = 4,
   BaselineSum = 5,
-  BandedSelection = 6,  // banded-inverse counters (kernels/banded_counter.hpp): level 0, index = step - 1
+  BandedSelection = 6,  // banded-inverse counters (kernels/banded_counter.hpp): level 0, index = step - 1;
+                        // key selection's blocked prefixes also levels 1-10 (banded::PrefixBlock)
   BandedCount = 7,
   BandedSum = 8,
   SqlSelection = 9,   // the SQL operator's partition selection: one stream per group (sql/selection.hpp)
