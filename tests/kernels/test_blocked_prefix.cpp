@@ -284,6 +284,7 @@ TEST(BlockedPrefix, NodesBatchEqualsEachNodesSample) {
   noise::WindowPrf prf(noise::secret_from_seed(5), 3);
   std::mt19937_64 rng(9);
   std::vector<noise::NodeId> ids;
+  ids.reserve(150);
   for (int i = 0; i < 150; ++i)
     ids.push_back({rng(), noise::Family::BandedSelection, static_cast<std::uint32_t>(rng() % 5),
                    static_cast<std::uint32_t>(rng() % (kMaxBlockLevel + 1)), static_cast<std::uint32_t>(rng() % 4096)});
