@@ -192,8 +192,7 @@ class BandedSelection {
     return n.prefix_noise(
         plan_, kOne, [this, key, round](std::uint32_t i, std::size_t w) { return sample(prf_, key, round, i, w); },
         [this, key, round](std::uint32_t l, std::uint32_t j, std::size_t w) {
-          noise::NodeStream s(prf_, noise::NodeId{key, noise::Family::BandedSelection, round, l, j});
-          return noise::sample_normal(s, w);
+          return sample(prf_, key, round, j, w, noise::Family::BandedSelection, l);
         });
   }
   // A simulation from the frontier (the last test, just sought) up to `until`: its steps drawn now, and
@@ -253,10 +252,11 @@ class BandedSelection {
   }
   std::uint64_t draws = 0;
 
-  // Z of step index + 1 of a banded counter of `family`, with `words` digits.
+  // Z of step index + 1 of a banded counter of `family` (or of block (level, index)), with `words` digits.
   static noise::NormalSample sample(noise::WindowPrf& prf, std::uint64_t key, std::uint32_t round, std::uint32_t index,
-                                    std::size_t words, noise::Family family = noise::Family::BandedSelection) {
-    noise::NodeStream s(prf, noise::NodeId{key, family, round, 0, index});
+                                    std::size_t words, noise::Family family = noise::Family::BandedSelection,
+                                    std::uint32_t level = 0) {  // level > 0: a blocked prefix's block
+    noise::NodeStream s(prf, noise::NodeId{key, family, round, level, index});
     return noise::sample_normal(s, words);
   }
 
