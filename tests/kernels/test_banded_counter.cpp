@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -78,6 +79,77 @@ TEST(BandedCounter, SensitivityIsTheFirstColumnOfTheInverse) {
       EXPECT_NEAR(s, static_cast<double>(norms[0]), 1e-8 * s) << "T " << T << " b " << b;
       EXPECT_GE(s, static_cast<double>(norms[0]));  // an upper bound
     }
+}
+
+// The band search of optimized_band as first written, one candidate at a time: its objective (the grid's
+// sum M_j^2 times the inverse's squared norm, in doubles) and its Hooke-Jeeves moves, +step tried before
+// -step. optimized_band evaluates a coordinate's two candidates together and must find the same band.
+std::vector<std::int64_t> band_by_plain_search(std::uint32_t horizon, std::size_t b) {
+  const auto grid = [](const std::vector<double>& v) {
+    std::vector<std::int64_t> n(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) n[i] = std::llround(std::ldexp(v[i], kCoefBits));
+    return n;
+  };
+  const auto objective = [&](const std::vector<double>& v) {
+    const auto n = grid(v);
+    double acc = 0, var = 0;
+    for (std::uint32_t j = 0; j < horizon; ++j) {
+      if (j < n.size()) acc += std::ldexp(static_cast<double>(n[j]), -kCoefBits);
+      if (acc < 0 || acc > 2) return std::numeric_limits<double>::infinity();
+      var += acc * acc;
+    }
+    std::vector<double> m(n.size()), c(horizon);
+    for (std::size_t i = 0; i < n.size(); ++i)
+      m[i] = static_cast<double>(n[i]) / static_cast<double>(std::int64_t{1} << kCoefBits);
+    double sens = 0;
+    for (std::uint32_t k = 0; k < horizon; ++k) {
+      double x = k == 0 ? 1.0 : 0.0;
+      for (std::size_t i = std::min<std::size_t>(m.size() - 1, k); i >= 1; --i) x -= m[i] * c[k - i];
+      c[k] = x;
+      sens += x * x;
+    }
+    return std::isfinite(sens) ? sens * var : std::numeric_limits<double>::infinity();
+  };
+  const auto explore = [&](std::vector<double> x, double& fx, double step) {
+    for (std::size_t i = 1; i < b; ++i)
+      for (const double d : {step, -step}) {
+        auto cand = x;
+        cand[i] += d;
+        if (const double f = objective(cand); f < fx) {
+          fx = f, x = std::move(cand);
+          break;
+        }
+      }
+    return x;
+  };
+  std::vector<double> m{1.0};  // m_0 = 1 (b >= 1)
+  m.resize(b);
+  for (std::size_t k = 1; k < b; ++k) m[k] = m[k - 1] * (static_cast<double>(k) - 1.5) / static_cast<double>(k);
+  double best = objective(m);
+  for (double step = 0.125; step >= 0x1p-16; step /= 2)
+    for (;;) {
+      double f = best;
+      auto next = explore(m, f, step);
+      if (!(f < best)) break;
+      auto base = std::exchange(m, std::move(next));
+      best = f;
+      for (;;) {
+        std::vector<double> pattern(b);
+        for (std::size_t i = 0; i < b; ++i) pattern[i] = 2 * m[i] - base[i];
+        double fp = objective(pattern);
+        auto moved = explore(std::move(pattern), fp, step);
+        if (!(fp < best)) break;
+        base = std::exchange(m, std::move(moved));
+        best = fp;
+      }
+    }
+  return grid(m);
+}
+
+TEST(BandedCounter, SearchFindsTheBandOfThePlainSearch) {
+  for (const std::uint32_t T : {2u, 9u, 64u, 100u, 333u, 1000u})
+    for (const std::size_t b : {2u, 3u, 5u, 8u, 12u, 16u})
+      EXPECT_EQ(optimized_band(T, b), band_by_plain_search(T, b)) << "T " << T << " b " << b;
 }
 
 // The band of width 1 is the identity factorization C = I (sensitivity 1, variance t).
