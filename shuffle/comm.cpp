@@ -156,6 +156,73 @@ void Comm::alltoallv_into(const std::byte* send, const std::vector<std::uint64_t
   }
 }
 
+bool Comm::alltoallw_blocks(const std::vector<Block>& blocks, std::size_t B,
+                            const std::function<std::vector<std::byte*>(const std::vector<std::uint64_t>&)>& place,
+                            TrafficCounter* traffic, const char* fault_point) const {
+  const Timed timed(*this);
+  const auto P = static_cast<std::size_t>(size_);
+  if (B == 0 || B > INT_MAX || blocks.size() != P * B)
+    throw std::invalid_argument("alltoallw_blocks: need B >= 1 blocks per rank");
+  // 1. Every block's size (64-bit), then one agreement on the path: each rank's largest total to or from
+  // one peer against the limit of an int count.
+  std::vector<std::uint64_t> sizes(P * B), recv_sizes(P * B);
+  for (std::size_t g = 0; g < P * B; ++g) sizes[g] = blocks[g].bytes;
+  check_mpi(MPI_Alltoall(sizes.data(), static_cast<int>(B), MPI_UINT64_T, recv_sizes.data(), static_cast<int>(B),
+                         MPI_UINT64_T, comm_),
+            "MPI_Alltoall");
+  std::uint64_t largest = 0, sent = 0, kept = 0;
+  for (std::size_t p = 0; p < P; ++p) {
+    std::uint64_t to = 0, from = 0;
+    for (std::size_t b = 0; b < B; ++b) to += sizes[p * B + b], from += recv_sizes[p * B + b];
+    largest = std::max({largest, to, from});
+    sent += to;
+    if (p == static_cast<std::size_t>(rank_)) kept = to;
+  }
+  if (max(largest) > std::min<std::uint64_t>(round_limit_, INT_MAX)) return false;
+  const std::vector<std::byte*> at = place(recv_sizes);
+  if (at.size() != P * B) throw std::logic_error("alltoallw_blocks: a place for every block received");
+  if (fault_point) fault::point(fault_point);
+  if (traffic) {
+    traffic->bytes_total += sent;
+    traffic->bytes_sent_to_others += sent - kept;
+  }
+  // 2. Per peer one type of B blocks at their absolute addresses (from MPI_BOTTOM): sent where they lie,
+  // received where `place` put them.
+  std::vector<MPI_Datatype> send_types(P, MPI_DATATYPE_NULL), recv_types(P, MPI_DATATYPE_NULL);
+  struct FreeTypes {
+    std::vector<MPI_Datatype>& a;
+    std::vector<MPI_Datatype>& b;
+    ~FreeTypes() {
+      for (auto* v : {&a, &b})
+        for (MPI_Datatype& t : *v)
+          if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
+    }
+  } free_types{send_types, recv_types};
+  std::vector<int> lengths(B);
+  std::vector<MPI_Aint> where(B);
+  const auto make_type = [&](std::size_t p, const auto& address, const std::vector<std::uint64_t>& bytes,
+                             MPI_Datatype& type) {
+    for (std::size_t b = 0; b < B; ++b) {
+      lengths[b] = static_cast<int>(bytes[p * B + b]);  // <= the peer's total <= INT_MAX
+      check_mpi(MPI_Get_address(address(p * B + b), &where[b]), "MPI_Get_address");
+    }
+    check_mpi(MPI_Type_create_hindexed(static_cast<int>(B), lengths.data(), where.data(), MPI_BYTE, &type),
+              "MPI_Type_create_hindexed");
+    check_mpi(MPI_Type_commit(&type), "MPI_Type_commit");
+  };
+  for (std::size_t p = 0; p < P; ++p) {
+    make_type(
+        p, [&](std::size_t g) { return blocks[g].data; }, sizes, send_types[p]);
+    make_type(
+        p, [&](std::size_t g) { return at[g]; }, recv_sizes, recv_types[p]);
+  }
+  const std::vector<int> ones(P, 1), zeros(P, 0);
+  check_mpi(MPI_Alltoallw(MPI_BOTTOM, ones.data(), zeros.data(), send_types.data(), MPI_BOTTOM, ones.data(),
+                          zeros.data(), recv_types.data(), comm_),
+            "MPI_Alltoallw");
+  return true;
+}
+
 std::vector<std::byte> Comm::gather_bytes_to_root(const std::vector<std::byte>& mine) const {
   std::vector<std::byte> all;
   gather_bytes_to_root(mine, all);
