@@ -117,7 +117,8 @@ class TreeSelection {
     st.ahead.reset();
   }
   // The noise at round step `step`: the simulation's when it stopped there, else drawn on from the last test.
-  const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
+  const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step,
+                    std::uint32_t /*ahead_until*/ = 0) {
     if (st.tested.at() > step) reset(st);
     if (st.ahead.at() == step) std::swap(st.tested, st.ahead);  // simulated up to here: no redraw
     draws += advance_batched(st.tested, batch_, key, round, step, dg_);
@@ -170,19 +171,21 @@ class BandedSelection {
   static void reset(State& st) { st.frontier = {}; }
   // The noise at round step `step`, from the key's frontier: drawn on from it (with its ring, one
   // batch), or rewound to it (the steps simulated past it drawn again: as many as keeping the state of
-  // the last test would cost).
-  const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step) {
+  // the last test would cost). The steps up to `ahead_until` (a simulation's end, should the test fail)
+  // are drawn in the same batch: a ring of b - 1 samples alone is a short run, at twice the cost a sample.
+  const Noise& seek(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t step,
+                    std::uint32_t ahead_until = 0) {
     held_.valid = false;        // counter_ changes below
     if (st.frontier.at == 0) {  // the first test: its prefix as blocks (fixed by `step`: a resume seeks it again)
       const std::uint32_t keep = static_cast<std::uint32_t>(plan_.band()) - 1;
-      if (step > keep + DpReleaser::kMinBlocked) return seek_blocked(st, key, round, step - keep, step);
+      if (step > keep + DpReleaser::kMinBlocked) return seek_blocked(st, key, round, step - keep, step, ahead_until);
     }
     const std::uint32_t at = st.frontier.at, to = std::min(step, at);
     // One batch: the steps restore() reads (the ring of `to`, and for a rewind the steps that entered the
-    // running sum since), then those up to `step` when it is ahead of the frontier.
+    // running sum since), then those up to `step` when it is ahead of the frontier, then the simulation's.
     const std::pair<std::uint32_t, std::uint32_t> steps = Noise::rewind_steps(plan_, at, to);
     const std::uint32_t first = steps.first;  // a plain variable: clang 14 cannot capture a binding
-    prepare(key, round, first - 1, std::max(steps.second, step));
+    prepare(key, round, first - 1, std::max({steps.second, step, ahead_until}));
     counter_.restore(plan_, st.frontier, to, [&](std::uint32_t index) { return values_.at(index + 1 - first); });
     if (step > at) counter_.push_all(plan_, values_.data() + (at + 1 - first), step - at);
     store(st, key, round);
@@ -200,9 +203,13 @@ class BandedSelection {
   // catches up with the simulation only where the exact value is needed, and at its end.
   void begin_ahead(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t until) {
     if (!holds(st, key, round)) throw std::logic_error("BandedSelection: simulation of a key not sought");
-    prepare(key, round, counter_.at(), until);
-    edges_ready_ = false;  // computed when a step first needs them (take_all_bounded needs none)
     from_ = counter_.at();
+    if (until < from_) throw std::logic_error("BandedSelection: a simulation that ends before it starts");
+    // Drawn by seek() already (values_ holds the key's steps prepared_from_ + 1 ..) or drawn now.
+    if (prepared_from_ > from_ || prepared_from_ + values_.size() < until) prepare(key, round, from_, until);
+    sim_ = values_.data() + (from_ - prepared_from_);
+    sim_size_ = until - from_;
+    edges_ready_ = false;  // computed when a step first needs them (take_all_bounded needs none)
     next_ = 0;
   }
   // Takes every step of the simulation at once (q + 1 .. its last) when one bound on their noise
@@ -211,8 +218,8 @@ class BandedSelection {
   // their threshold: neither the steps' intervals nor their tests are computed.
   std::int64_t take_all_bounded(std::uint32_t q, const PlainSteps& steps, std::int64_t users) {
     if (from_ + next_ != q || next_ != 0) throw std::logic_error("BandedSelection: a bounded run starts a simulation");
-    const auto n = static_cast<std::uint32_t>(values_.size());
-    const banded::NoiseEdges e = counter_.run_bounds(plan_, kOne, values_.data(), n);
+    const auto n = static_cast<std::uint32_t>(sim_size_);
+    const banded::NoiseEdges e = counter_.run_bounds(plan_, kOne, sim_, n);
     const std::int64_t failing = steps.failing_users(e.above, q + 1, q + n);
     if (failing == PlainSteps::kNoCount || failing < users) return PlainSteps::kNoCount;
     next_ = n;
@@ -221,7 +228,7 @@ class BandedSelection {
   // The simulation's next step: an interval holding its prefix noise, the exact value when doubles
   // cannot bound it; exact_ahead() gives the value.
   std::pair<int128, int128> step_ahead(State& st, std::uint32_t q, std::uint64_t key, std::uint32_t round) {
-    if (next_ >= values_.size() || from_ + next_ + 1 != q) throw std::logic_error("BandedSelection: step not prepared");
+    if (next_ >= sim_size_ || from_ + next_ + 1 != q) throw std::logic_error("BandedSelection: step not prepared");
     ensure_edges();
     if (const banded::NoiseInterval interval = edges_[next_++].interval(); interval.known())
       return {interval.lo, interval.hi};
@@ -247,7 +254,7 @@ class BandedSelection {
   // The counter, and the key's State, at the simulation's last step.
   void end_ahead(State& st) {
     const std::size_t pushed = counter_.at() - from_;
-    counter_.push_all(plan_, values_.data() + pushed, next_ - pushed);
+    counter_.push_all(plan_, sim_ + pushed, next_ - pushed);
     st.frontier = counter_.frontier();
   }
   std::uint64_t draws = 0;
@@ -263,7 +270,8 @@ class BandedSelection {
  private:
   // The counter at `step` >= p + b - 1 started blocked at p: the blocks in one batch, then steps p + 1 .. step
   // in another.
-  const Noise& seek_blocked(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t p, std::uint32_t step) {
+  const Noise& seek_blocked(State& st, std::uint64_t key, std::uint32_t round, std::uint32_t p, std::uint32_t step,
+                            std::uint32_t ahead_until) {
     const std::uint32_t keep = static_cast<std::uint32_t>(plan_.band()) - 1;
     if (step < p + keep) throw std::logic_error("BandedSelection: a test before its blocked prefix's first");
     const auto blocks = banded::prefix_blocks(p);
@@ -275,7 +283,7 @@ class BandedSelection {
     draws += blocks.size();
     std::size_t next = 0;
     const int128 sum = Noise::blocks_kept_sum(blocks, [&](std::uint32_t, std::uint32_t) { return kept[next++]; });
-    prepare(key, round, p, step);
+    prepare(key, round, p, std::max(step, ahead_until));
     counter_.reset();
     counter_.start_blocked(plan_, p, sum, values_.data());
     counter_.push_all(plan_, values_.data() + keep, step - p - keep);
@@ -285,6 +293,7 @@ class BandedSelection {
 
   // Z~ of steps from+1..to (node index = step - 1).
   void prepare(std::uint64_t key, std::uint32_t round, std::uint32_t from, std::uint32_t to) {
+    prepared_from_ = from;
     values_.resize(to > from ? to - from : 0);
     noise::normal_fixed56_run(prf_, {key, noise::Family::BandedSelection, round, 0, from}, values_.size(),
                               values_.data());
@@ -295,7 +304,7 @@ class BandedSelection {
   void ensure_edges() {
     if (edges_ready_) return;
     if (counter_.at() != from_) throw std::logic_error("BandedSelection: intervals of a simulation under way");
-    counter_.intervals_ahead(plan_, kOne, values_.data(), values_.size(), edges_);
+    counter_.intervals_ahead(plan_, kOne, sim_, sim_size_, edges_);
     edges_ready_ = true;
   }
 
@@ -318,7 +327,10 @@ class BandedSelection {
   const banded::BandedPlan& plan_;
   Noise counter_;
   Held held_;
-  std::vector<std::int64_t> values_;       // Z~ of the prepared steps
+  std::vector<std::int64_t> values_;  // Z~ of the prepared steps, prepared_from_ + 1 ..
+  std::uint32_t prepared_from_ = 0;
+  const std::int64_t* sim_ = nullptr;  // the simulation's steps from_ + 1 .., in values_
+  std::size_t sim_size_ = 0;
   std::vector<banded::NoiseEdges> edges_;  // of the prepared steps' noise intervals, once edges_ready_
   bool edges_ready_ = false;
   std::uint32_t from_ = 0;  // the frontier's step when the simulation began
@@ -573,7 +585,15 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
           if (next == Cache::Visit::Later) ++discarded;            // new records came first (case 1)
           const bool due = !touched && next == Cache::Visit::Due;  // visited for its prediction alone
           cache.unschedule(entry);
-          const auto& noise_now = selection.seek(c.noise, key, st.round, step);
+          // Should the test fail, the simulation looks twice as far ahead as the last one, at most kMaxHorizon
+          // steps: new records that pass the quiet bound make the steps simulated past them a redraw
+          // (touched keys included: most new records stay quiet; one step after new records visited 1.5x
+          // the keys for 0.2% fewer draws). Its steps are drawn with the test's.
+          const std::uint32_t last = params_.triggers - st.round_start;  // the round's last step in the window
+          const bool simulate = predict && step < last;
+          const std::uint32_t horizon = std::min({std::max(c.horizon(), 1u) * 2, last, kMaxHorizon});
+          const std::uint32_t until = simulate ? std::min(last, step + horizon) : 0;
+          const auto& noise_now = selection.seek(c.noise, key, st.round, step, until);
           if constexpr (std::is_same_v<Selection, BandedSelection>)
             if (first_test && journal_first_tests && entry < journaled_entries_[s]) retested_[s].push_back(entry);
           if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
@@ -609,14 +629,8 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
             c.set_horizon(0);
             return;
           }
-          if (!predict) return;
-          const std::uint32_t last = params_.triggers - st.round_start;  // the round's last step in the window
-          if (step >= last) return;
-          // Look ahead twice as far as last time, at most kMaxHorizon: new records that pass the
-          // quiet bound make the steps simulated past them a redraw (touched keys included: most new
-          // records stay quiet; one step after new records visited 1.5x the keys for 0.2% fewer draws).
-          c.set_horizon(std::min({std::max(c.horizon(), 1u) * 2, last, kMaxHorizon}));
-          const std::uint32_t until = std::min(last, step + c.horizon());
+          if (!simulate) return;
+          c.set_horizon(horizon);
           selection.begin_ahead(c.noise, key, st.round, until);
           std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
           std::uint32_t q = step;
