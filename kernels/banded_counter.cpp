@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/simd_clones.hpp"
+#include "kernels/cpu_features.hpp"
 
 namespace dpstream::kernels::banded {
 
@@ -400,14 +401,9 @@ NoiseEdges BandedNoise::run_bounds(const BandedPlan& plan, std::int64_t q, const
     s += z;
     z_max = std::max(z_max, z), z_min = std::min(z_min, z);
   }
-  std::int64_t p = 0, p_max = std::numeric_limits<std::int64_t>::min(),
-               p_min = std::numeric_limits<std::int64_t>::max();
-  for (std::size_t k = 0; k < n; ++k) {
-    const std::int64_t z = kept[k];
-    p += z >> 8;  // arithmetic shift: floor(z / 256)
-    p_max = std::max(p_max, p), p_min = std::min(p_min, p);
-    z_max = std::max(z_max, z), z_min = std::min(z_min, z);
-  }
+  const RunExtremes run = run_extremes(kept, n);
+  const std::int64_t p_max = run.p_max, p_min = run.p_min;
+  z_max = std::max(z_max, run.z_max), z_min = std::min(z_min, run.z_min);
   const int128 tail = plan.cumulative(static_cast<std::uint32_t>(keep)), d = plan.dominance_sum();
   const int128 kept_error = plan.abs_cumulative_sum(static_cast<std::uint32_t>(at_ + n));
   const int128 s_max = s + int128{p_max} * 256 + int128{255} * static_cast<std::int64_t>(n),
@@ -501,6 +497,68 @@ int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t 
     if (const auto r = rounding_of_interval(scale, y, a, shift)) return *r;
   }
   throw std::range_error("banded counter: the rounding is undecided after 4096 bits per sample");
+}
+
+namespace {
+RunExtremes run_extremes_scalar(const std::int64_t* z, std::size_t n) {
+  RunExtremes e;
+  std::int64_t p = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    p += z[k] >> 8;  // arithmetic shift: floor(z / 256)
+    e.p_max = std::max(e.p_max, p), e.p_min = std::min(e.p_min, p);
+    e.z_max = std::max(e.z_max, z[k]), e.z_min = std::min(e.z_min, z[k]);
+  }
+  return e;
+}
+
+#if DPSTREAM_HAVE_AVX512_CODE
+// GCC 12's unmasked AVX-512 intrinsics pass _mm512_undefined_epi32() as the masked-off source, which
+// -Wmaybe-uninitialized reports at every call; every lane here is written.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+// Eight samples a step: their partial sums by an inclusive scan in the register (lane i gains lane i - 1,
+// then i - 2, then i - 4) plus the sum so far in every lane. The last step's lanes past n load as 0: each
+// repeats the last partial sum and adds a sample of 0, which change no extreme (the samples' start at 0).
+DPSTREAM_AVX512_TARGET RunExtremes run_extremes_avx512(const std::int64_t* z, std::size_t n) {
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i p_max = _mm512_set1_epi64(std::numeric_limits<std::int64_t>::min());
+  __m512i p_min = _mm512_set1_epi64(std::numeric_limits<std::int64_t>::max());
+  __m512i z_max = zero, z_min = zero, carry = zero;
+  const __m512i last_lane = _mm512_set1_epi64(7);
+  for (std::size_t k = 0; k < n; k += 8) {
+    const auto mask = static_cast<__mmask8>(n - k >= 8 ? 0xff : (1u << (n - k)) - 1);
+    const __m512i x = _mm512_maskz_loadu_epi64(mask, z + k);
+    __m512i p = _mm512_srai_epi64(x, 8);
+    p = _mm512_add_epi64(p, _mm512_alignr_epi64(p, zero, 7));
+    p = _mm512_add_epi64(p, _mm512_alignr_epi64(p, zero, 6));
+    p = _mm512_add_epi64(p, _mm512_alignr_epi64(p, zero, 4));
+    p = _mm512_add_epi64(p, carry);
+    carry = _mm512_permutexvar_epi64(last_lane, p);
+    p_max = _mm512_max_epi64(p_max, p), p_min = _mm512_min_epi64(p_min, p);
+    z_max = _mm512_max_epi64(z_max, x), z_min = _mm512_min_epi64(z_min, x);
+  }
+  alignas(64) std::array<std::int64_t, 32> lanes{};  // each vector's lanes, folded below (no target attribute needed)
+  _mm512_store_si512(lanes.data(), p_max);
+  _mm512_store_si512(lanes.data() + 8, p_min);
+  _mm512_store_si512(lanes.data() + 16, z_max);
+  _mm512_store_si512(lanes.data() + 24, z_min);
+  const auto part = [&](std::size_t i) { return lanes.begin() + static_cast<std::ptrdiff_t>(8 * i); };
+  return {*std::max_element(part(0), part(1)), *std::min_element(part(1), part(2)), *std::max_element(part(2), part(3)),
+          *std::min_element(part(3), part(4))};
+}
+#pragma GCC diagnostic pop
+#endif
+}  // namespace
+
+RunExtremes run_extremes(const std::int64_t* z, std::size_t n, RunPath path) {
+  static const bool avx512 = noise::cpu_runs_avx512f();
+  if (path == RunPath::Best) path = avx512 ? RunPath::Avx512 : RunPath::Scalar;
+  if (path == RunPath::Scalar) return run_extremes_scalar(z, n);
+#if DPSTREAM_HAVE_AVX512_CODE
+  if (avx512) return run_extremes_avx512(z, n);
+#endif
+  throw std::invalid_argument("run_extremes: this CPU has no AVX-512F");
 }
 
 }  // namespace dpstream::kernels::banded

@@ -305,4 +305,16 @@ class BandedNoise {
 int128 exact_prefix_noise(const BandedPlan& plan, std::int64_t q, std::uint32_t t, const BandedNoise::Draw& redraw,
                           std::uint32_t blocked = 0, const BandedNoise::DrawBlock& redraw_block = {});
 
+// The extremes over a run of samples z_0 .. z_(n-1) (BandedNoise::run_bounds) of the partial sums
+// p_k = sum_(j <= k) floor(z_j / 256), and of the samples and 0. |z| < 2^63 and n <= kMaxRunBound: no sum
+// overflows. Avx512 (eight samples a step, an in-register scan) where cpu_runs_avx512f(), else Scalar: the
+// same values.
+struct RunExtremes {
+  std::int64_t p_max = std::numeric_limits<std::int64_t>::min(), p_min = std::numeric_limits<std::int64_t>::max();
+  std::int64_t z_max = 0, z_min = 0;
+  bool operator==(const RunExtremes&) const = default;
+};
+enum class RunPath { Scalar, Avx512, Best };
+RunExtremes run_extremes(const std::int64_t* z, std::size_t n, RunPath path = RunPath::Best);
+
 }  // namespace dpstream::kernels::banded

@@ -13,14 +13,6 @@
 #include <stdexcept>
 #include <utility>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define DPSTREAM_HAVE_AVX512_CODE 1
-#define DPSTREAM_AVX512_TARGET __attribute__((target("avx512f")))
-#else
-#define DPSTREAM_HAVE_AVX512_CODE 0
-#endif
-
 namespace dpstream::noise {
 
 namespace mp = boost::multiprecision;
