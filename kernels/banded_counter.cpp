@@ -553,7 +553,7 @@ DPSTREAM_AVX512_TARGET RunExtremes run_extremes_avx512(const std::int64_t* z, st
 
 RunExtremes run_extremes(const std::int64_t* z, std::size_t n, RunPath path) {
   static const bool avx512 = noise::cpu_runs_avx512f();
-  if (path == RunPath::Best) path = avx512 ? RunPath::Avx512 : RunPath::Scalar;
+  if (path == RunPath::Best) path = avx512 && DPSTREAM_HAVE_AVX512_CODE ? RunPath::Avx512 : RunPath::Scalar;
   if (path == RunPath::Scalar) return run_extremes_scalar(z, n);
 #if DPSTREAM_HAVE_AVX512_CODE
   if (avx512) return run_extremes_avx512(z, n);

@@ -164,7 +164,8 @@ bool Comm::alltoallw_blocks(const std::vector<Block>& blocks, std::size_t B,
   if (B == 0 || B > INT_MAX || blocks.size() != P * B)
     throw std::invalid_argument("alltoallw_blocks: need B >= 1 blocks per rank");
   // 1. Every block's size (64-bit), then one agreement on the path: each rank's largest total to or from
-  // one peer against the limit of an int count.
+  // one peer against the limit of an int count. (A throw on one rank from here on leaves the others in a
+  // collective, as in exchange(): the engine aborts the job on it.)
   std::vector<std::uint64_t> sizes(P * B), recv_sizes(P * B);
   for (std::size_t g = 0; g < P * B; ++g) sizes[g] = blocks[g].bytes;
   check_mpi(MPI_Alltoall(sizes.data(), static_cast<int>(B), MPI_UINT64_T, recv_sizes.data(), static_cast<int>(B),
@@ -178,7 +179,9 @@ bool Comm::alltoallw_blocks(const std::vector<Block>& blocks, std::size_t B,
     sent += to;
     if (p == static_cast<std::size_t>(rank_)) kept = to;
   }
-  if (max(largest) > std::min<std::uint64_t>(round_limit_, INT_MAX)) return false;
+  // One flag, not the sizes: a rank whose limit differed would otherwise take the other path alone.
+  const bool too_large = largest > std::min<std::uint64_t>(round_limit_, INT_MAX);
+  if (max(std::uint64_t{too_large}) != 0) return false;
   const std::vector<std::byte*> at = place(recv_sizes);
   if (at.size() != P * B) throw std::logic_error("alltoallw_blocks: a place for every block received");
   if (fault_point) fault::point(fault_point);

@@ -151,14 +151,14 @@ std::vector<std::int64_t> band_by_plain_search(std::uint32_t horizon, std::size_
 }
 
 TEST(BandedCounter, SearchFindsTheBandOfThePlainSearch) {
-  for (const std::uint32_t T : {2u, 9u, 64u, 100u, 333u, 1000u})
-    for (const std::size_t b : {2u, 3u, 5u, 8u, 12u, 16u})
+  for (const std::uint32_t T : {2u, 9u, 100u, 1000u})
+    for (const std::size_t b : {2u, 5u, 8u, 16u})
       EXPECT_EQ(optimized_band(T, b), band_by_plain_search(T, b)) << "T " << T << " b " << b;
 }
 
 // The extremes of a run's partial sums (run_bounds' pass) by the AVX-512 path equal the scalar path's, and
 // those equal a plain computation here: every length 0-255 at every alignment mod 8 words, samples up to
-// +-2^62 (floor division by 256 of negatives included). Fails with a scan step left out, the sum so far not
+// +-2^61 (floor division by 256 of negatives included). Fails with a scan step left out, the sum so far not
 // carried, a tail lane counted as a sample other than 0, or a logical shift for the arithmetic one.
 TEST(BandedCounter, RunExtremesByVectorAndScalarAndByHand) {
   std::mt19937_64 rng(77);
