@@ -85,45 +85,35 @@ mp::cpp_int to_cpp(int128 v) {
   return v < 0 ? mp::cpp_int(-r) : r;
 }
 
-// The power-series inverse c of the band over T terms and sum c_k^2, in floating type F.
-template <class F>
-F inverse_norm_squared(const std::vector<std::int64_t>& band, std::uint32_t T) {
-  std::vector<F> m(band.size()), c(T);
-  for (std::size_t i = 0; i < band.size(); ++i) m[i] = static_cast<F>(band[i]) / static_cast<F>(kOneCoef);
-  F total = 0;
+// The power-series inverse c of each of N bands of one width over T terms and sum c_k^2, in floating type F.
+// Each band's operations are the same whatever N: more bands interleave independent chains, where one
+// chain's latency bounds the loop (the band search evaluates two candidates at once).
+template <class F, std::size_t N>
+std::array<F, N> inverse_norms_squared(const std::array<const std::vector<std::int64_t>*, N>& bands, std::uint32_t T) {
+  const std::size_t n = bands[0]->size();
+  std::array<std::vector<F>, N> m, c;
+  for (std::size_t j = 0; j < N; ++j) {
+    if (bands[j]->size() != n) throw std::logic_error("banded counter: bands of two widths");
+    m[j].resize(n), c[j].resize(T);
+    for (std::size_t i = 0; i < n; ++i) m[j][i] = static_cast<F>((*bands[j])[i]) / static_cast<F>(kOneCoef);
+  }
+  std::array<F, N> total{}, v{};
   for (std::uint32_t k = 0; k < T; ++k) {
-    F v = k == 0 ? F(1) : F(0);
+    v.fill(k == 0 ? F(1) : F(0));
     // c_(k-1) last: the chain through the newest coefficient is one multiply-subtract per k.
-    for (std::size_t i = std::min<std::size_t>(m.size() - 1, k); i >= 1; --i) v -= m[i] * c[k - i];
-    c[k] = v;
-    total += v * v;
+    for (std::size_t i = std::min<std::size_t>(n - 1, k); i >= 1; --i)
+      for (std::size_t j = 0; j < N; ++j) v[j] -= m[j][i] * c[j][k - i];
+    for (std::size_t j = 0; j < N; ++j) {
+      c[j][k] = v[j];
+      total[j] += v[j] * v[j];
+    }
   }
   return total;
 }
 
-// inverse_norm_squared<double> of two bands of one width, the same operations on each, interleaved: the
-// loop is bound by one chain's latency, so the second band costs little (the band search's candidates).
-std::array<double, 2> inverse_norm_squared_pair(const std::array<std::vector<std::int64_t>, 2>& bands,
-                                                std::uint32_t T) {
-  const std::size_t n = bands[0].size();
-  if (bands[1].size() != n) throw std::logic_error("banded counter: a pair of bands of two widths");
-  std::array<std::vector<double>, 2> m{std::vector<double>(n), std::vector<double>(n)};
-  std::array<std::vector<double>, 2> c{std::vector<double>(T), std::vector<double>(T)};
-  for (std::size_t j = 0; j < 2; ++j)
-    for (std::size_t i = 0; i < n; ++i) m[j][i] = static_cast<double>(bands[j][i]) / static_cast<double>(kOneCoef);
-  double total0 = 0, total1 = 0;
-  for (std::uint32_t k = 0; k < T; ++k) {
-    double v0 = k == 0 ? 1.0 : 0.0, v1 = v0;
-    for (std::size_t i = std::min<std::size_t>(n - 1, k); i >= 1; --i) {
-      v0 -= m[0][i] * c[0][k - i];
-      v1 -= m[1][i] * c[1][k - i];
-    }
-    c[0][k] = v0;
-    c[1][k] = v1;
-    total0 += v0 * v0;
-    total1 += v1 * v1;
-  }
-  return {total0, total1};
+template <class F>
+F inverse_norm_squared(const std::vector<std::int64_t>& band, std::uint32_t T) {
+  return inverse_norms_squared<F, 1>({&band}, T)[0];
 }
 }  // namespace
 
@@ -214,12 +204,12 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
   const auto objective_pair = [&](const std::vector<double>& first, const std::vector<double>& second) {
     const std::array<std::vector<std::int64_t>, 2> n{grid(first), grid(second)};
     const std::array<double, 2> var{variance(n[0]), variance(n[1])};
-    if (!std::isfinite(var[0]) || !std::isfinite(var[1]))
-      return std::array<double, 2>{std::isfinite(var[0]) ? objective(first) : kInfinite,
-                                   std::isfinite(var[1]) ? objective(second) : kInfinite};
-    const std::array<double, 2> sens = inverse_norm_squared_pair(n, horizon);
-    return std::array<double, 2>{std::isfinite(sens[0]) ? sens[0] * var[0] : kInfinite,
-                                 std::isfinite(sens[1]) ? sens[1] * var[1] : kInfinite};
+    std::array<double, 2> f{kInfinite, kInfinite};
+    if (!std::isfinite(var[0]) && !std::isfinite(var[1])) return f;
+    const std::array<double, 2> sens = inverse_norms_squared<double, 2>({&n[0], &n[1]}, horizon);
+    for (std::size_t j = 0; j < 2; ++j)
+      if (std::isfinite(var[j]) && std::isfinite(sens[j])) f[j] = sens[j] * var[j];
+    return f;
   };
   // Hooke-Jeeves pattern search: exploratory moves of +-step per coordinate, then pattern moves
   // along the last improvement while they pay, then half the step (a plain coordinate search needed
