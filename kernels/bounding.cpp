@@ -3,16 +3,17 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <stdexcept>
 
 #include "common/fault_injection.hpp"
 #include "common/prefetch.hpp"
 #include "partition/hash.hpp"
-#include "partition/partitioner.hpp"
 
 namespace dpstream::kernels {
 
@@ -401,6 +402,83 @@ constexpr auto hash_then_arrival = [](const UserRecord& a, const UserRecord& b) 
   return (static_cast<uint128>(a.slot_hash) << 64 | a.index) < (static_cast<uint128>(b.slot_hash) << 64 | b.index);
 };
 
+// By (slot hash, index): insertion for a few entries (most of sort_by_user's buckets that hold two or more
+// hold two; std::sort's call cost more than their sort), std::sort beyond.
+void sort_small(UserRecord* from, UserRecord* to) {
+  if (to - from > 16) {
+    std::sort(from, to, hash_then_arrival);
+    return;
+  }
+  for (UserRecord* i = from + 1; i < to; ++i) {
+    const UserRecord e = *i;
+    UserRecord* j = i;
+    for (; j != from && hash_then_arrival(e, *(j - 1)); --j) *j = *(j - 1);
+    *j = e;
+  }
+}
+
+// The batch's records as (slot hash, index) entries grouped by shard (UserState::shard_of), in index order
+// within a shard: a stable counting sort that hashes each record once (the hash gives the shard and the
+// order within it), into memory that is not zero-filled first.
+class ShardedEntries {
+ public:
+  explicit ShardedEntries(const std::vector<std::span<const Record>>& triggers) {
+    for (const auto& t : triggers) size_ += t.size();
+    entries_.reset(new UserRecord[size_]);  // default-initialized: every entry is written below
+    std::unique_ptr<std::uint64_t[]> hashes(new std::uint64_t[size_]);
+    const int threads = size_ < 65536 ? 1 : omp_get_max_threads();
+    // Thread t of the nt started (the runtime may start fewer than asked) takes the t-th block of the records
+    // (in index order) in both passes; its part of a shard follows thread t - 1's.
+    std::vector<std::array<std::uint64_t, UserState::kShards>> next(static_cast<std::size_t>(threads));
+#pragma omp parallel num_threads(threads)
+    {
+      const auto nt = static_cast<std::size_t>(omp_get_num_threads());
+      const auto t = static_cast<std::size_t>(omp_get_thread_num());
+      const std::size_t lo = size_ * t / nt, hi = size_ * (t + 1) / nt;
+      std::array<std::uint64_t, UserState::kShards>& count = next[t];
+      count.fill(0);
+      for_each_in(triggers, lo, hi, [&](std::size_t i, std::size_t trigger, std::size_t position) {
+        const std::uint64_t h = UserState::slot_hash(triggers[trigger][position].user);
+        hashes[i] = h;
+        ++count[UserState::shard_of_slot_hash(h)];
+      });
+#pragma omp barrier
+#pragma omp single
+      {
+        std::uint64_t running = 0;
+        for (std::size_t s = 0; s < UserState::kShards; ++s) {
+          shard_start_[s] = running;
+          for (std::size_t u = 0; u < nt; ++u) running += std::exchange(next[u][s], running);
+        }
+        shard_start_[UserState::kShards] = running;
+      }
+      for_each_in(triggers, lo, hi, [&](std::size_t i, std::size_t trigger, std::size_t position) {
+        const std::uint64_t h = hashes[i];
+        entries_[count[UserState::shard_of_slot_hash(h)]++] = {h, BatchRecords::index(trigger, position)};
+      });
+    }
+  }
+  UserRecord* data() { return entries_.get(); }
+  // Where shard s's entries begin; shard_begin(kShards) is the batch's size.
+  std::uint64_t shard_begin(std::size_t s) const { return shard_start_[s]; }
+
+ private:
+  // f(i, t, position) for the batch's records i in [lo, hi) (counted over the triggers in index order): the
+  // position-th record of trigger t.
+  template <class F>
+  static void for_each_in(const std::vector<std::span<const Record>>& triggers, std::size_t lo, std::size_t hi, F&& f) {
+    std::size_t first = 0;
+    for (std::size_t t = 0; t < triggers.size() && first < hi; first += triggers[t].size(), ++t) {
+      const std::size_t from = std::max(lo, first), to = std::min(hi, first + triggers[t].size());
+      for (std::size_t i = from; i < to; ++i) f(i, t, i - first);
+    }
+  }
+
+  std::size_t size_ = 0;
+  std::unique_ptr<UserRecord[]> entries_;
+  std::array<std::uint64_t, UserState::kShards + 1> shard_start_{};
+};
+
 // Bounds a run of shards' records on one thread. Users are visited in groups (a user's records of the
 // trigger, in stream order); their state is random in memory, so its home bucket is prefetched
 // kSlotAhead users ahead, with the user's first record: the DRAM latency of many users overlaps instead
@@ -414,20 +492,19 @@ class ShardBounder {
   ShardBounder(const BoundingParams& params, UserState& state, ThreadOut& out)
       : params_(params), state_(state), out_(out) {}
 
-  // Shards [first_shard, last_shard) of the batch's `records`, whose entries lie grouped by shard in
-  // `entries` at `offsets` (in index order within a shard); sorts those entries in place.
-  void run(std::size_t first_shard, std::size_t last_shard, const BatchRecords& records, UserRecord* entries,
-           const std::vector<std::uint64_t>& offsets) {
-    order_ = entries;
+  // Shards [first_shard, last_shard) of the batch's `records`, whose entries `sharded` holds, user by user in
+  // slot hash order (sort_by_user), each user's records in stream order.
+  void run(std::size_t first_shard, std::size_t last_shard, const BatchRecords& records, ShardedEntries& sharded) {
+    order_ = sharded.data();
     records_ = &records;
     groups_.clear();
-    for (std::size_t s = first_shard; s < last_shard; ++s) {
-      sort_by_user(offsets[s], offsets[s + 1]);
-      for (std::size_t i = offsets[s]; i < offsets[s + 1]; ++i)
-        if (i == offsets[s] || order_[i].slot_hash != order_[i - 1].slot_hash) groups_.push_back({i, s});
-    }
+    for (std::size_t s = first_shard; s < last_shard; ++s)
+      sort_by_user(sharded.shard_begin(s), sharded.shard_begin(s + 1), [&](std::size_t first, std::size_t last) {
+        if (last - first > 1) in_stream_order(first, last);
+        groups_.push_back({first, s});
+      });
     const std::size_t n = groups_.size();
-    groups_.push_back({offsets[last_shard], last_shard});
+    groups_.push_back({sharded.shard_begin(last_shard), last_shard});
     for (std::size_t i = 0; i < std::min(n, kSlotAhead); ++i) prefetch_user(i);
     for (std::size_t i = 0; i < n; ++i) {
       if (i + kSlotAhead < n) prefetch_user(i + kSlotAhead);
@@ -448,51 +525,57 @@ class ShardBounder {
     dpstream::prefetch_object(&records_->at(first.index));
   }
 
-  // Sorts order_[first, last) (one shard's entries, in arrival order) by user, each user's by trigger, then
-  // in stream order (timestamp, position): the order of a trigger-by-trigger run. A user's records usually
-  // arrive so (a batch holds its triggers one after the other; the generator and time-sorted files emit
-  // them in stream order, and the shuffle and partition keep their relative order): sorted by (slot hash,
-  // arrival), then a user's run is re-sorted only when it is not in that order already.
-  void sort_by_user(std::size_t first, std::size_t last) {
+  // Sorts order_[first, last) (one shard's entries, in index order) by (slot hash, index) and calls f(first,
+  // last) for each user's entries in that order: one stable counting pass on the hash's top bits, about one
+  // entry a bucket (the hashes are uniform), so that a bucket of one entry is one user (equal hashes share a
+  // bucket) and only the rare bucket of more needs a sort (a comparison sort cost 34 ns a record, perf).
+  template <class F>
+  void sort_by_user(std::size_t first, std::size_t last, F&& f) {
     UserRecord* const begin = order_ + first;
-    UserRecord* const end = order_ + last;
-    sort_by_hash(begin, end);
+    const std::size_t n = last - first;
+    if (n <= 32 || n > (std::size_t{1} << 20)) {
+      sort_small(begin, begin + n);
+      for_each_run(first, last, f);
+      return;
+    }
+    const auto bits = static_cast<int>(std::bit_width(n));  // 2^bits > n buckets
+    bucket_start_.assign((std::size_t{1} << bits) + 1, 0);
+    for (const UserRecord* r = begin; r != begin + n; ++r) ++bucket_start_[(r->slot_hash >> (64 - bits)) + 1];
+    for (std::size_t b = 1; b < bucket_start_.size(); ++b) bucket_start_[b] += bucket_start_[b - 1];
+    if (scratch_.size() < n) scratch_.resize(n);
+    bucket_end_.assign(bucket_start_.begin(), bucket_start_.end() - 1);
+    for (const UserRecord* r = begin; r != begin + n; ++r) scratch_[bucket_end_[r->slot_hash >> (64 - bits)]++] = *r;
+    std::copy_n(scratch_.begin(), n, begin);
+    for (std::size_t b = 0; b + 1 < bucket_start_.size(); ++b) {
+      const std::size_t from = first + bucket_start_[b], to = first + bucket_start_[b + 1];
+      if (to - from == 1) f(from, to);
+      if (to - from <= 1) continue;
+      sort_small(order_ + from, order_ + to);
+      for_each_run(from, to, f);
+    }
+  }
+  // f(from, to) for each run of equal slot hashes in order_[first, last).
+  template <class F>
+  void for_each_run(std::size_t first, std::size_t last, F&& f) const {
+    for (std::size_t g = first; g != last;) {
+      std::size_t g_end = g + 1;
+      while (g_end != last && order_[g_end].slot_hash == order_[g].slot_hash) ++g_end;
+      f(g, g_end);
+      g = g_end;
+    }
+  }
+
+  // Puts one user's entries order_[first, last) (by index) by trigger, then in stream order (timestamp,
+  // position): the order of a trigger-by-trigger run. A user's records usually arrive so (a batch holds its
+  // triggers one after the other; the generator and time-sorted files emit them in stream order, and the
+  // shuffle and partition keep their relative order), so they are re-sorted only when they are not.
+  void in_stream_order(std::size_t first, std::size_t last) {
     const BatchRecords& records = *records_;
     const auto by_stream = [&records](const UserRecord& a, const UserRecord& b) {
       const std::size_t ta = BatchRecords::trigger_of(a.index), tb = BatchRecords::trigger_of(b.index);
       return ta != tb ? ta < tb : stream_order_less(records.at(a.index), records.at(b.index));
     };
-    for (UserRecord* g = begin; g != end;) {
-      UserRecord* g_end = g + 1;
-      while (g_end != end && g_end->slot_hash == g->slot_hash) ++g_end;
-      if (g_end - g > 1 && !std::is_sorted(g, g_end, by_stream)) std::sort(g, g_end, by_stream);
-      g = g_end;
-    }
-  }
-
-  // Sorts [begin, end) (in arrival order) by (slot hash, arrival): one stable counting pass on the hash's
-  // top bits, about one record per bucket (the hashes are uniform), then each bucket on its own. A
-  // comparison sort cost 34 ns per record here (perf), this about 5.
-  void sort_by_hash(UserRecord* begin, UserRecord* end) {
-    const auto n = static_cast<std::size_t>(end - begin);
-    if (n <= 32 || n > (std::size_t{1} << 20)) {
-      std::sort(begin, end, hash_then_arrival);
-      return;
-    }
-    const auto bits = static_cast<int>(std::bit_width(n));  // 2^bits > n buckets
-    bucket_start_.assign((std::size_t{1} << bits) + 1, 0);
-    for (const UserRecord* r = begin; r != end; ++r) ++bucket_start_[(r->slot_hash >> (64 - bits)) + 1];
-    for (std::size_t b = 1; b < bucket_start_.size(); ++b) bucket_start_[b] += bucket_start_[b - 1];
-    scratch_.resize(n);
-    bucket_end_ = bucket_start_;
-    for (const UserRecord* r = begin; r != end; ++r) scratch_[bucket_end_[r->slot_hash >> (64 - bits)]++] = *r;
-    std::copy(scratch_.begin(), scratch_.end(), begin);
-    for (std::size_t b = 0; b + 1 < bucket_start_.size(); ++b)
-      if (bucket_start_[b + 1] - bucket_start_[b] > 1) {
-        UserRecord* const from = begin + bucket_start_[b];
-        UserRecord* const to = begin + bucket_start_[b + 1];
-        if (!std::is_sorted(from, to, hash_then_arrival)) std::sort(from, to, hash_then_arrival);  // one heavy user
-      }
+    if (!std::is_sorted(order_ + first, order_ + last, by_stream)) std::sort(order_ + first, order_ + last, by_stream);
   }
 
   // One user's records of the batch (order_[from, to), by trigger and in stream order): keeps the first
@@ -567,28 +650,11 @@ class ShardBounder {
   ThreadOut& out_;
   UserRecord* order_ = nullptr;  // the run's entries (sorted by user within each shard by run())
   const BatchRecords* records_ = nullptr;
-  std::vector<UserRecord> scratch_;
-  std::vector<std::uint32_t> bucket_start_, bucket_end_;             // sort_by_hash's counting pass
+  std::vector<UserRecord> scratch_;  // sort_by_user's counting pass
+  std::vector<std::uint32_t> bucket_start_, bucket_end_;
   std::vector<Group> groups_;                                        // each user's, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };
-
-// The batch's records as (slot hash, index) entries grouped by shard (UserState::shard_of): the slot
-// hash, computed once per record here, gives both the shard and the order within it.
-partition::Partitioned<UserRecord> entries_by_shard(const std::vector<std::span<const Record>>& triggers) {
-  std::size_t total = 0;
-  for (const auto& t : triggers) total += t.size();
-  std::vector<UserRecord> entries(total);
-  std::size_t first = 0;
-  for (std::size_t t = 0; t < triggers.size(); first += triggers[t].size(), ++t) {
-    const std::span<const Record> records = triggers[t];
-#pragma omp parallel for schedule(static) if (records.size() >= 65536)
-    for (std::size_t i = 0; i < records.size(); ++i)
-      entries[first + i] = {UserState::slot_hash(records[i].user), BatchRecords::index(t, i)};
-  }
-  return partition::partition_by(entries, UserState::kShards,
-                                 [](const UserRecord& e) { return UserState::shard_of_slot_hash(e.slot_hash); });
-}
 
 }  // namespace
 
@@ -598,7 +664,7 @@ std::vector<std::vector<KeyPartial>> bound_and_aggregate_batch(const std::vector
   const BatchRecords records(triggers);
   constexpr std::size_t S = UserState::kShards;
   // Group by shard (stable), then each thread takes whole shards: no locks on the state.
-  auto sharded = entries_by_shard(triggers);
+  ShardedEntries sharded(triggers);
 
   const int threads = omp_get_max_threads();
   // Runs of consecutive shards: a shard joins the run before it while that run holds fewer than
@@ -610,7 +676,7 @@ std::vector<std::vector<KeyPartial>> bound_and_aggregate_batch(const std::vector
   const std::size_t max_run_shards = std::clamp<std::size_t>(S / (2 * static_cast<std::size_t>(threads)), 1, 16);
   std::vector<std::size_t> runs{0};
   for (std::size_t s = 1; s < S; ++s)
-    if (s - runs.back() >= max_run_shards || sharded.offsets[s] - sharded.offsets[runs.back()] >= kRunRecords)
+    if (s - runs.back() >= max_run_shards || sharded.shard_begin(s) - sharded.shard_begin(runs.back()) >= kRunRecords)
       runs.push_back(s);
   runs.push_back(S);
   const std::size_t run_count = runs.size() - 1;
@@ -627,7 +693,7 @@ std::vector<std::vector<KeyPartial>> bound_and_aggregate_batch(const std::vector
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t r = 0; r < run_count; ++r) {
       if (runs[r] <= S / 2 && S / 2 < runs[r + 1]) fault::point("bounding");
-      bounder.run(runs[r], runs[r + 1], records, sharded.items.data(), sharded.offsets);
+      bounder.run(runs[r], runs[r + 1], records, sharded);
     }
   }
 

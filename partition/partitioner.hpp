@@ -18,7 +18,7 @@ struct Partitioned {
 
 // Stable counting sort of `items` into `n` destinations given by `dest(item)`. OpenMP: each
 // thread histograms and scatters a contiguous block, so the result is independent of the
-// thread count.
+// thread count (blocks by the threads started: the runtime may start fewer than asked).
 template <class T, class DestFn>
 Partitioned<T> partition_by(const std::vector<T>& items, std::size_t n, DestFn dest) {
   Partitioned<T> out;
@@ -31,8 +31,9 @@ Partitioned<T> partition_by(const std::vector<T>& items, std::size_t n, DestFn d
   std::vector<std::vector<std::uint64_t>> hist(threads, std::vector<std::uint64_t>(n, 0));
 #pragma omp parallel num_threads(threads)
   {
+    const int started = omp_get_num_threads();
     const int t = omp_get_thread_num();
-    const std::size_t lo = size * t / threads, hi = size * (t + 1) / threads;
+    const std::size_t lo = size * t / started, hi = size * (t + 1) / started;
     auto& h = hist[t];
     for (std::size_t i = lo; i < hi; ++i) {
       const auto d = static_cast<std::uint32_t>(dest(items[i]));
@@ -46,7 +47,7 @@ Partitioned<T> partition_by(const std::vector<T>& items, std::size_t n, DestFn d
       std::uint64_t running = 0;
       for (std::size_t d = 0; d < n; ++d) {
         out.offsets[d] = running;
-        for (int tt = 0; tt < threads; ++tt) {
+        for (int tt = 0; tt < started; ++tt) {
           const std::uint64_t c = hist[tt][d];
           hist[tt][d] = running;
           running += c;

@@ -132,10 +132,15 @@ TEST(Bounding, BatchesOfTriggersBoundAsTriggerByTrigger) {
     std::vector<std::vector<Record>> triggers;
     std::uint64_t position = 0;
     for (int t = 0; t < 23; ++t) {
-      auto records = random_trigger(rng, t, position, t % 5 == 0 ? 3000 : 300, 80);
+      // Five large triggers: a batch of all 23 (over 65536 records) is sharded by two threads whose blocks split
+      // triggers (ShardedEntries).
+      auto records = random_trigger(rng, t, position, t % 5 == 0 ? 30000 : 300, 2000);
       for (auto& r : records) r.timestamp = static_cast<std::int64_t>(rng() % 4000);
       triggers.push_back(std::move(records));
     }
+    std::size_t records = 0;
+    for (const auto& t : triggers) records += t.size();
+    ASSERT_GE(records, 65536u) << "the whole batch should take the threaded sharding";
     kernels::UserState one_state;
     one_state.journal = true;
     kernels::BoundingStats one_stats;
@@ -168,11 +173,16 @@ TEST(Bounding, BatchesOfTriggersBoundAsTriggerByTrigger) {
 }
 
 // The runtime may start fewer threads than omp_get_max_threads() (OMP_THREAD_LIMIT, OMP_DYNAMIC; here a
-// region nested in an active one): each trigger's partials are still all there.
+// region nested in an active one): each trigger's partials are still all there. The second trigger is large
+// enough for the threaded sharding (65536 records or more), which must split the records by the threads started.
 TEST(Bounding, BatchesSurviveFewerThreadsThanAsked) {
   std::mt19937_64 rng(5);
   std::uint64_t position = 0;
-  const std::vector<std::vector<Record>> triggers{random_trigger(rng, 0, position), random_trigger(rng, 1, position)};
+  std::vector<std::vector<Record>> triggers{random_trigger(rng, 0, position), {}};
+  while (triggers[1].size() < 70000) {
+    const auto more = random_trigger(rng, 1, position, 20000, 3000);
+    triggers[1].insert(triggers[1].end(), more.begin(), more.end());
+  }
   const std::vector<std::span<const Record>> spans(triggers.begin(), triggers.end());
   const kernels::BoundingParams params{6, -1.0, 2.5};
   kernels::UserState want_state;

@@ -72,6 +72,32 @@ TEST(Partitioner, SameResultForAnyThreadCount) {
   EXPECT_EQ(one.offsets, two.offsets);
 }
 
+// The runtime may start fewer threads than asked (OMP_THREAD_LIMIT, OMP_DYNAMIC; here a region nested in an
+// active one): every item is still placed, as with one thread.
+TEST(Partitioner, SurvivesFewerThreadsThanAsked) {
+  std::vector<std::uint64_t> items(300'000);
+  for (std::size_t i = 0; i < items.size(); ++i) items[i] = salted_hash(i, 43);
+  auto dest = [](std::uint64_t v) { return static_cast<std::size_t>(v % 7); };
+  omp_set_num_threads(1);
+  const auto want = partition_by(items, 7, dest);
+  omp_set_num_threads(2);
+  const int levels = omp_get_max_active_levels();
+  omp_set_max_active_levels(1);
+  Partitioned<std::uint64_t> got;
+  int inner_threads = 0, asked = 0;
+#pragma omp parallel num_threads(2)
+  if (omp_get_thread_num() == 0) {
+    asked = omp_get_max_threads();
+#pragma omp parallel
+    if (omp_get_thread_num() == 0) inner_threads = omp_get_num_threads();
+    got = partition_by(items, 7, dest);
+  }
+  omp_set_max_active_levels(levels);
+  ASSERT_LT(inner_threads, asked) << "the nested region should get fewer threads than asked";
+  EXPECT_EQ(got.items, want.items);
+  EXPECT_EQ(got.offsets, want.offsets);
+}
+
 TEST(Partitioner, EmptyInput) {
   std::vector<int> none;
   auto p = partition_by(none, 3, [](int) { return 0; });
