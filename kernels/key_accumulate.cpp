@@ -3,7 +3,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <memory>
+#include <span>
 #include <stdexcept>
+#include <utility>
 
 #include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
@@ -16,23 +19,30 @@ constexpr int128 kOne = int128{1} << kValueFracBits;  // a value of 1.0 in fixed
 
 std::uint64_t key_hash(std::uint64_t key) { return partition::salted_hash(key, partition::kKeySalt); }
 
-// LSD radix sort by key, 11-bit digits, each pass a stable counting sort; digits equal in every key
-// are skipped (key ids below 2^22 take two passes). Equal keys end up adjacent, in any order.
+// LSD radix sort by key, 11-bit digits, each pass a stable counting sort (partition_into) from one buffer to
+// the other, the second not zero-filled first; digits equal in every key are skipped (key ids below 2^22 take
+// two passes). Equal keys end up adjacent, in any order.
 void sort_by_key(std::vector<KeyPartial>& v) {
   constexpr int kBits = 11;
-  if (v.size() < 256) {
+  constexpr std::uint64_t kMask = (std::uint64_t{1} << kBits) - 1;
+  const std::size_t n = v.size();
+  if (n < 256) {
     std::sort(v.begin(), v.end(), [](const KeyPartial& a, const KeyPartial& b) { return a.key < b.key; });
     return;
   }
   std::uint64_t varying = 0;  // the bits in which some key differs from the first
   for (const KeyPartial& p : v) varying |= p.key ^ v.front().key;
+  const std::unique_ptr<KeyPartial[]> scratch(new KeyPartial[n]);  // default-initialized: a pass writes all of it
+  KeyPartial* from = v.data();
+  KeyPartial* to = scratch.get();
   for (int shift = 0; shift < 64; shift += kBits) {
-    const std::uint64_t mask = (std::uint64_t{1} << kBits) - 1;
-    if ((varying >> shift & mask) == 0) continue;
-    v = partition::partition_by(v, std::size_t{1} << kBits, [shift, mask](const KeyPartial& p) {
-          return p.key >> shift & mask;
-        }).items;
+    if ((varying >> shift & kMask) == 0) continue;
+    partition::partition_into(
+        std::span<const KeyPartial>(from, n), std::size_t{1} << kBits,
+        [shift](const KeyPartial& p) { return p.key >> shift & kMask; }, to);
+    std::swap(from, to);
   }
+  if (from != v.data()) std::copy_n(from, n, v.data());
 }
 
 // One trigger's totals per key, ascending by key, from partials sorted by key (sums in 128 bits:

@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 namespace dpstream::partition {
@@ -16,18 +18,17 @@ struct Partitioned {
   std::vector<std::uint64_t> offsets;  // start of each destination's group; offsets[n] = size
 };
 
-// Stable counting sort of `items` into `n` destinations given by `dest(item)`. OpenMP: each
-// thread histograms and scatters a contiguous block, so the result is independent of the
-// thread count (blocks by the threads started: the runtime may start fewer than asked).
+// Stable counting sort of `items` into `n` destinations given by `dest(item)`, written to `out` (room for
+// items.size() items; what it held before does not matter, so it need not be zero-filled). Returns each
+// destination's first place in `out`, then items.size(). OpenMP: each thread histograms and scatters a
+// contiguous block, so the result is independent of the thread count (blocks by the threads started: the
+// runtime may start fewer than asked).
 template <class T, class DestFn>
-Partitioned<T> partition_by(const std::vector<T>& items, std::size_t n, DestFn dest) {
-  Partitioned<T> out;
-  out.counts.assign(n, 0);
-  out.offsets.assign(n + 1, 0);
-  out.items.resize(items.size());
+std::vector<std::uint64_t> partition_into(std::span<const T> items, std::size_t n, DestFn dest, T* out) {
+  std::vector<std::uint64_t> offsets(n + 1, 0);
   const std::size_t size = items.size();
   const int threads = size < 65536 ? 1 : omp_get_max_threads();
-  std::vector<std::uint32_t> dest_of(size);
+  const std::unique_ptr<std::uint32_t[]> dest_of(new std::uint32_t[size]);  // written before it is read
   std::vector<std::vector<std::uint64_t>> hist(threads, std::vector<std::uint64_t>(n, 0));
 #pragma omp parallel num_threads(threads)
   {
@@ -46,18 +47,27 @@ Partitioned<T> partition_by(const std::vector<T>& items, std::size_t n, DestFn d
       // Exclusive scan over (destination, thread): thread t's slice of group d follows t-1's.
       std::uint64_t running = 0;
       for (std::size_t d = 0; d < n; ++d) {
-        out.offsets[d] = running;
+        offsets[d] = running;
         for (int tt = 0; tt < started; ++tt) {
           const std::uint64_t c = hist[tt][d];
           hist[tt][d] = running;
           running += c;
         }
-        out.counts[d] = running - out.offsets[d];
       }
-      out.offsets[n] = running;
+      offsets[n] = running;
     }
-    for (std::size_t i = lo; i < hi; ++i) out.items[h[dest_of[i]]++] = items[i];
+    for (std::size_t i = lo; i < hi; ++i) out[h[dest_of[i]]++] = items[i];
   }
+  return offsets;
+}
+
+// partition_into a new vector, with each destination's count.
+template <class T, class DestFn>
+Partitioned<T> partition_by(const std::vector<T>& items, std::size_t n, DestFn dest) {
+  Partitioned<T> out{std::vector<T>(items.size()), {}, {}};
+  out.offsets = partition_into(std::span<const T>(items), n, dest, out.items.data());
+  out.counts.resize(n);
+  for (std::size_t d = 0; d < n; ++d) out.counts[d] = out.offsets[d + 1] - out.offsets[d];
   return out;
 }
 

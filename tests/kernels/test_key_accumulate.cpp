@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <map>
 #include <random>
@@ -39,6 +40,36 @@ TEST(KeyAccumulate, RunningTotalsAndChangedKeysSorted) {
   EXPECT_EQ(c2[0].sum, 41);
   EXPECT_EQ(table.keys(), 2u);
   EXPECT_GT(table.memory_bytes(), 0u);
+}
+
+// The radix sort by key takes one pass per 11-bit digit in which keys differ: none (one key), one (keys below
+// 2^11: the result copied back from the scratch buffer), three (below 2^33), six (any 64-bit key), each with
+// 70000 partials (the threaded partition at two threads). Totals in key order, as a std::map adds them.
+TEST(KeyAccumulate, TotalsInKeyOrderForKeysOfAnyWidthAndThreadCount) {
+  for (const int key_bits : {0, 11, 33, 64})
+    for (const int threads : {1, 2}) {
+      dpstream::testing::ScopedOmpThreads scoped(threads);
+      std::mt19937_64 rng(static_cast<std::uint64_t>(key_bits));
+      std::vector<KeyPartial> partials;
+      std::map<std::uint64_t, std::array<std::int64_t, 3>> want;
+      for (int i = 0; i < 70000; ++i) {
+        const std::uint64_t key = key_bits == 0 ? 42 : key_bits == 64 ? rng() : rng() >> (64 - key_bits);
+        const KeyPartial p{key, 1 + static_cast<std::int64_t>(rng() % 3), static_cast<std::int64_t>(rng() % 1000),
+                           static_cast<std::int64_t>(rng() % 2)};
+        partials.push_back(p);
+        auto& w = want[key];
+        w[0] += p.count, w[1] += p.sum, w[2] += p.new_users;
+      }
+      kernels::KeyStateTable table;
+      const auto got = table.accumulate(partials);
+      ASSERT_EQ(got.size(), want.size()) << key_bits << "-bit keys, " << threads << " thread(s)";
+      auto w = want.begin();
+      for (std::size_t i = 0; i < got.size(); ++i, ++w) {
+        ASSERT_EQ(got[i].key, w->first) << key_bits << "-bit keys, " << threads << " thread(s), at " << i;
+        EXPECT_EQ((std::array<std::int64_t, 3>{got[i].count, static_cast<std::int64_t>(got[i].sum), got[i].users}),
+                  w->second);
+      }
+    }
 }
 
 TEST(KeyAccumulate, SumsBeyondInt64AreExactNotAnError) {
