@@ -71,15 +71,16 @@ class Comm {
                       std::vector<std::uint64_t>& recv_offsets, const std::function<std::byte*(std::uint64_t)>& receive,
                       TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const;
 
-  // Typed all-to-all of fixed-size records (`offsets` in items, P+1 entries).
-  template <class T>
-  std::vector<T> alltoallv(const std::vector<T>& send, const std::vector<std::uint64_t>& offsets,
-                           TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const {
-    static_assert(std::is_trivially_copyable_v<T>);
+  // Typed all-to-all of fixed-size records (`offsets` in items, P+1 entries), received into a vector of type
+  // Out (a DefaultInitVector<T> is not zero-filled before MPI writes it).
+  template <class T, class Out = std::vector<T>>
+  Out alltoallv(const std::vector<T>& send, const std::vector<std::uint64_t>& offsets,
+                TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const {
+    static_assert(std::is_trivially_copyable_v<T> && std::is_same_v<typename Out::value_type, T>);
     std::vector<std::uint64_t> byte_offsets(offsets.size());
     for (std::size_t i = 0; i < offsets.size(); ++i) byte_offsets[i] = offsets[i] * sizeof(T);
     std::vector<std::uint64_t> recv_offsets;
-    std::vector<T> out;  // received into directly: a byte buffer and its copy were two more passes over the data
+    Out out;  // received into directly: a byte buffer and its copy were two more passes over the data
     alltoallv_into(
         reinterpret_cast<const std::byte*>(send.data()), byte_offsets, recv_offsets,
         [&out](std::uint64_t bytes) {
@@ -112,21 +113,20 @@ class Comm {
   // three passes more over the records (perf, T = 1000: 0.05 s a rank). Past the per-round limit, each
   // destination's segment carries its batches' item counts ahead of their items (8 bytes a batch) through
   // alltoallv. `traffic` counts the items' bytes. Every rank must pass the same number of batches. One
-  // batch is a plain alltoallv.
-  template <class T>
-  std::vector<std::vector<T>> alltoallv_batches(const std::vector<std::vector<T>>& items,
-                                                const std::vector<std::vector<std::uint64_t>>& offsets,
-                                                TrafficCounter* traffic = nullptr,
-                                                const char* fault_point = nullptr) const {
-    static_assert(std::is_trivially_copyable_v<T>);
+  // batch is a plain alltoallv. Each out[b] is a vector of type Out, as alltoallv's.
+  template <class T, class Out = std::vector<T>>
+  std::vector<Out> alltoallv_batches(const std::vector<std::vector<T>>& items,
+                                     const std::vector<std::vector<std::uint64_t>>& offsets,
+                                     TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const {
+    static_assert(std::is_trivially_copyable_v<T> && std::is_same_v<typename Out::value_type, T>);
     const std::size_t B = items.size(), P = static_cast<std::size_t>(size_);
     if (offsets.size() != B) throw std::logic_error("alltoallv_batches: one offsets vector per batch");
     for (std::size_t b = 0; b < B; ++b)
       if (offsets[b].size() != P + 1 || offsets[b][P] != items[b].size())
         throw std::logic_error("alltoallv_batches: offsets of P + 1 entries per batch");
-    std::vector<std::vector<T>> out(B);
+    std::vector<Out> out(B);
     if (B == 1) {
-      out[0] = alltoallv(items[0], offsets[0], traffic, fault_point);
+      out[0] = alltoallv<T, Out>(items[0], offsets[0], traffic, fault_point);
       return out;
     }
     std::vector<Block> blocks(P * B);
@@ -151,7 +151,7 @@ class Comm {
       return at;
     };
     if (alltoallw_blocks(blocks, B, place, traffic, fault_point)) return out;
-    return alltoallv_batches_in_rounds(items, offsets, traffic, fault_point);
+    return alltoallv_batches_in_rounds<T, Out>(items, offsets, traffic, fault_point);
   }
 
   // Rank 0 receives every rank's bytes, concatenated in rank order (others get an empty vector).
@@ -185,10 +185,10 @@ class Comm {
 
   // alltoallv_batches through one alltoallv (which goes in rounds): each destination's segment holds its
   // batches' item counts, then their items.
-  template <class T>
-  std::vector<std::vector<T>> alltoallv_batches_in_rounds(const std::vector<std::vector<T>>& items,
-                                                          const std::vector<std::vector<std::uint64_t>>& offsets,
-                                                          TrafficCounter* traffic, const char* fault_point) const {
+  template <class T, class Out>
+  std::vector<Out> alltoallv_batches_in_rounds(const std::vector<std::vector<T>>& items,
+                                               const std::vector<std::vector<std::uint64_t>>& offsets,
+                                               TrafficCounter* traffic, const char* fault_point) const {
     const std::size_t B = items.size(), P = static_cast<std::size_t>(size_);
     std::vector<std::uint64_t> send_offsets{0};
     std::vector<std::byte> send;
@@ -214,7 +214,7 @@ class Comm {
     std::vector<std::uint64_t> recv_offsets;
     const std::vector<std::byte> recv = alltoallv_bytes(send.data(), send_offsets, recv_offsets, nullptr, fault_point);
     std::vector<std::byte>().swap(send);  // sent: its memory back before the batches are copied out
-    std::vector<std::vector<T>> out(B);
+    std::vector<Out> out(B);
     std::vector<std::uint64_t> counts(P * B), totals(B, 0);  // source s's count of batch b at s * B + b
     for (std::size_t s = 0; s < P; ++s) {
       if (recv_offsets[s + 1] - recv_offsets[s] < B * sizeof(std::uint64_t))

@@ -24,11 +24,12 @@ class StageTimer {
   SteadyClock::time_point t0_;
 };
 
-// Each batch's items grouped by owner (partition_by), exchanged at once (Comm::alltoallv_batches).
-template <class T, class OwnerFn>
-std::vector<std::vector<T>> route_batches(const shuffle::Comm& comm, std::vector<std::vector<T>> batches, OwnerFn owner,
-                                          double& partition_seconds, double& shuffle_seconds,
-                                          shuffle::TrafficCounter* traffic, const char* fault_point) {
+// Each batch's items grouped by owner (partition_by), exchanged at once (Comm::alltoallv_batches) into
+// vectors of type Out.
+template <class T, class Out, class OwnerFn>
+std::vector<Out> route_batches(const shuffle::Comm& comm, std::vector<std::vector<T>> batches, OwnerFn owner,
+                               double& partition_seconds, double& shuffle_seconds, shuffle::TrafficCounter* traffic,
+                               const char* fault_point) {
   const int P = comm.size();
   std::vector<std::vector<T>> items(batches.size());
   std::vector<std::vector<std::uint64_t>> offsets(batches.size());
@@ -43,17 +44,17 @@ std::vector<std::vector<T>> route_batches(const shuffle::Comm& comm, std::vector
     }
   }
   StageTimer timer(shuffle_seconds);
-  return comm.alltoallv_batches(items, offsets, traffic, fault_point);
+  return comm.alltoallv_batches<T, Out>(items, offsets, traffic, fault_point);
 }
 }  // namespace
 
-std::vector<std::vector<Record>> TriggerPipeline::route_by_user(std::vector<std::vector<Record>> local) {
-  return route_batches(
+std::vector<DefaultInitVector<Record>> TriggerPipeline::route_by_user(std::vector<std::vector<Record>> local) {
+  return route_batches<Record, DefaultInitVector<Record>>(
       comm_, std::move(local), [](const Record& r, int P) { return partition::user_owner(r.user, P); },
       stage_.partition_user, stage_.shuffle_user, &counters_.user_traffic, "shuffle_user");
 }
 
-std::vector<std::vector<KeyPartial>> TriggerPipeline::bound(std::vector<std::vector<Record>> owned) {
+std::vector<std::vector<KeyPartial>> TriggerPipeline::bound(std::vector<DefaultInitVector<Record>> owned) {
   StageTimer timer(stage_.bounding);
   const std::vector<std::span<const Record>> triggers(owned.begin(), owned.end());
   std::vector<std::vector<KeyPartial>> partials;
@@ -63,7 +64,7 @@ std::vector<std::vector<KeyPartial>> TriggerPipeline::bound(std::vector<std::vec
 }
 
 std::vector<std::vector<KeyPartial>> TriggerPipeline::route_by_key(std::vector<std::vector<KeyPartial>> partials) {
-  return route_batches(
+  return route_batches<KeyPartial, std::vector<KeyPartial>>(
       comm_, std::move(partials), [](const KeyPartial& p, int P) { return partition::key_owner(p.key, P); },
       stage_.partition_key, stage_.shuffle_key, &counters_.key_traffic, "shuffle_key");
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/default_init.hpp"
 #include "common/record.hpp"
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
@@ -33,11 +34,11 @@ class TriggerPipeline {
   // instead of at every trigger (at T = 1000 each trigger is small, and every synchronization waits for
   // the slower rank).
   // 1. This rank's records of each trigger to their users' owners (one exchange): per trigger, the records
-  // of those users this rank owns.
-  std::vector<std::vector<Record>> route_by_user(std::vector<std::vector<Record>> local);
+  // of those users this rank owns (received into vectors that are not zero-filled first).
+  std::vector<DefaultInitVector<Record>> route_by_user(std::vector<std::vector<Record>> local);
   // 2. At most C records per user: the owned records of a batch's triggers (in trigger order) in, each
   // trigger's partials out, as bounding trigger by trigger would give them.
-  std::vector<std::vector<KeyPartial>> bound(std::vector<std::vector<Record>> owned);
+  std::vector<std::vector<KeyPartial>> bound(std::vector<DefaultInitVector<Record>> owned);
   // 3.-4. Each trigger's partials to the rows of the keys this rank owns, sorted by key: routed in one
   // exchange, then accumulated and released trigger by trigger (`first_trigger` the batch's first), with
   // one agreement on errors for the batch.

@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <thread>
 
+#include "common/default_init.hpp"
 #include "common/elapsed.hpp"
 #include "partition/hash.hpp"
 #include "shuffle/comm.hpp"
@@ -106,6 +108,13 @@ TEST(AlltoallvBatches, EachBatchAsItsOwnExchange) {
         EXPECT_EQ(got[b], want) << "batch " << b << " of " << batches;
         EXPECT_EQ(got[b], comm.alltoallv(items[b], offsets[b])) << "batch " << b << " of " << batches;
       }
+      // Into vectors that are not zero-filled first (the user shuffle's), by the same path: the same items.
+      using Item = std::array<std::uint64_t, 3>;
+      const auto unzeroed = comm.alltoallv_batches<Item, dpstream::DefaultInitVector<Item>>(items, offsets);
+      ASSERT_EQ(unzeroed.size(), batches);
+      for (std::size_t b = 0; b < batches; ++b)
+        EXPECT_TRUE(std::equal(unzeroed[b].begin(), unzeroed[b].end(), got[b].begin(), got[b].end()))
+            << "batch " << b << " of " << batches << ", limit " << limit;
       std::uint64_t sent = 0, kept = 0;
       for (std::size_t b = 0; b < batches; ++b) {
         sent += items[b].size() * sizeof(items[b][0]);
