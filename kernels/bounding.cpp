@@ -396,20 +396,21 @@ struct UserRecord {
   std::uint64_t slot_hash;
   std::uint64_t index;  // BatchRecords::index
 };
-// A function object, so that std::sort inlines the compare (given a function's address, it called it: at
-// T = 1000 most shards hold 32 records or fewer and take std::sort's path).
+// A function object, so that the sorts inline the compare (given a function's address, std::sort called it).
 constexpr auto hash_then_arrival = [](const UserRecord& a, const UserRecord& b) {
   return (static_cast<uint128>(a.slot_hash) << 64 | a.index) < (static_cast<uint128>(b.slot_hash) << 64 | b.index);
 };
 
 // By (slot hash, index): insertion for a few entries (most of sort_by_user's buckets that hold two or more
-// hold two; std::sort's call cost more than their sort), std::sort beyond.
+// hold two; std::sort's call cost more than their sort), std::sort beyond unless already in order (a heavy
+// user alone in its bucket: its entries come in index order).
 void sort_small(UserRecord* from, UserRecord* to) {
+  if (to - from < 2) return;
   if (to - from > 16) {
-    std::sort(from, to, hash_then_arrival);
+    if (!std::is_sorted(from, to, hash_then_arrival)) std::sort(from, to, hash_then_arrival);
     return;
   }
-  for (UserRecord* i = from + 1; i < to; ++i) {
+  for (UserRecord* i = from + 1; i != to; ++i) {
     const UserRecord e = *i;
     UserRecord* j = i;
     for (; j != from && hash_then_arrival(e, *(j - 1)); --j) *j = *(j - 1);

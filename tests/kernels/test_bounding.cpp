@@ -132,9 +132,13 @@ TEST(Bounding, BatchesOfTriggersBoundAsTriggerByTrigger) {
     std::vector<std::vector<Record>> triggers;
     std::uint64_t position = 0;
     for (int t = 0; t < 23; ++t) {
-      // Five large triggers: a batch of all 23 (over 65536 records) is sharded by two threads whose blocks split
-      // triggers (ShardedEntries).
+      // Five large triggers of 30000 records: a batch of all 23, or of 7 holding two of them, is sharded by two
+      // threads whose blocks split triggers (ShardedEntries, from 65536 records).
       auto records = random_trigger(rng, t, position, t % 5 == 0 ? 30000 : 300, 2000);
+      while (t % 5 == 0 && records.size() < 30000) {
+        const auto more = random_trigger(rng, t, position, 30000 - static_cast<int>(records.size()), 2000);
+        records.insert(records.end(), more.begin(), more.end());
+      }
       for (auto& r : records) r.timestamp = static_cast<std::int64_t>(rng() % 4000);
       triggers.push_back(std::move(records));
     }

@@ -78,6 +78,7 @@ TEST(Partitioner, SurvivesFewerThreadsThanAsked) {
   std::vector<std::uint64_t> items(300'000);
   for (std::size_t i = 0; i < items.size(); ++i) items[i] = salted_hash(i, 43);
   auto dest = [](std::uint64_t v) { return static_cast<std::size_t>(v % 7); };
+  const int threads_before = omp_get_max_threads();
   omp_set_num_threads(1);
   const auto want = partition_by(items, 7, dest);
   omp_set_num_threads(2);
@@ -93,6 +94,7 @@ TEST(Partitioner, SurvivesFewerThreadsThanAsked) {
     got = partition_by(items, 7, dest);
   }
   omp_set_max_active_levels(levels);
+  omp_set_num_threads(threads_before);
   ASSERT_LT(inner_threads, asked) << "the nested region should get fewer threads than asked";
   EXPECT_EQ(got.items, want.items);
   EXPECT_EQ(got.offsets, want.offsets);

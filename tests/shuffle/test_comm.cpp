@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "common/default_init.hpp"
@@ -125,6 +126,29 @@ TEST(AlltoallvBatches, EachBatchAsItsOwnExchange) {
     }
   }
   comm.set_round_limit_bytes((std::uint64_t{1} << 31) - 1);
+}
+
+// DefaultInitVector's allocator leaves an element constructed with no arguments unwritten (what MPI then
+// writes), and constructs one with arguments as std::allocator does. Fails if it value-initializes (zeroes).
+TEST(DefaultInitVector, SizesWithoutWritingAndConstructsWithArguments) {
+  using Item = std::array<std::uint64_t, 3>;
+  alignas(Item) std::array<unsigned char, sizeof(Item)> bytes;
+  bytes.fill(0xAB);
+  dpstream::DefaultInitAllocator<Item> alloc;
+  alloc.construct(reinterpret_cast<Item*>(bytes.data()));
+  for (const unsigned char b : bytes) EXPECT_EQ(b, 0xAB);
+  alloc.construct(reinterpret_cast<Item*>(bytes.data()), Item{1, 2, 3});
+  Item back{};
+  std::memcpy(&back, bytes.data(), sizeof back);
+  EXPECT_EQ(back, (Item{1, 2, 3}));
+  dpstream::DefaultInitVector<Item> v{{4, 5, 6}};
+  v.resize(3);
+  v[1] = {7, 8, 9};
+  v[2] = {1, 1, 1};
+  v.push_back({2, 2, 2});
+  EXPECT_EQ(v.size(), 4u);
+  EXPECT_EQ(v.front(), (Item{4, 5, 6}));
+  EXPECT_EQ(v.back(), (Item{2, 2, 2}));
 }
 
 TEST(VariableLength, StringsRoundTripThroughTheExchange) {
