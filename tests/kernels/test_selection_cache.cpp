@@ -27,6 +27,31 @@ struct Expected {
 };
 }  // namespace
 
+// due()'s word test against a byte-by-byte compare: every byte value at every place, against words of bytes
+// that differ from it in one bit, of equal bytes (neighbours that a carry would disturb), and random ones.
+TEST(SelectionCache, BytesEqualFindsExactlyTheEqualBytes) {
+  std::mt19937_64 rng(17);
+  const auto check = [](std::uint64_t word, std::uint8_t byte) {
+    std::uint64_t want = 0;
+    for (int i = 0; i < 8; ++i)
+      if (static_cast<std::uint8_t>(word >> (8 * i)) == byte) want |= std::uint64_t{0x80} << (8 * i);
+    ASSERT_EQ(Cache::bytes_equal(word, byte), want) << std::hex << "word " << word << " byte " << int{byte};
+  };
+  for (int b = 0; b < 256; ++b) {
+    const auto byte = static_cast<std::uint8_t>(b);
+    for (int place = 0; place < 8; ++place)
+      for (int bit = 0; bit < 8; ++bit) {
+        std::uint64_t word = 0;
+        for (int i = 0; i < 8; ++i) word |= std::uint64_t{static_cast<std::uint8_t>(byte ^ (1u << bit))} << (8 * i);
+        ASSERT_NO_FATAL_FAILURE(check(word, byte));
+        word = (word & ~(std::uint64_t{0xff} << (8 * place))) | std::uint64_t{byte} << (8 * place);
+        ASSERT_NO_FATAL_FAILURE(check(word, byte));
+      }
+    ASSERT_NO_FATAL_FAILURE(check(byte * 0x0101010101010101ULL, byte));
+    for (int i = 0; i < 200; ++i) ASSERT_NO_FATAL_FAILURE(check(rng(), byte));
+  }
+}
+
 // Against a std::map: entries numbered in the order keys are added, every field kept through the index's
 // growth, visit() telling a visit due now from one later, and due() listing exactly the entries scheduled
 // at a trigger, ascending, as triggers pass (each due visit consumed, as release() does).
