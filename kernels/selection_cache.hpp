@@ -108,11 +108,11 @@ class SelectionCache {
   }
   void unschedule(std::uint32_t n) { next_visit_[n] = kUnscheduled; }
 
-  // The entries whose visit is scheduled at `trigger`, ascending, into `out`: a scan of a byte per entry,
+  // The entries whose visit is scheduled at `trigger`, ascending, into `out`: a scan of each entry's byte,
   // where visits come at least every kMaxHorizon = 127 triggers (kernels/dp_release.cpp) and each draws
-  // its steps' noise (~20 ns a step): the scan stays a few percent of the visits' work.
-  // Eight bytes at a time: most words hold no due entry (a shard has a few a trigger at T = 1000), and a
-  // byte's compare and branch each cost about as much as a word's test (perf: the byte loop was a sixth of
+  // its steps' noise (~20 ns a step): the scan stays a few percent of the visits' work. The bytes are tested
+  // eight at a time: most words hold no due entry (a shard has a few a trigger at T = 1000), and a byte's
+  // compare and branch cost about as much as a word's test (perf: the byte loop was a sixth of
   // release_with's own time at T = 1000).
   void due(std::uint32_t trigger, std::vector<std::uint32_t>& out) const {
     out.clear();
@@ -129,8 +129,10 @@ class SelectionCache {
     for (; n < size; ++n)
       if (visits[n] == want) out.push_back(n);
   }
-  // Bit 8i + 7 set where byte i of `word` (little-endian) equals `byte`, no other bit: exact, as no carry
-  // crosses a byte ((x & 0x7f) + 0x7f <= 0xfe); the high bit is 1 unless x is 0.
+  // Bit 8i + 7 set where byte i of `word` (little-endian) equals `byte`, no other bit. Per byte of x (zero where
+  // equal): (x & 0x7f) + 0x7f carries into no other byte (at most 0xfe) and has its high bit set unless x's low
+  // seven bits are zero; or-ed with x, unless x is zero. Exact, where the borrow trick (x - 0x01..) & ~x & 0x80..
+  // also flags bytes above a zero one.
   static std::uint64_t bytes_equal(std::uint64_t word, std::uint8_t byte) {
     static_assert(std::endian::native == std::endian::little, "due() reads the entries' bytes as words");
     constexpr std::uint64_t kLow7 = 0x7F7F7F7F7F7F7F7FULL;
