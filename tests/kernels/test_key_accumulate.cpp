@@ -72,6 +72,42 @@ TEST(KeyAccumulate, TotalsInKeyOrderForKeysOfAnyWidthAndThreadCount) {
     }
 }
 
+// Large triggers (the radix sort's parallel passes) of keys that share a prefix (an id space that does not start
+// at 0: only the digits that vary are sorted) and span one or two 11-bit digits to their ends, sums at int64's
+// edges: every key's totals exact and in key order.
+TEST(KeyAccumulate, LargeTriggersOfTwoDigitKeysTotalExactlyInKeyOrder) {
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  for (const int key_bits : {12, 20, 22})
+    for (const std::uint64_t prefix : {std::uint64_t{0}, std::uint64_t{0xABCD} << 40, ~std::uint64_t{0} << 22})
+      for (const int threads : {1, 2}) {
+        dpstream::testing::ScopedOmpThreads scoped(threads);
+        std::mt19937_64 rng(static_cast<std::uint64_t>(key_bits) ^ prefix);
+        std::vector<KeyPartial> partials;
+        std::map<std::uint64_t, std::array<int128, 3>> want;
+        const std::uint64_t span = std::uint64_t{1} << key_bits;
+        for (int i = 0; i < 80000; ++i) {
+          // Half the partials on 64 keys (repeats in one cell), the rest anywhere, the span's ends included.
+          const std::uint64_t low = i % 2 == 0 ? rng() % 64 * (span / 64) : i % 1001 == 1 ? span - 1 : rng() % span;
+          const std::int64_t sum = i % 97 == 0 ? (i % 2 == 0 ? big : -big) : static_cast<std::int64_t>(rng() % 1000);
+          const KeyPartial p{prefix | low, 1 + static_cast<std::int64_t>(rng() % 3), sum,
+                             static_cast<std::int64_t>(rng() % 2)};
+          partials.push_back(p);
+          auto& w = want[p.key];
+          w[0] += p.count, w[1] += p.sum, w[2] += p.new_users;
+        }
+        kernels::KeyStateTable table;
+        const auto got = table.accumulate(partials, kernels::KeyStateTable::Report::TriggerTotals);
+        ASSERT_EQ(got.size(), want.size()) << key_bits << "-bit keys, " << threads << " thread(s)";
+        auto w = want.begin();
+        for (std::size_t i = 0; i < got.size(); ++i, ++w) {
+          ASSERT_EQ(got[i].key, w->first) << key_bits << "-bit keys, " << threads << " thread(s), at " << i;
+          EXPECT_TRUE(int128{got[i].count} == w->second[0] && got[i].sum == w->second[1] &&
+                      int128{got[i].users} == w->second[2])
+              << "key " << got[i].key;
+        }
+      }
+}
+
 TEST(KeyAccumulate, SumsBeyondInt64AreExactNotAnError) {
   // Whether a sum leaves int64 depends on the data: it must neither abort nor wrap (record.hpp).
   kernels::KeyStateTable table;
