@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "kernels/key_accumulate.hpp"
@@ -22,6 +23,26 @@ std::vector<std::vector<std::uint64_t>> touched_keys(const kernels::KeyStateTabl
     for (const auto& t : shard) keys.back().push_back(t.key);
   }
   return keys;
+}
+
+// Accumulates `partials` in a fresh table and expects every key's totals (count, sum, users) exact and in key
+// order, as a std::map adds them in 128 bits; `label` names the case.
+void expect_totals_in_key_order(const std::vector<KeyPartial>& partials, const std::string& label) {
+  std::map<std::uint64_t, std::array<int128, 3>> want;
+  for (const KeyPartial& p : partials) {
+    auto& w = want[p.key];
+    w[0] += p.count, w[1] += p.sum, w[2] += p.new_users;
+  }
+  kernels::KeyStateTable table;
+  const auto got = table.accumulate(partials);
+  ASSERT_EQ(got.size(), want.size()) << label;
+  auto w = want.begin();
+  for (std::size_t i = 0; i < got.size(); ++i, ++w) {
+    ASSERT_EQ(got[i].key, w->first) << label << ", at " << i;
+    EXPECT_TRUE(int128{got[i].count} == w->second[0] && got[i].sum == w->second[1] &&
+                int128{got[i].users} == w->second[2])
+        << label << ", key " << got[i].key;
+  }
 }
 }  // namespace
 
@@ -51,29 +72,18 @@ TEST(KeyAccumulate, TotalsInKeyOrderForKeysOfAnyWidthAndThreadCount) {
       dpstream::testing::ScopedOmpThreads scoped(threads);
       std::mt19937_64 rng(static_cast<std::uint64_t>(key_bits));
       std::vector<KeyPartial> partials;
-      std::map<std::uint64_t, std::array<std::int64_t, 3>> want;
       for (int i = 0; i < 70000; ++i) {
         const std::uint64_t key = key_bits == 0 ? 42 : key_bits == 64 ? rng() : rng() >> (64 - key_bits);
-        const KeyPartial p{key, 1 + static_cast<std::int64_t>(rng() % 3), static_cast<std::int64_t>(rng() % 1000),
-                           static_cast<std::int64_t>(rng() % 2)};
-        partials.push_back(p);
-        auto& w = want[key];
-        w[0] += p.count, w[1] += p.sum, w[2] += p.new_users;
+        partials.push_back({key, 1 + static_cast<std::int64_t>(rng() % 3), static_cast<std::int64_t>(rng() % 1000),
+                            static_cast<std::int64_t>(rng() % 2)});
       }
-      kernels::KeyStateTable table;
-      const auto got = table.accumulate(partials);
-      ASSERT_EQ(got.size(), want.size()) << key_bits << "-bit keys, " << threads << " thread(s)";
-      auto w = want.begin();
-      for (std::size_t i = 0; i < got.size(); ++i, ++w) {
-        ASSERT_EQ(got[i].key, w->first) << key_bits << "-bit keys, " << threads << " thread(s), at " << i;
-        EXPECT_EQ((std::array<std::int64_t, 3>{got[i].count, static_cast<std::int64_t>(got[i].sum), got[i].users}),
-                  w->second);
-      }
+      expect_totals_in_key_order(partials,
+                                 std::to_string(key_bits) + "-bit keys, " + std::to_string(threads) + " thread(s)");
     }
 }
 
 // Large triggers (the radix sort's parallel passes) of keys that share a prefix (an id space that does not start
-// at 0: only the digits that vary are sorted) and span one or two 11-bit digits to their ends, sums at int64's
+// at 0: only the digits that vary are sorted) and span two 11-bit digits to their ends, sums at int64's
 // edges: every key's totals exact and in key order.
 TEST(KeyAccumulate, LargeTriggersOfTwoDigitKeysTotalExactlyInKeyOrder) {
   const std::int64_t big = std::numeric_limits<std::int64_t>::max();
@@ -83,28 +93,16 @@ TEST(KeyAccumulate, LargeTriggersOfTwoDigitKeysTotalExactlyInKeyOrder) {
         dpstream::testing::ScopedOmpThreads scoped(threads);
         std::mt19937_64 rng(static_cast<std::uint64_t>(key_bits) ^ prefix);
         std::vector<KeyPartial> partials;
-        std::map<std::uint64_t, std::array<int128, 3>> want;
         const std::uint64_t span = std::uint64_t{1} << key_bits;
         for (int i = 0; i < 80000; ++i) {
           // Half the partials on 64 keys (repeats in one cell), the rest anywhere, the span's ends included.
           const std::uint64_t low = i % 2 == 0 ? rng() % 64 * (span / 64) : i % 1001 == 1 ? span - 1 : rng() % span;
           const std::int64_t sum = i % 97 == 0 ? (i % 2 == 0 ? big : -big) : static_cast<std::int64_t>(rng() % 1000);
-          const KeyPartial p{prefix | low, 1 + static_cast<std::int64_t>(rng() % 3), sum,
-                             static_cast<std::int64_t>(rng() % 2)};
-          partials.push_back(p);
-          auto& w = want[p.key];
-          w[0] += p.count, w[1] += p.sum, w[2] += p.new_users;
+          partials.push_back(
+              {prefix | low, 1 + static_cast<std::int64_t>(rng() % 3), sum, static_cast<std::int64_t>(rng() % 2)});
         }
-        kernels::KeyStateTable table;
-        const auto got = table.accumulate(partials, kernels::KeyStateTable::Report::TriggerTotals);
-        ASSERT_EQ(got.size(), want.size()) << key_bits << "-bit keys, " << threads << " thread(s)";
-        auto w = want.begin();
-        for (std::size_t i = 0; i < got.size(); ++i, ++w) {
-          ASSERT_EQ(got[i].key, w->first) << key_bits << "-bit keys, " << threads << " thread(s), at " << i;
-          EXPECT_TRUE(int128{got[i].count} == w->second[0] && got[i].sum == w->second[1] &&
-                      int128{got[i].users} == w->second[2])
-              << "key " << got[i].key;
-        }
+        expect_totals_in_key_order(partials, std::to_string(key_bits) + "-bit keys, prefix " + std::to_string(prefix) +
+                                                 ", " + std::to_string(threads) + " thread(s)");
       }
 }
 
