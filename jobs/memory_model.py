@@ -12,7 +12,7 @@ Peak RSS per rank = base + state + other * records per rank, where
          users, tracked keys, each shard's count spread as hashing spreads it (Poisson), and each
          user's record from its kept records (at most one pair each);
   other  (bytes per input record of the rank's window: record buffers of a bounding batch (a trigger
-         up to T = 199, T / 100 triggers above: about a hundredth of the window either way), the checkpoint
+         up to T = 99, T / 50 triggers above: about a fiftieth of the window from T = 100 on), the checkpoint
          journal, allocator slack) and base (bytes per process) are fitted on calibration runs
          that commit at the job's cadence in triggers (the journal grows with the triggers between
          two commits: calibrate with [checkpoint] every = k and run the job with the same k):

@@ -468,7 +468,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   const std::int64_t batch = en.integer("trigger_batch", 0, EngineLimits::min(), EngineLimits::max());
   if (batch < 0 || batch > EngineConfig::kMaxTriggerBatch)
     en.fail("trigger_batch", fmt::format("must be in [0, {}] (triggers bounded in one pass over the user state; 0: "
-                                         "about a hundredth of [stream] triggers), got {}",
+                                         "about a fiftieth of [stream] triggers), got {}",
                                          EngineConfig::kMaxTriggerBatch, batch));
   c.engine.trigger_batch = static_cast<std::uint32_t>(batch);
   en.finish();

@@ -1,5 +1,5 @@
 // The progress line on rank 0's terminal after each batch of triggers ([engine] trigger_batch; one
-// trigger up to T = 199): window, trigger, rate, rows, ETA.
+// trigger up to T = 99): window, trigger, rate, rows, ETA.
 #pragma once
 
 #include <chrono>

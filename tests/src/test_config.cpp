@@ -35,11 +35,13 @@ TEST(Config, DefaultsAndRequiredKeys) {
   EXPECT_EQ(c.output.format, "csv");
   EXPECT_EQ(c.engine.key_scan, KeyScan::Predicted);
   EXPECT_EQ(parse_job(kMinimal, "job.toml", {"engine.key_scan=full"}).engine.key_scan, KeyScan::Full);
-  // Trigger batches: auto is about a hundredth of T (at least 1); a number is taken as given.
+  // Trigger batches: auto is about a fiftieth of T (at least 1); a number is taken as given.
   EXPECT_EQ(c.engine.trigger_batch, 0u);
-  EXPECT_EQ(c.engine.triggers_per_batch(100), 1u);
-  EXPECT_EQ(c.engine.triggers_per_batch(199), 1u);
-  EXPECT_EQ(c.engine.triggers_per_batch(1000), 10u);
+  EXPECT_EQ(c.engine.triggers_per_batch(4), 1u);
+  EXPECT_EQ(c.engine.triggers_per_batch(99), 1u);
+  EXPECT_EQ(c.engine.triggers_per_batch(100), 2u);
+  EXPECT_EQ(c.engine.triggers_per_batch(149), 2u);
+  EXPECT_EQ(c.engine.triggers_per_batch(1000), 20u);
   EXPECT_EQ(parse_job(kMinimal, "job.toml", {"engine.trigger_batch=7"}).engine.triggers_per_batch(1000), 7u);
   // C may be left out only in mode "none" (every record kept: the true histogram); DP modes need it.
   EXPECT_EQ(parse_job("[stream]\ntriggers = 4\n", "t", {}).privacy.max_records_per_user, PrivacyConfig::kUnbounded);
