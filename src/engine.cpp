@@ -1,6 +1,7 @@
 #include "src/engine.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -86,6 +87,7 @@ void Engine::reserve_tables() {
 // (src/commit_scheduler.hpp).
 void Engine::process_batch(std::uint32_t wi, std::uint32_t first, std::uint32_t end) {
   const std::int64_t window = config_.stream.first_window + wi;
+  counters_.note_cpu(sched_getcpu());
   std::vector<std::uint64_t> local_records;
   std::vector<std::vector<Record>> local;
   for (std::uint32_t trigger = first; trigger < end; ++trigger) {

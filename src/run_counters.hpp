@@ -69,6 +69,15 @@ struct RunCounters {
   std::array<std::uint64_t, static_cast<std::size_t>(CommitCause::Count)> commits_by_cause{};
   std::vector<std::uint64_t>
       visits_per_trigger;  // keys visited by key selection at each trigger of this run (not carried)
+  // The CPU this rank's main thread ran on at the start of each bounding batch of this run, counted per CPU
+  // (index: sched_getcpu's number; not carried): on a host whose cores differ, which core a rank had.
+  std::vector<std::uint64_t> batches_on_cpu;
+  void note_cpu(int cpu) {
+    if (cpu < 0) return;  // unknown here
+    if (static_cast<std::size_t>(cpu) >= batches_on_cpu.size())
+      batches_on_cpu.resize(static_cast<std::size_t>(cpu) + 1);
+    ++batches_on_cpu[static_cast<std::size_t>(cpu)];
+  }
 
   // f(name, counter) for every carried counter; the names are the manifest's "counters" members.
   template <class F>

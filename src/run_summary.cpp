@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "dpstream_version.hpp"
@@ -93,6 +94,27 @@ void add_counts(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& c
   j["release_rows"] = run.release_rows;
 }
 
+// Per rank, the CPU its main thread began most of its bounding batches on (-1: none known) and their share:
+// ranks that are not bound move between CPUs, and on a host whose cores run at different speeds the rank on
+// the slower one sets every stage's maximum.
+void add_cpus(nlohmann::json& j, const std::vector<std::uint64_t>& batches_on_cpu, const shuffle::Comm& comm) {
+  const auto most = std::max_element(batches_on_cpu.begin(), batches_on_cpu.end());
+  const std::uint64_t total = std::accumulate(batches_on_cpu.begin(), batches_on_cpu.end(), std::uint64_t{0});
+  const std::uint64_t cpu = most == batches_on_cpu.end() || *most == 0
+                                ? ~std::uint64_t{0}
+                                : static_cast<std::uint64_t>(most - batches_on_cpu.begin());
+  // The share in millionths: the allgather carries integers.
+  const std::uint64_t share =
+      total == 0
+          ? 0
+          : static_cast<std::uint64_t>(std::llround(1e6 * static_cast<double>(*most) / static_cast<double>(total)));
+  nlohmann::json cpus = nlohmann::json::array(), shares = nlohmann::json::array();
+  for (const std::uint64_t c : comm.allgather(cpu))
+    cpus.push_back(c == ~std::uint64_t{0} ? -1 : static_cast<std::int64_t>(c));
+  for (const std::uint64_t s : comm.allgather(share)) shares.push_back(static_cast<double>(s) / 1e6);
+  j["main_cpu_per_rank"] = {{"cpu", cpus}, {"share_of_batches", shares}};
+}
+
 // Stage seconds (max over ranks), checkpoint costs, throughput and shuffle volume.
 void add_times(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& comm) {
   const StageTimes& stage = run.stage;
@@ -125,6 +147,7 @@ void add_times(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& co
   // Each stage per rank: which rank's work the others wait for (a stage's maximum alone does not say).
   nlohmann::json& stages = j["seconds_per_rank"]["stages"];
   for (const Stage& s : kStages) stages[s.name] = per_rank(stage.*s.seconds);
+  add_cpus(j, run.counters.batches_on_cpu, comm);
   j["records_per_second"] = records / std::max(stage_max(run.wall_seconds), 1e-9);
   j["engine_records_per_second"] = records / std::max(engine_seconds, 1e-9);
   const double per_record = 1.0 / std::max<double>(1.0, records);

@@ -1,10 +1,13 @@
 #include "tools/bench_result.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <vector>
 
 #include "common/elapsed.hpp"
 #include "src/summary.hpp"
@@ -63,6 +66,11 @@ std::string bench_result_line(const RunFigures& run, nlohmann::json& j, const sh
   for (const Stage& s : kStages)
     if (s.engine_path)
       line += fmt::format(" {}_seconds={:.3f}", s.name, j["stage_seconds_max_over_ranks"][s.name].get<double>());
+  // Each rank's main CPU (summary.json main_cpu_per_rank), comma-separated by rank: where cores differ, it names the
+  // rank the figure waited for.
+  std::vector<std::string> cpus;
+  for (const auto& c : j["main_cpu_per_rank"]["cpu"]) cpus.push_back(std::to_string(c.get<std::int64_t>()));
+  line += fmt::format(" rank_cpus={}", fmt::join(cpus, ","));
   j["naive_records_per_second"] = naive_rate;
   return line;
 }

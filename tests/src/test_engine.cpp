@@ -1,6 +1,7 @@
 // The whole trigger loop under MPI (run at 1-4 ranks) against the naive single-threaded oracle.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,38 @@ TEST(Engine, SyntheticJobInBatchesOfTriggersMatchesNaiveReference) {
   if (shuffle::Comm().rank() == 0) {
     EXPECT_GT(batched, 0U);
     EXPECT_LE(2 * batched, single) << batched << " collectives in batches, " << single;
+  }
+}
+
+// summary.json names the CPU each rank's main thread ran its batches on: here each rank's main thread is bound to
+// one CPU (a different one per rank where there are enough), which the summary must give with a share of 1.
+TEST(Engine, SummaryNamesTheCpuEachRankRanOn) {
+  shuffle::Comm comm;
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &before)) allowed.push_back(c);
+  ASSERT_FALSE(allowed.empty());
+  const int mine = allowed[static_cast<std::size_t>(comm.rank()) % allowed.size()];
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(mine, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // this thread only: OpenMP's workers keep theirs
+  const auto dir = out_dir(comm, "cpus");
+  auto c = parse_job(demo_job_toml(), "demo",
+                     {"input.users=2000", "stream.triggers=9", "engine.trigger_batch=2", "output.progress=\"never\"",
+                      "output.dir=\"" + dir.string() + "\""});
+  run_job(c, comm, {});
+  ASSERT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
+  const std::vector<std::uint64_t> want = comm.allgather(static_cast<std::uint64_t>(mine));
+  if (comm.rank() != 0) return;
+  const auto cpus = nlohmann::json::parse(read_file(dir / "summary.json")).at("main_cpu_per_rank");
+  ASSERT_EQ(cpus.at("cpu").size(), static_cast<std::size_t>(comm.size()));
+  ASSERT_EQ(cpus.at("share_of_batches").size(), static_cast<std::size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) {
+    EXPECT_EQ(cpus["cpu"][r].get<std::int64_t>(), static_cast<std::int64_t>(want[static_cast<std::size_t>(r)])) << r;
+    EXPECT_DOUBLE_EQ(cpus["share_of_batches"][r].get<double>(), 1.0) << r;
   }
 }
 
