@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checkpoint cost on the paper workload (DP, T = 100, a commit after every trigger, every = 1; the
-# default time-based cadence commits far less often): the run without
+# Checkpoint cost on the paper workload (DP, T = 100, a commit after every trigger: every = 1 with one trigger
+# a bounding batch, trigger_batch = 1; the default time-based cadence commits far less often): the run without
 # checkpoints and with them, side by side, then the same job killed right after commit K and resumed. Prints RESULT lines with seconds per
 # commit, checkpoint time over the rest of the run, bytes per tracked key and per active user,
 # and the resume (load) time.
@@ -18,7 +18,7 @@ threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / np > 0 ? $(env
 out=${BENCH_OUT:-$(mktemp -d)}
 [ -n "${BENCH_OUT:-}" ] || trap 'rm -rf "$out"' EXIT
 run() { OMP_NUM_THREADS=$threads mpirun -np "$np" "$bin" run "$here/paper-workload-dp.toml" --set privacy.seed=1 \
-          --set checkpoint.every=1 --progress never "$@"; }
+          --set checkpoint.every=1 --set engine.trigger_batch=1 --progress never "$@"; }
 run --out "$out/none" --set checkpoint.every=0 "$@" >/dev/null   # the same run without checkpoints
 run --out "$out/full" "$@" >/dev/null
 du -sb "$out/full/checkpoint" | awk '{print "checkpoint_dir_bytes_at_end=" $1}' > "$out/du.txt"

@@ -256,7 +256,14 @@ def main():
     cadence = sorted({round(int(c["triggers"]) / max(1, c["checkpoint"]["commits"]), 1) for c in cals if "checkpoint" in c})
     if cadence:
         print(f"calibrated at {', '.join(map(str, cadence))} triggers per commit: run the job at that cadence "
-              f"([checkpoint] every = {max(1, round(cadence[0]))}) for the prediction to hold")
+              f"([checkpoint] every = {max(1, round(cadence[0]))}, rounded up to bounding batches) for the prediction to hold")
+    # It also holds a bounding batch's record buffers: a calibration bounded in other batches (another
+    # [engine] trigger_batch, or a build before the auto rule became T / 50) fits another term.
+    batch = int(job.get("engine", {}).get("trigger_batch", 0)) or max(1, T // 50)
+    for p, c in zip(a.calibration, cals):
+        if "triggers_per_bounding_batch" in c and int(c["triggers_per_bounding_batch"]) != batch:
+            print(f"memory_model.py: warning: {p} bounded {c['triggers_per_bounding_batch']} trigger(s) a batch, the job "
+                  f"{batch}: calibrate with the job's [engine] trigger_batch", file=sys.stderr)
 
     def predict(ranks):
         st = state_per_rank(w, ranks, a.state_bytes)

@@ -6,7 +6,7 @@
 #   DPSTREAM_BIN       the binary (default: $DPSTREAM_HOME/build/src/dpstream, else dpstream on PATH)
 #   DPSTREAM_LAUNCHER  mpirun (default) or srun; DPSTREAM_SRUN_MPI sets srun --mpi (default pmix)
 #   DPSTREAM_STOP_GRACE seconds mpirun waits for ranks to stop cleanly after a SIGTERM before it
-#                      kills them (default 5; longer than one trigger plus one commit, below the
+#                      kills them (default 5; longer than one bounding batch plus one commit, below the
 #                      cluster's KillWait, 30 s by default). mpirun also waits twice this long
 #                      after a rank exits non-zero, e.g. 5 on a clean stop.
 
@@ -73,8 +73,8 @@ dpstream_launch() {
   # USR1 reaches the batch shell alone: pass it on. SIGTERM (time limit, scancel, pre-emption)
   # reaches every process of the job, ranks included: passing it on would be a second signal; just
   # keep waiting for the stop.
-  trap 'DPSTREAM_GOT_USR1=1; signalled=1; dpstream_log "SIGUSR1: asking dpstream to stop after its current trigger"; kill -USR1 '"$child"' 2>/dev/null || true' USR1
-  trap 'signalled=1; dpstream_log "SIGTERM: every rank got it too; waiting for dpstream to stop after its current trigger"' TERM
+  trap 'DPSTREAM_GOT_USR1=1; signalled=1; dpstream_log "SIGUSR1: asking dpstream to stop after its current bounding batch"; kill -USR1 '"$child"' 2>/dev/null || true' USR1
+  trap 'signalled=1; dpstream_log "SIGTERM: every rank got it too; waiting for dpstream to stop after its current bounding batch"' TERM
   if ((DPSTREAM_GOT_USR1)); then  # it came before the launch (dpstream_setup's trap recorded it)
     dpstream_log "SIGUSR1 arrived before the launch: asking dpstream to stop after its first trigger"
     kill -USR1 "$child" 2>/dev/null || true

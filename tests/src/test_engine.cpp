@@ -151,20 +151,24 @@ TEST(Engine, SummaryNamesTheCpuEachRankRanOn) {
   cpu_set_t one;
   CPU_ZERO(&one);
   if (mine >= 0) CPU_SET(mine, &one);
-  // This thread only (OpenMP's workers keep theirs). Every rank learns whether all could bind before the job's
-  // collectives, so that one rank's failure skips the test everywhere instead of leaving the others waiting.
-  const bool bound = mine >= 0 && sched_setaffinity(0, sizeof one, &one) == 0;
+    // This thread only: OpenMP's workers, started first so that they do not inherit the one-CPU mask, keep theirs
+    // (and later tests of this process find them unbound). A bind is taken when the thread then runs there. Every
+    // rank learns whether all could bind before the job's collectives, so that one rank's failure skips the test
+    // everywhere instead of leaving the others waiting.
+#pragma omp parallel
+  {}
+  const bool bound = mine >= 0 && sched_setaffinity(0, sizeof one, &one) == 0 && sched_getcpu() == mine;
   if (comm.sum(std::uint64_t{bound ? 0u : 1u}) != 0) {
-    if (bound) sched_setaffinity(0, sizeof before, &before);
+    sched_setaffinity(0, sizeof before, &before);
     GTEST_SKIP() << "a rank could not bind its thread to one CPU here";
   }
+  const std::vector<std::uint64_t> want = comm.allgather(static_cast<std::uint64_t>(mine));
   const auto dir = out_dir(comm, "cpus");
   auto c = parse_job(demo_job_toml(), "demo",
                      {"input.users=2000", "stream.triggers=9", "engine.trigger_batch=2", "output.progress=\"never\"",
                       "output.dir=\"" + dir.string() + "\""});
   run_job(c, comm, {});
-  ASSERT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
-  const std::vector<std::uint64_t> want = comm.allgather(static_cast<std::uint64_t>(mine));
+  EXPECT_EQ(sched_setaffinity(0, sizeof before, &before), 0);
   if (comm.rank() != 0) return;
   const auto cpus = nlohmann::json::parse(read_file(dir / "summary.json")).at("main_cpu_per_rank");
   ASSERT_EQ(cpus.at("cpu").size(), static_cast<std::size_t>(comm.size()));
