@@ -41,7 +41,7 @@ def run(i, t):
     d = j["dp"]
     print(f"pair {i} T={t}: wall {j['wall_seconds']:.2f} s, dp_release {j['stage_seconds_max_over_ranks']['dp_release']:.2f} s, "
           f"noise draws {d['noise_draws']}, keys visited per trigger {d['keys_visited_per_trigger']['mean']:.0f} "
-          f"(tracked {j['distinct_keys']})")
+          f"(tracked {j['distinct_keys']}), rank CPUs {j.get('main_cpu_per_rank', {}).get('cpu', '?')}")
     return j["wall_seconds"]
 walls = {t: [] for t in (100, 1000)}
 for i in range(1, pairs + 1):
