@@ -122,8 +122,8 @@ struct EngineConfig {
   // Consecutive triggers bounded in one pass over the user state (bound_and_aggregate_batch); 0: auto.
   std::uint32_t trigger_batch = 0;
   static constexpr std::uint32_t kMaxTriggerBatch = 1024;
-  // The auto batch: about a fiftieth of a window's triggers (T = 100: 2, T = 1000: 20), so that a batch holds
-  // about 2% of the window's records at any T; 1 below T = 100. Larger batches run the key side of their
+  // The auto batch: about a fiftieth of a window's triggers (T = 100: 2, T = 1000: 20), so that from T = 100 on
+  // a batch holds about 2% of the window's records; 1 below T = 100. Larger batches run the key side of their
   // triggers back to back, with the key tables still in cache (docs/PERFORMANCE.md round 40); beyond about 2%
   // bounding's batch outgrows the caches its sort works in.
   std::uint32_t triggers_per_batch(std::uint32_t triggers_per_window) const {

@@ -100,9 +100,9 @@ void add_counts(nlohmann::json& j, const RunFigures& run, const shuffle::Comm& c
 void add_cpus(nlohmann::json& j, const std::vector<std::uint64_t>& batches_on_cpu, const shuffle::Comm& comm) {
   const auto most = std::max_element(batches_on_cpu.begin(), batches_on_cpu.end());
   const std::uint64_t total = std::accumulate(batches_on_cpu.begin(), batches_on_cpu.end(), std::uint64_t{0});
-  const std::uint64_t cpu = most == batches_on_cpu.end() || *most == 0
-                                ? ~std::uint64_t{0}
-                                : static_cast<std::uint64_t>(most - batches_on_cpu.begin());
+  // note_cpu only grows the counts to a CPU it counts, so a non-empty vector's largest count is at least 1.
+  const std::uint64_t cpu =
+      most == batches_on_cpu.end() ? ~std::uint64_t{0} : static_cast<std::uint64_t>(most - batches_on_cpu.begin());
   // The share in millionths: the allgather carries integers.
   const std::uint64_t share =
       total == 0
