@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Engine-path benchmark on the paper workload: one RESULT line per rank count, each with the
-# naive single-threaded std::unordered_map reference timed in the same run.
+# Engine-path benchmark on the paper workload: one RESULT line per rank count and thread count.
+# The naive program's side-by-side comparison is jobs/bench-whole-job.sh.
 #   jobs/bench.sh [build/src/dpstream] [extra --set args...]
 # Example (smaller): jobs/bench.sh build/src/dpstream --set input.users=1000000
 set -euo pipefail

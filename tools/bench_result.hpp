@@ -1,4 +1,8 @@
-// The benchmark's RESULT line (`dpstream bench`): the engine path against the naive reference.
+// The benchmark's RESULT line (`dpstream bench`): the engine path's rate, stages, shuffle bytes and memory.
+// No naive program is timed here: the yardstick is jobs/bench-whole-job.sh (the whole job against
+// tests/bench/naive_job.cpp, side by side). The test oracle tools/naive_reference.cpp is no yardstick: it
+// keeps a std::map of sets per trigger, ran 148 k records/s on the 10 M-user workload and its tables set
+// rank 0's peak RSS (4.9 GB against the engine's 0.27 GB).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -9,8 +13,7 @@
 
 namespace dpstream {
 
-// Benchmark: times the naive single-threaded reference on rank 0, adds "naive_records_per_second"
-// to `summary` and returns the RESULT line (collective).
+// Returns the RESULT line (collective: peak RSS and state are the max over ranks).
 std::string bench_result_line(const RunFigures& run, nlohmann::json& summary, const shuffle::Comm& comm);
 
 }  // namespace dpstream
