@@ -21,8 +21,7 @@ std::string bench_result_line(const RunFigures& run, nlohmann::json& j, const sh
       "user_shuffle_bytes_per_record={:.2f} key_shuffle_bytes_per_record={:.2f} peak_rss_mb_max={:.1f} "
       "state_mb_max={:.1f} oversubscribed={}",
       run.config.name, P, omp_get_max_threads(), run.global_records, j["engine_path_seconds"].get<double>(),
-      engine_rate, engine_rate / cores,
-      j["shuffle_bytes_per_record"]["user_shuffle_total"].get<double>(),
+      engine_rate, engine_rate / cores, j["shuffle_bytes_per_record"]["user_shuffle_total"].get<double>(),
       j["shuffle_bytes_per_record"]["key_shuffle_total"].get<double>(),
       static_cast<double>(comm.max(peak_rss_bytes())) / 1048576.0,
       static_cast<double>(comm.max(run.peaks.state_bytes)) / 1048576.0, j["oversubscribed"].get<bool>() ? "yes" : "no");
