@@ -18,6 +18,7 @@
 #include <cstdlib>
 #endif
 
+#include "common/elapsed.hpp"
 #include "common/fault_injection.hpp"
 #include "common/prefetch.hpp"
 
@@ -524,24 +525,51 @@ bool DpReleaser::quiet_bound_holds(std::int64_t quiet_users, int128 lo, int128 h
 
 std::vector<KeyRelease> DpReleaser::release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats) {
   if (trigger >= params_.triggers) throw std::out_of_range("trigger beyond T");
-  if (selection_band_) return release_with<BandedSelection>(keys, trigger, stats, banded_caches_);
-  return release_with<TreeSelection>(keys, trigger, stats, tree_caches_);
+  if (selection_band_)
+    return std::move(
+        release_with<BandedSelection>(keys, trigger, 1, nullptr, stats, nullptr, nullptr, banded_caches_)[0]);
+  return std::move(release_with<TreeSelection>(keys, trigger, 1, nullptr, stats, nullptr, nullptr, tree_caches_)[0]);
+}
+
+std::vector<std::vector<KeyRelease>> DpReleaser::release_batch(KeyStateTable& keys,
+                                                               const std::vector<KeyStateTable::ShardedGroups>& batch,
+                                                               std::uint32_t first_trigger, DpStats& stats,
+                                                               std::vector<std::uint64_t>& visits_per_trigger,
+                                                               double& accumulate_seconds) {
+  const auto n = static_cast<std::uint32_t>(batch.size());
+  if (n == 0) return {};
+  if (first_trigger + std::uint64_t{n} > params_.triggers) throw std::out_of_range("trigger beyond T");
+  if (selection_band_)
+    return release_with<BandedSelection>(keys, first_trigger, n, &batch, stats, &visits_per_trigger,
+                                         &accumulate_seconds, banded_caches_);
+  return release_with<TreeSelection>(keys, first_trigger, n, &batch, stats, &visits_per_trigger, &accumulate_seconds,
+                                     tree_caches_);
 }
 
 template <class Selection>
-std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats,
-                                                 CacheShards<typename Selection::State>& caches) {
-  const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
+std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& keys, std::uint32_t first_trigger,
+                                                              std::uint32_t triggers,
+                                                              const std::vector<KeyStateTable::ShardedGroups>* batch,
+                                                              DpStats& stats,
+                                                              std::vector<std::uint64_t>* visits_per_trigger,
+                                                              double* accumulate_seconds,
+                                                              CacheShards<typename Selection::State>& caches) {
   const bool predict = scan_ == KeyScan::Predicted;
-  const bool scan_all = !predict || scan_all_next_;
-  const bool states_current = keys.touched_states_current;  // else a release since the last accumulate put some
-  std::vector<std::vector<KeyRelease>> out(KeyStateTable::kShards);
+  // else a release since the last accumulate put some; a batch accumulates each shard just before its selection
+  const bool states_current = batch != nullptr || keys.touched_states_current;
+  std::vector<std::vector<std::vector<KeyRelease>>> out(triggers,
+                                                        std::vector<std::vector<KeyRelease>>(KeyStateTable::kShards));
+  std::vector<std::uint64_t> visits(triggers);
   std::uint64_t tested = 0, released = 0, draws = 0, visited = 0, simulated = 0, bounded = 0, scheduled = 0,
                 discarded = 0, predicted = 0, quiet = 0;
-  std::string error;  // an exception must not leave the OpenMP region: keep the first, rethrow after
+  std::string error;        // an exception must not leave the OpenMP region: keep the first, rethrow after
+  double accumulating = 0;  // summed over threads
+  int threads = 1;
 #pragma omp parallel reduction(+ : tested, released, draws, visited, simulated, bounded, scheduled, discarded, predicted, \
-                                    quiet)
+                                    quiet, accumulating)
   try {
+#pragma omp single
+    threads = omp_get_num_threads();
     noise::WindowPrf prf(secret_, window_);
     Selection selection = [&] {
       if constexpr (std::is_same_v<Selection, BandedSelection>)
@@ -564,165 +592,179 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
     };
 #pragma omp for schedule(dynamic, 4)
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) try {  // an exception may not leave the loop
-        if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
-        auto& cache = caches[s];
-        using Cache = std::remove_reference_t<decltype(cache)>;
-        std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
+        for (std::uint32_t i = 0; i < triggers; ++i) {
+          const std::uint32_t trigger = first_trigger + i;
+          const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
+          const bool scan_all = !predict || (scan_all_next_ && i == 0);
+          if (batch != nullptr) {
+            if (s == KeyStateTable::kShards / 2) fault::point("accumulate");
+            const auto t0 = SteadyClock::now();
+            keys.accumulate_shard((*batch)[i], s, params_.mu);
+            accumulating += seconds_since(t0);
+          }
+          const std::uint64_t visited_before = visited;
+          if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
+          auto& cache = caches[s];
+          using Cache = std::remove_reference_t<decltype(cache)>;
+          std::uint64_t above = scan_all ? 0 : above_mu_[s], shard_released = 0;
 
-        // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
-        // on, the simulation of its next steps with no new user, which schedules its next visit.
-        // `known`: the key's cache entry when the caller has found it already.
-        auto visit = [&](std::uint64_t key, KeyState st, bool touched, std::uint32_t known = Cache::kNone) {
-          ++visited;
-          const std::int64_t round_users = st.users - st.round_base_users;
-          if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
-          const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
-          const std::uint32_t entry = known != Cache::kNone ? known : cache.find_or_add(key).first;
-          auto& c = cache.entry(entry);  // of the key's current round: a release resets it
-          const bool first_test = Selection::untested(c.noise);
-          if (scan_all || first_test) ++above;  // first test of its round (users only grow in a round)
-          const auto next = cache.visit(entry, trigger);
-          if (next == Cache::Visit::Later) ++discarded;            // new records came first (case 1)
-          const bool due = !touched && next == Cache::Visit::Due;  // visited for its prediction alone
-          cache.unschedule(entry);
-          // Should the test fail, the simulation looks twice as far ahead as the last one, at most kMaxHorizon
-          // steps: new records that pass the quiet bound make the steps simulated past them a redraw
-          // (touched keys included: most new records stay quiet; one step after new records visited 1.5x
-          // the keys for 0.2% fewer draws). Its steps are drawn with the test's.
-          const std::uint32_t last = params_.triggers - st.round_start;  // the round's last step in the window
-          const bool simulate = predict && step < last;
-          const std::uint32_t horizon = std::min({std::max(c.horizon(), 1u) * 2, last, kMaxHorizon});
-          const std::uint32_t until = simulate ? std::min(last, step + horizon) : 0;
-          const auto& noise_now = selection.seek(c.noise, key, st.round, step, until);
-          if constexpr (std::is_same_v<Selection, BandedSelection>)
-            if (first_test && journal_first_tests && entry < journaled_entries_[s]) retested_[s].push_back(entry);
-          if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
-            KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
-            if (count_noise_) {
-              dptree::PrefixNoise& n = count_trees_[s][key];
-              n.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
-              r.count = int128{st.count} * kOne + n.prefix_noise(kOne);
+          // One key at this trigger: the full scan's threshold test; then, if it failed and prediction is
+          // on, the simulation of its next steps with no new user, which schedules its next visit.
+          // `known`: the key's cache entry when the caller has found it already.
+          auto visit = [&](std::uint64_t key, KeyState st, bool touched, std::uint32_t known = Cache::kNone) {
+            ++visited;
+            const std::int64_t round_users = st.users - st.round_base_users;
+            if (static_cast<double>(round_users) <= params_.mu) return;  // never tested: no tiny keys
+            const std::uint32_t step = trigger - st.round_start + 1;     // the round's leaf for this trigger
+            const std::uint32_t entry = known != Cache::kNone ? known : cache.find_or_add(key).first;
+            auto& c = cache.entry(entry);  // of the key's current round: a release resets it
+            const bool first_test = Selection::untested(c.noise);
+            if (scan_all || first_test) ++above;  // first test of its round (users only grow in a round)
+            const auto next = cache.visit(entry, trigger);
+            if (next == Cache::Visit::Later) ++discarded;            // new records came first (case 1)
+            const bool due = !touched && next == Cache::Visit::Due;  // visited for its prediction alone
+            cache.unschedule(entry);
+            // Should the test fail, the simulation looks twice as far ahead as the last one, at most kMaxHorizon
+            // steps: new records that pass the quiet bound make the steps simulated past them a redraw
+            // (touched keys included: most new records stay quiet; one step after new records visited 1.5x
+            // the keys for 0.2% fewer draws). Its steps are drawn with the test's.
+            const std::uint32_t last = params_.triggers - st.round_start;  // the round's last step in the window
+            const bool simulate = predict && step < last;
+            const std::uint32_t horizon = std::min({std::max(c.horizon(), 1u) * 2, last, kMaxHorizon});
+            const std::uint32_t until = simulate ? std::min(last, step + horizon) : 0;
+            const auto& noise_now = selection.seek(c.noise, key, st.round, step, until);
+            if constexpr (std::is_same_v<Selection, BandedSelection>)
+              if (first_test && journal_first_tests && entry < journaled_entries_[s]) retested_[s].push_back(entry);
+            if (passes(selection.prefix(noise_now, key, st.round), round_users, step)) {
+              KeyRelease r{key, 0, 0};  // 128-bit values: no total plus noise can overflow (record.hpp)
+              if (count_noise_) {
+                dptree::PrefixNoise& n = count_trees_[s][key];
+                n.advance(leaf, drawer(key, noise::Family::Count, 0, *count_noise_));
+                r.count = int128{st.count} * kOne + n.prefix_noise(kOne);
+              }
+              if (count_band_)
+                r.count = int128{st.count} * kOne + banded_value_noise(count_bands_[s][key], *count_band_, prf, key,
+                                                                       noise::Family::BandedCount, leaf, kOne, draws,
+                                                                       value_z);
+              if (sum_noise_) {
+                dptree::PrefixNoise& n = sum_trees_[s][key];
+                n.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
+                r.sum = st.sum + n.prefix_noise(params_.sum_quantum);
+              }
+              if (sum_band_)
+                r.sum = st.sum + banded_value_noise(sum_bands_[s][key], *sum_band_, prf, key, noise::Family::BandedSum,
+                                                    leaf, params_.sum_quantum, draws, value_z);
+              out[i][s].push_back(r);
+              ++shard_released;
+              predicted += due;
+              // The next round counts users new to the key after this trigger, in a fresh tree; the key is
+              // visited again when it gets records (case 2 of Algorithm 4).
+              ++st.round;
+              st.round_start = trigger + 1;
+              st.round_base_users = st.users;
+              keys.put(key, st);
+              keys.mark_changed(key);
+              Selection::reset(c.noise);
+              c.set_horizon(0);
+              return;
             }
-            if (count_band_)
-              r.count =
-                  int128{st.count} * kOne + banded_value_noise(count_bands_[s][key], *count_band_, prf, key,
-                                                               noise::Family::BandedCount, leaf, kOne, draws, value_z);
-            if (sum_noise_) {
-              dptree::PrefixNoise& n = sum_trees_[s][key];
-              n.advance(leaf, drawer(key, noise::Family::Sum, 0, *sum_noise_));
-              r.sum = st.sum + n.prefix_noise(params_.sum_quantum);
+            if (!simulate) return;
+            c.set_horizon(horizon);
+            selection.begin_ahead(c.noise, key, st.round, until);
+            std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
+            std::uint32_t q = step;
+            // A run that one bound on its noise shows failing at every step is taken at once; the bound's count
+            // is its quiet bound (lower than the steps' own would be: it only leaves more new records to visit).
+            if (const std::int64_t failing = selection.take_all_bounded(q, plain_steps_, round_users);
+                failing != PlainSteps::kNoCount) {
+              simulated += until - q;
+              bounded += until - q;
+              q = until;
+              quiet_users = failing;
             }
-            if (sum_band_)
-              r.sum = st.sum + banded_value_noise(sum_bands_[s][key], *sum_band_, prf, key, noise::Family::BandedSum,
-                                                  leaf, params_.sum_quantum, draws, value_z);
-            out[s].push_back(r);
-            ++shard_released;
-            predicted += due;
-            // The next round counts users new to the key after this trigger, in a fresh tree; the key is
-            // visited again when it gets records (case 2 of Algorithm 4).
-            ++st.round;
-            st.round_start = trigger + 1;
-            st.round_base_users = st.users;
-            keys.put(key, st);
-            keys.mark_changed(key);
-            Selection::reset(c.noise);
-            c.set_horizon(0);
-            return;
-          }
-          if (!simulate) return;
-          c.set_horizon(horizon);
-          selection.begin_ahead(c.noise, key, st.round, until);
-          std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
-          std::uint32_t q = step;
-          // A run that one bound on its noise shows failing at every step is taken at once; the bound's count
-          // is its quiet bound (lower than the steps' own would be: it only leaves more new records to visit).
-          if (const std::int64_t failing = selection.take_all_bounded(q, plain_steps_, round_users);
-              failing != PlainSteps::kNoCount) {
-            simulated += until - q;
-            bounded += until - q;
-            q = until;
-            quiet_users = failing;
-          }
-          // A step that fails at both ends of its interval and leaves the quiet bound as it is changes
-          // nothing (most steps): such steps are taken in bulk (PlainSteps), the others one at a time below.
-          while (q < until) {
-            const double floor = plain_steps_.floor_units(round_users, quiet_users);
-            const auto plain = [&](std::uint32_t step_at, const banded::NoiseEdges& e) {
-              return plain_steps_.plain(e, floor, step_at);
-            };
-            const std::uint32_t taken = selection.take_plain(q, until - 1, plain);  // never the last step
-            q += taken;
-            simulated += taken;
-            ++q;
-            ++simulated;
-            // The test's noise, within [lo, hi]: passes() and the quiet bound's shortcut are monotone in
-            // it, so both ends agreeing decide them; else the exact value (a boundary within a few grid units).
-            // (Plain locals, no lambda capturing them: they stay in registers in this per-step loop.)
-            auto [lo, hi] = selection.step_ahead(c.noise, q, key, st.round);
-            if (lo != hi && passes(hi, round_users, q) && !passes(lo, round_users, q))
-              lo = hi = selection.exact_ahead(c.noise, key, st.round);
-            if (passes(lo, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
-            if (q == until || quiet_bound_holds(quiet_users, lo, hi, q)) continue;
-            if (lower_quiet_bound_within(quiet_users, lo, hi, q)) continue;
-            lower_quiet_bound(quiet_users, selection.exact_ahead(c.noise, key, st.round), q);
-          }
-          selection.end_ahead(c.noise);
-          c.set_quiet_users(quiet_users);  // stored in 25 bits, never above the bound
-          cache.schedule(entry, st.round_start + q - 1, trigger);
-          ++scheduled;
-        };
+            // A step that fails at both ends of its interval and leaves the quiet bound as it is changes
+            // nothing (most steps): such steps are taken in bulk (PlainSteps), the others one at a time below.
+            while (q < until) {
+              const double floor = plain_steps_.floor_units(round_users, quiet_users);
+              const auto plain = [&](std::uint32_t step_at, const banded::NoiseEdges& e) {
+                return plain_steps_.plain(e, floor, step_at);
+              };
+              const std::uint32_t taken = selection.take_plain(q, until - 1, plain);  // never the last step
+              q += taken;
+              simulated += taken;
+              ++q;
+              ++simulated;
+              // The test's noise, within [lo, hi]: passes() and the quiet bound's shortcut are monotone in
+              // it, so both ends agreeing decide them; else the exact value (a boundary within a few grid units).
+              // (Plain locals, no lambda capturing them: they stay in registers in this per-step loop.)
+              auto [lo, hi] = selection.step_ahead(c.noise, q, key, st.round);
+              if (lo != hi && passes(hi, round_users, q) && !passes(lo, round_users, q))
+                lo = hi = selection.exact_ahead(c.noise, key, st.round);
+              if (passes(lo, round_users, q)) break;  // its predicted release (nodes drawn past it: unused)
+              if (q == until || quiet_bound_holds(quiet_users, lo, hi, q)) continue;
+              if (lower_quiet_bound_within(quiet_users, lo, hi, q)) continue;
+              lower_quiet_bound(quiet_users, selection.exact_ahead(c.noise, key, st.round), q);
+            }
+            selection.end_ahead(c.noise);
+            c.set_quiet_users(quiet_users);  // stored in 25 bits, never above the bound
+            cache.schedule(entry, st.round_start + q - 1, trigger);
+            ++scheduled;
+          };
 
-        if (scan_all) {
-          keys.for_each_in(s, [&](std::uint64_t key, const KeyState& st) { visit(key, st, false); });
-        } else {
-          // The touched keys come with their states (accumulate's, unless a release came since); their cache
-          // entries are DRAM misses, independent per key: the index slots kAhead keys ahead, the first kAhead
-          // before the walk (at T = 1000 a shard lists ~15 keys per trigger), then halfway there the entry.
-          constexpr std::size_t kAhead = 8;
-          const auto& touched = keys.touched[s];
-          for (std::size_t j = 0; j < std::min(kAhead, touched.size()); ++j) cache.prefetch(touched[j].key);
-          visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
-          for (std::size_t i = 0; i < touched.size(); ++i) {
-            if (i + kAhead < touched.size()) cache.prefetch(touched[i + kAhead].key);
-            if (i + kAhead / 2 < touched.size()) cache.prefetch_entry_of(touched[i + kAhead / 2].key);
-            const std::uint64_t key = touched[i].key;
-            const KeyState st = states_current ? touched[i].state : keys.at(key);
-            if (st.round_users() <= params_.mu) {
-              ++visited;  // never tested (as visit() finds first)
-              continue;
-            }
-            const std::uint32_t n = cache.find(key);
-            // New records that leave the round's users within the quiet bound change no test before
-            // the scheduled visit (every one of those steps fails for any count up to the bound), so the
-            // schedule and its simulated nodes stay valid: no visit now.
-            if (n != Cache::kNone) {
-              if (cache.visit(n, trigger) == Cache::Visit::Later &&
-                  st.users - st.round_base_users <= cache.entry(n).quiet_users()) {
-                ++quiet;
+          if (scan_all) {
+            keys.for_each_in(s, [&](std::uint64_t key, const KeyState& st) { visit(key, st, false); });
+          } else {
+            // The touched keys come with their states (accumulate's, unless a release came since); their cache
+            // entries are DRAM misses, independent per key: the index slots kAhead keys ahead, the first kAhead
+            // before the walk (at T = 1000 a shard lists ~15 keys per trigger), then halfway there the entry.
+            constexpr std::size_t kAhead = 8;
+            const auto& touched = keys.touched[s];
+            for (std::size_t j = 0; j < std::min(kAhead, touched.size()); ++j) cache.prefetch(touched[j].key);
+            visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
+            for (std::size_t i = 0; i < touched.size(); ++i) {
+              if (i + kAhead < touched.size()) cache.prefetch(touched[i + kAhead].key);
+              if (i + kAhead / 2 < touched.size()) cache.prefetch_entry_of(touched[i + kAhead / 2].key);
+              const std::uint64_t key = touched[i].key;
+              const KeyState st = states_current ? touched[i].state : keys.at(key);
+              if (st.round_users() <= params_.mu) {
+                ++visited;  // never tested (as visit() finds first)
                 continue;
               }
+              const std::uint32_t n = cache.find(key);
+              // New records that leave the round's users within the quiet bound change no test before
+              // the scheduled visit (every one of those steps fails for any count up to the bound), so the
+              // schedule and its simulated nodes stay valid: no visit now.
+              if (n != Cache::kNone) {
+                if (cache.visit(n, trigger) == Cache::Visit::Later &&
+                    st.users - st.round_base_users <= cache.entry(n).quiet_users()) {
+                  ++quiet;
+                  continue;
+                }
+              }
+              visit(key, st, true, n);
             }
-            visit(key, st, true, n);
+            // The keys due for their scheduled visit alone (the touched ones were visited above): entries
+            // fetched 2 kAhead ahead, so that their keys' lookups kAhead ahead read them from cache.
+            cache.due(trigger, due_entries);
+            for (std::size_t j = 0; j < std::min(2 * kAhead, due_entries.size()); ++j)
+              cache.prefetch_entry(due_entries[j]);
+            // The first kAhead keys' slots too (a shard has a few due keys a trigger at T = 1000: most are among
+            // them); their entries' loads overlap, as they were just prefetched.
+            for (std::size_t j = 0; j < std::min(kAhead, due_entries.size()); ++j)
+              keys.prefetch(cache.entry(due_entries[j]).key);
+            for (std::size_t i = 0; i < due_entries.size(); ++i) {
+              if (i + 2 * kAhead < due_entries.size()) cache.prefetch_entry(due_entries[i + 2 * kAhead]);
+              if (i + kAhead < due_entries.size()) keys.prefetch(cache.entry(due_entries[i + kAhead]).key);
+              const std::uint64_t key = cache.entry(due_entries[i]).key;
+              visit(key, keys.at(key), false, due_entries[i]);
+            }
           }
-          // The keys due for their scheduled visit alone (the touched ones were visited above): entries
-          // fetched 2 kAhead ahead, so that their keys' lookups kAhead ahead read them from cache.
-          cache.due(trigger, due_entries);
-          for (std::size_t j = 0; j < std::min(2 * kAhead, due_entries.size()); ++j)
-            cache.prefetch_entry(due_entries[j]);
-          // The first kAhead keys' slots too (a shard has a few due keys a trigger at T = 1000: most are among
-          // them); their entries' loads overlap, as they were just prefetched.
-          for (std::size_t j = 0; j < std::min(kAhead, due_entries.size()); ++j)
-            keys.prefetch(cache.entry(due_entries[j]).key);
-          for (std::size_t i = 0; i < due_entries.size(); ++i) {
-            if (i + 2 * kAhead < due_entries.size()) cache.prefetch_entry(due_entries[i + 2 * kAhead]);
-            if (i + kAhead < due_entries.size()) keys.prefetch(cache.entry(due_entries[i + kAhead]).key);
-            const std::uint64_t key = cache.entry(due_entries[i]).key;
-            visit(key, keys.at(key), false, due_entries[i]);
-          }
+          tested += above;  // every key above mu is tested at every trigger, visited or not
+          above_mu_[s] = above - shard_released;
+          released += shard_released;
+#pragma omp atomic
+          visits[i] += visited - visited_before;
         }
-        tested += above;  // every key above mu is tested at every trigger, visited or not
-        above_mu_[s] = above - shard_released;
-        released += shard_released;
       } catch (const std::exception& e) {
         keep_first_error(e.what());
       }
@@ -744,10 +786,15 @@ std::vector<KeyRelease> DpReleaser::release_with(KeyStateTable& keys, std::uint3
   stats.discarded += discarded;
   stats.predicted += predicted;
   stats.quiet += quiet;
-  std::vector<KeyRelease> all;
-  for (auto& o : out) all.insert(all.end(), o.begin(), o.end());
-  std::sort(all.begin(), all.end(), [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });
-  return all;
+  if (accumulate_seconds != nullptr) *accumulate_seconds += accumulating / threads;
+  if (visits_per_trigger != nullptr)
+    visits_per_trigger->insert(visits_per_trigger->end(), visits.begin(), visits.end());
+  std::vector<std::vector<KeyRelease>> rows(triggers);
+  for (std::uint32_t i = 0; i < triggers; ++i) {
+    for (auto& o : out[i]) rows[i].insert(rows[i].end(), o.begin(), o.end());
+    std::sort(rows[i].begin(), rows[i].end(), [](const KeyRelease& a, const KeyRelease& b) { return a.key < b.key; });
+  }
+  return rows;
 }
 
 }  // namespace dpstream::kernels

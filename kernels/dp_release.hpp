@@ -96,6 +96,16 @@ class DpReleaser {
   // After the trigger's accumulation (keys.touched: its keys above mu): tests the keys that can pass and
   // schedules their next visits; returns the releases sorted by key.
   std::vector<KeyRelease> release(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats);
+  // Accumulation and release of a batch of consecutive triggers from `first_trigger` (batch[i]: trigger
+  // first_trigger + i's groups), shard by shard: a thread takes a shard through every trigger of the batch, so
+  // the shard's key slots and selection entries stay in its cache. The same releases as accumulate and
+  // release trigger by trigger. Adds each trigger's visits to `visits_per_trigger`, and to `accumulate_seconds`
+  // the time its threads spent accumulating, divided by their number (a rank's wall time when they share it).
+  std::vector<std::vector<KeyRelease>> release_batch(KeyStateTable& keys,
+                                                     const std::vector<KeyStateTable::ShardedGroups>& batch,
+                                                     std::uint32_t first_trigger, DpStats& stats,
+                                                     std::vector<std::uint64_t>& visits_per_trigger,
+                                                     double& accumulate_seconds);
   std::uint64_t cached_keys() const;
   std::uint64_t memory_bytes() const;
   const DpParams& params() const { return params_; }
@@ -110,9 +120,15 @@ class DpReleaser {
   // keeps its frontier (24 B) and draws its ring again at the next release.
   template <class Noise>
   using ValueNoises = std::vector<absl::flat_hash_map<std::uint64_t, Noise>>;
+  // Triggers first_trigger .. first_trigger + triggers - 1; with `batch`, each shard's keys are accumulated
+  // from it before each trigger's selection (else keys.touched holds the one trigger's).
   template <class Selection>
-  std::vector<KeyRelease> release_with(KeyStateTable& keys, std::uint32_t trigger, DpStats& stats,
-                                       CacheShards<typename Selection::State>& caches);
+  std::vector<std::vector<KeyRelease>> release_with(KeyStateTable& keys, std::uint32_t first_trigger,
+                                                    std::uint32_t triggers,
+                                                    const std::vector<KeyStateTable::ShardedGroups>* batch,
+                                                    DpStats& stats, std::vector<std::uint64_t>* visits_per_trigger,
+                                                    double* accumulate_seconds,
+                                                    CacheShards<typename Selection::State>& caches);
   // mu + tau[step] in users: the one double that passes(), failing_boundary() and plain_steps_ compare against.
   double threshold(std::uint32_t step) const { return params_.mu + params_.tau[step]; }
   bool passes(int128 prefix_noise, std::int64_t round_users, std::uint32_t step) const;  // noise on the kOne grid

@@ -298,6 +298,43 @@ void KeyStateTable::accumulate_owned(std::vector<KeyTotals>& groups, const std::
   }
 }
 
+KeyStateTable::ShardedGroups KeyStateTable::shard_groups(std::vector<KeyPartial> partials) {
+  sort_by_key(partials);
+  const std::vector<KeyTotals> groups = group_by_key(partials);
+  std::vector<KeyPartial>().swap(partials);
+  ShardedGroups out;
+  std::vector<std::uint64_t> hashes(groups.size());
+  std::vector<std::uint32_t> count(kShards + 1);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    hashes[i] = key_hash(groups[i].key);
+    ++count[partition::local_shard(hashes[i], kShards) + 1];
+  }
+  for (std::size_t s = 0; s < kShards; ++s) count[s + 1] += count[s];
+  out.offsets = count;
+  out.groups.resize(groups.size());
+  out.hashes.resize(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i) {  // stable: ascending within a shard
+    const std::uint32_t at = count[partition::local_shard(hashes[i], kShards)]++;
+    out.groups[at] = groups[i];
+    out.hashes[at] = hashes[i];
+  }
+  return out;
+}
+
+void KeyStateTable::accumulate_shard(const ShardedGroups& g, std::size_t s, double touched_above) {
+  constexpr std::size_t kAhead = 8;
+  touched[s].clear();
+  touched_below[s] = 0;
+  const std::size_t begin = g.offsets[s], end = g.offsets[s + 1];
+  PackedSlots& slots = shards_[s].packed;
+  for (std::size_t i = begin; i < std::min(begin + kAhead, end); ++i) slots.prefetch(g.hashes[i]);
+  for (std::size_t i = begin; i < end; ++i) {
+    if (i + kAhead < end) slots.prefetch(g.hashes[i + kAhead]);
+    KeyTotals t = g.groups[i];
+    add(s, t, g.hashes[i], Report::Nothing, touched_above);
+  }
+}
+
 std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partials, Report report,
                                                  double touched_above) {
   // Sorted once by key: the report comes out in key order, and each shard's keys ascending.

@@ -147,6 +147,18 @@ class KeyStateTable {
   std::vector<KeyTotals> accumulate(std::vector<KeyPartial> partials, Report report = Report::RunningTotals,
                                     double touched_above = -std::numeric_limits<double>::infinity());
 
+  // A batch of triggers taken shard by shard (key selection's shard-major batches): each trigger's partials
+  // sorted and grouped by key as accumulate does, then split by shard (each shard's groups ascending), so that
+  // one thread can add a shard's keys of every trigger of the batch while the shard's slots stay in its cache.
+  struct ShardedGroups {
+    std::vector<KeyTotals> groups;       // by shard, ascending by key within a shard
+    std::vector<std::uint64_t> hashes;   // key_hash of each group's key
+    std::vector<std::uint32_t> offsets;  // shard s's groups: [offsets[s], offsets[s + 1])
+  };
+  static ShardedGroups shard_groups(std::vector<KeyPartial> partials);
+  // accumulate (Report::Nothing) of one shard's groups: refills touched[s] and touched_below[s].
+  void accumulate_shard(const ShardedGroups& g, std::size_t s, double touched_above);
+
   // Keys of the last accumulate, per shard, ascending (those above `touched_above`), each with its state
   // after it, and the others' count. The states are the table's while `touched_states_current`: accumulate
   // sets it, key selection reads them instead of looking each key up again and clears it (its releases put

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "common/elapsed.hpp"
+
 namespace dpstream::kernels {
 
 namespace {
@@ -34,6 +36,17 @@ class DpSqlpReleaser final : public Releaser {
   std::vector<KeyRelease> release(std::vector<KeyTotals>&&, KeyStateTable& keys, std::uint32_t trigger,
                                   DpStats& stats) override {
     return impl_.release(keys, trigger, stats);
+  }
+  bool releases_batches() const override { return true; }
+  std::vector<std::vector<KeyRelease>> release_batch(std::vector<std::vector<KeyPartial>>&& partials,
+                                                     KeyStateTable& keys, std::uint32_t first_trigger, DpStats& stats,
+                                                     std::vector<std::uint64_t>& visits_per_trigger,
+                                                     double& accumulate_seconds) override {
+    const auto t0 = SteadyClock::now();
+    std::vector<KeyStateTable::ShardedGroups> batch(partials.size());
+    for (std::size_t i = 0; i < partials.size(); ++i) batch[i] = KeyStateTable::shard_groups(std::move(partials[i]));
+    accumulate_seconds += seconds_since(t0);
+    return impl_.release_batch(keys, batch, first_trigger, stats, visits_per_trigger, accumulate_seconds);
   }
   std::uint64_t cached_keys() const override { return impl_.cached_keys(); }
   std::uint64_t memory_bytes() const override { return impl_.memory_bytes(); }

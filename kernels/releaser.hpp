@@ -37,6 +37,17 @@ class Releaser {
   // into `stats`.
   virtual std::vector<KeyRelease> release(std::vector<KeyTotals>&& reported, KeyStateTable& keys, std::uint32_t trigger,
                                           DpStats& stats) = 0;
+  // A batch of consecutive triggers accumulated and released shard by shard (DpReleaser::release_batch), for
+  // a releaser that reports Nothing: true if release_batch is implemented. Adds the time spent sorting and
+  // accumulating the batch to `accumulate_seconds`.
+  virtual bool releases_batches() const { return false; }
+  virtual std::vector<std::vector<KeyRelease>> release_batch(std::vector<std::vector<KeyPartial>>&& /*partials*/,
+                                                             KeyStateTable& /*keys*/, std::uint32_t /*first_trigger*/,
+                                                             DpStats& /*stats*/,
+                                                             std::vector<std::uint64_t>& /*visits_per_trigger*/,
+                                                             double& /*accumulate_seconds*/) {
+    return {};
+  }
   // State held beside the key table (noise caches and schedules): keys that have some, and its bytes.
   virtual std::uint64_t cached_keys() const { return 0; }
   virtual std::uint64_t memory_bytes() const { return 0; }

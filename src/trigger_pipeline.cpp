@@ -77,6 +77,11 @@ std::vector<std::vector<KeyRelease>> TriggerPipeline::release(std::vector<std::v
   const auto t0 = SteadyClock::now();
   const double timed_before = stage_.accumulate + stage_.dp_release;
   shuffle::on_all_ranks<InputError>(comm_, [&] {
+    if (releaser_.releases_batches()) {  // shard by shard: each shard's keys stay in cache through the batch
+      rows = releaser_.release_batch(std::move(owned), keys_, first_trigger, counters_.dp, counters_.visits_per_trigger,
+                                     stage_.accumulate);
+      return;
+    }
     for (std::size_t t = 0; t < owned.size(); ++t)
       rows[t] = accumulate_and_release(std::move(owned[t]), first_trigger + static_cast<std::uint32_t>(t));
   });

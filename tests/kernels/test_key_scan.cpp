@@ -8,6 +8,7 @@
 // without records for them: the releases a wrong prediction would miss or invent.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -239,6 +240,79 @@ TEST_P(KeyScanCounters, ReleasesWithoutAnAccumulateBetweenReadTheTable) {
   for (std::uint32_t t = 0; t < 4; ++t) expect_same(got[0][t], got[1][t], "trigger " + std::to_string(t));
   EXPECT_EQ(rounds[0], rounds[1]);
   EXPECT_EQ(rounds[1][0], 1u) << "released at trigger 0 only: a new round has no users until new records come";
+}
+
+// A batch of triggers taken shard by shard (DpReleaser::release_batch: each shard accumulated and selected through
+// every trigger of the batch before the next shard) releases what accumulate and release trigger by trigger
+// release: the same rows, tests, draws, visits per trigger, first tests, journal and key table, in batches of 1 to 7
+// triggers (the last one shorter where 48 is no multiple), at 1 and 2 threads, mu = 0 and 3, both scans.
+TEST_P(KeyScanCounters, BatchesTakenShardByShardReleaseWhatTriggerByTriggerReleases) {
+  std::uint64_t releases = 0, visits = 0;
+  struct Case {
+    KeyScan scan;
+    double mu;
+    int threads;
+    std::uint32_t batch;
+  };
+  for (const Case& c :
+       {Case{KeyScan::Predicted, 0.0, 2, 3}, Case{KeyScan::Predicted, 3.0, 1, 7}, Case{KeyScan::Predicted, 0.0, 1, 1},
+        Case{KeyScan::Predicted, 3.0, 2, 5}, Case{KeyScan::Full, 3.0, 2, 3}, Case{KeyScan::Full, 0.0, 1, 7}}) {
+    const auto [scan, mu, threads, batch] = c;
+    const testing::ScopedOmpThreads scoped(threads);
+    const std::uint64_t seed = 40 + batch;
+    const auto secret = noise::secret_from_seed(seed);
+    DpReleaser one(params(mu, GetParam()), secret, scan), batched(params(mu, GetParam()), secret, scan);
+    one.journal_first_tests = batched.journal_first_tests = true;
+    KeyStateTable one_keys, batched_keys;
+    one_keys.journal = batched_keys.journal = true;
+    for (std::int64_t window = 0; window < 2; ++window) {
+      const auto partials = stream(seed * 31 + static_cast<std::uint64_t>(window));
+      one_keys.clear();
+      batched_keys.clear();
+      one_keys.journal = batched_keys.journal = true;
+      one.begin_window(window);
+      batched.begin_window(window);
+      DpStats os, bs;
+      std::vector<std::uint64_t> one_visits, batched_visits;
+      double seconds = 0;
+      for (std::uint32_t first = 0; first < kT; first += batch) {
+        const std::uint32_t n = std::min(batch, kT - first);
+        std::vector<KeyStateTable::ShardedGroups> groups;
+        for (std::uint32_t t = first; t < first + n; ++t) groups.push_back(KeyStateTable::shard_groups(partials[t]));
+        const auto rows = batched.release_batch(batched_keys, groups, first, bs, batched_visits, seconds);
+        ASSERT_EQ(rows.size(), n);
+        for (std::uint32_t t = first; t < first + n; ++t) {
+          one_keys.accumulate(partials[t], KeyStateTable::Report::Nothing, mu);
+          const std::uint64_t visited = os.visited;
+          const auto r = one.release(one_keys, t, os);
+          one_visits.push_back(os.visited - visited);
+          releases += r.size();
+          expect_same(r, rows[t - first], "batch " + std::to_string(batch) + " trigger " + std::to_string(t));
+        }
+        const auto sorted = [](std::vector<kernels::FirstTest> v) {
+          std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+          std::vector<std::uint64_t> flat;
+          for (const auto& f : v) flat.insert(flat.end(), {f.key, f.round, f.step});
+          return flat;
+        };
+        ASSERT_EQ(sorted(one.drain_first_tests(one_keys)), sorted(batched.drain_first_tests(batched_keys)));
+        ASSERT_EQ(one_keys.changed_key_count(), batched_keys.changed_key_count()) << "the journal's marks";
+      }
+      visits += os.visited;
+      EXPECT_EQ(one_visits, batched_visits) << "visits per trigger";
+      EXPECT_EQ(os.tested, bs.tested);
+      EXPECT_EQ(os.released, bs.released);
+      EXPECT_EQ(os.noise_draws, bs.noise_draws);
+      EXPECT_EQ(os.visited, bs.visited);
+      EXPECT_EQ(os.quiet, bs.quiet);
+      EXPECT_EQ(os.discarded, bs.discarded);
+      EXPECT_EQ(os.predicted, bs.predicted);
+      EXPECT_EQ(one_keys.digest(5), batched_keys.digest(5));
+      EXPECT_GT(seconds, 0.0) << "the batch's accumulation is timed";
+    }
+  }
+  EXPECT_GT(releases, 1000u);
+  EXPECT_GT(visits, 10000u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Counters, KeyScanCounters, ::testing::Values(CounterKind::Tree, CounterKind::Banded),
