@@ -1,7 +1,8 @@
 // Triggers through the engine, on every rank: route records by user -> bound each user's
 // contribution -> route per-key partials by key -> accumulate -> release (docs/DESIGN-NOTES.md).
 // Every step takes a batch of consecutive triggers of a window at once: one exchange each way, one pass
-// over the user state, and the keys' steps trigger by trigger, in order. Holds references to the run's
+// over the user state, and the keys' steps trigger by trigger, in order (DP-SQLP: shard by shard, each
+// shard through the batch's triggers in order; the same rows). Holds references to the run's
 // state; every step is a collective.
 #pragma once
 
@@ -41,7 +42,8 @@ class TriggerPipeline {
   std::vector<std::vector<KeyPartial>> bound(std::vector<DefaultInitVector<Record>> owned);
   // 3.-4. Each trigger's partials to the rows of the keys this rank owns, sorted by key: routed in one
   // exchange, then accumulated and released trigger by trigger (`first_trigger` the batch's first), with
-  // one agreement on errors for the batch.
+  // one agreement on errors for the batch. A releaser that takes batches (Releaser::releases_batches, DP-SQLP)
+  // gets them whole and takes each key shard through all of the batch's triggers before the next shard.
   std::vector<std::vector<KeyRelease>> release(std::vector<std::vector<KeyPartial>> partials,
                                                std::uint32_t first_trigger);
 
