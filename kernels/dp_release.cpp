@@ -592,14 +592,14 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
     };
 #pragma omp for schedule(dynamic, 4)
     for (std::size_t s = 0; s < KeyStateTable::kShards; ++s) try {  // an exception may not leave the loop
-        for (std::uint32_t i = 0; i < triggers; ++i) {
-          const std::uint32_t trigger = first_trigger + i;
+        for (std::uint32_t nth = 0; nth < triggers; ++nth) {        // the batch's nth trigger
+          const std::uint32_t trigger = first_trigger + nth;
           const std::uint32_t leaf = trigger + 1;  // value trees: leaf i is trigger i - 1
-          const bool scan_all = !predict || (scan_all_next_ && i == 0);
+          const bool scan_all = !predict || (scan_all_next_ && nth == 0);
           if (batch != nullptr) {
             if (s == KeyStateTable::kShards / 2) fault::point("accumulate");
             const auto t0 = SteadyClock::now();
-            keys.accumulate_shard((*batch)[i], s, params_.mu);
+            keys.accumulate_shard((*batch)[nth], s, params_.mu);
             accumulating += seconds_since(t0);
           }
           const std::uint64_t visited_before = visited;
@@ -654,7 +654,7 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
               if (sum_band_)
                 r.sum = st.sum + banded_value_noise(sum_bands_[s][key], *sum_band_, prf, key, noise::Family::BandedSum,
                                                     leaf, params_.sum_quantum, draws, value_z);
-              out[i][s].push_back(r);
+              out[nth][s].push_back(r);
               ++shard_released;
               predicted += due;
               // The next round counts users new to the key after this trigger, in a fresh tree; the key is
@@ -763,7 +763,7 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
           above_mu_[s] = above - shard_released;
           released += shard_released;
 #pragma omp atomic
-          visits[i] += visited - visited_before;
+          visits[nth] += visited - visited_before;
         }
       } catch (const std::exception& e) {
         keep_first_error(e.what());

@@ -59,6 +59,16 @@ std::vector<KeyTotals> group_by_key(const std::vector<KeyPartial>& sorted) {
   }
   return groups;
 }
+
+// A trigger's totals per key, ascending, with each key's hash: what accumulate and shard_groups start from.
+std::pair<std::vector<KeyTotals>, std::vector<std::uint64_t>> grouped_and_hashed(std::vector<KeyPartial> partials) {
+  sort_by_key(partials);
+  std::vector<KeyTotals> groups = group_by_key(partials);
+  std::vector<KeyPartial>().swap(partials);
+  std::vector<std::uint64_t> hashes(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i) hashes[i] = key_hash(groups[i].key);
+  return {std::move(groups), std::move(hashes)};
+}
 }  // namespace
 
 const PackedSlots::Slot* PackedSlots::find(std::uint64_t key, std::uint64_t hash) const {
@@ -299,16 +309,10 @@ void KeyStateTable::accumulate_owned(std::vector<KeyTotals>& groups, const std::
 }
 
 KeyStateTable::ShardedGroups KeyStateTable::shard_groups(std::vector<KeyPartial> partials) {
-  sort_by_key(partials);
-  const std::vector<KeyTotals> groups = group_by_key(partials);
-  std::vector<KeyPartial>().swap(partials);
+  const auto [groups, hashes] = grouped_and_hashed(std::move(partials));
   ShardedGroups out;
-  std::vector<std::uint64_t> hashes(groups.size());
   std::vector<std::uint32_t> count(kShards + 1);
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    hashes[i] = key_hash(groups[i].key);
-    ++count[partition::local_shard(hashes[i], kShards) + 1];
-  }
+  for (const std::uint64_t h : hashes) ++count[partition::local_shard(h, kShards) + 1];
   for (std::size_t s = 0; s < kShards; ++s) count[s + 1] += count[s];
   out.offsets = count;
   out.groups.resize(groups.size());
@@ -338,11 +342,7 @@ void KeyStateTable::accumulate_shard(const ShardedGroups& g, std::size_t s, doub
 std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partials, Report report,
                                                  double touched_above) {
   // Sorted once by key: the report comes out in key order, and each shard's keys ascending.
-  sort_by_key(partials);
-  std::vector<KeyTotals> groups = group_by_key(partials);
-  std::vector<KeyPartial>().swap(partials);
-  std::vector<std::uint64_t> hashes(groups.size());
-  for (std::size_t i = 0; i < groups.size(); ++i) hashes[i] = key_hash(groups[i].key);
+  auto [groups, hashes] = grouped_and_hashed(std::move(partials));
 #pragma omp parallel
   accumulate_owned(groups, hashes, report, touched_above, static_cast<std::size_t>(omp_get_thread_num()),
                    static_cast<std::size_t>(omp_get_num_threads()));

@@ -37,7 +37,6 @@ class DpSqlpReleaser final : public Releaser {
                                   DpStats& stats) override {
     return impl_.release(keys, trigger, stats);
   }
-  bool releases_batches() const override { return true; }
   std::vector<std::vector<KeyRelease>> release_batch(std::vector<std::vector<KeyPartial>>&& partials,
                                                      KeyStateTable& keys, std::uint32_t first_trigger, DpStats& stats,
                                                      std::vector<std::uint64_t>& visits_per_trigger,
@@ -76,6 +75,24 @@ class BaselineQueryReleaser final : public Releaser {
 };
 
 }  // namespace
+
+std::vector<std::vector<KeyRelease>> Releaser::release_batch(std::vector<std::vector<KeyPartial>>&& partials,
+                                                             KeyStateTable& keys, std::uint32_t first_trigger,
+                                                             DpStats& stats,
+                                                             std::vector<std::uint64_t>& visits_per_trigger,
+                                                             double& accumulate_seconds) {
+  std::vector<std::vector<KeyRelease>> rows(partials.size());
+  for (std::size_t t = 0; t < partials.size(); ++t) {
+    const auto t0 = SteadyClock::now();
+    std::vector<KeyTotals> reported = keys.accumulate(std::move(partials[t]), accumulation(), touched_above());
+    std::vector<KeyPartial>().swap(partials[t]);
+    accumulate_seconds += seconds_since(t0);
+    const std::uint64_t visited_before = stats.visited;
+    rows[t] = release(std::move(reported), keys, first_trigger + static_cast<std::uint32_t>(t), stats);
+    visits_per_trigger.push_back(stats.visited - visited_before);
+  }
+  return rows;
+}
 
 std::unique_ptr<Releaser> make_exact_releaser() { return std::make_unique<ExactReleaser>(); }
 

@@ -37,17 +37,15 @@ class Releaser {
   // into `stats`.
   virtual std::vector<KeyRelease> release(std::vector<KeyTotals>&& reported, KeyStateTable& keys, std::uint32_t trigger,
                                           DpStats& stats) = 0;
-  // A batch of consecutive triggers accumulated and released shard by shard (DpReleaser::release_batch), for
-  // a releaser that reports Nothing: true if release_batch is implemented. Adds the time spent sorting and
-  // accumulating the batch to `accumulate_seconds`.
-  virtual bool releases_batches() const { return false; }
-  virtual std::vector<std::vector<KeyRelease>> release_batch(std::vector<std::vector<KeyPartial>>&& /*partials*/,
-                                                             KeyStateTable& /*keys*/, std::uint32_t /*first_trigger*/,
-                                                             DpStats& /*stats*/,
-                                                             std::vector<std::uint64_t>& /*visits_per_trigger*/,
-                                                             double& /*accumulate_seconds*/) {
-    return {};
-  }
+  // A batch of consecutive triggers from `first_trigger` (partials[i]: trigger first_trigger + i's, consumed):
+  // each trigger's rows sorted by key. By default each trigger is accumulated (accumulation()) and released on
+  // its own, in order; DP-SQLP takes the batch shard by shard (DpReleaser::release_batch), with the same rows.
+  // Adds each trigger's visits to `visits_per_trigger` and the time spent accumulating to `accumulate_seconds`.
+  virtual std::vector<std::vector<KeyRelease>> release_batch(std::vector<std::vector<KeyPartial>>&& partials,
+                                                             KeyStateTable& keys, std::uint32_t first_trigger,
+                                                             DpStats& stats,
+                                                             std::vector<std::uint64_t>& visits_per_trigger,
+                                                             double& accumulate_seconds);
   // State held beside the key table (noise caches and schedules): keys that have some, and its bytes.
   virtual std::uint64_t cached_keys() const { return 0; }
   virtual std::uint64_t memory_bytes() const { return 0; }

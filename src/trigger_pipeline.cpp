@@ -72,36 +72,17 @@ std::vector<std::vector<KeyPartial>> TriggerPipeline::route_by_key(std::vector<s
 std::vector<std::vector<KeyRelease>> TriggerPipeline::release(std::vector<std::vector<KeyPartial>> partials,
                                                               std::uint32_t first_trigger) {
   std::vector<std::vector<KeyPartial>> owned = route_by_key(std::move(partials));
-  std::vector<std::vector<KeyRelease>> rows(owned.size());
+  std::vector<std::vector<KeyRelease>> rows;
   // A rank that fails at one trigger releases none after it; every rank learns of it at the batch's end.
   const auto t0 = SteadyClock::now();
   const double timed_before = stage_.accumulate + stage_.dp_release;
   shuffle::on_all_ranks<InputError>(comm_, [&] {
-    if (releaser_.releases_batches()) {  // shard by shard: each shard's keys stay in cache through the batch
-      rows = releaser_.release_batch(std::move(owned), keys_, first_trigger, counters_.dp, counters_.visits_per_trigger,
-                                     stage_.accumulate);
-      return;
-    }
-    for (std::size_t t = 0; t < owned.size(); ++t)
-      rows[t] = accumulate_and_release(std::move(owned[t]), first_trigger + static_cast<std::uint32_t>(t));
+    rows = releaser_.release_batch(std::move(owned), keys_, first_trigger, counters_.dp, counters_.visits_per_trigger,
+                                   stage_.accumulate);
   });
   // The agreement's wait counts as key selection's, as when each trigger's release ended with one.
   const double timed_inside = stage_.accumulate + stage_.dp_release - timed_before;
   stage_.dp_release += seconds_since(t0) - timed_inside;
-  return rows;
-}
-
-std::vector<KeyRelease> TriggerPipeline::accumulate_and_release(std::vector<KeyPartial> owned, std::uint32_t trigger) {
-  std::vector<KeyTotals> reported;
-  {
-    StageTimer timer(stage_.accumulate);
-    reported = keys_.accumulate(std::move(owned), releaser_.accumulation(), releaser_.touched_above());
-    std::vector<KeyPartial>().swap(owned);
-  }
-  StageTimer timer(stage_.dp_release);
-  const std::uint64_t visited_before = counters_.dp.visited;
-  std::vector<KeyRelease> rows = releaser_.release(std::move(reported), keys_, trigger, counters_.dp);
-  counters_.visits_per_trigger.push_back(counters_.dp.visited - visited_before);
   return rows;
 }
 

@@ -48,8 +48,7 @@ class TriggerPipeline {
                                                std::uint32_t first_trigger);
 
  private:
-  std::vector<std::vector<KeyPartial>> route_by_key(std::vector<std::vector<KeyPartial>> partials);      // 3.
-  std::vector<KeyRelease> accumulate_and_release(std::vector<KeyPartial> owned, std::uint32_t trigger);  // 4.
+  std::vector<std::vector<KeyPartial>> route_by_key(std::vector<std::vector<KeyPartial>> partials);  // 3.
 
   const shuffle::Comm& comm_;
   const kernels::BoundingParams bounding_;
