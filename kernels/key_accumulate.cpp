@@ -61,7 +61,12 @@ std::vector<KeyTotals> group_by_key(const std::vector<KeyPartial>& sorted) {
 }
 
 // A trigger's totals per key, ascending, with each key's hash: what accumulate and shard_groups start from.
-std::pair<std::vector<KeyTotals>, std::vector<std::uint64_t>> grouped_and_hashed(std::vector<KeyPartial> partials) {
+struct HashedGroups {
+  std::vector<KeyTotals> groups;
+  std::vector<std::uint64_t> hashes;  // hashes[i] = key_hash(groups[i].key)
+};
+
+HashedGroups grouped_and_hashed(std::vector<KeyPartial> partials) {
   sort_by_key(partials);
   std::vector<KeyTotals> groups = group_by_key(partials);
   std::vector<KeyPartial>().swap(partials);
@@ -309,19 +314,27 @@ void KeyStateTable::accumulate_owned(std::vector<KeyTotals>& groups, const std::
 }
 
 KeyStateTable::ShardedGroups KeyStateTable::shard_groups(std::vector<KeyPartial> partials) {
-  const auto [groups, hashes] = grouped_and_hashed(std::move(partials));
-  ShardedGroups out;
+  HashedGroups sorted = grouped_and_hashed(std::move(partials));
+  const std::size_t n = sorted.groups.size();
   std::vector<std::uint32_t> count(kShards + 1);
-  for (const std::uint64_t h : hashes) ++count[partition::local_shard(h, kShards) + 1];
+  for (const std::uint64_t h : sorted.hashes) ++count[partition::local_shard(h, kShards) + 1];
   for (std::size_t s = 0; s < kShards; ++s) count[s + 1] += count[s];
+  ShardedGroups out;
   out.offsets = count;
-  out.groups.resize(groups.size());
-  out.hashes.resize(groups.size());
-  for (std::size_t i = 0; i < groups.size(); ++i) {  // stable: ascending within a shard
-    const std::uint32_t at = count[partition::local_shard(hashes[i], kShards)]++;
-    out.groups[at] = groups[i];
-    out.hashes[at] = hashes[i];
+  // Stable counting order (ascending within a shard), applied in place by following the permutation's cycles:
+  // the temporary is 4 bytes a group, not a second copy of the groups and hashes.
+  std::vector<std::uint32_t> dest(n);
+  for (std::size_t i = 0; i < n; ++i) dest[i] = count[partition::local_shard(sorted.hashes[i], kShards)]++;
+  for (std::size_t i = 0; i < n; ++i) {
+    while (dest[i] != i) {  // each swap puts the element now at dest[i] in its final place
+      const std::uint32_t j = dest[i];
+      std::swap(sorted.groups[i], sorted.groups[j]);
+      std::swap(sorted.hashes[i], sorted.hashes[j]);
+      std::swap(dest[i], dest[j]);
+    }
   }
+  out.groups = std::move(sorted.groups);
+  out.hashes = std::move(sorted.hashes);
   return out;
 }
 
@@ -342,13 +355,16 @@ void KeyStateTable::accumulate_shard(const ShardedGroups& g, std::size_t s, doub
 std::vector<KeyTotals> KeyStateTable::accumulate(std::vector<KeyPartial> partials, Report report,
                                                  double touched_above) {
   // Sorted once by key: the report comes out in key order, and each shard's keys ascending.
-  auto [groups, hashes] = grouped_and_hashed(std::move(partials));
+  // Named members, not a structured binding: clang before 16 rejects bindings captured by an OpenMP region.
+  HashedGroups sorted = grouped_and_hashed(std::move(partials));
+  std::vector<KeyTotals>& groups = sorted.groups;  // add() writes each report row
+  const std::vector<std::uint64_t>& hashes = sorted.hashes;
 #pragma omp parallel
   accumulate_owned(groups, hashes, report, touched_above, static_cast<std::size_t>(omp_get_thread_num()),
                    static_cast<std::size_t>(omp_get_num_threads()));
   touched_states_current = true;
   if (report == Report::Nothing) return {};
-  return groups;
+  return std::move(sorted.groups);
 }
 
 }  // namespace dpstream::kernels
