@@ -85,7 +85,6 @@ std::vector<std::vector<KeyRelease>> Releaser::release_batch(std::vector<std::ve
   for (std::size_t t = 0; t < partials.size(); ++t) {
     const auto t0 = SteadyClock::now();
     std::vector<KeyTotals> reported = keys.accumulate(std::move(partials[t]), accumulation(), touched_above());
-    std::vector<KeyPartial>().swap(partials[t]);
     accumulate_seconds += seconds_since(t0);
     const std::uint64_t visited_before = stats.visited;
     rows[t] = release(std::move(reported), keys, first_trigger + static_cast<std::uint32_t>(t), stats);

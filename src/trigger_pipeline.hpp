@@ -42,8 +42,8 @@ class TriggerPipeline {
   std::vector<std::vector<KeyPartial>> bound(std::vector<DefaultInitVector<Record>> owned);
   // 3.-4. Each trigger's partials to the rows of the keys this rank owns, sorted by key: routed in one
   // exchange, then accumulated and released trigger by trigger (`first_trigger` the batch's first), with
-  // one agreement on errors for the batch. A releaser that takes batches (Releaser::releases_batches, DP-SQLP)
-  // gets them whole and takes each key shard through all of the batch's triggers before the next shard.
+  // one agreement on errors for the batch. Releaser::release_batch takes the batch whole (DP-SQLP: each key
+  // shard through all of the batch's triggers before the next shard).
   std::vector<std::vector<KeyRelease>> release(std::vector<std::vector<KeyPartial>> partials,
                                                std::uint32_t first_trigger);
 
