@@ -26,6 +26,14 @@ struct CdfTable {
   std::vector<std::uint64_t> hi;                        // top word of C_m (the one the search reads)
   std::vector<std::array<std::uint64_t, 2>> lo;         // its two lower words
   std::array<std::uint32_t, (1u << kGuideBits)> guide;  // guide[h] = first m with hi[m] >= h 2^52
+  // cell_from_top's answer per guide bucket h (u0 in [h 2^52, (h + 1) 2^52)), one word for a vector lookup:
+  // bits 63-52 m = guide[h]; bit 51 set when a second entry's top word also lies in the bucket; bits 50-0 the
+  // first such word's offset in the bucket, halved (all ones when none lies there). With d = (u0 mod 2^52) / 2:
+  // d below the field gives m, d above it gives m + 1 unless bit 51 is set; else (an equal d: a tie among
+  // them) the search decides. A bucket whose m does not fit (m >= 4095) reads as "never decided here".
+  std::array<std::uint64_t, (1u << kGuideBits)> bucket;
+  static constexpr std::uint64_t kBucketField = (std::uint64_t{1} << 51) - 1;
+  static constexpr std::uint64_t kSecondInBucket = std::uint64_t{1} << 51;
 
   // From the (unnormalized) masses of indices 0, 1, ...; entries stop where C_m would reach 2^192.
   static CdfTable from_masses(const std::vector<BigFloat>& mass);

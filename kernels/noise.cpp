@@ -297,6 +297,16 @@ CdfTable CdfTable::from_masses(const std::vector<BigFloat>& mass) {
     while (table.hi[m] < (std::uint64_t{h} << (64 - kGuideBits))) ++m;  // ends: the last hi is all ones
     table.guide[h] = static_cast<std::uint32_t>(m);
   }
+  const std::size_t last = table.hi.size() - 1;
+  for (std::uint32_t h = 0; h < table.guide.size(); ++h) {
+    const std::uint64_t start = std::uint64_t{h} << (64 - kGuideBits), end = start | (~std::uint64_t{0} >> kGuideBits);
+    const std::uint64_t first = table.guide[h];
+    const bool first_in = first < last && table.hi[first] <= end;  // the search's first step may go past it
+    const bool second_in = first_in && first + 1 < last && table.hi[first + 1] <= end;
+    const std::uint64_t field = first_in ? (table.hi[first] - start) >> 1 : kBucketField;
+    table.bucket[h] = first >= 4095 ? (std::uint64_t{4095} << 52 | kSecondInBucket)  // d < 0 and no m + 1: never
+                                    : (first << 52 | (second_in ? kSecondInBucket : 0) | field);
+  }
   return table;
 }
 

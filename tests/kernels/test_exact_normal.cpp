@@ -435,6 +435,37 @@ TEST(CdfTable, CellFromTopIsTheFirstEntryAboveOrATie) {
   EXPECT_GT(ties, 100u);
 }
 
+// The bucket word the vector path reads (CdfTable::bucket) gives cell_from_top's cell wherever it decides: on
+// every bucket's first and last words, each entry's top word and its neighbours, and random words, for tables
+// whose buckets hold no entry, one, or many (5000 entries: cells beyond the 12 bits, which it must never decide).
+// It must decide most words: a word that decided nothing would pass the comparison alone.
+TEST(CdfTable, BucketWordDecidesAsTheSearch) {
+  for (const int entries : {300, 5000}) {
+    std::vector<BigFloat> mass;
+    mass.reserve(entries);
+    for (int m = 0; m < entries; ++m) mass.push_back(BigFloat(1) / (1 + m % 7));
+    const CdfTable table = CdfTable::from_masses(mass);
+    std::uint64_t x = 0x3c6ef372fe94f82bu;
+    std::vector<std::uint64_t> words;
+    words.reserve(100000 + 2 * 4096 + 3 * table.hi.size());
+    for (int i = 0; i < 100000; ++i) words.push_back(lcg_next(x));
+    for (std::uint64_t h = 0; h < 4096; ++h)
+      words.insert(words.end(), {h << 52, (h << 52) | (~std::uint64_t{0} >> 12)});
+    for (const std::uint64_t hi : table.hi) words.insert(words.end(), {hi - 1, hi, hi + 1});
+    std::size_t decided = 0;
+    for (const std::uint64_t u0 : words) {
+      const std::uint64_t word = table.bucket[u0 >> 52];
+      const std::uint64_t field = word & CdfTable::kBucketField, half = (u0 >> 1) & CdfTable::kBucketField;
+      const bool second = (word & CdfTable::kSecondInBucket) != 0;
+      if (half == field || (half > field && second)) continue;  // left to the search
+      ++decided;
+      const std::size_t cell = (word >> 52) + (half > field ? 1 : 0);
+      ASSERT_EQ(cell, table.cell_from_top(u0)) << entries << " entries, u0 " << u0;
+    }
+    EXPECT_GT(decided, words.size() / 2) << entries << " entries";
+  }
+}
+
 // The engine's batch path at scale: 32.8 M values of Z~ from runs of consecutive steps (the fast path and its
 // fallbacks as key selection meets them) in bins of width 1/16 of |Z| on [0, 8) by sign, plus the tails beyond 8:
 // chi-square p > 1e-6 over the bins expecting >= 5, and P[|Z| >= 3], P[|Z| >= 4] within 5 standard errors of
