@@ -20,7 +20,7 @@ namespace dpstream::noise {
 
 namespace {
 #if DPSTREAM_HAVE_VAES_CODE
-#define DPSTREAM_VAES_TARGET __attribute__((target("aes,avx512f,vaes")))
+#define DPSTREAM_VAES_TARGET __attribute__((target("aes,avx512f,avx512bw,vaes")))
 
 // Clears every vector register the code below may leave key material in (OpenSSL's AES-NI code does the same):
 // VZEROALL for zmm0-15, and zmm16-31, which AVX-512 code also allocates.
@@ -106,6 +106,77 @@ DPSTREAM_VAES_TARGET inline void pass(const __m512i* k, const std::uint8_t* in, 
     _mm512_mask_storeu_epi64(out + 64 * j, j + 1 < R ? 0xff : last, _mm512_aesenclast_epi128(b[j], key));
 }
 
+// pass() of a counter run's blocks (Aes256Blocks::encrypt_run): register j's plaintexts are `first` (the run's
+// first four blocks' words in native order: high, low, high, low + step, ..) plus j times `next` (four steps on each
+// low word), their bytes swapped to big-endian in each word; the output's last register masked by `last`.
+template <std::size_t R>
+DPSTREAM_VAES_TARGET inline void pass_run(const __m512i* k, __m512i first, __m512i next, std::uint8_t* out,
+                                          __mmask8 last) {
+  const __m512i swap = _mm512_set_epi64(0x08090a0b0c0d0e0f, 0x0001020304050607, 0x08090a0b0c0d0e0f, 0x0001020304050607,
+                                        0x08090a0b0c0d0e0f, 0x0001020304050607, 0x08090a0b0c0d0e0f, 0x0001020304050607);
+  __m512i b[R];
+#pragma GCC unroll 8
+  for (std::size_t j = 0; j < R; ++j, first = _mm512_add_epi64(first, next))
+    b[j] = _mm512_xor_si512(_mm512_shuffle_epi8(first, swap), _mm512_load_si512(k));
+#pragma GCC unroll 13
+  for (std::size_t r = 1; r < 14; ++r) {
+    const __m512i key = _mm512_load_si512(k + r);
+#pragma GCC unroll 8
+    for (std::size_t j = 0; j < R; ++j) b[j] = _mm512_aesenc_epi128(b[j], key);
+  }
+  const __m512i key = _mm512_load_si512(k + 14);
+#pragma GCC unroll 8
+  for (std::size_t j = 0; j < R; ++j)
+    _mm512_mask_storeu_epi64(out + 64 * j, j + 1 < R ? 0xff : last, _mm512_aesenclast_epi128(b[j], key));
+}
+
+DPSTREAM_VAES_TARGET void encrypt_run_vaes512(const std::uint8_t* round_keys, std::uint64_t high, std::uint64_t low,
+                                              std::uint64_t step, std::uint8_t* out, std::size_t n) {
+  const auto* k = reinterpret_cast<const __m512i*>(round_keys);
+  // Lane values as the intrinsics take them (long long); the sums wrap modulo 2^64 as the caller's words would.
+  const auto lane = [](std::uint64_t v) { return static_cast<long long>(v); };
+  const long long h = lane(high);
+  const auto word = [&](std::uint64_t i) { return lane(low + i * step); };
+  __m512i first = _mm512_set_epi64(word(3), h, word(2), h, word(1), h, word(0), h);
+  const long long four = lane(step * 4), eight_registers = lane(step * 32);
+  const __m512i next = _mm512_set_epi64(four, 0, four, 0, four, 0, four, 0);
+  const __m512i next_pass =
+      _mm512_set_epi64(eight_registers, 0, eight_registers, 0, eight_registers, 0, eight_registers, 0);
+  for (; n >= 32; n -= 32, out += 512, first = _mm512_add_epi64(first, next_pass))
+    pass_run<8>(k, first, next, out, 0xff);
+  if (n > 0) {
+    const std::size_t registers = (n + 3) / 4, in_last = n - 4 * (registers - 1);  // 1 .. 4 blocks
+    const auto last = static_cast<__mmask8>((1u << (2 * in_last)) - 1);
+    switch (registers) {
+      case 1:
+        pass_run<1>(k, first, next, out, last);
+        break;
+      case 2:
+        pass_run<2>(k, first, next, out, last);
+        break;
+      case 3:
+        pass_run<3>(k, first, next, out, last);
+        break;
+      case 4:
+        pass_run<4>(k, first, next, out, last);
+        break;
+      case 5:
+        pass_run<5>(k, first, next, out, last);
+        break;
+      case 6:
+        pass_run<6>(k, first, next, out, last);
+        break;
+      case 7:
+        pass_run<7>(k, first, next, out, last);
+        break;
+      default:
+        pass_run<8>(k, first, next, out, last);
+        break;
+    }
+  }
+  clear_vector_registers();
+}
+
 // Thirty-two blocks a pass, then the rest in one pass of as many registers as it needs (short runs, such
 // as a ring's seven samples, are common: one block at a time would wait out 14 latencies each).
 DPSTREAM_VAES_TARGET void encrypt_vaes512(const std::uint8_t* round_keys, const std::uint8_t* in, std::uint8_t* out,
@@ -188,6 +259,28 @@ Aes256Blocks& Aes256Blocks::operator=(Aes256Blocks&& other) noexcept {
 }
 
 Aes256Blocks::~Aes256Blocks() { OPENSSL_cleanse(round_keys_, sizeof round_keys_); }
+
+void Aes256Blocks::encrypt_run(std::uint64_t high, std::uint64_t low, std::uint64_t step, std::uint8_t* out,
+                               std::size_t n) {
+#if DPSTREAM_HAVE_VAES_CODE
+  if (engine_ == Engine::Vaes512) {
+    encrypt_run_vaes512(round_keys_, high, low, step, out, n);
+    return;
+  }
+#endif
+  constexpr std::size_t kChunk = 64;
+  std::uint8_t in[kChunk * kBlockBytes];
+  const std::uint64_t high_be = __builtin_bswap64(high);
+  for (std::size_t at = 0; at < n; at += kChunk) {
+    const std::size_t c = n - at < kChunk ? n - at : kChunk;
+    for (std::size_t i = 0; i < c; ++i) {
+      const std::uint64_t low_be = __builtin_bswap64(low + (at + i) * step);
+      std::memcpy(in + kBlockBytes * i, &high_be, 8);
+      std::memcpy(in + kBlockBytes * i + 8, &low_be, 8);
+    }
+    encrypt(in, out + kBlockBytes * at, c);
+  }
+}
 
 void Aes256Blocks::encrypt(const std::uint8_t* in, std::uint8_t* out, std::size_t n) {
 #if DPSTREAM_HAVE_VAES_CODE

@@ -29,6 +29,10 @@ class Aes256Blocks {
 
   // out[i] = AES-256(in[i]) for n 16-byte blocks (in and out may be the same buffer).
   void encrypt(const std::uint8_t* in, std::uint8_t* out, std::size_t n);
+  // out[i] = AES-256 of the block whose big-endian 64-bit words are `high` and low + i step, for n blocks (the
+  // caller keeps low + (n - 1) step from wrapping): a counter run, its plaintexts made in registers (VAES) or
+  // in a buffer (OpenSSL).
+  void encrypt_run(std::uint64_t high, std::uint64_t low, std::uint64_t step, std::uint8_t* out, std::size_t n);
   Engine engine() const { return engine_; }
   // Vaes512 when this build targets x86-64 and the CPU has VAES, AVX-512F and AES-NI; else OpenSsl.
   static Engine best_engine();

@@ -16,7 +16,7 @@ namespace dpstream::noise {
 
 // AVX-512F with the OS saving the opmask and ZMM state; false on non-x86-64 builds.
 bool cpu_runs_avx512f();
-// cpu_runs_avx512f() and AES-NI and VAES (four AES blocks per instruction).
+// cpu_runs_avx512f() and AVX-512BW (byte shuffles) and AES-NI and VAES (four AES blocks per instruction).
 bool cpu_runs_vaes512();
 
 }  // namespace dpstream::noise

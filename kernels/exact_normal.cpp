@@ -289,9 +289,10 @@ bool decide_one(const std::uint8_t* block, const CdfTable& table, std::int64_t& 
 // second entry in the bucket where u0 lies past the first, V not above the cell) is left undecided, for
 // decide_one (a lane it decides, it decides as decide_one would). One gather a step, where the guide and the
 // two entries the search reads took three, each waiting on the one before (perf: 45% of a draw's time).
-// Bit i of the result set when block i is decided (out[i] set). Lanes past n read nothing.
+// Bit i of the result set when block i is decided (out[i] set); bit i of `refused` set when its cell is known and
+// V's test fails it (decide_one would refuse it too: the general sampler decides). Lanes past n read nothing.
 DPSTREAM_AVX512_TARGET std::uint64_t decide_avx512(const std::uint8_t* blocks, std::size_t n, const CdfTable& table,
-                                                   std::int64_t* out) {
+                                                   std::int64_t* out, std::uint64_t& refused) {
   const __m512i even = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0), odd = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
   const __m512i one = _mm512_set1_epi64(1), v_bits = _mm512_set1_epi64((1 << FirstAttempt::kVHigh) - 1);
   const __m512i field_bits = _mm512_set1_epi64(static_cast<long long>(CdfTable::kBucketField));
@@ -299,6 +300,7 @@ DPSTREAM_AVX512_TARGET std::uint64_t decide_avx512(const std::uint8_t* blocks, s
   const long long* bucket = reinterpret_cast<const long long*>(table.bucket.data());
   constexpr __mmask8 kAll = 0xff;  // the zero-masked forms: GCC 12 warns of its unmasked ones' undefined source
   std::uint64_t decided = 0;
+  refused = 0;
   for (std::size_t at = 0; at < n; at += 8) {
     const std::size_t lanes = std::min<std::size_t>(8, n - at);
     const auto in_run = static_cast<__mmask8>((1u << lanes) - 1);
@@ -319,7 +321,9 @@ DPSTREAM_AVX512_TARGET std::uint64_t decide_avx512(const std::uint8_t* blocks, s
     const __m512i j = _mm512_mask_add_epi64(m, at_m1, m, one);
     // V's top 14 digits above j: accepted; Z~ = sign (j 2^49 + U's top 49 digits).
     const __m512i v_high = _mm512_and_si512(_mm512_maskz_srli_epi64(kAll, w1, 1), v_bits);
-    const __mmask8 ok = (at_m | at_m1) & _mm512_cmpgt_epu64_mask(v_high, j) & in_run;
+    const __mmask8 cell_known = (at_m | at_m1) & in_run, v_above = _mm512_cmpgt_epu64_mask(v_high, j);
+    const __mmask8 ok = cell_known & v_above;
+    refused |= std::uint64_t{static_cast<__mmask8>(cell_known & ~v_above)} << at;
     const __m512i value = _mm512_or_si512(_mm512_maskz_slli_epi64(kAll, j, FirstAttempt::kUHigh),
                                           _mm512_maskz_srli_epi64(kAll, w1, 64 - FirstAttempt::kUHigh));
     const __mmask8 negative = _mm512_test_epi64_mask(w1, one);
@@ -348,18 +352,19 @@ Block0Path best_block0_path() { return cpu_runs_avx512f() ? Block0Path::Avx512 :
 std::uint64_t fixed56_from_first_blocks(const std::uint8_t* blocks, std::size_t n, std::int64_t* out, Block0Path path) {
   if (n > 64) throw std::invalid_argument("fixed56_from_first_blocks: at most 64 blocks");
   const CdfTable& table = cell_table();
-  std::uint64_t decided = 0;
+  std::uint64_t decided = 0, refused = 0;  // refused: left to the general sampler without a scalar test
   if (path != Block0Path::Scalar) {
 #if DPSTREAM_HAVE_AVX512_CODE
     if (!cpu_runs_avx512f()) throw std::invalid_argument("fixed56_from_first_blocks: this CPU has no AVX-512F");
-    decided = decide_avx512(blocks, n, table, out);
+    decided = decide_avx512(blocks, n, table, out, refused);
     if (path == Block0Path::Avx512Only) return decided;
 #else
     throw std::invalid_argument("fixed56_from_first_blocks: this build has no AVX-512 code");
 #endif
   }
-  // Every block the vector steps left (all of them on the scalar path).
-  for (std::uint64_t rest = ~decided & (n == 0 ? 0 : ~std::uint64_t{0} >> (64 - n)); rest != 0; rest &= rest - 1) {
+  // Every block the vector steps left undecided and did not refuse (all of them on the scalar path).
+  for (std::uint64_t rest = ~(decided | refused) & (n == 0 ? 0 : ~std::uint64_t{0} >> (64 - n)); rest != 0;
+       rest &= rest - 1) {
     const auto i = static_cast<std::size_t>(std::countr_zero(rest));
     if (decide_one(blocks + 16 * i, table, out[i])) decided |= std::uint64_t{1} << i;
   }

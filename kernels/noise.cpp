@@ -151,14 +151,8 @@ void WindowPrf::first_blocks_of_run(u128 first_packed, std::size_t n, std::uint8
   constexpr std::uint64_t kIndexMask = (std::uint64_t{1} << kIndexBits) - 1;
   if ((low & (kBlocksPerNode - 1)) != 0 || (low >> kIndexShift & kIndexMask) + n > kIndexMask + 1)
     throw std::invalid_argument("first_blocks_of_run: node index out of range (or a block counter set)");
-  std::uint8_t in[kMaxBlocks * kAesBlock];
   // plaintext = big-endian (pack(node) | 0): the key word is the same for all, the low word steps by 2^15.
-  const auto hi = static_cast<std::uint64_t>(first_packed >> 64);
-  for (std::size_t i = 0; i < n; ++i) {
-    put_be64(in + kAesBlock * i, hi);
-    put_be64(in + kAesBlock * i + 8, low + (std::uint64_t{i} << kIndexShift));
-  }
-  cipher_.encrypt(in, out, n);
+  cipher_.encrypt_run(static_cast<std::uint64_t>(first_packed >> 64), low, std::uint64_t{1} << kIndexShift, out, n);
 }
 
 // ---------------------------------------------------------------------------------------------
