@@ -69,9 +69,13 @@ class SelectionCache {
 
   std::uint32_t size() const { return size_; }
 
-  std::uint32_t find(std::uint64_t key) const {
+  // The key table's salted hash (its shard and owner rank in the other bits): bits 8-39 pick the home
+  // slot, bits 40-47 the tag. The *_hashed members take it computed once for the several calls of one key.
+  static std::uint64_t hash_of(std::uint64_t key) { return partition::salted_hash(key, partition::kKeySalt); }
+
+  std::uint32_t find(std::uint64_t key) const { return find_hashed(key, hash_of(key)); }
+  std::uint32_t find_hashed(std::uint64_t key, std::uint64_t hash) const {
     if (slots_.empty()) return kNone;
-    const std::uint64_t hash = hash_of(key);
     const std::uint32_t tag = tag_of(hash);
     for (std::size_t i = home(hash);; i = next_slot(i, slots_.size())) {
       const std::uint32_t s = slots_[i];
@@ -140,16 +144,22 @@ class SelectionCache {
     return ~(((x & kLow7) + kLow7) | x | kLow7);
   }
 
-  void prefetch(std::uint64_t key) const {
-    if (!slots_.empty()) prefetch_probe(slots_, home(hash_of(key)));
+  void prefetch(std::uint64_t key) const { prefetch_hashed(hash_of(key)); }
+  void prefetch_hashed(std::uint64_t hash) const {
+    if (!slots_.empty()) prefetch_probe(slots_, home(hash));
   }
-  // The entries find(key) may read, with their scheduled visits: those of its probe's slots whose tag
-  // matches (most often one); the slots themselves should be in cache (prefetch(key) earlier).
-  void prefetch_entry_of(std::uint64_t key) const {
+  // The entry find(key) most likely reads, with its scheduled visit: that of the probe's first slot whose tag
+  // matches (a tag of 8 bits: another key's about once in 256 slots passed). It stops there: a walk on to the
+  // next free slot read up to a dozen more slots at the table's highest load, for the rare other match.
+  // The slots themselves should be in cache (prefetch(key) earlier).
+  void prefetch_entry_of(std::uint64_t key) const { prefetch_entry_of_hashed(hash_of(key)); }
+  void prefetch_entry_of_hashed(std::uint64_t hash) const {
     if (slots_.empty()) return;
-    const std::uint64_t hash = hash_of(key);
     for (std::size_t i = home(hash); slots_[i] != kFree; i = next_slot(i, slots_.size()))
-      if ((slots_[i] & kTagMask) == tag_of(hash)) prefetch_entry(number(slots_[i]));
+      if ((slots_[i] & kTagMask) == tag_of(hash)) {
+        prefetch_entry(number(slots_[i]));
+        return;
+      }
   }
   void prefetch_entry(std::uint32_t n) const {
     dpstream::prefetch_object(&entry(n));
@@ -168,9 +178,6 @@ class SelectionCache {
   static std::uint8_t residue(std::uint32_t trigger) { return static_cast<std::uint8_t>(0x80 | (trigger & 0x7f)); }
   static constexpr std::uint32_t kFree = 0;  // a slot holds tag | (number + 1)
   static constexpr std::uint32_t kTagMask = 0xffu << 24;
-  // The key table's salted hash (its shard and owner rank in the other bits): bits 8-39 pick the home
-  // slot, bits 40-47 the tag.
-  static std::uint64_t hash_of(std::uint64_t key) { return partition::salted_hash(key, partition::kKeySalt); }
   static std::uint32_t tag_of(std::uint64_t hash) { return static_cast<std::uint32_t>(hash >> 40 & 0xff) << 24; }
   static std::uint32_t number(std::uint32_t slot) { return (slot & ~kTagMask) - 1; }
   std::size_t home(std::uint64_t hash) const { return home_slot(hash, slots_.size()); }
