@@ -584,6 +584,7 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
         return noise::node_noise(prf, {key, family, round, level, index}, dg);
       };
     };
+    IntervalSum accumulate_time;             // this thread's accumulation within the call
     std::vector<std::uint32_t> due_entries;  // a shard's entries due at this trigger
     std::vector<std::int64_t> value_z;       // a released value counter's Z~ (banded_value_noise)
     const auto keep_first_error = [&](const char* what) {
@@ -598,9 +599,9 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
           const bool scan_all = !predict || (scan_all_next_ && nth == 0);
           if (batch != nullptr) {
             if (s == KeyStateTable::kShards / 2) fault::point("accumulate");
-            const auto t0 = SteadyClock::now();
+            const std::uint64_t t0 = IntervalSum::ticks();
             keys.accumulate_shard((*batch)[nth], s, params_.mu);
-            accumulating += seconds_since(t0);
+            accumulate_time.add_since(t0);
           }
           const std::uint64_t visited_before = visited;
           if (s == KeyStateTable::kShards / 2) fault::point("dp_release");
@@ -776,6 +777,7 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
         keep_first_error(e.what());
       }
     draws += selection.draws;
+    accumulating += accumulate_time.seconds();
   } catch (const std::exception& e) {
 #pragma omp critical(dp_release_error)
     if (error.empty()) error = e.what();
