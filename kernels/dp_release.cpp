@@ -718,27 +718,21 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
             // The touched keys come with their states (accumulate's, unless a release came since); their cache
             // entries are DRAM misses, independent per key: the index slots kAhead keys ahead, the first kAhead
             // before the walk (at T = 1000 a shard lists ~15 keys per trigger), then halfway there the entry.
-            // Each key's hash computed once, at its slot's prefetch, kept in a ring of 2 kAhead.
+            // Each key's hash comes with it (accumulate's partition::key_hash, the cache index's too).
             constexpr std::size_t kAhead = 8;
-            std::array<std::uint64_t, 2 * kAhead> hashes{};
             const auto& touched = keys.touched[s];
-            const auto prefetch_slot = [&](std::size_t j) {
-              hashes[j % hashes.size()] = Cache::hash_of(touched[j].key);
-              cache.prefetch_hashed(hashes[j % hashes.size()]);
-            };
-            for (std::size_t j = 0; j < std::min(kAhead, touched.size()); ++j) prefetch_slot(j);
+            for (std::size_t j = 0; j < std::min(kAhead, touched.size()); ++j) cache.prefetch_hashed(touched[j].hash);
             visited += keys.touched_below[s];  // at or below mu: never tested, not listed (accumulate's filter)
             for (std::size_t i = 0; i < touched.size(); ++i) {
-              if (i + kAhead < touched.size()) prefetch_slot(i + kAhead);
-              if (i + kAhead / 2 < touched.size())
-                cache.prefetch_entry_of_hashed(hashes[(i + kAhead / 2) % hashes.size()]);
+              if (i + kAhead < touched.size()) cache.prefetch_hashed(touched[i + kAhead].hash);
+              if (i + kAhead / 2 < touched.size()) cache.prefetch_entry_of_hashed(touched[i + kAhead / 2].hash);
               const std::uint64_t key = touched[i].key;
               const KeyState st = states_current ? touched[i].state : keys.at(key);
               if (st.round_users() <= params_.mu) {
                 ++visited;  // never tested (as visit() finds first)
                 continue;
               }
-              const std::uint32_t n = cache.find_hashed(key, hashes[i % hashes.size()]);
+              const std::uint32_t n = cache.find_hashed(key, touched[i].hash);
               // New records that leave the round's users within the quiet bound change no test before
               // the scheduled visit (every one of those steps fails for any count up to the bound), so the
               // schedule and its simulated nodes stay valid: no visit now.

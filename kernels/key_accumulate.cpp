@@ -17,7 +17,7 @@ namespace dpstream::kernels {
 namespace {
 constexpr int128 kOne = int128{1} << kValueFracBits;  // a value of 1.0 in fixed point
 
-std::uint64_t key_hash(std::uint64_t key) { return partition::salted_hash(key, partition::kKeySalt); }
+using partition::key_hash;
 
 // LSD radix sort by key, 11-bit digits, each pass a stable counting sort (partition_into) from one buffer to
 // the other, the second not zero-filled first; digits equal in every key are skipped (key ids below 2^22 take
@@ -287,7 +287,7 @@ void KeyStateTable::add(std::size_t s, KeyTotals& t, std::uint64_t hash, Report 
   if (journal) mark(s, packed);
   if (report == Report::RunningTotals) t = KeyTotals{t.key, st.count, st.sum, st.users};
   if (st.round_users() > touched_above)
-    touched[s].push_back({t.key, st});
+    touched[s].push_back({t.key, st, hash});
   else
     ++touched_below[s];
 }

@@ -166,6 +166,7 @@ class KeyStateTable {
   struct TouchedKey {
     std::uint64_t key;
     KeyState state;
+    std::uint64_t hash;  // partition::key_hash(key), for key selection's cache index
   };
   std::vector<std::vector<TouchedKey>> touched{kShards};
   bool touched_states_current = false;

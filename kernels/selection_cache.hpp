@@ -69,9 +69,9 @@ class SelectionCache {
 
   std::uint32_t size() const { return size_; }
 
-  // The key table's salted hash (its shard and owner rank in the other bits): bits 8-39 pick the home
-  // slot, bits 40-47 the tag. The *_hashed members take it computed once for the several calls of one key.
-  static std::uint64_t hash_of(std::uint64_t key) { return partition::salted_hash(key, partition::kKeySalt); }
+  // The key table's hash (partition::key_hash: its shard and owner rank in the other bits): bits 8-39 pick
+  // the home slot, bits 40-47 the tag. The *_hashed members take it computed once for the several calls of one key.
+  static std::uint64_t hash_of(std::uint64_t key) { return partition::key_hash(key); }
 
   std::uint32_t find(std::uint64_t key) const { return find_hashed(key, hash_of(key)); }
   std::uint32_t find_hashed(std::uint64_t key, std::uint64_t hash) const {

@@ -42,9 +42,13 @@ constexpr int owner_rank(std::uint64_t hash, int ranks) {
   return static_cast<int>((static_cast<uint128>(hash) * static_cast<unsigned>(ranks)) >> 64);
 }
 
+// A key's hash: its owner rank (high bits), its shard in the key table (low bits), and its home slot in the
+// key table and in key selection's cache index (the bits between), so one computation serves all of them.
+constexpr std::uint64_t key_hash(std::uint64_t key) { return salted_hash(key, kKeySalt); }
+
 // The rank that owns a user (its bounding state) and the rank that owns a key (its totals and releases).
 constexpr int user_owner(std::uint64_t user, int ranks) { return owner_rank(salted_hash(user, kUserSalt), ranks); }
-constexpr int key_owner(std::uint64_t key, int ranks) { return owner_rank(salted_hash(key, kKeySalt), ranks); }
+constexpr int key_owner(std::uint64_t key, int ranks) { return owner_rank(key_hash(key), ranks); }
 
 // Local shard from the low bits; `shards` is a power of two.
 constexpr std::size_t local_shard(std::uint64_t hash, std::size_t shards) { return hash & (shards - 1); }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/key_accumulate.hpp"
+#include "partition/hash.hpp"
 #include "tests/scoped_omp_threads.hpp"
 
 using namespace dpstream;
@@ -611,6 +612,8 @@ TEST(KeyAccumulate, TouchedStatesAreTheTablesAfterEveryTrigger) {
         EXPECT_TRUE(table.at(key) == st) << target << " users " << of_users;
         ASSERT_EQ(table.touched[kernels::KeyStateTable::shard_of(key)].size(), 1u);
         EXPECT_TRUE(table.touched[kernels::KeyStateTable::shard_of(key)][0].state == st);
+        // Key selection finds its cache entry by this hash (a wrong one finds none: the key is visited again).
+        EXPECT_EQ(table.touched[kernels::KeyStateTable::shard_of(key)][0].hash, partition::key_hash(key));
       }
     }
   }
