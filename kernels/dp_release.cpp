@@ -26,12 +26,12 @@ namespace dpstream::kernels {
 
 namespace {
 constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or record in fixed point
-// The longest look-ahead: the cache entry's limit. A visit costs misses and its ring's draws, a longer
-// look-ahead the steps drawn past new records; since most runs are taken on one bound (run_bounds), 127
-// steps beat 64 by about 3% of key selection (docs/PERFORMANCE.md round 33; 64 in rounds 5-32).
-constexpr std::uint32_t kMaxHorizon = 127;
-static_assert(kMaxHorizon <= SelectionCache<BandedSelectionNoise>::Entry::kMaxHorizon &&
-              kMaxHorizon <= SelectionCache<BandedSelectionNoise>::kMaxAhead);
+// A failed test's look-ahead: the cache's limit, from a key's first test on. A visit costs misses and its
+// ring's draws, a longer look-ahead the steps drawn past new records; since most runs are taken on one
+// bound (run_bounds) and a draw costs about 3 ns, 127 steps at once beat look-aheads that doubled from 2
+// up to 127 (docs/PERFORMANCE.md round 43: 2 to 64 in rounds 5-32, to 127 in rounds 33-42), and 254 steps.
+constexpr std::uint32_t kHorizon = 127;
+static_assert(kHorizon <= SelectionCache<BandedSelectionNoise>::kMaxAhead);
 // Key selection's cache entry, banded (the default): 32 bytes.
 static_assert(sizeof(SelectionCache<BandedSelectionNoise>::Entry) == 32);
 
@@ -625,14 +625,13 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
             if (next == Cache::Visit::Later) ++discarded;            // new records came first (case 1)
             const bool due = !touched && next == Cache::Visit::Due;  // visited for its prediction alone
             cache.unschedule(entry);
-            // Should the test fail, the simulation looks twice as far ahead as the last one, at most kMaxHorizon
-            // steps: new records that pass the quiet bound make the steps simulated past them a redraw
-            // (touched keys included: most new records stay quiet; one step after new records visited 1.5x
-            // the keys for 0.2% fewer draws). Its steps are drawn with the test's.
+            // Should the test fail, the simulation looks kHorizon steps ahead (to the window's end at most): new
+            // records that pass the quiet bound make the steps simulated past them a redraw (touched keys
+            // included: most new records stay quiet; one step after new records visited 1.5x the keys for
+            // 0.2% fewer draws). Its steps are drawn with the test's.
             const std::uint32_t last = params_.triggers - st.round_start;  // the round's last step in the window
             const bool simulate = predict && step < last;
-            const std::uint32_t horizon = std::min({std::max(c.horizon(), 1u) * 2, last, kMaxHorizon});
-            const std::uint32_t until = simulate ? std::min(last, step + horizon) : 0;
+            const std::uint32_t until = simulate ? std::min(last, step + kHorizon) : 0;
             const auto& noise_now = selection.seek(c.noise, key, st.round, step, until);
             if constexpr (std::is_same_v<Selection, BandedSelection>)
               if (first_test && journal_first_tests && entry < journaled_entries_[s]) retested_[s].push_back(entry);
@@ -666,11 +665,9 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
               keys.put(key, st);
               keys.mark_changed(key);
               Selection::reset(c.noise);
-              c.set_horizon(0);
               return;
             }
             if (!simulate) return;
-            c.set_horizon(horizon);
             selection.begin_ahead(c.noise, key, st.round, until);
             std::int64_t quiet_users = std::numeric_limits<std::int64_t>::max();
             std::uint32_t q = step;
@@ -707,7 +704,7 @@ std::vector<std::vector<KeyRelease>> DpReleaser::release_with(KeyStateTable& key
               lower_quiet_bound(quiet_users, selection.exact_ahead(c.noise, key, st.round), q);
             }
             selection.end_ahead(c.noise);
-            c.set_quiet_users(quiet_users);  // stored in 25 bits, never above the bound
+            c.set_quiet_users(quiet_users);  // stored clamped to 2^24 - 1, never above the bound
             cache.schedule(entry, st.round_start + q - 1, trigger);
             ++scheduled;
           };

@@ -1,6 +1,6 @@
 // Key selection's cache of tested keys (kernels/dp_release.cpp), one per key shard: per key its
-// selection noise (a pure function of its node: a cache, never needed for privacy), the horizon of its
-// last simulation, its quiet bound and its scheduled visit.
+// selection noise (a pure function of its node: a cache, never needed for privacy), its quiet bound and
+// its scheduled visit.
 //
 // Layout, for memory: entries are dense, numbered in the order keys are added, in chunks of 16 (a
 // shard's slack is at most 15 entries); an open-addressing index of 4-byte slots finds them (8 bits of
@@ -40,31 +40,23 @@ class SelectionCache {
   static constexpr std::uint32_t kMaxEntries = (1u << 24) - 1;
 
   // A tested key. It belongs to the key's current round: a release resets it, a window's start clears all.
-  // 32 bytes with the banded counter's 20-byte frontier: the quiet bound and the horizon share a word.
+  // 32 bytes with the banded counter's 20-byte frontier.
   struct Entry {
-    static constexpr std::uint32_t kMaxHorizon = 127;              // 7 bits
-    static constexpr std::int64_t kMaxQuietUsers = (1 << 24) - 1;  // 25 bits hold -1 .. 2^24 - 1
+    static constexpr std::int64_t kMaxQuietUsers = (1 << 24) - 1;
 
     std::uint64_t key = 0;
     State noise{};
 
     // Every simulated step before the scheduled visit fails with quiet_users() round users or fewer.
-    std::int64_t quiet_users() const { return static_cast<std::int64_t>(quiet_and_horizon_ >> 7) - 1; }
+    std::int64_t quiet_users() const { return static_cast<std::int64_t>(quiet_plus_one_) - 1; }
     // Stored clamped to [-1, kMaxQuietUsers], never above `bound`: a lower bound only skips fewer keys,
     // each then visited, and round users are >= 0, so -1 skips none.
     void set_quiet_users(std::int64_t bound) {
-      const auto stored = static_cast<std::uint32_t>(std::clamp<std::int64_t>(bound, -1, kMaxQuietUsers) + 1);
-      quiet_and_horizon_ = stored << 7 | horizon();
-    }
-    // Steps the last simulation looked ahead.
-    std::uint32_t horizon() const { return quiet_and_horizon_ & kMaxHorizon; }
-    void set_horizon(std::uint32_t steps) {
-      if (steps > kMaxHorizon) throw std::logic_error("SelectionCache: a horizon above 127 steps");
-      quiet_and_horizon_ = (quiet_and_horizon_ & ~kMaxHorizon) | steps;
+      quiet_plus_one_ = static_cast<std::uint32_t>(std::clamp<std::int64_t>(bound, -1, kMaxQuietUsers) + 1);
     }
 
    private:
-    std::uint32_t quiet_and_horizon_ = 0;  // (quiet bound + 1) << 7 | horizon
+    std::uint32_t quiet_plus_one_ = 0;
   };
 
   std::uint32_t size() const { return size_; }
@@ -113,7 +105,7 @@ class SelectionCache {
   void unschedule(std::uint32_t n) { next_visit_[n] = kUnscheduled; }
 
   // The entries whose visit is scheduled at `trigger`, ascending, into `out`: a scan of each entry's byte,
-  // where visits come at least every kMaxHorizon = 127 triggers (kernels/dp_release.cpp) and each draws
+  // where visits come at least every kMaxAhead = 127 triggers (kernels/dp_release.cpp) and each draws
   // its steps' noise (~20 ns a step): the scan stays a few percent of the visits' work. The bytes are tested
   // eight at a time: most words hold no due entry (a shard has a few a trigger at T = 1000), and a byte's
   // compare and branch cost about as much as a word's test (perf: the byte loop was a sixth of

@@ -22,7 +22,6 @@ struct Expected {
   std::uint32_t number;
   std::uint32_t next_visit = kNoVisit;
   std::int64_t quiet = -1;  // a fresh entry skips nothing
-  std::uint32_t horizon = 0;
   std::uint64_t marker = 0;
 };
 }  // namespace
@@ -85,28 +84,20 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
       ASSERT_EQ(cache.entry(n).key, key);
       // The quiet bound as stored: clamped to [-1, 2^24 - 1], never above what was set.
       ASSERT_EQ(cache.entry(n).quiet_users(), std::clamp<std::int64_t>(e.quiet, -1, (1 << 24) - 1));
-      ASSERT_EQ(cache.entry(n).horizon(), e.horizon);
       ASSERT_EQ(cache.entry(n).noise.value, e.marker);
       ASSERT_EQ(cache.visit(n, now), expected_visit(e));
       // 1 to 127 triggers ahead, most often a few (key selection's horizons).
       e.next_visit =
           rng() % 3 == 0 ? kNoVisit : now + 1 + static_cast<std::uint32_t>(rng() % (rng() % 8 == 0 ? 127 : 8));
-      // Bounds on both sides of the stored range, and horizons up to the largest.
+      // Bounds on both sides of the stored range.
       e.quiet = rng() % 4 == 0 ? static_cast<std::int64_t>(rng() % (1u << 26)) - 3
                                : static_cast<std::int64_t>(rng() % 1000) - 1;
-      e.horizon = static_cast<std::uint32_t>(rng() % (Cache::Entry::kMaxHorizon + 1));
       e.marker = rng();
       if (e.next_visit == kNoVisit)
         cache.unschedule(n);
       else
         cache.schedule(n, e.next_visit, now);
-      if (rng() % 2 == 0) {  // either order: neither field overwrites the other
-        cache.entry(n).set_quiet_users(e.quiet);
-        cache.entry(n).set_horizon(e.horizon);
-      } else {
-        cache.entry(n).set_horizon(e.horizon);
-        cache.entry(n).set_quiet_users(e.quiet);
-      }
+      cache.entry(n).set_quiet_users(e.quiet);
       cache.entry(n).noise.value = e.marker;
       if (op % 200 == 0) {  // the next trigger: its due visits, each consumed
         ++now;
@@ -130,9 +121,7 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
       const std::uint32_t n = cache.find(key);
       ASSERT_EQ(n, e.number) << "key " << key;
       ASSERT_EQ(cache.entry(n).noise.value, e.marker);
-      ASSERT_EQ(cache.entry(n).horizon(), e.horizon);
     }
-    EXPECT_THROW(cache.entry(0).set_horizon(Cache::Entry::kMaxHorizon + 1), std::logic_error);
     EXPECT_THROW(cache.schedule(0, now + 128, now), std::logic_error);  // its residue would name two triggers
     EXPECT_THROW(cache.schedule(0, now, now), std::logic_error);
     for (std::uint64_t i = 60001; i < 70000; ++i) ASSERT_EQ(cache.find(key_of(i)), Cache::kNone);
