@@ -29,7 +29,7 @@ constexpr std::int64_t kOne = std::int64_t{1} << kValueFracBits;  // one user or
 // A failed test's look-ahead: the cache's limit, from a key's first test on. A visit costs misses and its
 // ring's draws, a longer look-ahead the steps drawn past new records; since most runs are taken on one
 // bound (run_bounds) and a draw costs about 3 ns, 127 steps at once beat look-aheads that doubled from 2
-// up to 127 (docs/PERFORMANCE.md round 43: 2 to 64 in rounds 5-32, to 127 in rounds 33-42), and 254 steps.
+// up to 127 or 254 (docs/PERFORMANCE.md round 43; 2 to 64 in rounds 5-32, to 127 in rounds 33-42).
 constexpr std::uint32_t kHorizon = 127;
 static_assert(kHorizon <= SelectionCache<BandedSelectionNoise>::kMaxAhead);
 // Key selection's cache entry, banded (the default): 32 bytes.

@@ -136,15 +136,13 @@ class SelectionCache {
     return ~(((x & kLow7) + kLow7) | x | kLow7);
   }
 
-  void prefetch(std::uint64_t key) const { prefetch_hashed(hash_of(key)); }
   void prefetch_hashed(std::uint64_t hash) const {
     if (!slots_.empty()) prefetch_probe(slots_, home(hash));
   }
   // The entry find(key) most likely reads, with its scheduled visit: that of the probe's first slot whose tag
   // matches (a tag of 8 bits: another key's about once in 256 slots passed). It stops there: a walk on to the
   // next free slot read up to a dozen more slots at the table's highest load, for the rare other match.
-  // The slots themselves should be in cache (prefetch(key) earlier).
-  void prefetch_entry_of(std::uint64_t key) const { prefetch_entry_of_hashed(hash_of(key)); }
+  // The slots themselves should be in cache (prefetch_hashed earlier).
   void prefetch_entry_of_hashed(std::uint64_t hash) const {
     if (slots_.empty()) return;
     for (std::size_t i = home(hash); slots_[i] != kFree; i = next_slot(i, slots_.size()))

@@ -138,10 +138,10 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
 // A prefetch never reads past the slots or changes what a lookup finds.
 TEST(SelectionCache, PrefetchesAreHintsOnly) {
   Cache cache;
-  cache.prefetch(7), cache.prefetch_entry_of(7);  // empty: no slots
+  cache.prefetch_hashed(Cache::hash_of(7)), cache.prefetch_entry_of_hashed(Cache::hash_of(7));  // empty: no slots
   for (std::uint64_t k = 0; k < 1000; ++k) cache.find_or_add(k * 256);
   for (std::uint64_t k = 0; k < 2000; ++k) {
-    cache.prefetch(k * 256), cache.prefetch_entry_of(k * 256);
+    cache.prefetch_hashed(Cache::hash_of(k * 256)), cache.prefetch_entry_of_hashed(Cache::hash_of(k * 256));
     ASSERT_EQ(cache.find(k * 256), k < 1000 ? static_cast<std::uint32_t>(k) : Cache::kNone);
   }
 }
