@@ -32,7 +32,12 @@ class IntervalSum {
         std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch()).count());
 #endif
   }
-  void add_since(std::uint64_t from) { sum_ += ticks() - from; }  // an interval from `from` (a ticks()) to now
+  // An interval from `from` (a ticks()) to now; none when the counter reads earlier than `from` (a thread moved to a
+  // core whose counter lags: the interval is lost rather than wrapped to 2^64 ticks).
+  void add_since(std::uint64_t from) {
+    const std::uint64_t now = ticks();
+    if (now > from) sum_ += now - from;
+  }
   double seconds() const {
     const std::uint64_t span_ticks = ticks() - span_start_ticks_;
     return span_ticks == 0 ? 0.0

@@ -27,10 +27,11 @@ struct CdfTable {
   std::vector<std::array<std::uint64_t, 2>> lo;         // its two lower words
   std::array<std::uint32_t, (1u << kGuideBits)> guide;  // guide[h] = first m with hi[m] >= h 2^52
   // cell_from_top's answer per guide bucket h (u0 in [h 2^52, (h + 1) 2^52)), one word for a vector lookup:
-  // bits 63-52 m = guide[h]; bit 51 set when a second entry's top word also lies in the bucket; bits 50-0 the
-  // first such word's offset in the bucket, halved (all ones when none lies there). With d = (u0 mod 2^52) / 2:
-  // d below the field gives m, d above it gives m + 1 unless bit 51 is set; else (an equal d: a tie among
-  // them) the search decides. A bucket whose m does not fit (m >= 4095) reads as "never decided here".
+  // bits 63-52 m = guide[h]; bit 51 set when a second entry's top word (before the last) also lies in the bucket;
+  // bits 50-0 the first such word's offset in the bucket, halved (all ones when none lies there, which reads the
+  // same as one in the bucket's last two words). With d = (u0 mod 2^52) / 2: d below the field gives m, d above
+  // it gives m + 1 unless bit 51 is set; an equal d (a tie, or u0 next to the entry) is left to the search. A
+  // bucket whose m is 4095 or more (a table of that many cells; 4095 is kept out too) is never decided here.
   std::array<std::uint64_t, (1u << kGuideBits)> bucket;
   static constexpr std::uint64_t kBucketField = (std::uint64_t{1} << 51) - 1;
   static constexpr std::uint64_t kSecondInBucket = std::uint64_t{1} << 51;

@@ -271,7 +271,7 @@ TEST(ExactNormal, FirstBlockShortcutEqualsTheGeneralSamplerWhereItDecides) {
 
 // normal_fixed56_run decides block 0s eight at a time with AVX-512F where the CPU runs it: the same decisions
 // and values as one at a time, on every cell's edges (the words just below, at and above each entry's top word
-// and each guide bucket's first word, where the vector search's two steps and ties are decided), V's top digits
+// and each guide bucket's first word, where the bucket word's comparison and ties are decided), V's top digits
 // just below, at and above the cell, both signs and random words, in runs of every length 1-64 at odd offsets.
 // Lanes left undecided must keep `out` as it was.
 TEST(ExactNormal, VectorBlock0PathDecidesAsTheScalarOne) {
@@ -326,8 +326,8 @@ TEST(ExactNormal, VectorBlock0PathDecidesAsTheScalarOne) {
   }
   EXPECT_GT(decided, 100000u);
   EXPECT_GT(undecided, 10000u);
-  // The vector steps leave only the rare cases (a third search step, the last cell): a vector path that
-  // decided nothing would pass every comparison above.
+  // The vector steps leave only the rare cases (u0 past the first of two entries in its bucket: tail cells, about
+  // 1% of draws; an equal half): a vector path that decided nothing would pass every comparison above.
   EXPECT_GT(vector_alone_random, decided_random / 100 * 99) << vector_alone_random << " of " << decided_random;
   std::array<std::int64_t, 65> out{};
   EXPECT_THROW(fixed56_from_first_blocks(bytes.data(), 65, out.data()), std::invalid_argument);

@@ -86,7 +86,7 @@ TEST(SelectionCache, AgreesWithAMapThroughGrowth) {
       ASSERT_EQ(cache.entry(n).quiet_users(), std::clamp<std::int64_t>(e.quiet, -1, (1 << 24) - 1));
       ASSERT_EQ(cache.entry(n).noise.value, e.marker);
       ASSERT_EQ(cache.visit(n, now), expected_visit(e));
-      // 1 to 127 triggers ahead, most often a few (key selection's horizons).
+      // 1 to 127 triggers ahead, most often a few.
       e.next_visit =
           rng() % 3 == 0 ? kNoVisit : now + 1 + static_cast<std::uint32_t>(rng() % (rng() % 8 == 0 ? 127 : 8));
       // Bounds on both sides of the stored range.
