@@ -87,13 +87,14 @@ DPSTREAM_VAES_TARGET void expand_key(const std::uint8_t* key, std::uint8_t* roun
 // One pass of R registers of four blocks, the last register's valid blocks in `last` (two 64-bit lanes a
 // block; masked lanes are neither read nor written): the rounds of the R registers' blocks are independent,
 // so they overlap in the pipeline instead of waiting out each aesenc's latency. `k`: the round keys in the
-// cipher's memory, read from there (a local copy would leave the schedule on the stack).
-template <std::size_t R>
-DPSTREAM_VAES_TARGET inline void pass(const __m512i* k, const std::uint8_t* in, std::uint8_t* out, __mmask8 last) {
+// cipher's memory, read from there (a local copy would leave the schedule on the stack). The plaintexts come
+// from `source.next(mask)`, register by register (Buffer or Counter below).
+template <std::size_t R, class Source>
+DPSTREAM_VAES_TARGET inline void pass(const __m512i* k, Source& source, std::uint8_t* out, __mmask8 last) {
   __m512i b[R];
 #pragma GCC unroll 8
   for (std::size_t j = 0; j < R; ++j)
-    b[j] = _mm512_xor_si512(_mm512_maskz_loadu_epi64(j + 1 < R ? 0xff : last, in + 64 * j), _mm512_load_si512(k));
+    b[j] = _mm512_xor_si512(source.next(j + 1 < R ? 0xff : last), _mm512_load_si512(k));
 #pragma GCC unroll 13
   for (std::size_t r = 1; r < 14; ++r) {
     const __m512i key = _mm512_load_si512(k + r);
@@ -106,114 +107,86 @@ DPSTREAM_VAES_TARGET inline void pass(const __m512i* k, const std::uint8_t* in, 
     _mm512_mask_storeu_epi64(out + 64 * j, j + 1 < R ? 0xff : last, _mm512_aesenclast_epi128(b[j], key));
 }
 
-// pass() of a counter run's blocks (Aes256Blocks::encrypt_run): register j's plaintexts are `first` (the run's
-// first four blocks' words in native order: high, low, high, low + step, ..) plus j times `next` (four steps on each
-// low word), their bytes swapped to big-endian in each word; the output's last register masked by `last`.
-template <std::size_t R>
-DPSTREAM_VAES_TARGET inline void pass_run(const __m512i* k, __m512i first, __m512i next, std::uint8_t* out,
-                                          __mmask8 last) {
-  const __m512i swap = _mm512_set_epi64(0x08090a0b0c0d0e0f, 0x0001020304050607, 0x08090a0b0c0d0e0f, 0x0001020304050607,
-                                        0x08090a0b0c0d0e0f, 0x0001020304050607, 0x08090a0b0c0d0e0f, 0x0001020304050607);
-  __m512i b[R];
-#pragma GCC unroll 8
-  for (std::size_t j = 0; j < R; ++j, first = _mm512_add_epi64(first, next))
-    b[j] = _mm512_xor_si512(_mm512_shuffle_epi8(first, swap), _mm512_load_si512(k));
-#pragma GCC unroll 13
-  for (std::size_t r = 1; r < 14; ++r) {
-    const __m512i key = _mm512_load_si512(k + r);
-#pragma GCC unroll 8
-    for (std::size_t j = 0; j < R; ++j) b[j] = _mm512_aesenc_epi128(b[j], key);
+// Plaintexts read from memory, four blocks a register (masked lanes not read).
+struct Buffer {
+  const std::uint8_t* in;
+  DPSTREAM_VAES_TARGET __m512i next(__mmask8 mask) {
+    const __m512i v = _mm512_maskz_loadu_epi64(mask, in);
+    in += 64;
+    return v;
   }
-  const __m512i key = _mm512_load_si512(k + 14);
-#pragma GCC unroll 8
-  for (std::size_t j = 0; j < R; ++j)
-    _mm512_mask_storeu_epi64(out + 64 * j, j + 1 < R ? 0xff : last, _mm512_aesenclast_epi128(b[j], key));
+};
+
+// A counter run's plaintexts (Aes256Blocks::encrypt_run), made in registers: `words` holds the next four blocks'
+// words in native order (high, low, high, low + step, ..), `step4` four steps on each low word; each word's bytes
+// are swapped to big-endian.
+struct Counter {
+  __m512i words, step4;
+  DPSTREAM_VAES_TARGET __m512i next(__mmask8 /*mask*/) {  // masked lanes are not stored
+    const __m512i swap =
+        _mm512_set_epi64(0x08090a0b0c0d0e0f, 0x0001020304050607, 0x08090a0b0c0d0e0f, 0x0001020304050607,
+                         0x08090a0b0c0d0e0f, 0x0001020304050607, 0x08090a0b0c0d0e0f, 0x0001020304050607);
+    const __m512i v = _mm512_shuffle_epi8(words, swap);
+    words = _mm512_add_epi64(words, step4);
+    return v;
+  }
+};
+
+// Thirty-two blocks a pass, then the rest in one pass of as many registers as it needs (short runs, such
+// as a ring's seven samples, are common: one block at a time would wait out 14 latencies each).
+template <class Source>
+DPSTREAM_VAES_TARGET void encrypt_passes(const std::uint8_t* round_keys, Source source, std::uint8_t* out,
+                                         std::size_t n) {
+  const auto* k = reinterpret_cast<const __m512i*>(round_keys);  // 64-byte aligned (alignas in the header)
+  for (; n >= 32; n -= 32, out += 512) pass<8>(k, source, out, 0xff);
+  if (n > 0) {
+    const std::size_t registers = (n + 3) / 4, in_last = n - 4 * (registers - 1);  // 1 .. 4 blocks
+    const auto last = static_cast<__mmask8>((1u << (2 * in_last)) - 1);
+    switch (registers) {
+      case 1:
+        pass<1>(k, source, out, last);
+        break;
+      case 2:
+        pass<2>(k, source, out, last);
+        break;
+      case 3:
+        pass<3>(k, source, out, last);
+        break;
+      case 4:
+        pass<4>(k, source, out, last);
+        break;
+      case 5:
+        pass<5>(k, source, out, last);
+        break;
+      case 6:
+        pass<6>(k, source, out, last);
+        break;
+      case 7:
+        pass<7>(k, source, out, last);
+        break;
+      default:
+        pass<8>(k, source, out, last);
+        break;
+    }
+  }
+  clear_vector_registers();
+}
+
+DPSTREAM_VAES_TARGET void encrypt_vaes512(const std::uint8_t* round_keys, const std::uint8_t* in, std::uint8_t* out,
+                                          std::size_t n) {
+  encrypt_passes(round_keys, Buffer{in}, out, n);
 }
 
 DPSTREAM_VAES_TARGET void encrypt_run_vaes512(const std::uint8_t* round_keys, std::uint64_t high, std::uint64_t low,
                                               std::uint64_t step, std::uint8_t* out, std::size_t n) {
-  const auto* k = reinterpret_cast<const __m512i*>(round_keys);
   // Lane values as the intrinsics take them (long long); the sums wrap modulo 2^64 as the caller's words would.
   const auto lane = [](std::uint64_t v) { return static_cast<long long>(v); };
-  const long long h = lane(high);
+  const long long h = lane(high), four = lane(step * 4);
   const auto word = [&](std::uint64_t i) { return lane(low + i * step); };
-  __m512i first = _mm512_set_epi64(word(3), h, word(2), h, word(1), h, word(0), h);
-  const long long four = lane(step * 4), eight_registers = lane(step * 32);
-  const __m512i next = _mm512_set_epi64(four, 0, four, 0, four, 0, four, 0);
-  const __m512i next_pass =
-      _mm512_set_epi64(eight_registers, 0, eight_registers, 0, eight_registers, 0, eight_registers, 0);
-  for (; n >= 32; n -= 32, out += 512, first = _mm512_add_epi64(first, next_pass))
-    pass_run<8>(k, first, next, out, 0xff);
-  if (n > 0) {
-    const std::size_t registers = (n + 3) / 4, in_last = n - 4 * (registers - 1);  // 1 .. 4 blocks
-    const auto last = static_cast<__mmask8>((1u << (2 * in_last)) - 1);
-    switch (registers) {
-      case 1:
-        pass_run<1>(k, first, next, out, last);
-        break;
-      case 2:
-        pass_run<2>(k, first, next, out, last);
-        break;
-      case 3:
-        pass_run<3>(k, first, next, out, last);
-        break;
-      case 4:
-        pass_run<4>(k, first, next, out, last);
-        break;
-      case 5:
-        pass_run<5>(k, first, next, out, last);
-        break;
-      case 6:
-        pass_run<6>(k, first, next, out, last);
-        break;
-      case 7:
-        pass_run<7>(k, first, next, out, last);
-        break;
-      default:
-        pass_run<8>(k, first, next, out, last);
-        break;
-    }
-  }
-  clear_vector_registers();
-}
-
-// Thirty-two blocks a pass, then the rest in one pass of as many registers as it needs (short runs, such
-// as a ring's seven samples, are common: one block at a time would wait out 14 latencies each).
-DPSTREAM_VAES_TARGET void encrypt_vaes512(const std::uint8_t* round_keys, const std::uint8_t* in, std::uint8_t* out,
-                                          std::size_t n) {
-  const auto* k = reinterpret_cast<const __m512i*>(round_keys);  // 64-byte aligned (alignas in the header)
-  for (; n >= 32; n -= 32, in += 512, out += 512) pass<8>(k, in, out, 0xff);
-  if (n > 0) {
-    const std::size_t registers = (n + 3) / 4, in_last = n - 4 * (registers - 1);  // 1 .. 4 blocks
-    const auto last = static_cast<__mmask8>((1u << (2 * in_last)) - 1);
-    switch (registers) {
-      case 1:
-        pass<1>(k, in, out, last);
-        break;
-      case 2:
-        pass<2>(k, in, out, last);
-        break;
-      case 3:
-        pass<3>(k, in, out, last);
-        break;
-      case 4:
-        pass<4>(k, in, out, last);
-        break;
-      case 5:
-        pass<5>(k, in, out, last);
-        break;
-      case 6:
-        pass<6>(k, in, out, last);
-        break;
-      case 7:
-        pass<7>(k, in, out, last);
-        break;
-      default:
-        pass<8>(k, in, out, last);
-        break;
-    }
-  }
-  clear_vector_registers();
+  encrypt_passes(round_keys,
+                 Counter{_mm512_set_epi64(word(3), h, word(2), h, word(1), h, word(0), h),
+                         _mm512_set_epi64(four, 0, four, 0, four, 0, four, 0)},
+                 out, n);
 }
 
 #endif
