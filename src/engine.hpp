@@ -84,6 +84,7 @@ class Engine {
   void reserve_tables();
   void process_batch(std::uint32_t wi, std::uint32_t first, std::uint32_t end);
   std::vector<Record> ingest(std::int64_t window, std::uint32_t trigger);
+  void await_ingest();
   std::vector<std::uint64_t> stage_release(const std::vector<std::vector<KeyRelease>>& releases, std::int64_t window,
                                            std::uint32_t first_trigger);
   void end_trigger(std::uint32_t wi, std::uint32_t trigger, std::uint64_t local_records, std::uint64_t released,
