@@ -483,8 +483,8 @@ class ShardedEntries {
 // Bounds a run of shards' records on one thread. Users are visited in groups (a user's records of the
 // trigger, in stream order); their state is random in memory, so its home bucket is prefetched
 // kSlotAhead users ahead, with the user's records: the DRAM latency of many users overlaps instead
-// of adding up. A user's records are put in stream order there too, not while sorting by user, where
-// reading them missed the cache for every user with several records (perf: 6% of bounding). Prefetches retire at once,
+// of adding up. bound_user puts a user's records in stream order, not the sort by user, where reading
+// them missed the cache for every user with several records (perf: 6% of bounding). Prefetches retire at once,
 // where loads that miss would fill the reorder buffer and stall it (perf: 60 ns per user with batched loads). The
 // prefetch runs on across the shards of the run: per shard it started cold, and at T = 1000 (about 24 users per shard
 // and trigger) most users were never prefetched.
@@ -581,8 +581,8 @@ class ShardBounder {
     if (!std::is_sorted(order_ + first, order_ + last, by_stream)) std::sort(order_ + first, order_ + last, by_stream);
   }
 
-  // One user's records of the batch (order_[from, to), by trigger and in stream order): keeps the first
-  // C - kept, clamps, counts each trigger's on its own.
+  // One user's records of the batch (order_[from, to), by index; put here by trigger and in stream order): keeps
+  // the first C - kept, clamps, counts each trigger's on its own.
   void bound_user(std::size_t s, std::size_t from, std::size_t to) {
     if (to - from > 1) in_stream_order(from, to);
     const std::uint64_t user = record_at(from).user;
