@@ -198,10 +198,9 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
     return n;
   };
   constexpr double kInfinite = std::numeric_limits<double>::infinity();
-  const auto variance = [&](const std::vector<std::int64_t>& n) { return band_variance(n, horizon); };
   const auto objective = [&](const std::vector<double>& v) {
     const auto n = grid(v);
-    const double var = variance(n);
+    const double var = band_variance(n, horizon);
     if (!std::isfinite(var)) return kInfinite;
     const double sens = inverse_norm_squared<double>(n, horizon);
     return std::isfinite(sens) ? sens * var : kInfinite;
@@ -209,7 +208,7 @@ std::vector<std::int64_t> optimized_band(std::uint32_t T, std::size_t b) {
   // objective() of two candidates, their sensitivities computed together: the same values.
   const auto objective_pair = [&](const std::vector<double>& first, const std::vector<double>& second) {
     const std::array<std::vector<std::int64_t>, 2> n{grid(first), grid(second)};
-    const std::array<double, 2> var{variance(n[0]), variance(n[1])};
+    const std::array<double, 2> var{band_variance(n[0], horizon), band_variance(n[1], horizon)};
     std::array<double, 2> f{kInfinite, kInfinite};
     if (!std::isfinite(var[0]) && !std::isfinite(var[1])) return f;
     const std::array<double, 2> sens = inverse_norms_squared<double, 2>({&n[0], &n[1]}, horizon);
