@@ -11,6 +11,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "common/default_init.hpp"
 #include "common/fault_injection.hpp"
 #include "common/prefetch.hpp"
 #include "partition/hash.hpp"
@@ -401,7 +402,7 @@ constexpr auto hash_then_arrival = [](const UserRecord& a, const UserRecord& b) 
   return (static_cast<uint128>(a.slot_hash) << 64 | a.index) < (static_cast<uint128>(b.slot_hash) << 64 | b.index);
 };
 
-// By (slot hash, index): insertion for a few entries (most of sort_by_user's buckets that hold two or more
+// By (slot hash, index): insertion for a few entries (most of group_by_user's buckets that hold two or more
 // hold two; std::sort's call cost more than their sort), std::sort beyond unless already in order (a heavy
 // user alone in its bucket: its entries come in index order).
 void sort_small(UserRecord* from, UserRecord* to) {
@@ -495,17 +496,16 @@ class ShardBounder {
       : params_(params), state_(state), out_(out) {}
 
   // Shards [first_shard, last_shard) of the batch's `records`, whose entries `sharded` holds, user by user in
-  // slot hash order (sort_by_user), each user's records in stream order.
+  // slot hash order (group_by_user), each user's records in stream order.
   void run(std::size_t first_shard, std::size_t last_shard, const BatchRecords& records, ShardedEntries& sharded) {
     order_ = sharded.data();
     records_ = &records;
-    groups_.clear();
+    // At most one group per entry, then the end.
+    groups_.resize(sharded.shard_begin(last_shard) - sharded.shard_begin(first_shard) + 1);
+    std::size_t n = 0;
     for (std::size_t s = first_shard; s < last_shard; ++s)
-      sort_by_user(sharded.shard_begin(s), sharded.shard_begin(s + 1), [&](std::size_t first, std::size_t) {
-        groups_.push_back({first, s});
-      });
-    const std::size_t n = groups_.size();
-    groups_.push_back({sharded.shard_begin(last_shard), last_shard});
+      n = group_by_user(sharded.shard_begin(s), sharded.shard_begin(s + 1), s, n);
+    groups_[n] = {sharded.shard_begin(last_shard), last_shard};
     for (std::size_t i = 0; i < std::min(n, kSlotAhead); ++i) prefetch_user(i);
     for (std::size_t i = 0; i < n; ++i) {
       if (i + kSlotAhead < n) prefetch_user(i + kSlotAhead);
@@ -528,20 +528,23 @@ class ShardBounder {
     for (std::size_t i = at; i < end; ++i) dpstream::prefetch_object(&records_->at(order_[i].index));
   }
 
-  // Sorts order_[first, last) (one shard's entries, in index order) by (slot hash, index) and calls f(first,
-  // last) for each user's entries in that order: one stable counting pass on the hash's top bits, about one
-  // entry a bucket (the hashes are uniform), so that a bucket of one entry is one user (equal hashes share a
-  // bucket) and only the rare bucket of more needs a sort (a comparison sort cost 34 ns a record, perf).
-  template <class F>
-  void sort_by_user(std::size_t first, std::size_t last, F&& f) {
+  // Sorts order_[first, last) (shard s's entries, in index order) by (slot hash, index) and writes a Group for
+  // each user's entries to groups_ from groups_[g] on; returns the index after the last one written. One stable
+  // counting pass on the hash's top bits into 4-8 times more buckets than entries (a comparison sort cost 34 ns a
+  // record, perf), so that almost every bucket holds no entry or one, which is one user (equal hashes share a
+  // bucket): those buckets add their group without a branch on the bucket's size (with about one entry a bucket,
+  // that branch and the walk of its runs mispredicted about once a user, cachegrind). The rare bucket of more is
+  // sorted. Large shards keep about one entry a bucket, so that the counts stay in L1 and L2.
+  std::size_t group_by_user(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
     UserRecord* const begin = order_ + first;
     const std::size_t n = last - first;
     if (n <= 32 || n > (std::size_t{1} << 20)) {
       sort_small(begin, begin + n);
-      for_each_run(first, last, f);
-      return;
+      return append_runs(first, last, s, g);
     }
-    const auto bits = static_cast<int>(std::bit_width(n));  // 2^bits > n buckets
+    constexpr int kMaxSpreadBits = 14;                     // a spread count array of at most 16 K entries (64 KB)
+    const auto fit = static_cast<int>(std::bit_width(n));  // 2^fit > n
+    const int bits = std::max(fit, std::min(fit + 2, kMaxSpreadBits));
     bucket_start_.assign((std::size_t{1} << bits) + 1, 0);
     for (const UserRecord* r = begin; r != begin + n; ++r) ++bucket_start_[(r->slot_hash >> (64 - bits)) + 1];
     for (std::size_t b = 1; b < bucket_start_.size(); ++b) bucket_start_[b] += bucket_start_[b - 1];
@@ -549,23 +552,28 @@ class ShardBounder {
     bucket_end_.assign(bucket_start_.begin(), bucket_start_.end() - 1);
     for (const UserRecord* r = begin; r != begin + n; ++r) scratch_[bucket_end_[r->slot_hash >> (64 - bits)]++] = *r;
     std::copy_n(scratch_.begin(), n, begin);
+    Group* const out = groups_.data();
     for (std::size_t b = 0; b + 1 < bucket_start_.size(); ++b) {
       const std::size_t from = first + bucket_start_[b], to = first + bucket_start_[b + 1];
-      if (to - from == 1) f(from, to);
-      if (to - from <= 1) continue;
-      sort_small(order_ + from, order_ + to);
-      for_each_run(from, to, f);
+      if (to - from > 1) {
+        sort_small(order_ + from, order_ + to);
+        g = append_runs(from, to, s, g);
+        continue;
+      }
+      out[g] = {from, s};  // kept only when the bucket holds an entry
+      g += to - from;
     }
+    return g;
   }
-  // f(from, to) for each run of equal slot hashes in order_[first, last).
-  template <class F>
-  void for_each_run(std::size_t first, std::size_t last, F&& f) const {
-    for (std::size_t g = first; g != last;) {
-      std::size_t g_end = g + 1;
-      while (g_end != last && order_[g_end].slot_hash == order_[g].slot_hash) ++g_end;
-      f(g, g_end);
-      g = g_end;
+  // A Group for each run of equal slot hashes in order_[first, last) (shard s), from groups_[g] on; the index after.
+  std::size_t append_runs(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
+    for (std::size_t at = first; at != last;) {
+      groups_[g++] = {at, s};
+      const std::uint64_t h = order_[at].slot_hash;
+      while (++at != last && order_[at].slot_hash == h) {
+      }
     }
+    return g;
   }
 
   // Puts one user's entries order_[first, last) (by index) by trigger, then in stream order (timestamp,
@@ -654,9 +662,9 @@ class ShardBounder {
   ThreadOut& out_;
   UserRecord* order_ = nullptr;  // the run's entries (sorted by user within each shard by run())
   const BatchRecords* records_ = nullptr;
-  std::vector<UserRecord> scratch_;  // sort_by_user's counting pass
+  std::vector<UserRecord> scratch_;  // group_by_user's counting pass
   std::vector<std::uint32_t> bucket_start_, bucket_end_;
-  std::vector<Group> groups_;                                        // each user's, then the end
+  std::vector<Group, DefaultInitAllocator<Group>> groups_;           // each user's, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };
 
