@@ -34,8 +34,9 @@ SHARDS = 256  # UserState::kShards == KeyStateTable::kShards
 # kernels/table_memory.hpp kSpareSigmas: a key table reservation's spare, which its table fills to 7/8
 # (Packed.piece_top) before it leaves its slab piece (kept mapped: table_bytes counts it).
 SPARE_SIGMAS = 2
-# The user table (kernels/bounding.hpp, UserState) packs a record per user (11 bytes: user, tag, kept; then
-# 2 bytes per key fingerprint, up to 32) into 256-byte buckets of 254 bytes of records, reserved for the
+# The user table (kernels/bounding.hpp, UserState) packs a record per user (12 bytes: user, state, kept and
+# its 2-byte directory entry; then 2 bytes per key fingerprint, up to 32) into 256-byte buckets of 253 bytes
+# for directories and records (at most 16 records a bucket, which binds only users of few keys), reserved for the
 # window's expected users and kept records (four standard deviations of a shard's users to spare) at
 # most 85% full, grown by 1/8 + 1 bucket beyond it; fingerprints past 32 go to an exact absl set of
 # 16-byte (user, fingerprint) entries, kept counts of 255 or more to an absl map. The key table
@@ -44,8 +45,8 @@ SPARE_SIGMAS = 2
 # synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep their round
 # state (12 bytes) in a side table: few in a large uniform key space, not modelled.
 OVERFLOW_SLOT, WIDE_KEPT_SLOT, KEY_SLOT = 16, 16, 16
-BUCKET, BUCKET_ROOM, MAX_LOAD_PERCENT = 256, 254, 85
-RECORD_HEAD, INLINE_FINGERPRINTS, WIDE_KEPT = 11, 32, 255
+BUCKET, BUCKET_ROOM, MAX_LOAD_PERCENT = 256, 253, 85
+RECORD_HEAD, INLINE_FINGERPRINTS, WIDE_KEPT = 12, 32, 255
 # The synthetic generator keeps, per local user, U_(k) and k (12 bytes) and its place in a due list (4).
 GENERATOR_USER = 16
 BASE_BYTES = 50 * 2**20

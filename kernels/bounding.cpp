@@ -10,6 +10,9 @@
 #include <memory>
 #include <span>
 #include <stdexcept>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common/default_init.hpp"
 #include "common/fault_injection.hpp"
@@ -32,17 +35,51 @@ std::uint32_t recorded_after_add(std::uint32_t done, std::uint32_t held, bool jo
 }
 
 // Everything of the record is in the journal: nothing of it is pending any more.
-void mark_journaled(std::uint8_t* r) {
-  const std::uint16_t t = rec::tag(r);
-  rec::set_tag(r, rec::with_counts(static_cast<std::uint16_t>(t & ~rec::kChanged), rec::held(t), rec::held(t)));
+void mark_journaled(std::uint8_t* r, std::uint32_t held) {
+  rec::set_state(r, rec::with_journaled(static_cast<std::uint8_t>(rec::state(r) & ~rec::kChanged), held));
 }
 
-bool record_pending(const std::uint8_t* record) {
-  const std::uint16_t t = rec::tag(record);
-  return (t & rec::kChanged) != 0 || rec::journaled(t) != rec::held(t);
+bool record_pending(const std::uint8_t* record, std::uint32_t held) {
+  const std::uint8_t s = rec::state(record);
+  return (s & rec::kChanged) != 0 || rec::journaled(s) != held;
 }
 
 }  // namespace
+
+std::size_t UserState::Bucket::bytes_through(std::uint32_t i) const {
+#if defined(__SSE2__)
+  // The counts of entries 0..i summed in one vector (the odd bytes of the directory's first 32).
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base() + kDirectory));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base() + kDirectory + 16));
+  const __m128i held = _mm_packus_epi16(_mm_srli_epi16(lo, 8), _mm_srli_epi16(hi, 8));
+  const __m128i lanes = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m128i through = _mm_cmplt_epi8(lanes, _mm_set1_epi8(static_cast<char>(i + 1)));
+  const __m128i sums = _mm_sad_epu8(_mm_and_si128(held, through), _mm_setzero_si128());
+  const auto fingerprints =
+      static_cast<std::size_t>(_mm_cvtsi128_si64(sums) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(sums, sums)));
+#else
+  std::size_t fingerprints = 0;
+  for (std::uint32_t j = 0; j <= i; ++j) fingerprints += held(j);
+#endif
+  return rec::kHead * (i + 1) + 2 * fingerprints;
+}
+
+std::uint32_t UserState::Bucket::tag_matches(std::uint32_t t) const {
+#if defined(__SSE2__)
+  // The directory's first 32 bytes (entries 0..15; bytes past the count are masked off): tags are the even ones.
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base() + kDirectory));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base() + kDirectory + 16));
+  const __m128i low_bytes = _mm_set1_epi16(0x00ff);
+  const __m128i tags = _mm_packus_epi16(_mm_and_si128(lo, low_bytes), _mm_and_si128(hi, low_bytes));
+  const auto equal =
+      static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(tags, _mm_set1_epi8(static_cast<char>(t)))));
+  return equal & ((std::uint32_t{1} << count()) - 1);
+#else
+  std::uint32_t equal = 0;
+  for (std::uint32_t i = 0; i < count(); ++i) equal |= (tag(i) == t ? 1u : 0u) << i;
+  return equal;
+#endif
+}
 
 std::uint64_t UserState::slot_hash(std::uint64_t user) {
   return partition::salted_hash(user, partition::kUserSlotSalt);
@@ -55,48 +92,57 @@ std::size_t UserState::Shard::home_in(std::size_t buckets, std::uint64_t slot_ha
 std::size_t UserState::Shard::home_of(std::uint64_t slot_hash) const { return home_in(buckets.size(), slot_hash); }
 
 std::size_t UserState::Shard::bucket_of(const std::uint8_t* record) const {
-  return static_cast<std::size_t>(record - reinterpret_cast<const std::uint8_t*>(buckets.data())) / kBucketBytes;
+  return static_cast<std::size_t>(record - buckets.data()->base()) / kBucketBytes;
 }
 
-std::uint8_t* UserState::Shard::find(std::uint64_t user, std::uint64_t hash) {
+UserState::UserRef UserState::Shard::find(std::uint64_t user, std::uint64_t hash) {
+  const std::uint32_t tag = tag_of(hash);
   std::size_t b = home_of(hash);
   for (std::size_t n = 0; n < buckets.size(); ++n, b = next_slot(b, buckets.size())) {
     Bucket& bucket = buckets[b];
-    for (std::size_t at = 0; at < bucket.used; at += rec::size(bucket.bytes + at))
-      if (rec::user(bucket.bytes + at) == user) return bucket.bytes + at;
-    if ((bucket.flags & kPassed) == 0) return nullptr;
+    for (std::uint32_t m = bucket.tag_matches(tag); m != 0; m &= m - 1) {
+      const auto i = static_cast<std::uint32_t>(std::countr_zero(m));
+      std::uint8_t* r = bucket.record(i);
+      if (rec::user(r) == user) return {r, i};
+    }
+    if ((bucket.flags() & kPassed) == 0) return {};
   }
-  return nullptr;
+  return {};
 }
 
 bool UserState::Shard::over_load(std::size_t more) const {
-  return (record_bytes + more) * 100 > buckets.size() * sizeof(Bucket::bytes) * kMaxLoadPercent;
+  return (record_bytes + more) * 100 > buckets.size() * Bucket::kRoom * kMaxLoadPercent;
 }
 
 std::size_t UserState::Shard::grown(std::size_t buckets) { return std::max<std::size_t>(4, buckets + buckets / 8 + 1); }
 
-std::uint8_t* UserState::Shard::place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size) {
+UserState::UserRef UserState::Shard::place_in(TableSlots<Bucket>& table, std::size_t from, std::uint32_t tag,
+                                              std::uint32_t held) {
+  const std::size_t size = rec::size(held);
   std::size_t b = from;
   for (std::size_t n = 0; n < table.size(); ++n, b = next_slot(b, table.size())) {
     Bucket& bucket = table[b];
-    if (bucket.used + size <= sizeof(Bucket::bytes)) {
-      std::uint8_t* at = bucket.bytes + bucket.used;
-      bucket.used = static_cast<std::uint8_t>(bucket.used + size);
-      return at;
+    if (bucket.count() < kMaxRecords && bucket.free_bytes() >= size + 2) {
+      const std::uint32_t i = bucket.count();
+      bucket.set_entry(i, tag, held);
+      bucket.count() = static_cast<std::uint8_t>(i + 1);
+      bucket.used() = static_cast<std::uint8_t>(bucket.used() + size);
+      return {bucket.base() + kBucketBytes - bucket.used(), i};
     }
-    bucket.flags |= kPassed;
+    bucket.flags() |= kPassed;
   }
-  return nullptr;
+  return {};
 }
 
-std::uint8_t* UserState::Shard::place_or_grow(std::size_t from, std::uint64_t hash, std::size_t size) {
-  if (buckets.empty() || over_load(size)) {
+UserState::UserRef UserState::Shard::place_or_grow(std::size_t from, std::uint64_t hash, std::uint32_t held) {
+  const std::size_t bytes = rec::size(held) + 2;
+  if (buckets.empty() || over_load(bytes)) {
     grow();
     from = home_of(hash);
   }
   for (;;) {
-    if (std::uint8_t* at = place_in(buckets, from, size)) {
-      record_bytes += size;
+    if (const UserRef at = place_in(buckets, from, tag_of(hash), held); at.record != nullptr) {
+      record_bytes += bytes;
       return at;
     }
     grow();
@@ -104,42 +150,50 @@ std::uint8_t* UserState::Shard::place_or_grow(std::size_t from, std::uint64_t ha
   }
 }
 
-std::uint8_t* UserState::Shard::grow_record(std::uint8_t* record) {
-  Bucket& bucket = buckets[bucket_of(record)];
-  if (bucket.used + std::size_t{2} > sizeof(Bucket::bytes) || over_load(2)) return grow_record_elsewhere(record);
-  return widen_in_bucket(bucket, record);
+UserState::UserRef UserState::Shard::grow_record(UserRef u) {
+  Bucket& bucket = buckets[bucket_of(u.record)];
+  if (bucket.free_bytes() < 2 || over_load(2)) return grow_record_elsewhere(u);
+  return widen_in_bucket(bucket, u);
 }
 
-std::uint8_t* UserState::Shard::widen_in_bucket(Bucket& bucket, std::uint8_t* record) {
-  const std::size_t size = rec::size(record);
-  const auto at = static_cast<std::size_t>(record - bucket.bytes);
-  std::memmove(record + size + 2, record + size, bucket.used - at - size);
-  bucket.used = static_cast<std::uint8_t>(bucket.used + 2);
+UserState::UserRef UserState::Shard::widen_in_bucket(Bucket& bucket, UserRef u) {
+  // The record and those after it (below it) move down by two bytes; its new fingerprint goes at its end.
+  std::uint8_t* const low = bucket.base() + kBucketBytes - bucket.used();
+  const std::uint32_t held = bucket.held(u.slot);
+  std::memmove(low - 2, low, static_cast<std::size_t>(u.record - low) + rec::size(held));
+  bucket.set_held(u.slot, held + 1);
+  bucket.used() = static_cast<std::uint8_t>(bucket.used() + 2);
   record_bytes += 2;
-  return record;
+  return {u.record - 2, u.slot};
 }
 
-std::uint8_t* UserState::Shard::grow_record_elsewhere(std::uint8_t* record) {
+UserState::UserRef UserState::Shard::grow_record_elsewhere(UserRef u) {
   if (over_load(2)) {
-    const std::uint64_t user = rec::user(record);
+    const std::uint64_t user = rec::user(u.record);
     grow();
-    record = find(user, slot_hash(user));
-    if (record == nullptr) throw std::logic_error("UserState: a record lost in a rehash");
+    u = find(user, slot_hash(user));
+    if (u.record == nullptr) throw std::logic_error("UserState: a record lost in a rehash");
   }
-  Bucket& bucket = buckets[bucket_of(record)];
-  if (bucket.used + std::size_t{2} <= sizeof(Bucket::bytes)) return widen_in_bucket(bucket, record);
-  const std::size_t size = rec::size(record);
-  const auto at = static_cast<std::size_t>(record - bucket.bytes);
-  // Moves on: out of this bucket (the records after it shift back) to the first with room after it,
-  // which keeps it on its probe from home (this bucket gets flagged, as the ones before it were).
+  Bucket& bucket = buckets[bucket_of(u.record)];
+  if (bucket.free_bytes() >= 2) return widen_in_bucket(bucket, u);
+  const std::uint32_t held = bucket.held(u.slot);
+  const std::size_t size = rec::size(held);
+  // Moves on: out of this bucket (the records after it move up into its place, the directory entries after
+  // its close up) to the first with room after it, which keeps it on its probe from home (this bucket gets
+  // flagged, as the ones before it were). The moved record has room for one more fingerprint, left unset.
   std::uint8_t copy[rec::kHead + std::size_t{2} * kInline];
-  std::memcpy(copy, record, size);
-  std::memmove(record, record + size, bucket.used - at - size);
-  bucket.used = static_cast<std::uint8_t>(bucket.used - size);
-  record_bytes -= size;
-  std::uint8_t* moved = place_or_grow(bucket_of(record), slot_hash(rec::user(copy)), size + 2);
-  std::memcpy(moved, copy, size);
-  if (record_pending(moved)) marked.note(bucket_of(moved));
+  std::memcpy(copy, u.record, size);
+  std::uint8_t* const low = bucket.base() + kBucketBytes - bucket.used();
+  std::memmove(low + size, low, static_cast<std::size_t>(u.record - low));
+  std::uint8_t* const entry = bucket.base() + Bucket::entry(u.slot);
+  std::memmove(entry, entry + 2, 2 * (std::size_t{bucket.count()} - u.slot - 1));
+  bucket.count() = static_cast<std::uint8_t>(bucket.count() - 1);
+  bucket.used() = static_cast<std::uint8_t>(bucket.used() - size);
+  record_bytes -= size + 2;
+  const std::uint64_t user = rec::user(copy);
+  const UserRef moved = place_or_grow(bucket_of(u.record), slot_hash(user), held + 1);
+  std::memcpy(moved.record, copy, size);
+  if (record_pending(moved.record, held + 1)) marked.note(bucket_of(moved.record));
   return moved;
 }
 
@@ -148,11 +202,11 @@ void UserState::Shard::grow() { rehash(grown(buckets.size())); }
 bool UserState::Shard::copy_records_to(TableSlots<Bucket>& table) const {
   bool placed = true;
   for (const Bucket& b : buckets) {
-    for_each_in(b, [&](const std::uint8_t* r) {
-      const std::size_t size = rec::size(r);
-      std::uint8_t* at = placed ? place_in(table, home_in(table.size(), slot_hash(rec::user(r))), size) : nullptr;
-      if (at != nullptr) std::memcpy(at, r, size);
-      placed = at != nullptr;
+    for_each_in(b, [&](const std::uint8_t* r, std::uint32_t held) {
+      const std::uint64_t hash = slot_hash(rec::user(r));
+      const UserRef at = placed ? place_in(table, home_in(table.size(), hash), tag_of(hash), held) : UserRef{};
+      if (at.record != nullptr) std::memcpy(at.record, r, rec::size(held));
+      placed = at.record != nullptr;
     });
     if (!placed) return false;
   }
@@ -171,16 +225,17 @@ void UserState::clear() {
   slab_ = TableSlab{};
 }
 
-// Bytes of records expected: 11 per user and 2 per pair inline (the rest in the overflow set); buckets
-// for them at most kMaxLoadPercent full, with four standard deviations of a shard's share to spare.
+// Bytes expected: 12 per user (its record's head and directory entry) and 2 per pair inline (the rest in the
+// overflow set); buckets for them at most kMaxLoadPercent full, with four standard deviations of a shard's
+// share to spare.
 void UserState::reserve(std::uint64_t users, std::uint64_t pairs) {
   const double per_shard_users = static_cast<double>(users) / kShards;
   const double pairs_per_user =
       users == 0 ? 0.0 : std::min<double>(kInline, static_cast<double>(pairs) / static_cast<double>(users));
-  const double bytes_per_user = rec::kHead + 2 * pairs_per_user;
+  const double bytes_per_user = rec::kHead + 2 + 2 * pairs_per_user;
   const double bytes = (per_shard_users + 4 * std::sqrt(per_shard_users)) * bytes_per_user;
   const auto capacity =
-      static_cast<std::size_t>(std::ceil(bytes * 100 / kMaxLoadPercent / static_cast<double>(sizeof(Bucket::bytes))));
+      static_cast<std::size_t>(std::ceil(bytes * 100 / kMaxLoadPercent / static_cast<double>(Bucket::kRoom)));
   if (capacity < 4) return;
   reserve_shards<Bucket>(
       slab_, kShards, capacity, [&](std::size_t s) { return shards_[s].buckets.size(); },
@@ -215,13 +270,13 @@ std::pair<UserState::UserRef, bool> UserState::find_or_add(std::size_t shard, st
 
 std::pair<UserState::UserRef, bool> UserState::find_or_add(std::size_t shard, std::uint64_t user, std::uint64_t hash) {
   Shard& sh = shards_[shard];
-  if (std::uint8_t* r = sh.find(user, hash)) return {{r}, false};
-  std::uint8_t* r = sh.place_or_grow(sh.home_of(hash), hash, rec::kHead);
-  std::memcpy(r, &user, sizeof user);
-  rec::set_tag(r, 0);
-  rec::set_kept_byte(r, 0);
+  if (const UserRef found = sh.find(user, hash); found.record != nullptr) return {found, false};
+  const UserRef r = sh.place_or_grow(sh.home_of(hash), hash, 0);
+  std::memcpy(r.record, &user, sizeof user);
+  rec::set_state(r.record, 0);
+  rec::set_kept_byte(r.record, 0);
   ++sh.users;
-  return {{r}, true};
+  return {r, true};
 }
 
 void UserState::set_wide_kept(std::size_t shard, UserRef u, std::uint32_t kept) {
@@ -233,15 +288,14 @@ void UserState::set_wide_kept(std::size_t shard, UserRef u, std::uint32_t kept) 
 
 void UserState::prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const {
   const Shard& sh = shards_[shard];
-  if (!sh.buckets.empty()) dpstream::prefetch_object(&sh.buckets[sh.home_of(slot_hash)]);  // its four lines
+  if (!sh.buckets.empty()) dpstream::prefetch_object(&sh.buckets[sh.home_of(slot_hash)]);
 }
 
 bool UserState::add_pair(std::size_t shard, std::uint64_t user, UserRef& u, std::uint32_t fingerprint) {
   if (fingerprint >> kFingerprintBits != 0)
     throw std::out_of_range("UserState: a key fingerprint of more than kFingerprintBits bits");
   Shard& sh = shards_[shard];
-  const std::uint16_t t = rec::tag(u.record);
-  const std::uint32_t n = rec::held(t);
+  const std::uint32_t n = sh.buckets[sh.bucket_of(u.record)].held(u.slot);
   for (std::uint32_t i = 0; i < n; ++i)
     if (rec::fingerprint(u.record, i) == fingerprint) return false;
   if (n == kInline) {
@@ -253,10 +307,11 @@ bool UserState::add_pair(std::size_t shard, std::uint64_t user, UserRef& u, std:
     ++sh.pairs;
     return true;
   }
-  u.record = sh.grow_record(u.record);
+  const std::uint8_t state = rec::state(u.record);
+  u = sh.grow_record(u);
   rec::set_fingerprint(u.record, n, static_cast<std::uint16_t>(fingerprint));
-  const std::uint32_t done = recorded_after_add(rec::journaled(t), n, journal);
-  rec::set_tag(u.record, rec::with_counts(t, n + 1, done));
+  const std::uint32_t done = recorded_after_add(rec::journaled(state), n, journal);
+  rec::set_state(u.record, rec::with_journaled(state, done));
   if (done <= n) {
     ++sh.pending.new_pairs;
     sh.marked.note(sh.bucket_of(u.record));
@@ -267,9 +322,9 @@ bool UserState::add_pair(std::size_t shard, std::uint64_t user, UserRef& u, std:
 
 void UserState::mark_changed(std::size_t shard, UserRef u) {
   Shard& sh = shards_[shard];
-  const std::uint16_t t = rec::tag(u.record);
-  sh.pending.changed_users += (t & rec::kChanged) == 0 ? 1 : 0;
-  rec::set_tag(u.record, static_cast<std::uint16_t>(t | rec::kChanged));
+  const std::uint8_t s = rec::state(u.record);
+  sh.pending.changed_users += (s & rec::kChanged) == 0 ? 1 : 0;
+  rec::set_state(u.record, static_cast<std::uint8_t>(s | rec::kChanged));
   sh.marked.note(sh.bucket_of(u.record));
 }
 
@@ -288,8 +343,8 @@ std::vector<UserState::UserFingerprint> UserState::pairs(std::size_t shard) cons
   const Shard& sh = shards_[shard];
   std::vector<UserFingerprint> out;
   out.reserve(sh.pairs);
-  sh.for_each_record([&](const std::uint8_t* r) {
-    for (std::uint32_t i = 0; i < rec::held(rec::tag(r)); ++i) out.emplace_back(rec::user(r), rec::fingerprint(r, i));
+  sh.for_each_record([&](const std::uint8_t* r, std::uint32_t held) {
+    for (std::uint32_t i = 0; i < held; ++i) out.emplace_back(rec::user(r), rec::fingerprint(r, i));
   });
   out.insert(out.end(), sh.overflow.begin(), sh.overflow.end());
   return out;
@@ -305,13 +360,13 @@ void UserState::drain_journal(std::size_t shard, std::vector<UserFingerprint>& c
   sh.marked.drain(
       sh.buckets.size(), [&](std::size_t b) { dpstream::prefetch_object(&sh.buckets[b]); },
       [&](std::size_t b) {
-        Shard::for_each_in(sh.buckets[b], [&](std::uint8_t* r) {
-          const std::uint16_t t = rec::tag(r);
-          if (!record_pending(r)) return;
-          if ((t & rec::kChanged) != 0) changed_users.emplace_back(rec::user(r), kept_of(sh, r));
-          for (std::uint32_t i = rec::journaled(t); i < rec::held(t); ++i)
+        Shard::for_each_in(sh.buckets[b], [&](std::uint8_t* r, std::uint32_t held) {
+          if (!record_pending(r, held)) return;
+          const std::uint8_t s = rec::state(r);
+          if ((s & rec::kChanged) != 0) changed_users.emplace_back(rec::user(r), kept_of(sh, r));
+          for (std::uint32_t i = rec::journaled(s); i < held; ++i)
             new_pairs.emplace_back(rec::user(r), rec::fingerprint(r, i));
-          mark_journaled(r);
+          mark_journaled(r, held);
         });
       });
   new_pairs.insert(new_pairs.end(), sh.overflow_journal.begin(), sh.overflow_journal.end());
@@ -346,10 +401,10 @@ std::uint64_t UserState::digest(std::uint64_t seed) const {
 #pragma omp parallel for schedule(dynamic, 4) reduction(+ : total)
   for (std::size_t s = 0; s < kShards; ++s) {
     const Shard& sh = shards_[s];
-    sh.for_each_record([&](const std::uint8_t* r) {
+    sh.for_each_record([&](const std::uint8_t* r, std::uint32_t held) {
       const std::uint64_t u = partition::hash_combine(seed, rec::user(r));
       total += partition::hash_combine(u, kept_of(sh, r));
-      for (std::uint32_t i = 0; i < rec::held(rec::tag(r)); ++i)
+      for (std::uint32_t i = 0; i < held; ++i)
         total += partition::hash_combine(u ^ kPairDomain, rec::fingerprint(r, i));
     });
     for (const auto& [user, fingerprint] : sh.overflow)

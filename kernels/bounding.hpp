@@ -42,33 +42,28 @@ struct BoundingStats {
   std::uint64_t new_users = 0;  // users seen for the first time in the window
 };
 
-// One user's record in the user table (UserState): user id (8 bytes), tag (2: fingerprints held in bits
-// 0-5, of which the first ones already journaled in bits 6-11, kept count changed since the last drain
-// in bit 12), kept count (1 byte; kWideKept: in the shard's wide_kept map), then `held` 16-bit key
-// fingerprints. Unaligned: read and written with memcpy.
+// One user's record in the user table (UserState): user id (8 bytes), state (1: fingerprints already journaled
+// in bits 0-5, kept count changed since the last drain in bit 6), kept count (1 byte; kWideKept: in the shard's
+// wide_kept map), then its key fingerprints (16 bits each). How many it holds is in its bucket's directory.
+// Unaligned: read and written with memcpy.
 namespace user_record {
-inline constexpr std::size_t kHead = 11;
+inline constexpr std::size_t kHead = 10;
 inline constexpr std::uint8_t kWideKept = 255;
-inline constexpr std::uint16_t kChanged = 1u << 12;
+inline constexpr std::uint8_t kChanged = 1u << 6;
 inline std::uint64_t user(const std::uint8_t* r) {
   std::uint64_t u;
   std::memcpy(&u, r, sizeof u);
   return u;
 }
-inline std::uint16_t tag(const std::uint8_t* r) {
-  std::uint16_t t;
-  std::memcpy(&t, r + 8, sizeof t);
-  return t;
+inline std::uint8_t state(const std::uint8_t* r) { return r[8]; }
+inline void set_state(std::uint8_t* r, std::uint8_t s) { r[8] = s; }
+inline std::uint32_t journaled(std::uint8_t s) { return s & 63u; }
+inline std::uint8_t with_journaled(std::uint8_t s, std::uint32_t done) {
+  return static_cast<std::uint8_t>((s & ~63u) | done);
 }
-inline void set_tag(std::uint8_t* r, std::uint16_t t) { std::memcpy(r + 8, &t, sizeof t); }
-inline std::uint32_t held(std::uint16_t t) { return t & 63u; }
-inline std::uint32_t journaled(std::uint16_t t) { return t >> 6 & 63u; }
-inline std::uint16_t with_counts(std::uint16_t t, std::uint32_t held, std::uint32_t done) {
-  return static_cast<std::uint16_t>((t & ~0xfffu) | held | done << 6);
-}
-inline std::uint8_t kept_byte(const std::uint8_t* r) { return r[10]; }
-inline void set_kept_byte(std::uint8_t* r, std::uint8_t k) { r[10] = k; }
-inline std::size_t size(const std::uint8_t* r) { return kHead + std::size_t{2} * held(tag(r)); }
+inline std::uint8_t kept_byte(const std::uint8_t* r) { return r[9]; }
+inline void set_kept_byte(std::uint8_t* r, std::uint8_t k) { r[9] = k; }
+inline std::size_t size(std::uint32_t held) { return kHead + std::size_t{2} * held; }
 inline std::uint32_t fingerprint(const std::uint8_t* r, std::uint32_t i) {
   std::uint16_t f;
   std::memcpy(&f, r + kHead + std::size_t{2} * i, sizeof f);
@@ -84,15 +79,19 @@ inline void set_fingerprint(std::uint8_t* r, std::uint32_t i, std::uint16_t f) {
 //
 // A user is one variable-length record (user_record) packed with others into the 256-byte buckets (four
 // cache lines) of its shard's table, holding the 16-bit fingerprints of the first kInline keys it was
-// counted for; more go to an exact (user, fingerprint) set. So a visit reads the user's home bucket (or
-// the next few, where its record moved on), and a user costs 11 + 2 x keys bytes (paper workload: ~6
-// keys, 23 bytes) over the table's load.
+// counted for; more go to an exact (user, fingerprint) set. A bucket starts with a directory of its records,
+// two bytes each: a tag (8 bits of the user's slot hash that neither its shard nor its home takes) and the
+// record's fingerprint count; the records lie packed at the bucket's end, the first at the very end. So a
+// lookup compares the tags in the bucket's first line at once and computes where the record starts from the
+// counts before it, instead of walking every record before it (a chain of dependent loads whose exit
+// mispredicted about once a user: docs/PERFORMANCE.md round 45). A user costs 12 + 2 x keys bytes (paper
+// workload: ~6 keys, 24 bytes) over the table's load.
 //
 // Buckets are probed linearly from the user's home bucket (from slot_hash): a record lies in the first
-// bucket from home that had room when it was placed, or moved to when it grew (the bucket's records
-// shift to make room for a fingerprint, or the record moves on to the next bucket with room). A bucket
+// bucket from home that had room when it was placed, or moved to when it grew (the records after it in the
+// bucket shift to make room for a fingerprint, or the record moves on to the next bucket with room). A bucket
 // a record passed is flagged, and a lookup goes on past flagged buckets only. The table grows (by 1/8)
-// before its records fill kMaxLoadPercent of its bytes.
+// before its records and directories fill kMaxLoadPercent of its bytes.
 //
 // First touches: a user adds at most 1 to a key's user count. Two keys of the same user with equal
 // fingerprints (probability < C / 2^16 per new key) count that user once for both: an under-count
@@ -101,19 +100,20 @@ inline void set_fingerprint(std::uint8_t* r, std::uint32_t i, std::uint16_t f) {
 class UserState {
  public:
   static constexpr std::size_t kShards = 256;
-  // Four cache lines: three records of 32 keys (75 bytes) fit one, so a table of such users fills to its
-  // load limit; in 128-byte buckets one did (126 bytes of records), and such a table cost 218 B per user.
+  // Four cache lines: three records of 32 keys (74 bytes and their directory entries) fit one, so a table of
+  // such users fills to its load limit; in 128-byte buckets one did, and such a table cost 218 B per user.
   static constexpr std::size_t kBucketBytes = 256;
-  static constexpr std::uint32_t kInline = 32;  // fingerprints in a record (11 + 64 = 75 bytes)
-  static_assert(kInline < 64);                  // user_record's 6-bit counts
-  static_assert(user_record::kHead + std::size_t{2} * kInline <= kBucketBytes - 2, "a full record fits a bucket");
-  static constexpr std::uint32_t kFingerprintBits = 16;             // key_fingerprint's values are below 2^16
-  static constexpr std::uint32_t kMaxLoadPercent = 85;              // of a table's record bytes
+  static constexpr std::uint32_t kInline = 32;           // fingerprints in a record (10 + 64 = 74 bytes)
+  static_assert(kInline < 64);                           // user_record's 6-bit journaled count
+  static constexpr std::uint32_t kMaxRecords = 16;       // in a bucket: its directory's tags fill one 16-byte vector
+  static constexpr std::uint32_t kFingerprintBits = 16;  // key_fingerprint's values are below 2^16
+  static constexpr std::uint32_t kMaxLoadPercent = 85;   // of a table's bytes for directories and records
   using UserFingerprint = std::pair<std::uint64_t, std::uint32_t>;  // (user, key fingerprint)
   // Where a user's record lies: valid until the shard's next find_or_add or add_pair (add_pair updates
   // the one it is given), or the next reserve() or clear().
   struct UserRef {
     std::uint8_t* record = nullptr;
+    std::uint32_t slot = 0;  // its entry in its bucket's directory
   };
 
   void clear();  // also clears the journal
@@ -132,7 +132,8 @@ class UserState {
   template <class F>
   void for_each_user(F&& f) const {
     for (std::size_t s = 0; s < kShards; ++s)
-      shards_[s].for_each_record([&](const std::uint8_t* r) { f(user_record::user(r), kept_of(shards_[s], r)); });
+      shards_[s].for_each_record(
+          [&](const std::uint8_t* r, std::uint32_t) { f(user_record::user(r), kept_of(shards_[s], r)); });
   }
 
   // The user's fingerprint of `key`, below 2^kFingerprintBits. Salted by the user, so that two keys
@@ -158,7 +159,9 @@ class UserState {
       set_wide_kept(shard, u, kept);
   }
   // Prefetches ahead of find_or_add, so that the misses of many users' state overlap instead of adding
-  // up: the user's home bucket (from slot_hash(user)). A hint: a stale one costs nothing but a line.
+  // up: the user's home bucket (from slot_hash(user)), all four lines: a lookup reads the directory in the first
+  // and the record wherever it lies (the directory's line first and the record's once it arrived, 16 users later,
+  // was 8% slower: bench_bounding). A hint: a stale one costs nothing but a line.
   void prefetch_slot(std::size_t shard, std::uint64_t slot_hash) const;
   // Counts (user, key fingerprint) among the user's first touches; false if it was there. With the
   // journal on, the pair stays in the journal until drain_journal(). Moves the record (updates `u`).
@@ -184,17 +187,45 @@ class UserState {
   bool journal = false;  // record changes for the checkpoint (drain_journal)
 
  private:
+  // Directory entries from byte kDirectory on: (tag, fingerprint count) of record i at kDirectory + 2 i; records
+  // from the end: record i's last byte is just before record i - 1's first.
   struct alignas(64) Bucket {
-    std::uint8_t used = 0;   // bytes of records
-    std::uint8_t flags = 0;  // kPassed: a record placed past this bucket may have its home at or before it
-    std::uint8_t bytes[kBucketBytes - 2] = {};
+    static constexpr std::size_t kDirectory = 3;
+    static constexpr std::size_t kRoom = kBucketBytes - kDirectory;  // for directory entries and records
+    std::uint8_t bytes[kBucketBytes] = {};
+    std::uint8_t* base() { return bytes; }
+    const std::uint8_t* base() const { return bytes; }
+    // Records; flags (kPassed: a record placed past this bucket may have its home at or before it); record bytes.
+    std::uint8_t& count() { return bytes[0]; }
+    std::uint8_t count() const { return bytes[0]; }
+    std::uint8_t& flags() { return bytes[1]; }
+    std::uint8_t flags() const { return bytes[1]; }
+    std::uint8_t& used() { return bytes[2]; }
+    std::uint8_t used() const { return bytes[2]; }
+    static std::size_t entry(std::uint32_t i) { return kDirectory + 2 * std::size_t{i}; }  // record i's tag, then count
+    std::uint32_t tag(std::uint32_t i) const { return bytes[entry(i)]; }
+    std::uint32_t held(std::uint32_t i) const { return bytes[entry(i) + 1]; }
+    void set_entry(std::uint32_t i, std::uint32_t tag, std::uint32_t held) {
+      bytes[entry(i)] = static_cast<std::uint8_t>(tag);
+      bytes[entry(i) + 1] = static_cast<std::uint8_t>(held);
+    }
+    void set_held(std::uint32_t i, std::uint32_t n) { bytes[entry(i) + 1] = static_cast<std::uint8_t>(n); }
+    std::size_t free_bytes() const { return kRoom - 2 * std::size_t{count()} - used(); }
+    // Record i's first byte, from the sizes of the records 0..i (the directory's counts).
+    std::uint8_t* record(std::uint32_t i) { return bytes + kBucketBytes - bytes_through(i); }
+    const std::uint8_t* record(std::uint32_t i) const { return bytes + kBucketBytes - bytes_through(i); }
+    std::size_t bytes_through(std::uint32_t i) const;
+    // Bit i set for each record i whose tag is `tag`.
+    std::uint32_t tag_matches(std::uint32_t tag) const;
   };
   static_assert(sizeof(Bucket) == kBucketBytes);
-  static_assert(sizeof(Bucket::bytes) <= 255, "Bucket::used counts its bytes in 8 bits");
+  static_assert(Bucket::kRoom <= 255, "Bucket::used counts its bytes in 8 bits");
+  static_assert(user_record::kHead + std::size_t{2} * kInline + 2 <= Bucket::kRoom, "a full record fits a bucket");
+  static std::uint32_t tag_of(std::uint64_t slot_hash) { return static_cast<std::uint32_t>(slot_hash >> 8) & 0xffu; }
   struct Shard {
     TableSlots<Bucket> buckets;
     std::uint64_t users = 0, pairs = 0;
-    std::uint64_t record_bytes = 0;                               // of all records: the table's load
+    std::uint64_t record_bytes = 0;                               // of all records and their entries: the table's load
     absl::flat_hash_map<std::uint64_t, std::uint32_t> wide_kept;  // kept counts of kWideKept or more
     absl::flat_hash_set<UserFingerprint> overflow;                // beyond kInline fingerprints
     std::vector<UserFingerprint> overflow_journal;
@@ -203,17 +234,17 @@ class UserState {
     static std::size_t home_in(std::size_t buckets, std::uint64_t slot_hash);  // monotone in the hash
     std::size_t home_of(std::uint64_t slot_hash) const;
     std::size_t bucket_of(const std::uint8_t* record) const;
-    std::uint8_t* find(std::uint64_t user, std::uint64_t slot_hash);
-    // Room for `size` bytes at the end of the first bucket of `table` with room, from `from` on,
-    // flagging the buckets passed; nullptr if none has room.
-    static std::uint8_t* place_in(TableSlots<Bucket>& table, std::size_t from, std::size_t size);
+    UserRef find(std::uint64_t user, std::uint64_t slot_hash);  // record nullptr: not found
+    // A record of `held` fingerprints (its bytes to be written by the caller) at the end of the first bucket
+    // of `table` with room, from `from` on, flagging the buckets passed; nullptr if none has room.
+    static UserRef place_in(TableSlots<Bucket>& table, std::size_t from, std::uint32_t tag, std::uint32_t held);
     // place_in() this table, growing it first while it is over its load, and again when no bucket has
     // room (docs/PERFORMANCE.md rounds 13 and 15: buckets of three full records keep that rare).
-    std::uint8_t* place_or_grow(std::size_t from, std::uint64_t slot_hash, std::size_t size);
-    std::uint8_t* grow_record(std::uint8_t* record);  // two more bytes at its end; returns where it is now
+    UserRef place_or_grow(std::size_t from, std::uint64_t slot_hash, std::uint32_t held);
+    UserRef grow_record(UserRef u);  // one more fingerprint's room at its end; returns where it is now
     // grow_record where its bucket has no room or the table is at its load: grows the table or moves it on.
-    std::uint8_t* grow_record_elsewhere(std::uint8_t* record);
-    std::uint8_t* widen_in_bucket(Bucket& bucket, std::uint8_t* record);  // it has room: the records after it shift
+    UserRef grow_record_elsewhere(UserRef u);
+    UserRef widen_in_bucket(Bucket& bucket, UserRef u);  // it has room: it and the records after it shift
     bool over_load(std::size_t more) const;
     static std::size_t grown(std::size_t buckets);  // by 1/8 and a bucket
     void grow();
@@ -221,9 +252,12 @@ class UserState {
     // current table stays as it is until the new one holds them all (a failed allocation loses nothing).
     void rehash(std::size_t buckets, const TableAllocator<Bucket>& alloc = {});
     bool copy_records_to(TableSlots<Bucket>& table) const;  // false when one found no room
-    template <class B, class F>                             // f(record) for every record of bucket `b` (const or not)
+    template <class B, class F>  // f(record, held) for every record of bucket `b` (const or not)
     static void for_each_in(B& b, F&& f) {
-      for (std::size_t at = 0; at < b.used; at += user_record::size(b.bytes + at)) f(b.bytes + at);
+      for (std::uint32_t i = 0, end = 0; i < b.count(); ++i) {
+        end += static_cast<std::uint32_t>(user_record::size(b.held(i)));
+        f(b.base() + kBucketBytes - end, b.held(i));
+      }
     }
     template <class F>
     void for_each_record(F&& f) const {

@@ -528,8 +528,8 @@ TEST(Bounding, UserTablesGrowAndFindEveryUserInAnyOrder) {
 }
 
 // Users who all reach 32 keys, their records growing as a stream adds one key per user per trigger: the
-// buckets must still fill to the load limit (three 75-byte records per bucket). With 128-byte buckets
-// one such record filled a bucket and the table cost ~218 B per user instead of ~100.
+// buckets must still fill to the load limit (three 74-byte records and their directory entries per bucket). With
+// 128-byte buckets one such record filled a bucket and the table cost ~218 B per user instead of ~100.
 TEST(Bounding, TablesOfUsersWithManyKeysFillToTheirLoad) {
   constexpr std::uint32_t kKeys = kernels::UserState::kInline;
   constexpr std::size_t kUsers = 100000;
@@ -547,13 +547,52 @@ TEST(Bounding, TablesOfUsersWithManyKeysFillToTheirLoad) {
         ASSERT_TRUE(users.add_pair(shard, id, user, fingerprint_of(id, k)));
       }
     ASSERT_EQ(users.user_key_pairs(), kUsers * kKeys);
-    const double record = 11 + 2.0 * kKeys;  // bytes per user
+    const double record = 12 + 2.0 * kKeys;  // bytes per user: its record's head, directory entry and keys
     // Grown step by step: at least 75% full; reserved: 85% full for a shard's share and four standard
     // deviations of it (sqrt(390) users: 20% more). 2% for the buckets' packing, 4 KiB per shard.
     const double spare = reserved ? (1 + 4 / std::sqrt(kUsers / 256.0)) / 0.85 : 1 / 0.75;
     const double per_user = static_cast<double>(users.memory_bytes()) / kUsers;
     EXPECT_LT(per_user, record * spare * 1.02 + 256.0 * 4096 / kUsers) << (reserved ? "reserved" : "grown");
   }
+}
+
+// Users of one shard whose directory tags are all equal (the same 16 low bits of their slot hash), in a table
+// grown from empty: every lookup finds several entries with its tag in its bucket and must tell them apart by
+// the user id, at the place the directory's counts give each record (records of different sizes). Strangers
+// with the same tag are not found.
+TEST(Bounding, UsersWithEqualDirectoryTagsAreToldApart) {
+  std::vector<std::uint64_t> ids;
+  const std::uint64_t low_bits = kernels::UserState::slot_hash(1) & 0xffff;
+  for (std::uint64_t id = 2; ids.size() < 120; ++id)
+    if ((kernels::UserState::slot_hash(id) & 0xffff) == low_bits) ids.push_back(id);
+  const std::size_t shard = kernels::UserState::shard_of(ids.front());
+  kernels::UserState users;
+  const std::size_t members = 80;  // the rest are strangers
+  for (std::size_t i = 0; i < members; ++i) {
+    ASSERT_EQ(kernels::UserState::shard_of(ids[i]), shard);
+    auto [user, added] = users.find_or_add(shard, ids[i]);
+    ASSERT_TRUE(added);
+    users.set_kept(shard, user, static_cast<std::uint32_t>(i % 250));
+    for (std::uint32_t k = 0; k < i % 7; ++k)
+      ASSERT_TRUE(users.add_pair(shard, ids[i], user, fingerprint_of(ids[i], k)));
+  }
+  for (std::size_t i = 0; i < members; ++i) {
+    auto [user, added] = users.find_or_add(shard, ids[i]);
+    ASSERT_FALSE(added) << i;
+    EXPECT_EQ(users.kept(shard, user), i % 250) << i;
+    for (std::uint32_t k = 0; k < i % 7; ++k)
+      EXPECT_FALSE(users.add_pair(shard, ids[i], user, fingerprint_of(ids[i], k)));
+    EXPECT_TRUE(users.add_pair(shard, ids[i], user, fingerprint_of(ids[i], 7)));  // grows it among its equals
+  }
+  std::set<kernels::UserState::UserFingerprint> pairs;
+  for (const auto& p : users.pairs(shard)) EXPECT_TRUE(pairs.insert(p).second);
+  EXPECT_EQ(pairs.size(), users.user_key_pairs());
+  for (std::size_t i = 0; i < members; ++i) {
+    for (std::uint32_t k = 0; k < i % 7; ++k) EXPECT_EQ(pairs.count({ids[i], fingerprint_of(ids[i], k)}), 1u);
+    EXPECT_EQ(pairs.count({ids[i], fingerprint_of(ids[i], 7)}), 1u);
+  }
+  for (std::size_t i = members; i < ids.size(); ++i) EXPECT_TRUE(users.find_or_add(shard, ids[i]).second) << i;
+  EXPECT_EQ(users.users(), ids.size());
 }
 
 // reserve() sizes the tables up front: users added before it are found after it with their counts and
