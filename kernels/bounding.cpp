@@ -44,6 +44,24 @@ bool record_pending(const std::uint8_t* record, std::uint32_t held) {
   return (s & rec::kChanged) != 0 || rec::journaled(s) != held;
 }
 
+// Whether the record's `held` fingerprints include `f`. Up to 8 in one compare, without a branch on where it
+// is found (the scan's exit mispredicted about once a first touch, cachegrind): the 16 bytes that end where
+// the record ends, the bytes before its fingerprints masked off. They lie in its bucket: above a bucket's
+// header and directory lie at least one record's 10-byte head and the directory's 2 bytes a record.
+bool holds_fingerprint(const std::uint8_t* record, std::uint32_t held, std::uint32_t f) {
+#if defined(__SSE2__)
+  if (held <= 8) {
+    const __m128i tail = _mm_loadu_si128(reinterpret_cast<const __m128i*>(record + rec::size(held) - 16));
+    const auto equal = static_cast<std::uint32_t>(
+        _mm_movemask_epi8(_mm_cmpeq_epi16(tail, _mm_set1_epi16(static_cast<std::int16_t>(f)))));
+    return (equal >> (16 - 2 * held)) != 0;
+  }
+#endif
+  for (std::uint32_t i = 0; i < held; ++i)
+    if (rec::fingerprint(record, i) == f) return true;
+  return false;
+}
+
 }  // namespace
 
 std::size_t UserState::Bucket::bytes_through(std::uint32_t i) const {
@@ -296,8 +314,7 @@ bool UserState::add_pair(std::size_t shard, std::uint64_t user, UserRef& u, std:
     throw std::out_of_range("UserState: a key fingerprint of more than kFingerprintBits bits");
   Shard& sh = shards_[shard];
   const std::uint32_t n = sh.buckets[sh.bucket_of(u.record)].held(u.slot);
-  for (std::uint32_t i = 0; i < n; ++i)
-    if (rec::fingerprint(u.record, i) == fingerprint) return false;
+  if (holds_fingerprint(u.record, n, fingerprint)) return false;
   if (n == kInline) {
     if (!sh.overflow.insert({user, fingerprint}).second) return false;
     if (journal) {
