@@ -45,7 +45,7 @@ SPARE_SIGMAS = 2
 # synthetic workload (every value is 1.0), so no sum table. Keys released at least once keep their round
 # state (12 bytes) in a side table: few in a large uniform key space, not modelled.
 OVERFLOW_SLOT, WIDE_KEPT_SLOT, KEY_SLOT = 16, 16, 16
-BUCKET, BUCKET_ROOM, MAX_LOAD_PERCENT = 256, 253, 85
+BUCKET, BUCKET_ROOM, MAX_RECORDS, MAX_LOAD_PERCENT = 256, 253, 16, 85
 RECORD_HEAD, INLINE_FINGERPRINTS, WIDE_KEPT = 12, 32, 255
 # The synthetic generator keeps, per local user, U_(k) and k (12 bytes) and its place in a due list (4).
 GENERATOR_USER = 16
@@ -105,8 +105,9 @@ class Buckets(Stepped):
 
 def reserved_buckets(users, record_bytes_per_user):
     """UserState::reserve: buckets for a shard's expected users and four standard deviations of their
-    spread, at most 85% full."""
-    return math.ceil((users + 4 * math.sqrt(users)) * record_bytes_per_user * 100 / MAX_LOAD_PERCENT / BUCKET_ROOM)
+    spread, at most 85% full; at least a bucket's room over its 16 records per user (UserState::over_count)."""
+    per_user = max(record_bytes_per_user, BUCKET_ROOM / MAX_RECORDS)
+    return math.ceil((users + 4 * math.sqrt(users)) * per_user * 100 / MAX_LOAD_PERCENT / BUCKET_ROOM)
 
 
 def reserved_capacity(items):
@@ -196,7 +197,9 @@ def state_per_rank(w, ranks, fixed=None):
     # the engine reserves for kept records as pairs (src/engine.cpp): bytes per user from their mean
     kept_per_user = w["kept"] / w["users"]
     start = reserved_buckets(u, RECORD_HEAD + 2 * min(INLINE_FINGERPRINTS, kept_per_user))
-    users = SHARDS * table_bytes(u * w["record_bytes_per_user"], 0, var_items=u * w["record_sq_per_user"],
+    # a table grows when its records' bytes or their count (16 a bucket: UserState::over_count) reach the load
+    bytes_per_user = max(w["record_bytes_per_user"], BUCKET_ROOM / MAX_RECORDS)
+    users = SHARDS * table_bytes(u * bytes_per_user, 0, var_items=u * w["record_sq_per_user"],
                                  geometry=Buckets, reserved=True, start=start)
     users += SHARDS * table_bytes(u * w["overflow_pairs_per_user"], OVERFLOW_SLOT)
     users += SHARDS * table_bytes(u * w["wide_kept_share"], WIDE_KEPT_SLOT)

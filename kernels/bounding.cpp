@@ -132,6 +132,10 @@ bool UserState::Shard::over_load(std::size_t more) const {
   return (record_bytes + more) * 100 > buckets.size() * Bucket::kRoom * kMaxLoadPercent;
 }
 
+// Records of few fingerprints fill a bucket's kMaxRecords entries before its bytes (16 of no fingerprint take 192
+// of 253 bytes): without this limit the table would fill by count, and placing a record would probe ever longer.
+bool UserState::Shard::over_count() const { return (users + 1) * 100 > buckets.size() * kMaxRecords * kMaxLoadPercent; }
+
 std::size_t UserState::Shard::grown(std::size_t buckets) { return std::max<std::size_t>(4, buckets + buckets / 8 + 1); }
 
 UserState::UserRef UserState::Shard::place_in(TableSlots<Bucket>& table, std::size_t from, std::uint32_t tag,
@@ -154,7 +158,7 @@ UserState::UserRef UserState::Shard::place_in(TableSlots<Bucket>& table, std::si
 
 UserState::UserRef UserState::Shard::place_or_grow(std::size_t from, std::uint64_t hash, std::uint32_t held) {
   const std::size_t bytes = rec::size(held) + 2;
-  if (buckets.empty() || over_load(bytes)) {
+  if (buckets.empty() || over_load(bytes) || over_count()) {
     grow();
     from = home_of(hash);
   }
@@ -244,13 +248,14 @@ void UserState::clear() {
 }
 
 // Bytes expected: 12 per user (its record's head and directory entry) and 2 per pair inline (the rest in the
-// overflow set); buckets for them at most kMaxLoadPercent full, with four standard deviations of a shard's
-// share to spare.
+// overflow set), and at least a bucket's room over kMaxRecords per user (its entries: over_count); buckets for
+// them at most kMaxLoadPercent full, with four standard deviations of a shard's share to spare.
 void UserState::reserve(std::uint64_t users, std::uint64_t pairs) {
   const double per_shard_users = static_cast<double>(users) / kShards;
   const double pairs_per_user =
       users == 0 ? 0.0 : std::min<double>(kInline, static_cast<double>(pairs) / static_cast<double>(users));
-  const double bytes_per_user = rec::kHead + 2 + 2 * pairs_per_user;
+  const double bytes_per_user =
+      std::max(rec::kHead + 2 + 2 * pairs_per_user, static_cast<double>(Bucket::kRoom) / kMaxRecords);
   const double bytes = (per_shard_users + 4 * std::sqrt(per_shard_users)) * bytes_per_user;
   const auto capacity =
       static_cast<std::size_t>(std::ceil(bytes * 100 / kMaxLoadPercent / static_cast<double>(Bucket::kRoom)));

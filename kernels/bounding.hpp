@@ -245,8 +245,9 @@ class UserState {
     // grow_record where its bucket has no room or the table is at its load: grows the table or moves it on.
     UserRef grow_record_elsewhere(UserRef u);
     UserRef widen_in_bucket(Bucket& bucket, UserRef u);  // it has room: it and the records after it shift
-    bool over_load(std::size_t more) const;
-    static std::size_t grown(std::size_t buckets);  // by 1/8 and a bucket
+    bool over_load(std::size_t more) const;              // its records and entries, with `more` bytes, over the load
+    bool over_count() const;                             // one more record puts its entries over the load
+    static std::size_t grown(std::size_t buckets);       // by 1/8 and a bucket
     void grow();
     // Moves every record to a table of `buckets` buckets, or of more while one finds no room there; the
     // current table stays as it is until the new one holds them all (a failed allocation loses nothing).

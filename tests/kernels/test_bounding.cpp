@@ -556,6 +556,25 @@ TEST(Bounding, TablesOfUsersWithManyKeysFillToTheirLoad) {
   }
 }
 
+// Users of no fingerprint (as a checkpoint's restore adds them before their pairs) fill a bucket's 16 directory
+// entries before its bytes (16 x 12 of 253): the table grows by their count as by bytes, at most 85% of its entries
+// full, instead of filling every bucket and probing ever longer for one with a free entry.
+TEST(Bounding, TablesOfUsersWithoutKeysGrowByTheirCount) {
+  constexpr std::size_t kUsers = 200000;
+  std::mt19937_64 rng(11);
+  kernels::UserState users;
+  std::vector<std::uint64_t> ids(kUsers);
+  for (auto& id : ids) {
+    id = rng();
+    ASSERT_TRUE(users.find_or_add(kernels::UserState::shard_of(id), id).second);
+  }
+  for (const std::uint64_t id : ids) ASSERT_FALSE(users.find_or_add(kernels::UserState::shard_of(id), id).second);
+  // 256 bytes per 16 x 85% entries at most full, at least 75% (grown by 1/8); 4 KiB per shard of slack.
+  const double per_user = static_cast<double>(users.memory_bytes()) / kUsers;
+  EXPECT_GE(per_user, 256.0 / (16 * 0.85) * 0.98);
+  EXPECT_LE(per_user, 256.0 / (16 * 0.75) * 1.02 + 256.0 * 4096 / kUsers);
+}
+
 // Users of one shard whose directory tags are all equal (the same 16 low bits of their slot hash), in a table
 // grown from empty: every lookup finds several entries with its tag in its bucket and must tell them apart by
 // the user id, at the place the directory's counts give each record (records of different sizes). Strangers
