@@ -64,12 +64,21 @@ bool holds_fingerprint(const std::uint8_t* record, std::uint32_t held, std::uint
 
 }  // namespace
 
+#if defined(__SSE2__)
+// Byte `half` (0: tag, 1: count) of the directory's 16 entries, one per lane: its first 32 bytes deinterleaved.
+__m128i UserState::Bucket::directory_bytes(const Bucket& b, int half) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.bytes + kDirectory));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.bytes + kDirectory + 16));
+  if (half == 1) return _mm_packus_epi16(_mm_srli_epi16(lo, 8), _mm_srli_epi16(hi, 8));
+  const __m128i low_bytes = _mm_set1_epi16(0x00ff);
+  return _mm_packus_epi16(_mm_and_si128(lo, low_bytes), _mm_and_si128(hi, low_bytes));
+}
+#endif
+
 std::size_t UserState::Bucket::bytes_through(std::uint32_t i) const {
 #if defined(__SSE2__)
-  // The counts of entries 0..i summed in one vector (the odd bytes of the directory's first 32).
-  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base() + kDirectory));
-  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base() + kDirectory + 16));
-  const __m128i held = _mm_packus_epi16(_mm_srli_epi16(lo, 8), _mm_srli_epi16(hi, 8));
+  // The counts of entries 0..i summed in one vector.
+  const __m128i held = directory_bytes(*this, 1);
   const __m128i lanes = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m128i through = _mm_cmplt_epi8(lanes, _mm_set1_epi8(static_cast<char>(i + 1)));
   const __m128i sums = _mm_sad_epu8(_mm_and_si128(held, through), _mm_setzero_si128());
@@ -84,11 +93,8 @@ std::size_t UserState::Bucket::bytes_through(std::uint32_t i) const {
 
 std::uint32_t UserState::Bucket::tag_matches(std::uint32_t t) const {
 #if defined(__SSE2__)
-  // The directory's first 32 bytes (entries 0..15; bytes past the count are masked off): tags are the even ones.
-  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base() + kDirectory));
-  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base() + kDirectory + 16));
-  const __m128i low_bytes = _mm_set1_epi16(0x00ff);
-  const __m128i tags = _mm_packus_epi16(_mm_and_si128(lo, low_bytes), _mm_and_si128(hi, low_bytes));
+  // Entries past the count are masked off.
+  const __m128i tags = directory_bytes(*this, 0);
   const auto equal =
       static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(tags, _mm_set1_epi8(static_cast<char>(t)))));
   return equal & ((std::uint32_t{1} << count()) - 1);
@@ -149,7 +155,7 @@ UserState::UserRef UserState::Shard::place_in(TableSlots<Bucket>& table, std::si
       bucket.set_entry(i, tag, held);
       bucket.count() = static_cast<std::uint8_t>(i + 1);
       bucket.used() = static_cast<std::uint8_t>(bucket.used() + size);
-      return {bucket.base() + kBucketBytes - bucket.used(), i};
+      return {bucket.lowest(), i};
     }
     bucket.flags() |= kPassed;
   }
@@ -180,7 +186,7 @@ UserState::UserRef UserState::Shard::grow_record(UserRef u) {
 
 UserState::UserRef UserState::Shard::widen_in_bucket(Bucket& bucket, UserRef u) {
   // The record and those after it (below it) move down by two bytes; its new fingerprint goes at its end.
-  std::uint8_t* const low = bucket.base() + kBucketBytes - bucket.used();
+  std::uint8_t* const low = bucket.lowest();
   const std::uint32_t held = bucket.held(u.slot);
   std::memmove(low - 2, low, static_cast<std::size_t>(u.record - low) + rec::size(held));
   bucket.set_held(u.slot, held + 1);
@@ -205,7 +211,7 @@ UserState::UserRef UserState::Shard::grow_record_elsewhere(UserRef u) {
   // flagged, as the ones before it were). The moved record has room for one more fingerprint, left unset.
   std::uint8_t copy[rec::kHead + std::size_t{2} * kInline];
   std::memcpy(copy, u.record, size);
-  std::uint8_t* const low = bucket.base() + kBucketBytes - bucket.used();
+  std::uint8_t* const low = bucket.lowest();
   std::memmove(low + size, low, static_cast<std::size_t>(u.record - low));
   std::uint8_t* const entry = bucket.base() + Bucket::entry(u.slot);
   std::memmove(entry, entry + 2, 2 * (std::size_t{bucket.count()} - u.slot - 1));

@@ -4,6 +4,9 @@
 // the key owner sorts its partials by key anyway (KeyStateTable::accumulate's radix sort).
 #pragma once
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 
@@ -214,7 +217,11 @@ class UserState {
     // Record i's first byte, from the sizes of the records 0..i (the directory's counts).
     std::uint8_t* record(std::uint32_t i) { return bytes + kBucketBytes - bytes_through(i); }
     const std::uint8_t* record(std::uint32_t i) const { return bytes + kBucketBytes - bytes_through(i); }
+    std::uint8_t* lowest() { return bytes + kBucketBytes - used(); }  // the last record's first byte
     std::size_t bytes_through(std::uint32_t i) const;
+#if defined(__SSE2__)
+    static __m128i directory_bytes(const Bucket& b, int half);
+#endif
     // Bit i set for each record i whose tag is `tag`.
     std::uint32_t tag_matches(std::uint32_t tag) const;
   };
