@@ -539,10 +539,14 @@ class ShardedEntries {
       }
       for_each_in(triggers, lo, hi, [&](std::size_t i, std::size_t trigger, std::size_t position) {
         const std::uint64_t h = hashes[i];
-        entries_[count[UserState::shard_of_slot_hash(h)]++] = {h, BatchRecords::index(trigger, position)};
+        const std::uint64_t at = count[UserState::shard_of_slot_hash(h)]++;
+        entries_[at] = {h, BatchRecords::index(trigger, position)};
+        // 256 write streams, more than the hardware prefetch follows: the shard's next lines fetched for writing.
+        dpstream::prefetch_for_write(entries_.get() + std::min<std::uint64_t>(at + kEntriesAhead, size_));
       });
     }
   }
+  static constexpr std::uint64_t kEntriesAhead = 8;  // two lines of 16-byte entries
   UserRecord* data() { return entries_.get(); }
   // Where shard s's entries begin; shard_begin(kShards) is the batch's size.
   std::uint64_t shard_begin(std::size_t s) const { return shard_start_[s]; }
