@@ -15,13 +15,6 @@ inline void prefetch(const void* p) {
   asm volatile("" : : "r"(p));
 }
 
-// The line at p, fetched to be written (a store to a line out of the caches holds its store-buffer entry until
-// the line arrives; enough of them stall the core).
-inline void prefetch_for_write(const void* p) {
-  __builtin_prefetch(p, 1);
-  asm volatile("" : : "r"(p));
-}
-
 // Every cache line of *p: an object that straddles lines left its later lines to demand misses when
 // only its address was prefetched (the generator's 12-byte cursors, one in eight; a 96-byte noise cache entry).
 template <class T>

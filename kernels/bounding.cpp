@@ -541,8 +541,9 @@ class ShardedEntries {
         const std::uint64_t h = hashes[i];
         const std::uint64_t at = count[UserState::shard_of_slot_hash(h)]++;
         entries_[at] = {h, BatchRecords::index(trigger, position)};
-        // 256 write streams, more than the hardware prefetch follows: the shard's next lines fetched for writing.
-        dpstream::prefetch_for_write(entries_.get() + std::min<std::uint64_t>(at + kEntriesAhead, size_));
+        // 256 streams written at random, likely more than the hardware prefetch follows: each shard's next line
+        // fetched before its stores reach it (bench_bounding 1-2 ns a record lower, PERFORMANCE round 46).
+        if (at + kEntriesAhead < size_) dpstream::prefetch(entries_.get() + at + kEntriesAhead);
       });
     }
   }
@@ -745,14 +746,17 @@ class ShardBounder {
     append_partial(partials, key, count, sum, first_touch || params_.users_per_trigger ? 1 : 0);
   }
 
-  // A batch's users append to its triggers' partials in random order: T / 50 streams (20 at T = 1000), more than
-  // the hardware's stream prefetch follows, so nearly every new line of them was a store miss, and those filled
-  // the store buffer (perf: the stall surfaced in the next load, add_pair's; bench_bounding at T = 1000 74-76 ns
-  // a record, 63-64 at T = 100). The line kPartialsAhead partials past the end is fetched for writing (64 ns a
-  // record at T = 1000). The address stays within the capacity (reserved per batch).
+  // A batch's users append to its triggers' partials in random order: one stream a trigger of the batch ([engine]
+  // trigger_batch; 20 at T = 1000 by default, 2 at T = 100). The explanation that fits what was measured: 20 are more
+  // than the hardware prefetch follows, so the new lines of the partials were store misses, and those filled the
+  // store buffer (perf: the stall surfaced in the next load, add_pair's; bench_bounding at T = 1000 74-76 ns a
+  // record, 63-64 at T = 100). The line kPartialsAhead partials past the end is fetched first (a read prefetch:
+  // x86-64's baseline has no write prefetch): 64 ns a record at T = 1000. Only within the capacity (reserved per
+  // batch): past it the line would be another allocation's.
   static constexpr std::size_t kPartialsAhead = 8;
   static void prefetch_partials_ahead(const std::vector<KeyPartial>& partials) {
-    dpstream::prefetch_for_write(partials.data() + std::min(partials.size() + kPartialsAhead, partials.capacity()));
+    if (partials.size() + kPartialsAhead < partials.capacity())
+      dpstream::prefetch(partials.data() + partials.size() + kPartialsAhead);
   }
 
   const BoundingParams& params_;

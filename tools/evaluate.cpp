@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "common/int128.hpp"
+#include "common/prefetch.hpp"
 #include "common/record.hpp"
 #include "src/config.hpp"
 #include "src/csv_input.hpp"
@@ -434,7 +435,7 @@ class KeyTable {
     return {static_cast<std::uint32_t>(dense_.size() - 1), false};
   }
   Key& at(Ref r) { return r.direct ? direct_[r.index] : dense_[r.index]; }
-  void prefetch(Ref r) const { __builtin_prefetch(r.direct ? &direct_[r.index] : &dense_[r.index], 1); }
+  void prefetch(Ref r) const { dpstream::prefetch(r.direct ? &direct_[r.index] : &dense_[r.index]); }
   template <class F>
   void for_each(F&& f) const {
     for (const Key& k : direct_) f(k);
