@@ -2,10 +2,10 @@
 // the host's run-to-run drift in one figure. It generates the first window of a job's synthetic stream
 // once, keeps the records of the users that rank 0 of `ranks` would own (what bounding sees there after
 // the user shuffle), then bounds the window `repeats` times from an empty user table reserved as the
-// engine reserves it (journal off: the engine turns it on only when it checkpoints) in the engine's batches of
-// triggers ([engine] trigger_batch; T = 1000: 20 a batch), and prints the
-// minimum and the median over the repeats (the minimum is the least disturbed by other work on a shared
-// host; compare binaries by it, alternating). Every repeat must leave the same state and partials.
+// engine reserves it (journal off: the engine turns it on only when it checkpoints), in the engine's
+// batches of triggers ([engine] trigger_batch; 20 a batch at T = 1000), and prints the minimum and the
+// median over the repeats (the minimum is the least disturbed by other work on a shared host; compare
+// binaries by it, alternating). Every repeat must leave the same state and partials.
 //
 //   bench_bounding JOB.toml [--set section.key=value ...] [--ranks P] [--repeats R]
 #include <fmt/format.h>
