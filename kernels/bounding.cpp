@@ -617,41 +617,57 @@ class ShardBounder {
   }
 
   // Sorts order_[first, last) (shard s's entries, in index order) by (slot hash, index) and writes a Group for
-  // each user's entries to groups_ from groups_[g] on; returns the index after the last one written. One stable
-  // counting pass on the hash's top bits into 4-8 times more buckets than entries (a comparison sort cost 34 ns a
-  // record, perf), so that almost every bucket holds no entry or one, which is one user (equal hashes share a
-  // bucket): those buckets add their group without a branch on the bucket's size (with about one entry a bucket,
-  // that branch and the walk of its runs mispredicted about once a user, cachegrind). The rare bucket of more is
-  // sorted. Large shards keep about one entry a bucket, so that the counts stay in L1 and L2.
+  // each user's entries to groups_ from groups_[g] on; returns the index after the last one written. A stable LSD
+  // radix sort on the hash's top 2 log2(n) + 2 bits (digits of 2-4 times as many counts as entries, at most 2^12,
+  // so that the counts stay in L1), then one walk that starts a group where the hash changes, without a branch.
+  // Two users whose top bits tie (in 1/32-1/8 of the shards) may be left out of hash order, or interleaved:
+  // the walk sees a hash fall, and the shard is sorted in full. A counting pass into 4-8 times more buckets than
+  // entries and a walk over the buckets cost 117 instructions a record (cachegrind); one bucket an entry left
+  // the bucket's size to a branch that mispredicted about once a user.
   std::size_t group_by_user(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
     UserRecord* const begin = order_ + first;
     const std::size_t n = last - first;
-    if (n <= 32 || n > (std::size_t{1} << 20)) {
+    if (n <= kSortedSmall) {
       sort_small(begin, begin + n);
       return append_runs(first, last, s, g);
     }
-    constexpr int kMaxSpreadBits = 14;                     // a spread count array of at most 16 K entries (64 KB)
-    const auto fit = static_cast<int>(std::bit_width(n));  // 2^fit > n
-    const int bits = std::max(fit, std::min(fit + 2, kMaxSpreadBits));
-    bucket_start_.assign((std::size_t{1} << bits) + 1, 0);
-    for (const UserRecord* r = begin; r != begin + n; ++r) ++bucket_start_[(r->slot_hash >> (64 - bits)) + 1];
-    for (std::size_t b = 1; b < bucket_start_.size(); ++b) bucket_start_[b] += bucket_start_[b - 1];
+    constexpr int kMaxDigitBits = 12;
+    const int key_bits = std::min(64, 2 * static_cast<int>(std::bit_width(n)) + 2);
+    const int passes = (key_bits + kMaxDigitBits - 1) / kMaxDigitBits;
+    const int digit_bits = (key_bits + passes - 1) / passes;
     if (scratch_.size() < n) scratch_.resize(n);
-    bucket_end_.assign(bucket_start_.begin(), bucket_start_.end() - 1);
-    for (const UserRecord* r = begin; r != begin + n; ++r) scratch_[bucket_end_[r->slot_hash >> (64 - bits)]++] = *r;
-    std::copy_n(scratch_.begin(), n, begin);
-    Group* const out = groups_.data();
-    for (std::size_t b = 0; b + 1 < bucket_start_.size(); ++b) {
-      const std::size_t from = first + bucket_start_[b], to = first + bucket_start_[b + 1];
-      if (to - from > 1) {
-        sort_small(order_ + from, order_ + to);
-        g = append_runs(from, to, s, g);
-        continue;
-      }
-      out[g] = {from, s};  // kept only when the bucket holds an entry
-      g += to - from;
+    UserRecord* from = begin;
+    UserRecord* to = scratch_.data();
+    for (int p = passes - 1; p >= 0; --p) {  // least significant digit first
+      radix_pass(from, to, n, 64 - std::min(64, (p + 1) * digit_bits), digit_bits);
+      std::swap(from, to);
     }
-    return g;
+    if (from != begin) std::copy_n(from, n, begin);
+    const std::size_t g0 = g;
+    Group* const out = groups_.data();
+    std::uint64_t previous = begin[0].slot_hash;
+    bool fell = false;
+    out[g++] = {first, s};
+    for (std::size_t i = 1; i < n; ++i) {
+      const std::uint64_t h = begin[i].slot_hash;
+      fell |= h < previous;
+      out[g] = {first + i, s};  // kept only where a user starts
+      g += h != previous ? 1 : 0;
+      previous = h;
+    }
+    if (!fell) return g;
+    std::sort(begin, begin + n, hash_then_arrival);
+    return append_runs(first, last, s, g0);
+  }
+  static constexpr std::size_t kSortedSmall = 8;  // entries that an insertion sort puts in order faster
+  // A stable counting pass of `from`'s n entries into `to` by the `bits` bits of the slot hash from bit `shift` on.
+  void radix_pass(const UserRecord* from, UserRecord* to, std::size_t n, int shift, int bits) {
+    const std::uint64_t mask = (std::uint64_t{1} << bits) - 1;
+    bucket_start_.assign(std::size_t{1} << bits, 0);
+    for (std::size_t i = 0; i < n; ++i) ++bucket_start_[from[i].slot_hash >> shift & mask];
+    std::uint32_t running = 0;
+    for (std::uint32_t& c : bucket_start_) running += std::exchange(c, running);
+    for (std::size_t i = 0; i < n; ++i) to[bucket_start_[from[i].slot_hash >> shift & mask]++] = from[i];
   }
   // A Group for each run of equal slot hashes in order_[first, last) (shard s), from groups_[g] on; the index after.
   std::size_t append_runs(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
@@ -764,8 +780,8 @@ class ShardBounder {
   ThreadOut& out_;
   UserRecord* order_ = nullptr;  // the run's entries (sorted by user within each shard by run())
   const BatchRecords* records_ = nullptr;
-  std::vector<UserRecord> scratch_;  // group_by_user's counting pass
-  std::vector<std::uint32_t> bucket_start_, bucket_end_;
+  std::vector<UserRecord> scratch_;                                  // group_by_user's radix passes
+  std::vector<std::uint32_t> bucket_start_;                          // radix_pass's counts
   std::vector<Group, DefaultInitAllocator<Group>> groups_;           // each user's, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };
