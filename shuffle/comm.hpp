@@ -73,8 +73,8 @@ class Comm {
 
   // Typed all-to-all of fixed-size records (`offsets` in items, P+1 entries), received into a vector of type
   // Out (a DefaultInitVector<T> is not zero-filled before MPI writes it).
-  template <class T, class Out = std::vector<T>>
-  Out alltoallv(const std::vector<T>& send, const std::vector<std::uint64_t>& offsets,
+  template <class T, class Out = std::vector<T>, class A = std::allocator<T>>
+  Out alltoallv(const std::vector<T, A>& send, const std::vector<std::uint64_t>& offsets,
                 TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const {
     static_assert(std::is_trivially_copyable_v<T> && std::is_same_v<typename Out::value_type, T>);
     std::vector<std::uint64_t> byte_offsets(offsets.size());
@@ -114,8 +114,8 @@ class Comm {
   // destination's segment carries its batches' item counts ahead of their items (8 bytes a batch) through
   // alltoallv. `traffic` counts the items' bytes. Every rank must pass the same number of batches. One
   // batch is a plain alltoallv. Each out[b] is a vector of type Out, as alltoallv's.
-  template <class T, class Out = std::vector<T>>
-  std::vector<Out> alltoallv_batches(const std::vector<std::vector<T>>& items,
+  template <class T, class Out = std::vector<T>, class A = std::allocator<T>>
+  std::vector<Out> alltoallv_batches(const std::vector<std::vector<T, A>>& items,
                                      const std::vector<std::vector<std::uint64_t>>& offsets,
                                      TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const {
     static_assert(std::is_trivially_copyable_v<T> && std::is_same_v<typename Out::value_type, T>);
@@ -185,8 +185,8 @@ class Comm {
 
   // alltoallv_batches through one alltoallv (which goes in rounds): each destination's segment holds its
   // batches' item counts, then their items.
-  template <class T, class Out>
-  std::vector<Out> alltoallv_batches_in_rounds(const std::vector<std::vector<T>>& items,
+  template <class T, class Out, class A>
+  std::vector<Out> alltoallv_batches_in_rounds(const std::vector<std::vector<T, A>>& items,
                                                const std::vector<std::vector<std::uint64_t>>& offsets,
                                                TrafficCounter* traffic, const char* fault_point) const {
     const std::size_t B = items.size(), P = static_cast<std::size_t>(size_);
