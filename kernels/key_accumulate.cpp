@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -10,7 +11,6 @@
 
 #include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
-#include "partition/partitioner.hpp"
 
 namespace dpstream::kernels {
 
@@ -19,12 +19,14 @@ constexpr int128 kOne = int128{1} << kValueFracBits;  // a value of 1.0 in fixed
 
 using partition::key_hash;
 
-// LSD radix sort by key, 11-bit digits, each pass a stable counting sort (partition_into) from one buffer to
-// the other, the second not zero-filled first; digits equal in every key are skipped (key ids below 2^22 take
-// two passes). Equal keys end up adjacent, in any order.
+// LSD radix sort by key, 11-bit digits, each pass a stable counting sort from one buffer to the other, the second
+// not zero-filled first; digits equal in every key are skipped (key ids below 2^22 take two passes). One pass
+// counts every digit's histogram, then one scatter pass a digit (a counting pass a digit, through partition_into's
+// per-item destinations, read the partials once more a digit). Equal keys end up adjacent, in any order.
 void sort_by_key(std::vector<KeyPartial>& v) {
   constexpr int kBits = 11;
-  constexpr std::uint64_t kMask = (std::uint64_t{1} << kBits) - 1;
+  constexpr std::size_t kRadix = std::size_t{1} << kBits;
+  constexpr std::uint64_t kMask = kRadix - 1;
   const std::size_t n = v.size();
   if (n < 256) {
     std::sort(v.begin(), v.end(), [](const KeyPartial& a, const KeyPartial& b) { return a.key < b.key; });
@@ -32,14 +34,23 @@ void sort_by_key(std::vector<KeyPartial>& v) {
   }
   std::uint64_t varying = 0;  // the bits in which some key differs from the first
   for (const KeyPartial& p : v) varying |= p.key ^ v.front().key;
+  std::array<int, (64 + kBits - 1) / kBits> shifts{};
+  std::size_t digits = 0;
+  for (int shift = 0; shift < 64; shift += kBits)
+    if ((varying >> shift & kMask) != 0) shifts[digits++] = shift;
+  std::vector<std::uint64_t> start(digits * kRadix, 0);  // digit d's counts, then its buckets' next places
+  for (const KeyPartial& p : v)
+    for (std::size_t d = 0; d < digits; ++d) ++start[d * kRadix + (p.key >> shifts[d] & kMask)];
+  for (std::size_t d = 0; d < digits; ++d) {
+    std::uint64_t running = 0;
+    for (std::size_t b = d * kRadix; b < (d + 1) * kRadix; ++b) running += std::exchange(start[b], running);
+  }
   const std::unique_ptr<KeyPartial[]> scratch(new KeyPartial[n]);  // default-initialized: a pass writes all of it
   KeyPartial* from = v.data();
   KeyPartial* to = scratch.get();
-  for (int shift = 0; shift < 64; shift += kBits) {
-    if ((varying >> shift & kMask) == 0) continue;
-    partition::partition_into(
-        std::span<const KeyPartial>(from, n), std::size_t{1} << kBits,
-        [shift](const KeyPartial& p) { return p.key >> shift & kMask; }, to);
+  for (std::size_t d = 0; d < digits; ++d) {
+    std::uint64_t* const next = start.data() + d * kRadix;
+    for (std::size_t i = 0; i < n; ++i) to[next[from[i].key >> shifts[d] & kMask]++] = from[i];
     std::swap(from, to);
   }
   if (from != v.data()) std::copy_n(from, n, v.data());
