@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -633,7 +634,7 @@ class ShardBounder {
   std::size_t group_by_user(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
     UserRecord* const begin = order_ + first;
     const std::size_t n = last - first;
-    if (n <= kSortedSmall) {
+    if (n <= kSortedSmall || n > std::numeric_limits<std::uint32_t>::max()) {  // radix_pass counts in 32 bits
       sort_small(begin, begin + n);
       return append_runs(first, last, s, g);
     }

@@ -54,7 +54,7 @@ struct Totals {
 }  // namespace
 
 // Small triggers (a few records per shard: the comparison sort) and large ones (hundreds per shard: the
-// radix grouping, with many users repeated within a trigger and ties in time).
+// radix grouping's two digits; thousands: three), with many users repeated within a trigger and ties in time.
 void expect_matches_naive_reference(int max_records, std::uint64_t users, int triggers) {
   const std::uint32_t C = 6;
   const double lo = -1.0, hi = 2.5;
@@ -90,6 +90,10 @@ void expect_matches_naive_reference(int max_records, std::uint64_t users, int tr
 TEST(Bounding, MatchesNaiveReferenceOverManyTriggers) { expect_matches_naive_reference(400, 60, 30); }
 
 TEST(Bounding, MatchesNaiveReferenceWithHundredsOfRecordsPerShard) { expect_matches_naive_reference(200000, 30000, 6); }
+
+TEST(Bounding, MatchesNaiveReferenceWithThousandsOfRecordsPerShard) {
+  expect_matches_naive_reference(1500000, 400000, 2);
+}
 
 namespace {
 // A bounded state's observable contents: its digest, and what its journal holds (sorted).
