@@ -640,7 +640,7 @@ class ShardBounder {
     }
     constexpr int kMaxDigitBits = 12;
     const int key_bits = std::min(64, 2 * static_cast<int>(std::bit_width(n)) + 2);
-    const int passes = (key_bits + kMaxDigitBits - 1) / kMaxDigitBits;
+    const int passes = std::max(2, (key_bits + kMaxDigitBits - 1) / kMaxDigitBits);  // one would count 4 n^2
     const int digit_bits = (key_bits + passes - 1) / passes;
     if (scratch_.size() < n) scratch_.resize(n);
     UserRecord* from = begin;
@@ -666,7 +666,7 @@ class ShardBounder {
     std::sort(begin, begin + n, hash_then_arrival);
     return append_runs(first, last, s, g0);
   }
-  static constexpr std::size_t kSortedSmall = 8;  // entries that an insertion sort puts in order faster
+  static constexpr std::size_t kSortedSmall = 16;  // entries that an insertion sort puts in order as fast
   // A stable counting pass of `from`'s n entries into `to` by the `bits` bits of the slot hash from bit `shift` on.
   void radix_pass(const UserRecord* from, UserRecord* to, std::size_t n, int shift, int bits) {
     const std::uint64_t mask = (std::uint64_t{1} << bits) - 1;
