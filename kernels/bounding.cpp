@@ -492,9 +492,8 @@ constexpr auto hash_then_arrival = [](const UserRecord& a, const UserRecord& b) 
   return (static_cast<uint128>(a.slot_hash) << 64 | a.index) < (static_cast<uint128>(b.slot_hash) << 64 | b.index);
 };
 
-// By (slot hash, index): insertion for a few entries (most of group_by_user's buckets that hold two or more
-// hold two; std::sort's call cost more than their sort), std::sort beyond unless already in order (a heavy
-// user alone in its bucket: its entries come in index order).
+// By (slot hash, index): insertion for a few entries (group_by_user's shards of at most 16; std::sort's call cost
+// more than their sort), std::sort beyond unless already in order (one heavy user's entries come in index order).
 void sort_small(UserRecord* from, UserRecord* to) {
   if (to - from < 2) return;
   if (to - from > 16) {
@@ -623,14 +622,15 @@ class ShardBounder {
     for (std::size_t i = at; i < end; ++i) dpstream::prefetch_object(&records_->at(order_[i].index));
   }
 
-  // Sorts order_[first, last) (shard s's entries, in index order) by (slot hash, index) and writes a Group for
-  // each user's entries to groups_ from groups_[g] on; returns the index after the last one written. A stable LSD
-  // radix sort on the hash's top 2 log2(n) + 2 bits (digits of 2-4 times as many counts as entries, at most 2^12,
-  // so that the counts stay in L1), then one walk that starts a group where the hash changes, without a branch.
-  // Two users whose top bits tie (in 1/32-1/8 of the shards) may be left out of hash order, or interleaved:
-  // the walk sees a hash fall, and the shard is sorted in full. A counting pass into 4-8 times more buckets than
-  // entries and a walk over the buckets cost 117 instructions a record (cachegrind); one bucket an entry left
-  // the bucket's size to a branch that mispredicted about once a user.
+  // Sorts order_[first, last) (shard s's entries, which must come in index order: ShardedEntries fills a shard so)
+  // by (slot hash, index) and writes a Group for each user's entries to groups_ from groups_[g] on; returns the
+  // index after the last one written. A stable LSD radix sort on the hash's top 2 bit_width(n) + 2 bits (two
+  // digits of 2-4 counts an entry below 2048 entries, more digits of at most 2^12 counts beyond, so that the counts
+  // stay in L1), then one walk that starts a group where the hash changes, without a branch. Two users whose top
+  // bits tie (in 1/32-1/8 of the shards) may be left out of hash order, or interleaved: the walk sees a hash fall,
+  // and the shard is sorted in full. Stability keeps a user's entries in index order. A counting pass into 4-8 times
+  // more buckets than entries and a walk over the buckets cost 117 instructions a record (cachegrind); one bucket
+  // an entry left the bucket's size to a branch that mispredicted about once a user.
   std::size_t group_by_user(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
     UserRecord* const begin = order_ + first;
     const std::size_t n = last - first;

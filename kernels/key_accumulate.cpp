@@ -11,6 +11,7 @@
 
 #include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
+#include "partition/partitioner.hpp"
 
 namespace dpstream::kernels {
 
@@ -20,9 +21,10 @@ constexpr int128 kOne = int128{1} << kValueFracBits;  // a value of 1.0 in fixed
 using partition::key_hash;
 
 // LSD radix sort by key, 11-bit digits, each pass a stable counting sort from one buffer to the other, the second
-// not zero-filled first; digits equal in every key are skipped (key ids below 2^22 take two passes). One pass
-// counts every digit's histogram, then one scatter pass a digit (a counting pass a digit, through partition_into's
-// per-item destinations, read the partials once more a digit). Equal keys end up adjacent, in any order.
+// not zero-filled first; digits equal in every key are skipped (key ids below 2^22 take two passes). On one thread,
+// one pass counts every digit's histogram, then one scatter pass a digit (partition_into, a counting pass a digit
+// through per-item destinations, read the partials once more a digit); with several threads and a large trigger,
+// partition_into's threads take a digit each. The same order either way. Equal keys end up adjacent, in any order.
 void sort_by_key(std::vector<KeyPartial>& v) {
   constexpr int kBits = 11;
   constexpr std::size_t kRadix = std::size_t{1} << kBits;
@@ -38,20 +40,27 @@ void sort_by_key(std::vector<KeyPartial>& v) {
   std::size_t digits = 0;
   for (int shift = 0; shift < 64; shift += kBits)
     if ((varying >> shift & kMask) != 0) shifts[digits++] = shift;
-  std::vector<std::uint64_t> start(digits * kRadix, 0);  // digit d's counts, then its buckets' next places
-  for (const KeyPartial& p : v)
-    for (std::size_t d = 0; d < digits; ++d) ++start[d * kRadix + (p.key >> shifts[d] & kMask)];
-  for (std::size_t d = 0; d < digits; ++d) {
-    std::uint64_t running = 0;
-    for (std::size_t b = d * kRadix; b < (d + 1) * kRadix; ++b) running += std::exchange(start[b], running);
-  }
+  if (digits == 0) return;
   const std::unique_ptr<KeyPartial[]> scratch(new KeyPartial[n]);  // default-initialized: a pass writes all of it
   KeyPartial* from = v.data();
   KeyPartial* to = scratch.get();
-  for (std::size_t d = 0; d < digits; ++d) {
-    std::uint64_t* const next = start.data() + d * kRadix;
-    for (std::size_t i = 0; i < n; ++i) to[next[from[i].key >> shifts[d] & kMask]++] = from[i];
-    std::swap(from, to);
+  if (n >= partition::kParallelItems && omp_get_max_threads() > 1) {
+    for (std::size_t d = 0; d < digits; ++d, std::swap(from, to))
+      partition::partition_into(
+          std::span<const KeyPartial>(from, n), kRadix,
+          [shift = shifts[d]](const KeyPartial& p) { return p.key >> shift & kMask; }, to);
+  } else {
+    std::vector<std::uint64_t> start(digits * kRadix, 0);  // digit d's counts, then its buckets' next places
+    for (const KeyPartial& p : v)
+      for (std::size_t d = 0; d < digits; ++d) ++start[d * kRadix + (p.key >> shifts[d] & kMask)];
+    for (std::size_t d = 0; d < digits; ++d) {
+      std::uint64_t running = 0;
+      for (std::size_t b = d * kRadix; b < (d + 1) * kRadix; ++b) running += std::exchange(start[b], running);
+    }
+    for (std::size_t d = 0; d < digits; ++d, std::swap(from, to)) {
+      std::uint64_t* const next = start.data() + d * kRadix;
+      for (std::size_t i = 0; i < n; ++i) to[next[from[i].key >> shifts[d] & kMask]++] = from[i];
+    }
   }
   if (from != v.data()) std::copy_n(from, n, v.data());
 }

@@ -11,6 +11,9 @@
 
 namespace dpstream::partition {
 
+// Items from which partition_into uses its threads (fewer: one, whose start costs more than their scatter).
+inline constexpr std::size_t kParallelItems = 65536;
+
 template <class T>
 struct Partitioned {
   std::vector<T> items;                // grouped by destination, original order kept inside a group
@@ -27,7 +30,7 @@ template <class T, class DestFn>
 std::vector<std::uint64_t> partition_into(std::span<const T> items, std::size_t n, DestFn dest, T* out) {
   std::vector<std::uint64_t> offsets(n + 1, 0);
   const std::size_t size = items.size();
-  const int threads = size < 65536 ? 1 : omp_get_max_threads();
+  const int threads = size < kParallelItems ? 1 : omp_get_max_threads();
   const std::unique_ptr<std::uint32_t[]> dest_of(new std::uint32_t[size]);  // written before it is read
   std::vector<std::vector<std::uint64_t>> hist(threads, std::vector<std::uint64_t>(n, 0));
 #pragma omp parallel num_threads(threads)
