@@ -9,6 +9,8 @@
 #include <span>
 #include <vector>
 
+#include "common/default_init.hpp"
+
 namespace dpstream::partition {
 
 // Items from which partition_into uses its threads (fewer: one, whose start costs more than their scatter).
@@ -16,7 +18,7 @@ inline constexpr std::size_t kParallelItems = 65536;
 
 template <class T>
 struct Partitioned {
-  std::vector<T> items;                // grouped by destination, original order kept inside a group
+  DefaultInitVector<T> items;          // grouped by destination, original order kept inside a group
   std::vector<std::uint64_t> counts;   // items per destination
   std::vector<std::uint64_t> offsets;  // start of each destination's group; offsets[n] = size
 };
@@ -64,10 +66,11 @@ std::vector<std::uint64_t> partition_into(std::span<const T> items, std::size_t 
   return offsets;
 }
 
-// partition_into a new vector, with each destination's count.
+// partition_into a new vector (not zero-filled first: partition_into writes every item), with each destination's
+// count.
 template <class T, class DestFn>
 Partitioned<T> partition_by(const std::vector<T>& items, std::size_t n, DestFn dest) {
-  Partitioned<T> out{std::vector<T>(items.size()), {}, {}};
+  Partitioned<T> out{DefaultInitVector<T>(items.size()), {}, {}};
   out.offsets = partition_into(std::span<const T>(items), n, dest, out.items.data());
   out.counts.resize(n);
   for (std::size_t d = 0; d < n; ++d) out.counts[d] = out.offsets[d + 1] - out.offsets[d];

@@ -25,8 +25,8 @@ class StageTimer {
   SteadyClock::time_point t0_;
 };
 
-// Each batch's items grouped by owner (partition_into), exchanged at once (Comm::alltoallv_batches) into
-// vectors of type Out. The grouped copy is not zero-filled first: partition_into writes every item.
+// Each batch's items grouped by owner (partition_by), exchanged at once (Comm::alltoallv_batches) into
+// vectors of type Out.
 template <class T, class Out, class OwnerFn>
 std::vector<Out> route_batches(const shuffle::Comm& comm, std::vector<std::vector<T>> batches, OwnerFn owner,
                                double& partition_seconds, double& shuffle_seconds, shuffle::TrafficCounter* traffic,
@@ -37,11 +37,11 @@ std::vector<Out> route_batches(const shuffle::Comm& comm, std::vector<std::vecto
   {
     StageTimer timer(partition_seconds);
     for (std::size_t b = 0; b < batches.size(); ++b) {
-      items[b].resize(batches[b].size());
-      offsets[b] = partition::partition_into(
-          std::span<const T>(batches[b]), static_cast<std::size_t>(P),
-          [&owner, P](const T& item) { return owner(item, P); }, items[b].data());
+      auto grouped = partition::partition_by(batches[b], static_cast<std::size_t>(P),
+                                             [&owner, P](const T& item) { return owner(item, P); });
       std::vector<T>().swap(batches[b]);
+      items[b] = std::move(grouped.items);
+      offsets[b] = std::move(grouped.offsets);
     }
   }
   StageTimer timer(shuffle_seconds);
