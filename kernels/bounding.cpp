@@ -19,6 +19,7 @@
 #include "common/fault_injection.hpp"
 #include "common/prefetch.hpp"
 #include "partition/hash.hpp"
+#include "partition/radix_sort.hpp"
 
 namespace dpstream::kernels {
 
@@ -634,7 +635,7 @@ class ShardBounder {
   std::size_t group_by_user(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
     UserRecord* const begin = order_ + first;
     const std::size_t n = last - first;
-    if (n <= kSortedSmall || n > std::numeric_limits<std::uint32_t>::max()) {  // radix_pass counts in 32 bits
+    if (n <= kSortedSmall || n > std::numeric_limits<std::uint32_t>::max()) {  // radix_sort_lsd counts in 32 bits
       sort_small(begin, begin + n);
       return append_runs(first, last, s, g);
     }
@@ -642,14 +643,14 @@ class ShardBounder {
     const int key_bits = std::min(64, 2 * static_cast<int>(std::bit_width(n)) + 2);
     const int passes = std::max(2, (key_bits + kMaxDigitBits - 1) / kMaxDigitBits);  // one would count 4 n^2
     const int digit_bits = (key_bits + passes - 1) / passes;
+    // Least significant digit first; the last, most significant, is the hash's top digit_bits bits.
+    std::array<int, (64 + kMaxDigitBits - 1) / kMaxDigitBits> shifts{};
+    for (int p = 0; p < passes; ++p) shifts[p] = 64 - std::min(64, (passes - p) * digit_bits);
     if (scratch_.size() < n) scratch_.resize(n);
-    UserRecord* from = begin;
-    UserRecord* to = scratch_.data();
-    for (int p = passes - 1; p >= 0; --p) {  // least significant digit first
-      radix_pass(from, to, n, 64 - std::min(64, (p + 1) * digit_bits), digit_bits);
-      std::swap(from, to);
-    }
-    if (from != begin) std::copy_n(from, n, begin);
+    const UserRecord* const sorted = partition::radix_sort_lsd(
+        begin, scratch_.data(), n, std::span<const int>(shifts.data(), passes), digit_bits,
+        [](const UserRecord& e) { return e.slot_hash; }, bucket_start_);
+    if (sorted != begin) std::copy_n(sorted, n, begin);
     const std::size_t g0 = g;
     Group* const out = groups_.data();
     std::uint64_t previous = begin[0].slot_hash;
@@ -667,15 +668,6 @@ class ShardBounder {
     return append_runs(first, last, s, g0);
   }
   static constexpr std::size_t kSortedSmall = 16;  // entries that an insertion sort puts in order as fast
-  // A stable counting pass of `from`'s n entries into `to` by the `bits` bits of the slot hash from bit `shift` on.
-  void radix_pass(const UserRecord* from, UserRecord* to, std::size_t n, int shift, int bits) {
-    const std::uint64_t mask = (std::uint64_t{1} << bits) - 1;
-    bucket_start_.assign(std::size_t{1} << bits, 0);
-    for (std::size_t i = 0; i < n; ++i) ++bucket_start_[from[i].slot_hash >> shift & mask];
-    std::uint32_t running = 0;
-    for (std::uint32_t& c : bucket_start_) running += std::exchange(c, running);
-    for (std::size_t i = 0; i < n; ++i) to[bucket_start_[from[i].slot_hash >> shift & mask]++] = from[i];
-  }
   // A Group for each run of equal slot hashes in order_[first, last) (shard s), from groups_[g] on; the index after.
   std::size_t append_runs(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
     for (std::size_t at = first; at != last;) {
@@ -788,7 +780,7 @@ class ShardBounder {
   UserRecord* order_ = nullptr;  // the run's entries (sorted by user within each shard by run())
   const BatchRecords* records_ = nullptr;
   std::vector<UserRecord> scratch_;                                  // group_by_user's radix passes
-  std::vector<std::uint32_t> bucket_start_;                          // radix_pass's counts
+  std::vector<std::uint32_t> bucket_start_;                          // group_by_user's radix counts
   std::vector<Group, DefaultInitAllocator<Group>> groups_;           // each user's, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };

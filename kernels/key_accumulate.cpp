@@ -12,6 +12,7 @@
 #include "common/fault_injection.hpp"
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
+#include "partition/radix_sort.hpp"
 
 namespace dpstream::kernels {
 
@@ -22,9 +23,9 @@ using partition::key_hash;
 
 // LSD radix sort by key, 11-bit digits, each pass a stable counting sort from one buffer to the other, the second
 // not zero-filled first; digits equal in every key are skipped (key ids below 2^22 take two passes). On one thread,
-// one pass counts every digit's histogram, then one scatter pass a digit (partition_into, a counting pass a digit
-// through per-item destinations, read the partials once more a digit); with several threads and a large trigger,
-// partition_into's threads take a digit each. The same order either way. Equal keys end up adjacent, in any order.
+// radix_sort_lsd (every digit's histogram in one pass; partition_into would count a digit in a pass of its own and
+// read the partials once more a digit); with several threads and a large trigger, partition_into's threads take a
+// digit each. The same order either way. Equal keys end up adjacent, in any order.
 void sort_by_key(std::vector<KeyPartial>& v) {
   constexpr int kBits = 11;
   constexpr std::size_t kRadix = std::size_t{1} << kBits;
@@ -50,17 +51,10 @@ void sort_by_key(std::vector<KeyPartial>& v) {
           std::span<const KeyPartial>(from, n), kRadix,
           [shift = shifts[d]](const KeyPartial& p) { return p.key >> shift & kMask; }, to);
   } else {
-    std::vector<std::uint64_t> start(digits * kRadix, 0);  // digit d's counts, then its buckets' next places
-    for (const KeyPartial& p : v)
-      for (std::size_t d = 0; d < digits; ++d) ++start[d * kRadix + (p.key >> shifts[d] & kMask)];
-    for (std::size_t d = 0; d < digits; ++d) {
-      std::uint64_t running = 0;
-      for (std::size_t b = d * kRadix; b < (d + 1) * kRadix; ++b) running += std::exchange(start[b], running);
-    }
-    for (std::size_t d = 0; d < digits; ++d, std::swap(from, to)) {
-      std::uint64_t* const next = start.data() + d * kRadix;
-      for (std::size_t i = 0; i < n; ++i) to[next[from[i].key >> shifts[d] & kMask]++] = from[i];
-    }
+    std::vector<std::uint64_t> counts;
+    from = partition::radix_sort_lsd(
+        from, to, n, std::span<const int>(shifts.data(), digits), kBits, [](const KeyPartial& p) { return p.key; },
+        counts);
   }
   if (from != v.data()) std::copy_n(from, n, v.data());
 }

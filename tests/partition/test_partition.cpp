@@ -1,11 +1,14 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 #include <unordered_set>
 
 #include "partition/hash.hpp"
 #include "partition/partitioner.hpp"
+#include "partition/radix_sort.hpp"
 
 using namespace dpstream::partition;
 
@@ -105,4 +108,38 @@ TEST(Partitioner, EmptyInput) {
   auto p = partition_by(none, 3, [](int) { return 0; });
   EXPECT_TRUE(p.items.empty());
   EXPECT_EQ(p.offsets, (std::vector<std::uint64_t>{0, 0, 0, 0}));
+}
+
+// radix_sort_lsd against std::stable_sort by the same digits, the last pass's most significant: items with equal
+// digits keep their order, and the result is in the buffer returned, for one to four digits, adjacent, overlapping
+// or leaving bits out.
+TEST(RadixSort, MatchesStableSortByItsDigits) {
+  struct Item {
+    std::uint64_t key;
+    std::uint32_t at;
+  };
+  constexpr int kBits = 10;
+  for (const std::vector<int>& shifts :
+       {std::vector<int>{0}, std::vector<int>{0, 10}, std::vector<int>{40, 50, 54}, std::vector<int>{0, 5, 10, 15}}) {
+    std::vector<Item> items(5'000);
+    for (std::size_t i = 0; i < items.size(); ++i)  // each key 2-3 times: stability shows
+      items[i] = {salted_hash(i % 1'700, 7), static_cast<std::uint32_t>(i)};
+    const auto digit = [](const Item& x, int shift) { return x.key >> shift & ((std::uint64_t{1} << kBits) - 1); };
+    std::vector<Item> want = items;
+    std::stable_sort(want.begin(), want.end(), [&](const Item& a, const Item& b) {
+      for (auto s = shifts.rbegin(); s != shifts.rend(); ++s)
+        if (digit(a, *s) != digit(b, *s)) return digit(a, *s) < digit(b, *s);
+      return false;
+    });
+    std::vector<Item> scratch(items.size());
+    std::vector<std::uint32_t> counts;
+    const Item* got = radix_sort_lsd(
+        items.data(), scratch.data(), items.size(), std::span<const int>(shifts), kBits,
+        [](const Item& x) { return x.key; }, counts);
+    ASSERT_EQ(got, shifts.size() % 2 == 0 ? items.data() : scratch.data()) << shifts.size() << " digits";
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].key, want[i].key) << i;
+      ASSERT_EQ(got[i].at, want[i].at) << i;
+    }
+  }
 }
