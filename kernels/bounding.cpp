@@ -456,36 +456,29 @@ struct alignas(64) ThreadOut {                    // padded: threads update thei
   BoundingStats stats;
 };
 
-// A batch's records, each named by one index: its piece's place in the batch in the high bits, its place in
-// that piece in the low ones. Pieces come in trigger order (a trigger's records may lie in several: the part of
-// the user shuffle a rank kept, the part it received), so index order is trigger order, then arrival order.
+// A batch's records, each named by one index: its trigger's place in the batch in the high bits, its place
+// in that trigger's records in the low ones. Index order is trigger order, then arrival order.
 class BatchRecords {
  public:
   static constexpr int kPositionBits = 40;
-  static constexpr std::uint64_t kMaxPerPiece = std::uint64_t{1} << kPositionBits;
-  static constexpr std::size_t kMaxPieces = std::size_t{1} << (64 - kPositionBits);
-  explicit BatchRecords(const std::vector<RecordPieces>& triggers) {
-    if (triggers.empty()) throw std::invalid_argument("bounding: a batch holds at least one trigger");
-    for (std::size_t t = 0; t < triggers.size(); ++t)
-      for (const auto& piece : triggers[t]) {
-        if (piece.size() >= kMaxPerPiece) throw std::invalid_argument("bounding: 2^40 records or more in one piece");
-        pieces_.push_back(piece);
-        trigger_of_piece_.push_back(t);
-      }
-    if (pieces_.size() > kMaxPieces) throw std::invalid_argument("bounding: a batch holds at most 2^24 pieces");
+  static constexpr std::uint64_t kMaxPerTrigger = std::uint64_t{1} << kPositionBits;
+  static constexpr std::size_t kMaxTriggers = std::size_t{1} << (64 - kPositionBits);
+  explicit BatchRecords(const std::vector<std::span<const Record>>& triggers) {
+    if (triggers.empty() || triggers.size() > kMaxTriggers)
+      throw std::invalid_argument("bounding: a batch holds 1 to 2^24 triggers");
+    for (const auto& t : triggers) {
+      if (t.size() >= kMaxPerTrigger) throw std::invalid_argument("bounding: 2^40 records or more in one trigger");
+      bases_.push_back(t.data());
+    }
   }
-  static std::uint64_t index(std::size_t piece, std::size_t position) {
-    return static_cast<std::uint64_t>(piece) << kPositionBits | position;
+  static std::uint64_t index(std::size_t trigger, std::size_t position) {
+    return static_cast<std::uint64_t>(trigger) << kPositionBits | position;
   }
-  std::size_t trigger_of(std::uint64_t index) const { return trigger_of_piece_[index >> kPositionBits]; }
-  const Record& at(std::uint64_t index) const {
-    return pieces_[index >> kPositionBits].data()[index & (kMaxPerPiece - 1)];
-  }
-  const std::vector<std::span<const Record>>& pieces() const { return pieces_; }
+  static std::size_t trigger_of(std::uint64_t index) { return static_cast<std::size_t>(index >> kPositionBits); }
+  const Record& at(std::uint64_t index) const { return bases_[trigger_of(index)][index & (kMaxPerTrigger - 1)]; }
 
  private:
-  std::vector<std::span<const Record>> pieces_;
-  std::vector<std::size_t> trigger_of_piece_;
+  std::vector<const Record*> bases_;
 };
 
 // A record of the batch by its user's slot hash (a bijection of the user id, so equal hashes are equal
@@ -521,8 +514,8 @@ void sort_small(UserRecord* from, UserRecord* to) {
 // order within it), into memory that is not zero-filled first.
 class ShardedEntries {
  public:
-  explicit ShardedEntries(const std::vector<std::span<const Record>>& pieces) {
-    for (const auto& piece : pieces) size_ += piece.size();
+  explicit ShardedEntries(const std::vector<std::span<const Record>>& triggers) {
+    for (const auto& t : triggers) size_ += t.size();
     entries_.reset(new UserRecord[size_]);  // default-initialized: every entry is written below
     std::unique_ptr<std::uint64_t[]> hashes(new std::uint64_t[size_]);
     const int threads = size_ < 65536 ? 1 : omp_get_max_threads();
@@ -536,8 +529,8 @@ class ShardedEntries {
       const std::size_t lo = size_ * t / nt, hi = size_ * (t + 1) / nt;
       std::array<std::uint64_t, UserState::kShards>& count = next[t];
       count.fill(0);
-      for_each_in(pieces, lo, hi, [&](std::size_t i, std::size_t piece, std::size_t position) {
-        const std::uint64_t h = UserState::slot_hash(pieces[piece][position].user);
+      for_each_in(triggers, lo, hi, [&](std::size_t i, std::size_t trigger, std::size_t position) {
+        const std::uint64_t h = UserState::slot_hash(triggers[trigger][position].user);
         hashes[i] = h;
         ++count[UserState::shard_of_slot_hash(h)];
       });
@@ -551,10 +544,10 @@ class ShardedEntries {
         }
         shard_start_[UserState::kShards] = running;
       }
-      for_each_in(pieces, lo, hi, [&](std::size_t i, std::size_t piece, std::size_t position) {
+      for_each_in(triggers, lo, hi, [&](std::size_t i, std::size_t trigger, std::size_t position) {
         const std::uint64_t h = hashes[i];
         const std::uint64_t at = count[UserState::shard_of_slot_hash(h)]++;
-        entries_[at] = {h, BatchRecords::index(piece, position)};
+        entries_[at] = {h, BatchRecords::index(trigger, position)};
         // 256 streams written at random, likely more than the hardware prefetch follows: each shard's next line
         // fetched before its stores reach it (bench_bounding 1-2 ns a record lower, PERFORMANCE round 46).
         if (at + kEntriesAhead < size_) dpstream::prefetch(entries_.get() + at + kEntriesAhead);
@@ -567,14 +560,14 @@ class ShardedEntries {
   std::uint64_t shard_begin(std::size_t s) const { return shard_start_[s]; }
 
  private:
-  // f(i, p, position) for the batch's records i in [lo, hi) (counted over the pieces in index order): the
-  // position-th record of piece p.
+  // f(i, t, position) for the batch's records i in [lo, hi) (counted over the triggers in index order): the
+  // position-th record of trigger t.
   template <class F>
-  static void for_each_in(const std::vector<std::span<const Record>>& pieces, std::size_t lo, std::size_t hi, F&& f) {
+  static void for_each_in(const std::vector<std::span<const Record>>& triggers, std::size_t lo, std::size_t hi, F&& f) {
     std::size_t first = 0;
-    for (std::size_t p = 0; p < pieces.size() && first < hi; first += pieces[p].size(), ++p) {
-      const std::size_t from = std::max(lo, first), to = std::min(hi, first + pieces[p].size());
-      for (std::size_t i = from; i < to; ++i) f(i, p, i - first);
+    for (std::size_t t = 0; t < triggers.size() && first < hi; first += triggers[t].size(), ++t) {
+      const std::size_t from = std::max(lo, first), to = std::min(hi, first + triggers[t].size());
+      for (std::size_t i = from; i < to; ++i) f(i, t, i - first);
     }
   }
 
@@ -693,7 +686,7 @@ class ShardBounder {
   void in_stream_order(std::size_t first, std::size_t last) {
     const BatchRecords& records = *records_;
     const auto by_stream = [&records](const UserRecord& a, const UserRecord& b) {
-      const std::size_t ta = records.trigger_of(a.index), tb = records.trigger_of(b.index);
+      const std::size_t ta = BatchRecords::trigger_of(a.index), tb = BatchRecords::trigger_of(b.index);
       return ta != tb ? ta < tb : stream_order_less(records.at(a.index), records.at(b.index));
     };
     if (!std::is_sorted(order_ + first, order_ + last, by_stream)) std::sort(order_ + first, order_ + last, by_stream);
@@ -713,9 +706,9 @@ class ShardBounder {
     out_.stats.kept += take;
     out_.stats.dropped += n - take;
     for (std::size_t at = from; at < from + take;) {  // the kept records of each trigger, in trigger order
-      const std::size_t t = records_->trigger_of(order_[at].index);
+      const std::size_t t = BatchRecords::trigger_of(order_[at].index);
       std::size_t end = at + 1;
-      while (end < from + take && records_->trigger_of(order_[end].index) == t) ++end;
+      while (end < from + take && BatchRecords::trigger_of(order_[end].index) == t) ++end;
       bound_trigger(s, user, ref, at, end, out_.partials[t]);
       at = end;
     }
@@ -797,19 +790,10 @@ class ShardBounder {
 std::vector<std::vector<KeyPartial>> bound_and_aggregate_batch(const std::vector<std::span<const Record>>& triggers,
                                                                const BoundingParams& params, UserState& state,
                                                                BoundingStats& stats) {
-  std::vector<RecordPieces> pieces;
-  pieces.reserve(triggers.size());
-  for (const auto& t : triggers) pieces.push_back({t});
-  return bound_and_aggregate_pieces(pieces, params, state, stats);
-}
-
-std::vector<std::vector<KeyPartial>> bound_and_aggregate_pieces(const std::vector<RecordPieces>& triggers,
-                                                                const BoundingParams& params, UserState& state,
-                                                                BoundingStats& stats) {
   const BatchRecords records(triggers);
   constexpr std::size_t S = UserState::kShards;
   // Group by shard (stable), then each thread takes whole shards: no locks on the state.
-  ShardedEntries sharded(records.pieces());
+  ShardedEntries sharded(triggers);
 
   const int threads = omp_get_max_threads();
   // Runs of consecutive shards: a shard joins the run before it while that run holds fewer than
@@ -832,11 +816,8 @@ std::vector<std::vector<KeyPartial>> bound_and_aggregate_pieces(const std::vecto
 #pragma omp parallel num_threads(threads)
   {
     ThreadOut& mine = out[static_cast<std::size_t>(omp_get_thread_num())];
-    for (std::size_t t = 0; t < trigger_count; ++t) {
-      std::size_t records_of_trigger = 0;
-      for (const auto& piece : triggers[t]) records_of_trigger += piece.size();
-      mine.partials[t].reserve(records_of_trigger / static_cast<std::size_t>(threads) + 16);
-    }
+    for (std::size_t t = 0; t < trigger_count; ++t)
+      mine.partials[t].reserve(triggers[t].size() / static_cast<std::size_t>(threads) + 16);
     ShardBounder bounder(params, state, mine);
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t r = 0; r < run_count; ++r) {

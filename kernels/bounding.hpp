@@ -287,7 +287,7 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
                                             UserState& state, BoundingStats& stats);
 
 // The same for consecutive triggers of a window at once (`triggers[i]`: the records of the batch's i-th, each
-// below 2^40 records; at least one, at most 2^24 triggers). Returns each trigger's partials,
+// below 2^40; at most 2^24 triggers). Returns each trigger's partials,
 // and leaves `state` and `stats` as bounding them trigger by trigger would: a user's records are taken by
 // trigger, then in stream order, and each trigger's are aggregated on their own. One pass over the state
 // for several small triggers: at T = 1000 a trigger touches one user bucket in twenty, each a cache miss
@@ -295,15 +295,5 @@ std::vector<KeyPartial> bound_and_aggregate(const std::vector<Record>& records, 
 std::vector<std::vector<KeyPartial>> bound_and_aggregate_batch(const std::vector<std::span<const Record>>& triggers,
                                                                const BoundingParams& params, UserState& state,
                                                                BoundingStats& stats);
-
-// One trigger's records in pieces, in order: the pipeline's are the part of the user shuffle this rank kept
-// for itself, then the part it received (Comm::Own::kKept: the kept part is read where it lies, not copied).
-using RecordPieces = std::vector<std::span<const Record>>;
-// bound_and_aggregate_batch with each trigger's records in pieces (triggers[t]: the batch's t-th trigger's;
-// each piece below 2^40 records, at most 2^24 pieces in all). The same partials, state and stats as the pieces
-// concatenated would give.
-std::vector<std::vector<KeyPartial>> bound_and_aggregate_pieces(const std::vector<RecordPieces>& triggers,
-                                                                const BoundingParams& params, UserState& state,
-                                                                BoundingStats& stats);
 
 }  // namespace dpstream::kernels

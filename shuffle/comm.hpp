@@ -113,15 +113,11 @@ class Comm {
   // three passes more over the records (perf, T = 1000: 0.05 s a rank). Past the per-round limit, each
   // destination's segment carries its batches' item counts ahead of their items (8 bytes a batch) through
   // alltoallv. `traffic` counts the items' bytes. Every rank must pass the same number of batches. One
-  // batch is a plain alltoallv. Each out[b] is a vector of type Out, as alltoallv's. With `Own::kKept`, this
-  // rank's items for itself are neither sent nor copied: out[b] holds the other ranks' items only (the caller
-  // reads its own where they lie; their copy was a pass over 1/P of the items), and `traffic` still counts them.
-  enum class Own { kSent, kKept };
+  // batch is a plain alltoallv. Each out[b] is a vector of type Out, as alltoallv's.
   template <class T, class Out = std::vector<T>, class A = std::allocator<T>>
   std::vector<Out> alltoallv_batches(const std::vector<std::vector<T, A>>& items,
                                      const std::vector<std::vector<std::uint64_t>>& offsets,
-                                     TrafficCounter* traffic = nullptr, const char* fault_point = nullptr,
-                                     Own own = Own::kSent) const {
+                                     TrafficCounter* traffic = nullptr, const char* fault_point = nullptr) const {
     static_assert(std::is_trivially_copyable_v<T> && std::is_same_v<typename Out::value_type, T>);
     const std::size_t B = items.size(), P = static_cast<std::size_t>(size_);
     if (offsets.size() != B) throw std::logic_error("alltoallv_batches: one offsets vector per batch");
@@ -129,17 +125,15 @@ class Comm {
       if (offsets[b].size() != P + 1 || offsets[b][P] != items[b].size())
         throw std::logic_error("alltoallv_batches: offsets of P + 1 entries per batch");
     std::vector<Out> out(B);
-    if (B == 1 && own == Own::kSent) {
+    if (B == 1) {
       out[0] = alltoallv<T, Out>(items[0], offsets[0], traffic, fault_point);
       return out;
     }
-    const auto me = static_cast<std::size_t>(rank_);
     std::vector<Block> blocks(P * B);
     for (std::size_t d = 0; d < P; ++d)
       for (std::size_t b = 0; b < B; ++b)
         blocks[d * B + b] = {reinterpret_cast<const std::byte*>(items[b].data() + offsets[b][d]),
-                             own == Own::kKept && d == me ? 0 : (offsets[b][d + 1] - offsets[b][d]) * sizeof(T)};
-
+                             (offsets[b][d + 1] - offsets[b][d]) * sizeof(T)};
     const auto place = [&](const std::vector<std::uint64_t>& sizes) {
       std::vector<std::uint64_t> totals(B, 0);
       for (std::size_t g = 0; g < P * B; ++g) {
@@ -156,12 +150,8 @@ class Comm {
         }
       return at;
     };
-    if (alltoallw_blocks(blocks, B, place, traffic, fault_point)) {
-      if (traffic && own == Own::kKept)  // the kept items, as alltoallw_blocks counted the sent ones
-        for (std::size_t b = 0; b < B; ++b) traffic->bytes_total += (offsets[b][me + 1] - offsets[b][me]) * sizeof(T);
-      return out;
-    }
-    return alltoallv_batches_in_rounds<T, Out>(items, offsets, traffic, fault_point, own);
+    if (alltoallw_blocks(blocks, B, place, traffic, fault_point)) return out;
+    return alltoallv_batches_in_rounds<T, Out>(items, offsets, traffic, fault_point);
   }
 
   // Rank 0 receives every rank's bytes, concatenated in rank order (others get an empty vector).
@@ -198,7 +188,7 @@ class Comm {
   template <class T, class Out, class A>
   std::vector<Out> alltoallv_batches_in_rounds(const std::vector<std::vector<T, A>>& items,
                                                const std::vector<std::vector<std::uint64_t>>& offsets,
-                                               TrafficCounter* traffic, const char* fault_point, Own own) const {
+                                               TrafficCounter* traffic, const char* fault_point) const {
     const std::size_t B = items.size(), P = static_cast<std::size_t>(size_);
     std::vector<std::uint64_t> send_offsets{0};
     std::vector<std::byte> send;
@@ -211,8 +201,7 @@ class Comm {
     };
     std::vector<std::uint64_t> to_d(B);
     for (std::size_t d = 0; d < P; ++d) {  // destination d: the B counts, then each batch's items for d
-      for (std::size_t b = 0; b < B; ++b)
-        to_d[b] = own == Own::kKept && d == static_cast<std::size_t>(rank_) ? 0 : offsets[b][d + 1] - offsets[b][d];
+      for (std::size_t b = 0; b < B; ++b) to_d[b] = offsets[b][d + 1] - offsets[b][d];
       append(to_d.data(), B * sizeof(std::uint64_t));
       for (std::size_t b = 0; b < B; ++b) append(items[b].data() + offsets[b][d], to_d[b] * sizeof(T));
       send_offsets.push_back(send.size());

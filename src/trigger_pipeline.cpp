@@ -25,65 +25,49 @@ class StageTimer {
   SteadyClock::time_point t0_;
 };
 
-// Each batch's items grouped by owner (partition_by): what an exchange sends, and each owner's first place.
-template <class T>
-struct Grouped {
-  std::vector<DefaultInitVector<T>> items;
-  std::vector<std::vector<std::uint64_t>> offsets;
-};
-template <class T, class OwnerFn>
-Grouped<T> group_by_owner(std::vector<std::vector<T>> batches, int P, OwnerFn owner) {
-  Grouped<T> grouped{std::vector<DefaultInitVector<T>>(batches.size()),
-                     std::vector<std::vector<std::uint64_t>>(batches.size())};
-  for (std::size_t b = 0; b < batches.size(); ++b) {
-    auto by_owner = partition::partition_by(batches[b], static_cast<std::size_t>(P),
-                                            [&owner, P](const T& item) { return owner(item, P); });
-    std::vector<T>().swap(batches[b]);
-    grouped.items[b] = std::move(by_owner.items);
-    grouped.offsets[b] = std::move(by_owner.offsets);
+// Each batch's items grouped by owner (partition_by), exchanged at once (Comm::alltoallv_batches) into
+// vectors of type Out.
+template <class T, class Out, class OwnerFn>
+std::vector<Out> route_batches(const shuffle::Comm& comm, std::vector<std::vector<T>> batches, OwnerFn owner,
+                               double& partition_seconds, double& shuffle_seconds, shuffle::TrafficCounter* traffic,
+                               const char* fault_point) {
+  const int P = comm.size();
+  std::vector<DefaultInitVector<T>> items(batches.size());
+  std::vector<std::vector<std::uint64_t>> offsets(batches.size());
+  {
+    StageTimer timer(partition_seconds);
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      auto grouped = partition::partition_by(batches[b], static_cast<std::size_t>(P),
+                                             [&owner, P](const T& item) { return owner(item, P); });
+      std::vector<T>().swap(batches[b]);
+      items[b] = std::move(grouped.items);
+      offsets[b] = std::move(grouped.offsets);
+    }
   }
-  return grouped;
+  StageTimer timer(shuffle_seconds);
+  return comm.alltoallv_batches<T, Out>(items, offsets, traffic, fault_point);
 }
 }  // namespace
 
-TriggerPipeline::OwnedRecords TriggerPipeline::route_by_user(std::vector<std::vector<Record>> local) {
-  Grouped<Record> grouped;
-  {
-    StageTimer timer(stage_.partition_user);
-    grouped = group_by_owner(std::move(local), comm_.size(),
-                             [](const Record& r, int P) { return partition::user_owner(r.user, P); });
-  }
-  StageTimer timer(stage_.shuffle_user);
-  auto received = comm_.alltoallv_batches<Record, DefaultInitVector<Record>>(
-      grouped.items, grouped.offsets, &counters_.user_traffic, "shuffle_user", shuffle::Comm::Own::kKept);
-  return {std::move(grouped.items), std::move(grouped.offsets), std::move(received)};
+std::vector<DefaultInitVector<Record>> TriggerPipeline::route_by_user(std::vector<std::vector<Record>> local) {
+  return route_batches<Record, DefaultInitVector<Record>>(
+      comm_, std::move(local), [](const Record& r, int P) { return partition::user_owner(r.user, P); },
+      stage_.partition_user, stage_.shuffle_user, &counters_.user_traffic, "shuffle_user");
 }
 
-std::vector<std::vector<KeyPartial>> TriggerPipeline::bound(OwnedRecords owned) {
+std::vector<std::vector<KeyPartial>> TriggerPipeline::bound(std::vector<DefaultInitVector<Record>> owned) {
   StageTimer timer(stage_.bounding);
-  const auto me = static_cast<std::size_t>(comm_.rank());
-  std::vector<kernels::RecordPieces> triggers;
-  for (std::size_t t = 0; t < owned.grouped.size(); ++t) {
-    const std::span<const Record> kept(owned.grouped[t].data() + owned.offsets[t][me],
-                                       owned.offsets[t][me + 1] - owned.offsets[t][me]);
-    triggers.push_back({kept, std::span<const Record>(owned.received[t])});
-  }
+  const std::vector<std::span<const Record>> triggers(owned.begin(), owned.end());
   std::vector<std::vector<KeyPartial>> partials;
   shuffle::on_all_ranks<InputError>(
-      comm_, [&] { partials = kernels::bound_and_aggregate_pieces(triggers, bounding_, users_, counters_.bounding); });
+      comm_, [&] { partials = kernels::bound_and_aggregate_batch(triggers, bounding_, users_, counters_.bounding); });
   return partials;
 }
 
 std::vector<std::vector<KeyPartial>> TriggerPipeline::route_by_key(std::vector<std::vector<KeyPartial>> partials) {
-  Grouped<KeyPartial> grouped;
-  {
-    StageTimer timer(stage_.partition_key);
-    grouped = group_by_owner(std::move(partials), comm_.size(),
-                             [](const KeyPartial& p, int P) { return partition::key_owner(p.key, P); });
-  }
-  StageTimer timer(stage_.shuffle_key);
-  return comm_.alltoallv_batches<KeyPartial, std::vector<KeyPartial>>(grouped.items, grouped.offsets,
-                                                                      &counters_.key_traffic, "shuffle_key");
+  return route_batches<KeyPartial, std::vector<KeyPartial>>(
+      comm_, std::move(partials), [](const KeyPartial& p, int P) { return partition::key_owner(p.key, P); },
+      stage_.partition_key, stage_.shuffle_key, &counters_.key_traffic, "shuffle_key");
 }
 
 std::vector<std::vector<KeyRelease>> TriggerPipeline::release(std::vector<std::vector<KeyPartial>> partials,

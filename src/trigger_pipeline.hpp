@@ -34,19 +34,12 @@ class TriggerPipeline {
   // A batch's triggers go through each step together, so that the ranks synchronize a few times per batch
   // instead of at every trigger (at T = 1000 each trigger is small, and every synchronization waits for
   // the slower rank).
-  // A batch's records at their users' owners: trigger t's records of the users this rank owns are its own
-  // records for itself, grouped[t][offsets[t][rank], offsets[t][rank + 1]) (neither sent nor copied), then
-  // received[t], the other ranks' (into vectors that are not zero-filled first).
-  struct OwnedRecords {
-    std::vector<DefaultInitVector<Record>> grouped;   // this rank's records of each trigger, grouped by owner
-    std::vector<std::vector<std::uint64_t>> offsets;  // each owner's first place in grouped[t], then its size
-    std::vector<DefaultInitVector<Record>> received;  // from the other ranks, by source rank
-  };
-  // 1. This rank's records of each trigger to their users' owners (one exchange).
-  OwnedRecords route_by_user(std::vector<std::vector<Record>> local);
+  // 1. This rank's records of each trigger to their users' owners (one exchange): per trigger, the records
+  // of those users this rank owns (received into vectors that are not zero-filled first).
+  std::vector<DefaultInitVector<Record>> route_by_user(std::vector<std::vector<Record>> local);
   // 2. At most C records per user: the owned records of a batch's triggers (in trigger order) in, each
   // trigger's partials out, as bounding trigger by trigger would give them.
-  std::vector<std::vector<KeyPartial>> bound(OwnedRecords owned);
+  std::vector<std::vector<KeyPartial>> bound(std::vector<DefaultInitVector<Record>> owned);
   // 3.-4. Each trigger's partials to the rows of the keys this rank owns, sorted by key: routed in one
   // exchange, then accumulated and released trigger by trigger (`first_trigger` the batch's first), with
   // one agreement on errors for the batch. Releaser::release_batch takes the batch whole (DP-SQLP: each key

@@ -217,47 +217,6 @@ TEST(Bounding, BatchesSurviveFewerThreadsThanAsked) {
   EXPECT_EQ(state.digest(1), want_state.digest(1));
 }
 
-// A trigger's records in pieces (the pipeline's: the part a rank kept for itself, then those it received from the
-// others) bound as the trigger whole, even when the pieces reorder its records: a user's records are put in
-// stream order, a total order. Here each trigger's records are split at random into two pieces, with an empty
-// one between; the large trigger takes the threaded sharding, whose blocks split pieces.
-TEST(Bounding, PiecesOfATriggerBoundAsTheTriggerWhole) {
-  std::mt19937_64 rng(31);
-  std::uint64_t position = 0;
-  std::vector<std::vector<Record>> triggers;
-  for (int t = 0; t < 4; ++t) {
-    triggers.push_back(random_trigger(rng, t, position, 3000, 400));
-    for (auto& r : triggers.back()) r.timestamp = static_cast<std::int64_t>(rng() % 50);  // ties: position decides
-  }
-  while (triggers[2].size() < 70000) {
-    const auto more = random_trigger(rng, 2, position, 20000, 3000);
-    triggers[2].insert(triggers[2].end(), more.begin(), more.end());
-  }
-  std::vector<std::vector<Record>> odd(triggers.size()), even(triggers.size());
-  for (std::size_t t = 0; t < triggers.size(); ++t)
-    for (const Record& r : triggers[t]) (rng() % 3 == 0 ? odd : even)[t].push_back(r);
-  const kernels::BoundingParams params{5, -1.0, 2.5};
-  for (const int threads : {1, 2}) {
-    dpstream::testing::ScopedOmpThreads scoped(threads);
-    kernels::UserState want_state, state;
-    want_state.journal = state.journal = true;
-    kernels::BoundingStats want_stats, stats;
-    const std::vector<std::span<const Record>> whole(triggers.begin(), triggers.end());
-    const auto want = kernels::bound_and_aggregate_batch(whole, params, want_state, want_stats);
-    std::vector<kernels::RecordPieces> pieces;
-    for (std::size_t t = 0; t < triggers.size(); ++t)
-      pieces.push_back({std::span<const Record>(odd[t]), std::span<const Record>(), std::span<const Record>(even[t])});
-    const auto got = kernels::bound_and_aggregate_pieces(pieces, params, state, stats);
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t t = 0; t < got.size(); ++t)
-      EXPECT_EQ(sorted(got[t]), sorted(want[t])) << "trigger " << t << ", " << threads << " thread(s)";
-    ASSERT_GT(want_stats.dropped, 0u);
-    EXPECT_EQ((std::array{stats.kept, stats.dropped, stats.clamped, stats.new_users}),
-              (std::array{want_stats.kept, want_stats.dropped, want_stats.clamped, want_stats.new_users}));
-    EXPECT_EQ(drained(state), drained(want_state)) << threads << " thread(s)";
-  }
-}
-
 TEST(Bounding, BatchesRefuseAnEmptyBatch) {
   kernels::UserState state;
   kernels::BoundingStats stats;
