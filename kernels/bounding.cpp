@@ -626,12 +626,13 @@ class ShardBounder {
   // Sorts order_[first, last) (shard s's entries, which must come in index order: ShardedEntries fills a shard so)
   // by (slot hash, index) and writes a Group for each user's entries to groups_ from groups_[g] on; returns the
   // index after the last one written. A stable LSD radix sort on the hash's top 2 bit_width(n) + 2 bits (two
-  // digits of 2-4 counts an entry below 2048 entries, more digits of at most 2^12 counts beyond, so that the counts
-  // stay in L1), then one walk that starts a group where the hash changes, without a branch. Two users whose top
-  // bits tie (in 1/32-1/8 of the shards) may be left out of hash order, or interleaved: the walk sees a hash fall,
-  // and the shard is sorted in full. Stability keeps a user's entries in index order. A counting pass into 4-8 times
-  // more buckets than entries and a walk over the buckets cost 117 instructions a record (cachegrind); one bucket
-  // an entry left the bucket's size to a branch that mispredicted about once a user.
+  // digits of 2-4 counts an entry below 2048 entries, more digits of at most 2^12 counts beyond: all digits' counts,
+  // passes x 2^digit_bits x 4 bytes, fit L1 (8 KiB at 480 entries, 32 KiB at 2^20)), then one walk that starts a group
+  // where the hash changes, without a branch. Two users whose top bits tie (in 1/32-1/8 of the shards) may be left out
+  // of hash order, or interleaved: the walk sees a hash fall, and the shard is sorted in full. Stability keeps a user's
+  // entries in index order. A counting pass into 4-8 times more buckets than entries and a walk over the buckets cost
+  // 117 instructions a record (cachegrind); one bucket an entry left the bucket's size to a branch that mispredicted
+  // about once a user.
   std::size_t group_by_user(std::size_t first, std::size_t last, std::size_t s, std::size_t g) {
     UserRecord* const begin = order_ + first;
     const std::size_t n = last - first;
@@ -649,7 +650,7 @@ class ShardBounder {
     if (scratch_.size() < n) scratch_.resize(n);
     const UserRecord* const sorted = partition::radix_sort_lsd(
         begin, scratch_.data(), n, std::span<const int>(shifts.data(), passes), digit_bits,
-        [](const UserRecord& e) { return e.slot_hash; }, bucket_start_);
+        [](const UserRecord& e) { return e.slot_hash; }, radix_counts_);
     if (sorted != begin) std::copy_n(sorted, n, begin);
     const std::size_t g0 = g;
     Group* const out = groups_.data();
@@ -780,7 +781,7 @@ class ShardBounder {
   UserRecord* order_ = nullptr;  // the run's entries (sorted by user within each shard by run())
   const BatchRecords* records_ = nullptr;
   std::vector<UserRecord> scratch_;                                  // group_by_user's radix passes
-  std::vector<std::uint32_t> bucket_start_;                          // group_by_user's radix counts
+  std::vector<std::uint32_t> radix_counts_;                          // group_by_user's radix counts
   std::vector<Group, DefaultInitAllocator<Group>> groups_;           // each user's, then the end
   std::vector<std::pair<std::uint64_t, std::int64_t>> kept_values_;  // (key, fixed value) of one user
 };

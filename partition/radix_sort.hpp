@@ -1,6 +1,7 @@
 // A stable LSD radix sort on one thread: what key accumulation's sort by key and bounding's grouping by user share.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -20,7 +21,7 @@ T* radix_sort_lsd(T* items, T* scratch, std::size_t n, std::span<const int> shif
   const std::uint64_t mask = radix - 1;
   const std::size_t digits = shifts.size();
   counts.assign(digits * radix, 0);  // digit d's counts at [d radix, (d + 1) radix), then its buckets' next places
-  if (digits == 2) {                 // bounding's shards: unrolled (the loop over digits cost them about 1%)
+  if (digits == 2) {                 // both callers' usual case: unrolled (the loop over digits cost bounding about 1%)
     Count* const high = counts.data() + radix;
     const int low_shift = shifts[0], high_shift = shifts[1];
     for (std::size_t i = 0; i < n; ++i) {

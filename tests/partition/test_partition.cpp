@@ -112,13 +112,14 @@ TEST(Partitioner, EmptyInput) {
 
 // radix_sort_lsd against std::stable_sort by the same digits, the last pass's most significant: items with equal
 // digits keep their order, and the result is in the buffer returned, for one to four digits, adjacent, overlapping
-// or leaving bits out.
+// or leaving bits out; with 32-bit counts kept from call to call (bounding's) and with 64-bit ones (the key sort's).
 TEST(RadixSort, MatchesStableSortByItsDigits) {
   struct Item {
     std::uint64_t key;
     std::uint32_t at;
   };
   constexpr int kBits = 10;
+  std::vector<std::uint32_t> kept_counts;
   for (const std::vector<int>& shifts :
        {std::vector<int>{0}, std::vector<int>{0, 10}, std::vector<int>{40, 50, 54}, std::vector<int>{0, 5, 10, 15}}) {
     std::vector<Item> items(5'000);
@@ -131,15 +132,19 @@ TEST(RadixSort, MatchesStableSortByItsDigits) {
         if (digit(a, *s) != digit(b, *s)) return digit(a, *s) < digit(b, *s);
       return false;
     });
-    std::vector<Item> scratch(items.size());
-    std::vector<std::uint32_t> counts;
-    const Item* got = radix_sort_lsd(
-        items.data(), scratch.data(), items.size(), std::span<const int>(shifts), kBits,
-        [](const Item& x) { return x.key; }, counts);
-    ASSERT_EQ(got, shifts.size() % 2 == 0 ? items.data() : scratch.data()) << shifts.size() << " digits";
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      ASSERT_EQ(got[i].key, want[i].key) << i;
-      ASSERT_EQ(got[i].at, want[i].at) << i;
-    }
+    const auto check = [&](auto& counts, const char* label) {
+      std::vector<Item> copy = items, scratch(items.size());
+      const Item* got = radix_sort_lsd(
+          copy.data(), scratch.data(), copy.size(), std::span<const int>(shifts), kBits,
+          [](const Item& x) { return x.key; }, counts);
+      ASSERT_EQ(got, shifts.size() % 2 == 0 ? copy.data() : scratch.data()) << shifts.size() << " digits, " << label;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got[i].key, want[i].key) << i << ", " << label;
+        ASSERT_EQ(got[i].at, want[i].at) << i << ", " << label;
+      }
+    };
+    check(kept_counts, "32-bit counts kept between calls");
+    std::vector<std::uint64_t> wide_counts;
+    check(wide_counts, "64-bit counts");
   }
 }
