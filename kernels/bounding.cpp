@@ -117,6 +117,10 @@ std::uint64_t UserState::slot_hash(std::uint64_t user) {
   return partition::salted_hash(user, partition::kUserSlotSalt);
 }
 
+std::uint64_t UserState::user_of_slot_hash(std::uint64_t hash) {
+  return partition::salted_unhash(hash, partition::kUserSlotSalt);
+}
+
 std::size_t UserState::Shard::home_in(std::size_t buckets, std::uint64_t slot_hash) {
   return static_cast<std::size_t>(static_cast<uint128>(slot_hash) * buckets >> 64);  // uniform on [0, buckets)
 }
@@ -481,13 +485,18 @@ class BatchRecords {
   std::vector<const Record*> bases_;
 };
 
-// A record of the batch by its user's slot hash (a bijection of the user id, so equal hashes are equal
-// users) and its BatchRecords index: 16 bytes, what bounding groups and sorts instead of the 40-byte
-// records themselves.
-struct UserRecord {
+// A record of the batch as bounding groups and sorts it: its user's slot hash (a bijection of the user id, so
+// equal hashes are equal users, and the id is UserState::user_of_slot_hash of it), its BatchRecords index, key and
+// value. 32 bytes, two a line: visiting users in hash order then reads them in order, where reading the 40-byte
+// records by index fetched 1-2 lines at random per user (perf: the records' prefetches and loads held 15% of
+// bounding's own samples). Timestamp and position stay in the record: only a user with several records needs them.
+struct alignas(32) UserRecord {
   std::uint64_t slot_hash;
   std::uint64_t index;  // BatchRecords::index
+  std::uint64_t key;
+  double value;
 };
+static_assert(sizeof(UserRecord) == 32);
 // A function object, so that the sorts inline the compare (given a function's address, std::sort called it).
 constexpr auto hash_then_arrival = [](const UserRecord& a, const UserRecord& b) {
   return (static_cast<uint128>(a.slot_hash) << 64 | a.index) < (static_cast<uint128>(b.slot_hash) << 64 | b.index);
@@ -547,14 +556,15 @@ class ShardedEntries {
       for_each_in(triggers, lo, hi, [&](std::size_t i, std::size_t trigger, std::size_t position) {
         const std::uint64_t h = hashes[i];
         const std::uint64_t at = count[UserState::shard_of_slot_hash(h)]++;
-        entries_[at] = {h, BatchRecords::index(trigger, position)};
+        const Record& r = triggers[trigger][position];
+        entries_[at] = {h, BatchRecords::index(trigger, position), r.key, r.value};
         // 256 streams written at random, likely more than the hardware prefetch follows: each shard's next line
         // fetched before its stores reach it (bench_bounding 1-2 ns a record lower, PERFORMANCE round 46).
         if (at + kEntriesAhead < size_) dpstream::prefetch(entries_.get() + at + kEntriesAhead);
       });
     }
   }
-  static constexpr std::uint64_t kEntriesAhead = 8;  // two lines of 16-byte entries
+  static constexpr std::uint64_t kEntriesAhead = 4;  // two lines of 32-byte entries
   UserRecord* data() { return entries_.get(); }
   // Where shard s's entries begin; shard_begin(kShards) is the batch's size.
   std::uint64_t shard_begin(std::size_t s) const { return shard_start_[s]; }
@@ -613,14 +623,15 @@ class ShardBounder {
     std::size_t at;
     std::size_t shard;
   };
-  const Record& record_at(std::size_t at) const { return records_->at(order_[at].index); }
-  // The user's home bucket and its records (the trigger's records are read in hash order: random), the first
-  // kRecordsAhead of them: bound_user puts them in stream order, and reads the kept ones.
+  // The user's home bucket, and for a user of several records the first kRecordsAhead of them (the trigger's
+  // records, read in hash order: random): bound_user puts them in stream order by their timestamps.
   static constexpr std::size_t kRecordsAhead = 4;
   void prefetch_user(std::size_t group) const {
-    const std::size_t at = groups_[group].at, end = std::min(groups_[group + 1].at, at + kRecordsAhead);
+    const std::size_t at = groups_[group].at, to = groups_[group + 1].at;
     state_.prefetch_slot(groups_[group].shard, order_[at].slot_hash);
-    for (std::size_t i = at; i < end; ++i) dpstream::prefetch_object(&records_->at(order_[i].index));
+    if (to - at == 1) return;
+    for (std::size_t i = at; i < std::min(to, at + kRecordsAhead); ++i)
+      dpstream::prefetch_object(&records_->at(order_[i].index));
   }
 
   // Sorts order_[first, last) (shard s's entries, which must come in index order: ShardedEntries fills a shard so)
@@ -697,7 +708,7 @@ class ShardBounder {
   // the first C - kept, clamps, counts each trigger's on its own.
   void bound_user(std::size_t s, std::size_t from, std::size_t to) {
     if (to - from > 1) in_stream_order(from, to);
-    const std::uint64_t user = record_at(from).user;
+    const std::uint64_t user = UserState::user_of_slot_hash(order_[from].slot_hash);
     auto [ref, added] = state_.find_or_add(s, user, order_[from].slot_hash);
     if (added) ++out_.stats.new_users;
     const auto n = static_cast<std::uint32_t>(to - from);
@@ -721,14 +732,14 @@ class ShardBounder {
   void bound_trigger(std::size_t s, std::uint64_t user, UserState::UserRef& ref, std::size_t from, std::size_t to,
                      std::vector<KeyPartial>& partials) {
     if (to - from == 1) {  // most users of a trigger: one record, one key, nothing to sort or group
-      const Record& r = record_at(from);
-      count_key(s, user, ref, r.key, 1, kept_value(r), partials);
+      const UserRecord& r = order_[from];
+      count_key(s, user, ref, r.key, 1, kept_value(r.value), partials);
       return;
     }
     kept_values_.clear();
     for (std::size_t i = from; i < to; ++i) {
-      const Record& r = record_at(i);
-      kept_values_.emplace_back(r.key, kept_value(r));
+      const UserRecord& r = order_[i];
+      kept_values_.emplace_back(r.key, kept_value(r.value));
     }
     // Per-(user, key) aggregation: sort the user's kept records by key and walk the runs.
     std::sort(kept_values_.begin(), kept_values_.end());
@@ -745,8 +756,7 @@ class ShardBounder {
   }
 
   // A kept record's value: clamped, in fixed point, rounded to the value quantum.
-  std::int64_t kept_value(const Record& r) {
-    double v = r.value;
+  std::int64_t kept_value(double v) {
     if (v < params_.clamp_min || v > params_.clamp_max) {
       v = std::clamp(v, params_.clamp_min, params_.clamp_max);
       ++out_.stats.clamped;

@@ -146,6 +146,7 @@ class UserState {
   static std::uint32_t key_fingerprint(std::uint64_t key, std::uint64_t user);
   // The hash that places a user in its shard's table (a bijection of the id; home buckets grow with it).
   static std::uint64_t slot_hash(std::uint64_t user);
+  static std::uint64_t user_of_slot_hash(std::uint64_t slot_hash);  // its inverse
   // The user's shard: the slot hash's low bits (homes come from its high bits). The one mapping that bounding
   // and a checkpoint's restore both use: a user found in two shards would be counted twice.
   static std::size_t shard_of_slot_hash(std::uint64_t slot_hash) { return slot_hash & (kShards - 1); }

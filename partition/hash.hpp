@@ -17,18 +17,48 @@ inline constexpr std::uint64_t kFingerprintSalt = 0x8CB92BA72F3D8DD7ULL;
 // independent of the bits that chose the user's rank, which are the same for every user of the rank.
 inline constexpr std::uint64_t kUserSlotSalt = 0x2545F4914F6CDD1DULL;
 
+inline constexpr std::uint64_t kMixMultiplier1 = 0xBF58476D1CE4E5B9ULL;
+inline constexpr std::uint64_t kMixMultiplier2 = 0x94D049BB133111EBULL;
+
 // SplitMix64 finalizer: a bijection on 64-bit integers with full avalanche, so two distinct
 // ids never share a hash.
 constexpr std::uint64_t mix64(std::uint64_t x) {
   x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
+  x *= kMixMultiplier1;
   x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
+  x *= kMixMultiplier2;
   x ^= x >> 31;
   return x;
 }
 
+// x from y = x ^ (x >> s): x's top s bits are y's, and each further s bits follow from those above them.
+constexpr std::uint64_t unshift_xor(std::uint64_t y, int s) {
+  std::uint64_t x = y;
+  for (int done = s; done < 64; done += s) x = y ^ (x >> s);
+  return x;
+}
+
+// The inverse of an odd a modulo 2^64: Newton's step x <- x (2 - a x) doubles the correct low bits, from the 3
+// of x = a (a a = 1 mod 8 for odd a).
+constexpr std::uint64_t inverse_mod_2_64(std::uint64_t a) {
+  std::uint64_t x = a;
+  for (int i = 0; i < 5; ++i) x *= 2 - a * x;
+  return x;
+}
+
+// The inverse of mix64: unmix64(mix64(x)) == x for every x.
+constexpr std::uint64_t unmix64(std::uint64_t x) {
+  x = unshift_xor(x, 31);
+  x *= inverse_mod_2_64(kMixMultiplier2);
+  x = unshift_xor(x, 27);
+  x *= inverse_mod_2_64(kMixMultiplier1);
+  return unshift_xor(x, 30);
+}
+static_assert(unmix64(mix64(0x0123456789ABCDEFULL)) == 0x0123456789ABCDEFULL);
+
 constexpr std::uint64_t salted_hash(std::uint64_t id, std::uint64_t salt) { return mix64(id ^ salt); }
+// The id whose salted_hash under `salt` is `hash`.
+constexpr std::uint64_t salted_unhash(std::uint64_t hash, std::uint64_t salt) { return unmix64(hash) ^ salt; }
 
 // One more value folded into a running hash (state digests: equal inputs, equal hashes; a change
 // of any value changes the hash except with probability ~2^-64).

@@ -237,6 +237,44 @@ TEST(Bounding, KeepsTheFirstCInStreamOrderNotArrivalOrder) {
   EXPECT_EQ(stats.dropped, 3u);
 }
 
+// Bounding takes a user's id from its slot hash (UserState::user_of_slot_hash), and each record's key and value
+// from its sorted entry: ids of any 64 bits come back as given, each key with its own record's value.
+TEST(Bounding, KeepsIdsOfAnyBitsAndEachRecordsKeyAndValue) {
+  std::mt19937_64 rng(2024);
+  std::vector<std::uint64_t> ids = {0, 1, ~std::uint64_t{0}, std::uint64_t{1} << 63, 0x2545F4914F6CDD1DULL};
+  for (int i = 0; i < 3000; ++i) ids.push_back(rng());
+  std::vector<Record> records;
+  std::map<std::uint64_t, std::uint32_t> per_user;
+  std::map<std::uint64_t, double> value_of;  // each record has a key of its own
+  std::uint64_t position = 0;
+  for (const std::uint64_t id : ids) {
+    const auto n = static_cast<std::uint32_t>(1 + rng() % 3);
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const std::uint64_t key = rng();
+      const double value = static_cast<double>(rng() % 1000) / 8.0;
+      records.push_back(Record{id, key, 0, position++, value});
+      value_of[key] = value;
+    }
+    per_user[id] = n;
+  }
+  std::shuffle(records.begin(), records.end(), rng);
+  kernels::UserState users;
+  kernels::BoundingStats stats;
+  const std::uint32_t C = 2;
+  const auto partials = kernels::bound_and_aggregate(records, {C, 0.0, 1000.0}, users, stats);
+  std::map<std::uint64_t, std::uint32_t> kept;
+  users.for_each_user([&](std::uint64_t user, std::uint32_t k) { kept[user] = k; });
+  ASSERT_EQ(kept.size(), per_user.size());
+  for (const auto& [id, n] : per_user) EXPECT_EQ(kept[id], std::min(n, C)) << "user " << id;
+  for (const KeyPartial& p : partials) {
+    ASSERT_TRUE(value_of.contains(p.key)) << "key " << p.key;
+    EXPECT_EQ(p.count, 1);
+    EXPECT_EQ(p.sum, to_fixed(value_of[p.key])) << "key " << p.key;
+    EXPECT_EQ(p.new_users, 1);
+  }
+  EXPECT_EQ(stats.kept, partials.size());
+}
+
 TEST(Bounding, ClampsAndCountsAUserOncePerKey) {
   kernels::UserState users;
   kernels::BoundingStats stats;

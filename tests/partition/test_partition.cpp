@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <span>
 #include <unordered_set>
 
@@ -15,6 +16,22 @@ using namespace dpstream::partition;
 TEST(Hash, Mix64IsABijectionOnASample) {
   std::unordered_set<std::uint64_t> seen;
   for (std::uint64_t i = 0; i < 1'000'000; ++i) ASSERT_TRUE(seen.insert(salted_hash(i, kUserSalt)).second) << i;
+}
+
+TEST(Hash, UnmixInvertsMixEverywhere) {
+  std::mt19937_64 rng(99);
+  std::vector<std::uint64_t> ids = {0, 1, 2, ~std::uint64_t{0}, std::uint64_t{1} << 63, kUserSalt, kUserSlotSalt};
+  for (int i = 0; i < 1'000'000; ++i) ids.push_back(rng());
+  for (const std::uint64_t id : ids) {
+    ASSERT_EQ(unmix64(mix64(id)), id) << id;
+    ASSERT_EQ(mix64(unmix64(id)), id) << id;
+    ASSERT_EQ(salted_unhash(salted_hash(id, kUserSlotSalt), kUserSlotSalt), id) << id;
+  }
+  // Each step's inverse on its own: a wrong iteration count would miss the lowest bits of large values.
+  for (const int s : {27, 30, 31})
+    for (const std::uint64_t y : ids) ASSERT_EQ(unshift_xor(y ^ (y >> s), s), y) << s;
+  for (const std::uint64_t a : {kMixMultiplier1, kMixMultiplier2, std::uint64_t{3}, ~std::uint64_t{0}})
+    EXPECT_EQ(a * inverse_mod_2_64(a), 1u) << a;
 }
 
 TEST(Hash, SaltsGiveDifferentPartitions) {
