@@ -518,8 +518,8 @@ void sort_small(UserRecord* from, UserRecord* to) {
   }
 }
 
-// The batch's records as (slot hash, index) entries grouped by shard (UserState::shard_of), in index order
-// within a shard: a stable counting sort that hashes each record once (the hash gives the shard and the
+// The batch's records as UserRecord entries (slot hash, index, key, value) grouped by shard (UserState::shard_of), in
+// index order within a shard: a stable counting sort that hashes each record once (the hash gives the shard and the
 // order within it), into memory that is not zero-filled first.
 class ShardedEntries {
  public:
@@ -588,8 +588,8 @@ class ShardedEntries {
 
 // Bounds a run of shards' records on one thread. Users are visited in groups (a user's records of the
 // trigger, in stream order); their state is random in memory, so its home bucket is prefetched
-// kSlotAhead users ahead, with the user's records: the DRAM latency of many users overlaps instead
-// of adding up. bound_user puts a user's records in stream order, not the sort by user, where reading
+// kSlotAhead users ahead, with the records of a user who has several (their timestamps): the DRAM latency of many users
+// overlaps instead of adding up. bound_user puts a user's records in stream order, not the sort by user, where reading
 // them missed the cache for every user with several records (perf: 6% of bounding). Prefetches retire at once,
 // where loads that miss would fill the reorder buffer and stall it (perf: 60 ns per user with batched loads). The
 // prefetch runs on across the shards of the run: per shard it started cold, and at T = 1000 (about 24 users per shard
