@@ -14,6 +14,7 @@
 
 #include "kernels/bounding.hpp"
 #include "kernels/key_accumulate.hpp"
+#include "partition/hash.hpp"
 #include "tests/scoped_omp_threads.hpp"
 #include "tools/naive_reference.hpp"
 
@@ -241,7 +242,7 @@ TEST(Bounding, KeepsTheFirstCInStreamOrderNotArrivalOrder) {
 // from its sorted entry: ids of any 64 bits come back as given, each key with its own record's value.
 TEST(Bounding, KeepsIdsOfAnyBitsAndEachRecordsKeyAndValue) {
   std::mt19937_64 rng(2024);
-  std::vector<std::uint64_t> ids = {0, 1, ~std::uint64_t{0}, std::uint64_t{1} << 63, 0x2545F4914F6CDD1DULL};
+  std::vector<std::uint64_t> ids = {0, 1, ~std::uint64_t{0}, std::uint64_t{1} << 63, partition::kUserSlotSalt};
   for (int i = 0; i < 3000; ++i) ids.push_back(rng());
   std::vector<Record> records;
   std::map<std::uint64_t, std::uint32_t> per_user;
