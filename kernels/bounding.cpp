@@ -587,10 +587,10 @@ class ShardedEntries {
 };
 
 // Bounds a run of shards' records on one thread. Users are visited in groups (a user's records of the
-// trigger, in stream order); their state is random in memory, so its home bucket is prefetched
-// kSlotAhead users ahead, with the records of a user who has several (their timestamps): the DRAM latency of many users
-// overlaps instead of adding up. bound_user puts a user's records in stream order, not the sort by user, where reading
-// them missed the cache for every user with several records (perf: 6% of bounding). Prefetches retire at once,
+// batch); their state is random in memory, so its home bucket is prefetched kSlotAhead users ahead (prefetch_user):
+// the DRAM latency of many users overlaps instead of adding up. bound_user puts a user's records in stream order where
+// the limit cuts them, not the sort by user, where reading them missed the cache for every user with several records
+// (perf: 6% of bounding). Prefetches retire at once,
 // where loads that miss would fill the reorder buffer and stall it (perf: 60 ns per user with batched loads). The
 // prefetch runs on across the shards of the run: per shard it started cold, and at T = 1000 (about 24 users per shard
 // and trigger) most users were never prefetched.
@@ -623,13 +623,15 @@ class ShardBounder {
     std::size_t at;
     std::size_t shard;
   };
-  // The user's home bucket, and for a user of several records the first kRecordsAhead of them (the trigger's
-  // records, read in hash order: random): bound_user puts them in stream order by their timestamps.
+  // The user's home bucket, and for a user of more than C records in the batch (cut by the limit unless already
+  // full) the first kRecordsAhead of them (the trigger's records, read in hash order: random): bound_user puts them
+  // in stream order by their timestamps. A user of C or fewer is cut at most once a window (then it is full): its
+  // records are read unprefetched then, where prefetching every user of several records cost bounding 3-6%.
   static constexpr std::size_t kRecordsAhead = 4;
   void prefetch_user(std::size_t group) const {
     const std::size_t at = groups_[group].at, to = groups_[group + 1].at;
     state_.prefetch_slot(groups_[group].shard, order_[at].slot_hash);
-    if (to - at == 1) return;
+    if (to - at <= params_.max_records_per_user) return;
     for (std::size_t i = at; i < std::min(to, at + kRecordsAhead); ++i)
       dpstream::prefetch_object(&records_->at(order_[i].index));
   }
@@ -692,9 +694,9 @@ class ShardBounder {
   }
 
   // Puts one user's entries order_[first, last) (by index) by trigger, then in stream order (timestamp,
-  // position): the order of a trigger-by-trigger run. A user's records usually arrive so (a batch holds its
-  // triggers one after the other; the generator and time-sorted files emit them in stream order, and the
-  // shuffle and partition keep their relative order), so they are re-sorted only when they are not.
+  // position): the order of a trigger-by-trigger run, read from the records. A user's records usually arrive so (a
+  // batch holds its triggers one after the other; the generator and time-sorted files emit them in stream order, and
+  // the shuffle and partition keep their relative order), so they are re-sorted only when they are not.
   void in_stream_order(std::size_t first, std::size_t last) {
     const BatchRecords& records = *records_;
     const auto by_stream = [&records](const UserRecord& a, const UserRecord& b) {
@@ -707,13 +709,15 @@ class ShardBounder {
   // One user's records of the batch (order_[from, to), by index; put here by trigger and in stream order): keeps
   // the first C - kept, clamps, counts each trigger's on its own.
   void bound_user(std::size_t s, std::size_t from, std::size_t to) {
-    if (to - from > 1) in_stream_order(from, to);
     const std::uint64_t user = UserState::user_of_slot_hash(order_[from].slot_hash);
     auto [ref, added] = state_.find_or_add(s, user, order_[from].slot_hash);
     if (added) ++out_.stats.new_users;
     const auto n = static_cast<std::uint32_t>(to - from);
     const std::uint32_t kept = state_.kept(s, ref);
     const std::uint32_t take = std::min(n, params_.max_records_per_user - kept);
+    // Stream order decides only which records the limit cuts off: kept all (or none), a trigger's records add up
+    // to the same partials and fingerprints in any order (bound_trigger sorts them by key).
+    if (take > 0 && take < n) in_stream_order(from, to);
     if (take > 0) state_.set_kept(s, ref, kept + take);
     out_.stats.kept += take;
     out_.stats.dropped += n - take;
