@@ -1039,6 +1039,7 @@ CommitStats Store::commit(std::shared_ptr<Journal> journal, std::string rows, co
     io_ = std::async(std::launch::async, [this, root, previous_pending, previous = std::move(previous),
                                           previous_rows = std::move(pending_rows_), journal = std::move(journal), rows,
                                           final_rows = std::move(final_rows), header, path]() mutable {
+      h5::silence_errors_on_this_thread();  // a failed write is this task's exception, not HDF5's printout
       using Clock = std::chrono::steady_clock;
       const auto t = Clock::now();
       if (root && previous_pending) make_visible(previous, previous_rows);

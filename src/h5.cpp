@@ -3,15 +3,29 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
 namespace dpstream::h5 {
 
 namespace {
-// Silences HDF5's error stack printing once per process: failures are reported by exceptions.
+// Set when HDF5 failed to close an object (a full disk: the file's last writes failed). HDF5 1.10 then keeps the file's
+// id with its shared state already freed, and closing the library dereferences it: a crash at exit after the job had
+// reported its error (found with a checkpoint on a full file system, tests/e2e/test_disk_full.py).
+std::atomic<bool> close_failed{false};
+
+// HDF5's own exit handler closes every object and the library; this one does the same unless a close failed.
+void close_library() {
+  if (!close_failed.load()) H5close();
+}
+
+// Once per process, before any other HDF5 call of this program: HDF5's exit handler replaced by close_library, and
+// HDF5's error stack printing silenced on the loading thread.
 const bool kQuiet = [] {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  H5dont_atexit();
+  std::atexit(close_library);
+  silence_errors_on_this_thread();
   return true;
 }();
 
@@ -24,6 +38,8 @@ std::string unique_name() {  // the core driver needs a name per open file; noth
   return fmt::format("dpstream-memory-file-{}.h5", n.fetch_add(1));
 }
 }  // namespace
+
+void silence_errors_on_this_thread() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 Id::Id(hid_t id, herr_t (*close)(hid_t), const std::string& what) : id_(id), close_(close) {
   (void)kQuiet;
@@ -41,7 +57,7 @@ Id& Id::operator=(Id&& o) noexcept {
 }
 
 void Id::reset() {
-  if (id_ >= 0 && close_) close_(id_);
+  if (id_ >= 0 && close_ && close_(id_) < 0) close_failed.store(true);
   id_ = H5I_INVALID_HID;
 }
 

@@ -15,6 +15,11 @@
 
 namespace dpstream::h5 {
 
+// HDF5 prints its error stack on stderr unless told not to, per thread (Debian's build is thread-safe: each thread
+// has its own stack). Failures are reported by exceptions: a thread that calls HDF5 silences its stack first (the
+// loading thread's is silenced for it).
+void silence_errors_on_this_thread();
+
 class Id {
  public:
   Id() = default;
