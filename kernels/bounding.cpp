@@ -489,7 +489,7 @@ class BatchRecords {
 // equal hashes are equal users, and the id is UserState::user_of_slot_hash of it), its BatchRecords index, key and
 // value. 32 bytes, two a line: visiting users in hash order then reads them in order, where reading the 40-byte
 // records by index fetched 1-2 lines at random per user (perf: the records' prefetches and loads held 15% of
-// bounding's own samples). Timestamp and position stay in the record: only a user with several records needs them.
+// bounding's own samples). Timestamp and position stay in the record: only a user the limit cuts needs them.
 struct alignas(32) UserRecord {
   std::uint64_t slot_hash;
   std::uint64_t index;  // BatchRecords::index
@@ -601,7 +601,7 @@ class ShardBounder {
       : params_(params), state_(state), out_(out) {}
 
   // Shards [first_shard, last_shard) of the batch's `records`, whose entries `sharded` holds, user by user in
-  // slot hash order (group_by_user), each user's records in stream order.
+  // slot hash order (group_by_user), each user's records by trigger (and in stream order where the limit cuts them).
   void run(std::size_t first_shard, std::size_t last_shard, const BatchRecords& records, ShardedEntries& sharded) {
     order_ = sharded.data();
     records_ = &records;
@@ -706,8 +706,8 @@ class ShardBounder {
     if (!std::is_sorted(order_ + first, order_ + last, by_stream)) std::sort(order_ + first, order_ + last, by_stream);
   }
 
-  // One user's records of the batch (order_[from, to), by index; put here by trigger and in stream order): keeps
-  // the first C - kept, clamps, counts each trigger's on its own.
+  // One user's records of the batch (order_[from, to), by index, so by trigger; put in stream order where the
+  // limit cuts them): keeps the first C - kept, clamps, counts each trigger's on its own.
   void bound_user(std::size_t s, std::size_t from, std::size_t to) {
     const std::uint64_t user = UserState::user_of_slot_hash(order_[from].slot_hash);
     auto [ref, added] = state_.find_or_add(s, user, order_[from].slot_hash);

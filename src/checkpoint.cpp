@@ -9,7 +9,6 @@
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -941,17 +940,6 @@ void Store::commit_start(std::uint64_t releases_bytes, const json& privacy) {
   });
 }
 
-namespace {
-// What a failed write should say besides the library's error: a full file system is the usual cause.
-std::string free_space_note(const std::filesystem::path& dir) {
-  struct statvfs fs {};
-  if (statvfs(dir.c_str(), &fs) != 0) return "";
-  const double free_gib = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) / (1u << 30);
-  return fmt::format(" ({:.2f} GiB free on the file system of {}{})", free_gib, dir.string(),
-                     free_gib < 0.25 ? ": it is full; free space there and resume with --resume" : "");
-}
-}  // namespace
-
 void Store::await_io(CommitStats& stats) {
   auto t0 = std::chrono::steady_clock::now();
   std::string err;
@@ -961,7 +949,7 @@ void Store::await_io(CommitStats& stats) {
     try {
       written = io_.get();
     } catch (const std::exception& e) {
-      err = e.what() + free_space_note(dir_);
+      err = e.what() + free_space_note(dir_, " and resume with --resume");
     }
   }
   err = comm_.agree_on_error(err);

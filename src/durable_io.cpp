@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,14 @@
 #include "src/errors.hpp"
 
 namespace dpstream {
+
+std::string free_space_note(const std::filesystem::path& dir, const std::string& then) {
+  struct statvfs fs {};
+  if (statvfs(dir.empty() ? "." : dir.c_str(), &fs) != 0) return "";
+  const double free_gib = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) / (1u << 30);
+  return fmt::format(" ({:.2f} GiB free on the file system of {}{})", free_gib, dir.string(),
+                     free_gib < 0.25 ? ": it is full; free space there" + then : "");
+}
 
 namespace {
 [[noreturn]] void fail(const char* what, const std::filesystem::path& path, int err) {

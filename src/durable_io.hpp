@@ -44,6 +44,11 @@ void commit_temporary(const std::filesystem::path& path, const char* fault_befor
 void append_to_file(const std::filesystem::path& path, const void* data, std::size_t size, bool sync = true,
                     const char* fault_half = nullptr);
 
+// What a failed write should say besides the system's error, a full file system being the usual cause:
+// " (X GiB free on the file system of `dir`)", with ": it is full; free space there" and `then` (what to do
+// next) below 0.25 GiB free. Empty when the file system cannot be asked.
+std::string free_space_note(const std::filesystem::path& dir, const std::string& then);
+
 // Whole file into memory; throws std::runtime_error naming the file.
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
 

@@ -20,11 +20,11 @@ void close_library() {
   if (!close_failed.load()) H5close();
 }
 
-// Once per process, before any other HDF5 call of this program: HDF5's exit handler replaced by close_library, and
-// HDF5's error stack printing silenced on the loading thread.
+// Once per process, before any other HDF5 call of this program (none runs in a static initializer): HDF5's exit
+// handler replaced by close_library, and HDF5's error stack printing silenced on the loading thread. Were the library
+// set up already, H5dont_atexit would fail and HDF5's own handler would stay: close_library then does not register.
 const bool kQuiet = [] {
-  H5dont_atexit();
-  std::atexit(close_library);
+  if (H5dont_atexit() >= 0) std::atexit(close_library);
   silence_errors_on_this_thread();
   return true;
 }();
@@ -41,7 +41,7 @@ std::string unique_name() {  // the core driver needs a name per open file; noth
 
 void silence_errors_on_this_thread() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
-Id::Id(hid_t id, herr_t (*close)(hid_t), const std::string& what) : id_(id), close_(close) {
+Id::Id(hid_t id, herr_t (*closer)(hid_t), const std::string& what) : id_(id), close_(closer) {
   (void)kQuiet;
   if (id_ < 0) fail(what);
 }
@@ -56,9 +56,13 @@ Id& Id::operator=(Id&& o) noexcept {
   return *this;
 }
 
-void Id::reset() {
-  if (id_ >= 0 && close_ && close_(id_) < 0) close_failed.store(true);
+void Id::reset() { (void)close(); }
+
+bool Id::close() {
+  const bool closed = id_ < 0 || !close_ || close_(id_) >= 0;
+  if (!closed) close_failed.store(true);
   id_ = H5I_INVALID_HID;
+  return closed;
 }
 
 MemoryFile::MemoryFile(std::size_t expected_bytes) {
@@ -104,8 +108,9 @@ void DiskFile::close() {
   const hid_t id = file_.get();
   if (id < 0) return;
   const herr_t flushed = H5Fflush(id, H5F_SCOPE_GLOBAL);
-  file_.reset();
+  const bool closed = file_.close();  // a close writes what is left: its failure is the file's, too
   check(flushed, "write out a file");
+  if (!closed) fail("close a file (its last writes failed)");
 }
 
 void create_group(hid_t loc, const std::string& name) {

@@ -23,7 +23,7 @@ void silence_errors_on_this_thread();
 class Id {
  public:
   Id() = default;
-  Id(hid_t id, herr_t (*close)(hid_t), const std::string& what);
+  Id(hid_t id, herr_t (*closer)(hid_t), const std::string& what);
   ~Id() { reset(); }
   Id(Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = H5I_INVALID_HID; }
   Id& operator=(Id&& o) noexcept;
@@ -31,6 +31,7 @@ class Id {
   Id& operator=(const Id&) = delete;
   hid_t get() const { return id_; }
   void reset();
+  bool close();  // reset() that tells whether HDF5 closed it
 
  private:
   hid_t id_ = H5I_INVALID_HID;

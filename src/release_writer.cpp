@@ -225,7 +225,15 @@ void ReleaseWriter::append_pending(bool sync) {
 }
 
 void ReleaseWriter::append(const std::string& text, bool sync) const {
-  append_to_file(target_, text.data(), text.size(), sync, "publish_half");  // the tests kill the job mid-append
+  if (target_ == final_) {  // checkpointed: a failure reaches the commit, which says what to do
+    append_to_file(target_, text.data(), text.size(), sync, "publish_half");  // the tests kill the job mid-append
+    return;
+  }
+  try {
+    append_to_file(target_, text.data(), text.size(), sync, "publish_half");
+  } catch (const std::runtime_error& e) {  // no checkpoint: nothing to resume from
+    throw std::runtime_error(e.what() + free_space_note(final_.parent_path(), " and run the job again"));
+  }
 }
 
 }  // namespace dpstream
