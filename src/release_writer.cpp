@@ -225,7 +225,7 @@ void ReleaseWriter::append_pending(bool sync) {
 }
 
 void ReleaseWriter::append(const std::string& text, bool sync) const {
-  if (target_ == final_) {  // checkpointed: a failure reaches the commit, which says what to do
+  if (target_ == final_) {  // checkpointed: the commit publishing the rows (or the resume) says what to do
     append_to_file(target_, text.data(), text.size(), sync, "publish_half");  // the tests kill the job mid-append
     return;
   }
