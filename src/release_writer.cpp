@@ -225,13 +225,10 @@ void ReleaseWriter::append_pending(bool sync) {
 }
 
 void ReleaseWriter::append(const std::string& text, bool sync) const {
-  if (target_ == final_) {  // checkpointed: the commit publishing the rows (or the resume) says what to do
-    append_to_file(target_, text.data(), text.size(), sync, "publish_half");  // the tests kill the job mid-append
-    return;
-  }
   try {
-    append_to_file(target_, text.data(), text.size(), sync, "publish_half");
-  } catch (const std::runtime_error& e) {  // no checkpoint: nothing to resume from
+    append_to_file(target_, text.data(), text.size(), sync, "publish_half");  // the tests kill the job mid-append
+  } catch (const std::runtime_error& e) {
+    if (target_ == final_) throw;  // checkpointed: the commit publishing the rows (or the resume) says what to do
     throw std::runtime_error(e.what() + free_space_note(final_.parent_path(), " and run the job again"));
   }
 }
