@@ -1,7 +1,7 @@
 // Fault injection for the kill-and-resume tests: DPSTREAM_FAULT="<point>@<hit>:<rank>[:<signal>]"
 // makes rank <rank> (default 0) send itself <signal> (KILL, the default; TERM or USR1 to test the
-// clean stop) the <hit>-th time (default 1) it reaches fault point <point>. Unset, a fault point
-// costs one relaxed atomic load. The points are listed in docs/CHECKPOINTS.md.
+// clean stop; STOP to hold it there until a SIGCONT) the <hit>-th time (default 1) it reaches fault point <point>.
+// Unset, a fault point costs one relaxed atomic load. The points are listed in docs/CHECKPOINTS.md.
 #pragma once
 
 #include <signal.h>
@@ -40,11 +40,15 @@ inline bool parse_plan(const char* text, Plan& plan) {
   }
   if (colon2 != std::string::npos) {
     const std::string name = s.substr(colon2 + 1);
-    plan.signal = name == "KILL" ? SIGKILL : name == "TERM" ? SIGTERM : name == "USR1" ? SIGUSR1 : 0;
+    plan.signal = name == "KILL"   ? SIGKILL
+                  : name == "TERM" ? SIGTERM
+                  : name == "USR1" ? SIGUSR1
+                  : name == "STOP" ? SIGSTOP
+                                   : 0;
   }
   if (!ok || plan.point.empty() || plan.hit == 0 || plan.rank < 0 || plan.signal == 0)
     throw std::invalid_argument("DPSTREAM_FAULT='" + s +
-                                "': expected <point>[@<hit>][:<rank>[:KILL|TERM|USR1]], e.g. shuffle_user@3:1");
+                                "': expected <point>[@<hit>][:<rank>[:KILL|TERM|USR1|STOP]], e.g. shuffle_user@3:1");
   return true;
 }
 

@@ -19,6 +19,7 @@
 #include "src/checkpoint.hpp"
 #include "src/commit_scheduler.hpp"
 #include "src/config.hpp"
+#include "src/output_lock.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/progress.hpp"
 #include "src/record_source.hpp"
@@ -104,6 +105,9 @@ class Engine {
   RunReport report_;
   PrivacyPlan plan_;
   std::unique_ptr<ProgressReporter> progress_;
+  // Rank 0's lock on the output directory (src/output_lock.hpp): declared before everything that writes
+  // there, so that it is dropped after them.
+  std::unique_ptr<OutputLock> output_lock_;
   // Declared before the store: the store's I/O thread publishes through the writer (rank 0's), so the
   // writer must outlive it when an error unwinds the stack.
   std::unique_ptr<ReleaseWriter> writer_;

@@ -10,12 +10,17 @@
 
 namespace dpstream {
 
-// Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md); also without
-// checkpoints, so that an unfinished job is never overwritten silently. False for a finished job,
-// whose last rows and summary.json are written again (the last commit may have been cut short
-// after its manifest; both are idempotent).
+// Checkpoint: a new job, a resume, or a finished job (docs/CHECKPOINTS.md), once the output directory is
+// this job's alone (OutputLock); also without checkpoints, so that an unfinished job is never overwritten
+// silently. False for a finished job, whose last rows and summary.json are written again (the last commit
+// may have been cut short after its manifest; both are idempotent).
 bool Engine::open_checkpoint() {
   if (!options_.write_output) return true;
+  shuffle::on_all_ranks<ConfigError>(comm_, [&] {  // before anything in the directory is read or written
+    if (root_) output_lock_ = std::make_unique<OutputLock>(config_.output.dir);
+  });
+  if (root_ && !output_lock_->note().empty())
+    std::fprintf(stderr, "dpstream: note: %s\n", output_lock_->note().c_str());
   std::string input_digest;
   shuffle::on_all_ranks<InputError>(comm_, [&] {
     if (root_ && config_.input.kind == InputKind::Csv) input_digest = checkpoint::file_digest(config_.input.path);
