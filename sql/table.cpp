@@ -45,9 +45,11 @@ struct BoundCondition {
   std::vector<BoundCondition> children;
 };
 
-BoundCondition bind(const Condition& c, const std::vector<std::string>& header, const std::string& path) {
+// Not named `bind`: called unqualified with std arguments, that name also finds std::bind by argument-dependent
+// lookup, which won for a non-const header, so that table_layout's check built a bind object and checked nothing.
+BoundCondition bind_condition(const Condition& c, const std::vector<std::string>& header, const std::string& path) {
   BoundCondition b{&c, 0, {}};
-  for (const Condition& ch : c.children) b.children.push_back(bind(ch, header, path));
+  for (const Condition& ch : c.children) b.children.push_back(bind_condition(ch, header, path));
   if (!c.column.empty()) b.field = column_index(header, c.column, path, c.column_pos, "WHERE");
   return b;
 }
@@ -257,7 +259,7 @@ TableLayout table_layout(const std::string& path, const Query& query, const std:
       if (a.column == v && pos == 0) pos = a.column_pos;
     t.values.push_back(column_index(t.header, v, path, pos, "aggregate"));
   }
-  if (query.where) bind(*query.where, t.header, path);  // every WHERE column exists
+  if (query.where) bind_condition(*query.where, t.header, path);  // every WHERE column exists
   if (windows.active()) {
     const auto w = std::find(t.header.begin(), t.header.end(), windows.column);
     if (w == t.header.end())
@@ -316,7 +318,7 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
     numeric.push_back(
         static_cast<std::size_t>(std::find(layout.header.begin(), layout.header.end(), n) - layout.header.begin()));
   std::optional<BoundCondition> where;
-  if (query.where) where = bind(*query.where, layout.header, path);
+  if (query.where) where = bind_condition(*query.where, layout.header, path);
 
   LocalTable out;
   PartialBuilder builder(layout.values.size());

@@ -589,6 +589,11 @@ BAD_QUERIES = [
     ("COUNT(DISTINCT) of another column",
      "SELECT WITH ANONYMIZATION region, ANON_COUNT(DISTINCT tier) FROM t GROUP BY region", "tier"),
     ("unknown GROUP BY column", "SELECT WITH ANONYMIZATION regio, ANON_COUNT(*) FROM t GROUP BY regio", "regio"),
+    ("unknown WHERE column", "SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t WHERE pricee > 5 GROUP BY region",
+     "pricee"),
+    ("unknown column in a nested WHERE",
+     "SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t WHERE NOT (tier = 'a' OR tiers IN ('b')) GROUP BY region",
+     "tiers"),
     ("L > U", "SELECT WITH ANONYMIZATION region, ANON_AVG(price, 5, 1) FROM t GROUP BY region",
      ("ANON_AVG", "('1')", "column 54")),
 ]
