@@ -6,6 +6,7 @@
 #include <omp.h>
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -31,6 +32,17 @@
 #include "tools/ledger_report.hpp"
 
 namespace {
+
+// An option that turns a mechanism on with its value: a finite number > 0 (0, a negative value or NaN must not
+// quietly mean "off", which is what the command does without the option).
+const CLI::Validator kPositiveFinite(
+    [](std::string& text) {
+      double v = 0;
+      if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v <= 0)
+        return std::string("must be a finite number > 0 (got ") + text + ")";
+      return std::string();
+    },
+    "NUMBER > 0");
 
 constexpr int kExitConfig = 2;
 constexpr int kExitInput = 3;
@@ -361,11 +373,13 @@ struct QueryCommand {
                     "Charge this budget ledger on every window read, before reading (docs/LEDGER.md)");
     cmd->add_option("--growing", growing,
                     "Growing stream: re-release over all windows so far each time they grew by (1 + GAMMA), "
-                    "within one budget for an unbounded number of releases (docs/SQL.md)");
+                    "within one budget for an unbounded number of releases (docs/SQL.md)")
+        ->check(kPositiveFinite);
     cmd->add_option("--growing-first", growing_first, "Windows covered by the first growing release (default 1)");
     cmd->add_option("--target-error", target.relative_error,
                     "Accuracy-targeted release: spend a small share of the budget, double it until every group "
-                    "whose noisy first ANON_COUNT is >= --target-min-count has relative error <= R (docs/SQL.md)");
+                    "whose noisy first ANON_COUNT is >= --target-min-count has relative error <= R (docs/SQL.md)")
+        ->check(kPositiveFinite);
     cmd->add_option("--target-min-count", target.min_count, "Groups judged by --target-error (default 100)");
     cmd->add_option("--target-beta", target.beta, "Failure probability of the target's claim (default 0.05)");
     cmd->add_option("--target-first-share-log2", target.first_share_log2,

@@ -628,6 +628,28 @@ def check_bad_queries(env, state):
         print("     " + m)
 
 
+
+# Options that turn a mechanism on with their value: 0, a negative value or NaN must be refused, not taken for "off"
+# (the query then made one ordinary release of the whole budget, and exited 0).
+BAD_OPTION_VALUES = [(opt, v) for opt in ("--growing", "--target-error") for v in ("-1", "0", "nan", "inf")]
+
+
+def check_bad_option_values(env, state):
+    d = env.dirs("bad-option-values")
+    rows = [{"uid": f"u{i}", "region": "r", "ts": str(i)} for i in range(20)]
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region", "ts"], rows)
+    q = Query("SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t GROUP BY region", [], [], [])
+    problems = []
+    for i, (opt, value) in enumerate(BAD_OPTION_VALUES):
+        out = os.path.join(d, f"out{i}")
+        extra = ["--window-column", "ts", "--windows", "0:0"] if opt == "--growing" else []
+        run = env.query(q, csv_path, out, *HUGE, "--seed", "1", *extra, opt, value)
+        if run.returncode != 2 or "finite number > 0" not in run.stderr or opt not in run.stderr:
+            problems.append(f"{opt} {value}: expected exit 2 naming {opt} and 'finite number > 0'\n    {run.describe()}")
+        if os.path.exists(out) and os.listdir(out):
+            problems.append(f"{opt} {value}: output written: {sorted(os.listdir(out))}")
+    assert not problems, "\n  ".join(problems)
+
 # ---------------------------------------------------------------------------------------------
 # Number syntax of value fields: docs/SQL.md says "a finite number (strtod syntax)".
 
@@ -968,6 +990,8 @@ def main():
         results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
                       lambda: check_bad_queries(env, state))
         results.check("WHERE col IS NULL / IS NOT NULL against a direct count", lambda: check_is_null(env, state))
+        results.check("--growing and --target-error refuse 0, negative, NaN and infinite values (exit 2)",
+                      lambda: check_bad_option_values(env, state))
         results.check("(g) windows: per-window and multi-window releases against the reference",
                       lambda: check_windows(env, state))
         results.check("(h) growing stream: schedule, budget weights and releases against the reference",
