@@ -565,12 +565,15 @@ int exec_reporting_errors(Commands& commands, const dpstream::shuffle::Comm& com
   try {
     return commands.exec(comm, root);
   } catch (const dpstream::ConfigError& e) {
+    dpstream::stop_request::ending();
     if (root) std::fprintf(stderr, "dpstream: error: %s\n", e.what());
     return kExitConfig;
   } catch (const dpstream::CheckpointError& e) {
+    dpstream::stop_request::ending();
     if (root) std::fprintf(stderr, "dpstream: checkpoint error: %s\n", e.what());
     return kExitCheckpoint;
   } catch (const dpstream::InputError& e) {
+    dpstream::stop_request::ending();
     if (root) std::fprintf(stderr, "dpstream: input error: %s\n", e.what());
     return kExitInput;
   } catch (const std::exception& e) {

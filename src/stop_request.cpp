@@ -15,8 +15,10 @@ namespace {
 // Lock-free atomics are async-signal-safe; a handler may run on any thread of the process.
 std::atomic<int> first_signal{0};
 std::atomic<long long> first_signal_ns{0};
+std::atomic<bool> process_ending{false};
 long long repeat_window_ns = 2'000'000'000;  // set before the handlers are installed
-static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free);
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free &&
+              std::atomic<bool>::is_always_lock_free);
 constexpr int kStopSignals[] = {SIGTERM, SIGUSR1};
 
 long long now_ns() {  // clock_gettime is async-signal-safe
@@ -31,6 +33,7 @@ void write_stderr(const char* text) {  // async-signal-safe
 }
 
 void on_signal(int signo) {
+  if (process_ending.load()) return;
   int expected = 0;
   if (first_signal.compare_exchange_strong(expected, signo)) {
     first_signal_ns.store(now_ns());
@@ -67,6 +70,8 @@ void install() {
 }
 
 int signal_received() { return first_signal.load(); }
+
+void ending() { process_ending.store(true); }
 
 const char* signal_name(int signo) {
   switch (signo) {

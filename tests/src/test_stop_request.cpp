@@ -1,0 +1,40 @@
+// The stop-signal handler's states, each in a child process of its own (the handlers are process-wide).
+// The whole clean stop under mpirun is tests/e2e/test_signal_stop.py.
+#include "src/stop_request.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+
+namespace {
+
+using dpstream::stop_request::ending;
+using dpstream::stop_request::install;
+using dpstream::stop_request::signal_received;
+
+TEST(StopRequestDeathTest, ASignalIsRecordedAndAnnounced) {
+  EXPECT_EXIT(
+      {
+        install();
+        ::raise(SIGTERM);
+        std::exit(signal_received() == SIGTERM ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "SIGTERM received: stopping after the current trigger");
+}
+
+// After an error: mpirun signals the ranks still running once one has exited non-zero, and a rank that is itself
+// exiting with the agreed error must not announce a stop.
+TEST(StopRequestDeathTest, ASignalWhileEndingAfterAnErrorIsSilent) {
+  EXPECT_EXIT(
+      {
+        install();
+        ending();
+        ::raise(SIGTERM);
+        ::raise(SIGTERM);  // not a second request either: the process goes on to its own exit code
+        std::exit(signal_received() == 0 ? 3 : 1);
+      },
+      ::testing::ExitedWithCode(3), "^$");
+}
+
+}  // namespace
