@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <cstdlib>
+#include <unistd.h>
 
 namespace {
 
@@ -18,7 +18,7 @@ TEST(StopRequestDeathTest, ASignalIsRecordedAndAnnounced) {
       {
         install();
         ::raise(SIGTERM);
-        std::exit(signal_received() == SIGTERM ? 0 : 1);
+        ::_exit(signal_received() == SIGTERM ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "SIGTERM received: stopping after the current trigger");
 }
@@ -32,7 +32,7 @@ TEST(StopRequestDeathTest, ASignalWhileEndingAfterAnErrorIsSilent) {
         ending();
         ::raise(SIGTERM);
         ::raise(SIGTERM);  // not a second request either: the process goes on to its own exit code
-        std::exit(signal_received() == 0 ? 3 : 1);
+        ::_exit(signal_received() == 0 ? 3 : 1);
       },
       ::testing::ExitedWithCode(3), "^$");
 }
