@@ -330,9 +330,7 @@ std::vector<std::string> read_public_groups(const std::string& path, const Query
   const std::string_view all = file.view();
   const std::size_t header_end = std::min(all.find('\n'), all.size());
   std::vector<std::string> header, fields, out;
-  std::string_view h = all.substr(0, header_end);
-  if (!h.empty() && h.back() == '\r') h.remove_suffix(1);
-  split_csv_line(h, header);
+  split_csv_header(all.substr(0, header_end), header);
   std::vector<std::size_t> idx;
   std::vector<std::string> columns = q.group_by;
   if (windowed) columns.insert(columns.begin(), "window");  // per window: (window, group) pairs are listed

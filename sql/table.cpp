@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -221,6 +222,9 @@ class PartialBuilder {
 }  // namespace
 
 std::vector<std::string> read_header(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(fmt::format("input file {} is a directory; give --input a CSV file", path));
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw InputError(
@@ -228,9 +232,8 @@ std::vector<std::string> read_header(const std::string& path) {
   std::string line;
   if (!std::getline(f, line))
     throw InputError(fmt::format("{}: the file is empty; it needs a header naming its columns", path));
-  if (!line.empty() && line.back() == '\r') line.pop_back();
   std::vector<std::string> header;
-  if (!split_csv_line(line, header))
+  if (!split_csv_header(line, header))
     throw InputError(fmt::format("{}: the header line is not valid CSV (unbalanced quotes)", path));
   return header;
 }

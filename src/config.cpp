@@ -6,6 +6,7 @@
 #include <toml++/toml.h>
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -476,6 +477,10 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
 }
 
 JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(
+        fmt::format("job spec {} is a directory; give a job spec file (TOML), e.g. jobs/demo.toml", path));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw ConfigError(fmt::format("cannot open job spec {}: check the path (job specs live under jobs/)", path));
   std::ostringstream ss;

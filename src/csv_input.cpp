@@ -13,6 +13,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "partition/hash.hpp"
@@ -29,9 +30,8 @@ struct Columns {
 };
 
 Columns parse_header(const std::string& path, std::string_view header) {
-  if (!header.empty() && header.back() == '\r') header.remove_suffix(1);
   std::vector<std::string> fields;
-  if (!split_csv_line(header, fields))
+  if (!split_csv_header(header, fields))
     throw InputError(fmt::format("{}: the header line is not valid CSV (unbalanced quotes)", path));
   std::size_t idx[4];
   for (std::size_t c = 0; c < 4; ++c) {
@@ -175,6 +175,13 @@ std::string unescape(const CsvField& f) {
   return out;
 }
 
+bool split_csv_header(std::string_view line, std::vector<std::string>& fields) {
+  constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
+  if (line.starts_with(kByteOrderMark)) line.remove_prefix(kByteOrderMark.size());
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  return split_csv_line(line, fields);
+}
+
 bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
   fields.clear();
   CsvFieldReader reader(line);
@@ -187,6 +194,9 @@ bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
 }
 
 void check_csv_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(fmt::format("input file {} is a directory; set [input] path to a CSV file", path));
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw InputError(fmt::format("cannot open input file {}: {}; set [input] path to an existing CSV file", path,

@@ -71,6 +71,10 @@ std::string unescape(const CsvField& f);
 // stands in an unquoted field.
 bool split_csv_line(std::string_view line, std::vector<std::string>& fields);
 
+// A header line's columns (split_csv_line after a trailing CR and a leading UTF-8 byte order mark are removed:
+// spreadsheets write one, and it would otherwise be part of the first column's name).
+bool split_csv_header(std::string_view line, std::vector<std::string>& fields);
+
 // The byte range [begin, end) of the file whose lines this rank parses: the lines whose first byte
 // lies in its equal share of the body (after the header line ending at header_end).
 std::pair<std::size_t, std::size_t> csv_share_of(std::string_view all, std::size_t header_end, int rank, int ranks);

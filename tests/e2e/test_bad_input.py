@@ -169,6 +169,31 @@ def main():
             write(c.job, toml_job(c.csv, c.out))
             expect_failure(c.run(c.job), 3, c.out, ["in.csv"])
 
+        def csv_is_a_directory():
+            c = new("csv is a directory")
+            os.makedirs(c.csv)
+            write(c.job, toml_job(c.csv, c.out))
+            expect_failure(c.run(c.job), 3, c.out, ["is a directory", "in.csv"])
+
+        def spec_is_a_directory():
+            c = new("spec is a directory")
+            expect_failure(c.run(c.dir, "--out", c.out), 2, c.out, ["is a directory", "job spec"])
+
+        def byte_order_mark_and_crlf():
+            rows = HEADER + "\n" + "".join(f"u{i % 7},k{i % 5},0.5,{100 + i}\n" for i in range(60))
+            outs = []
+            for label, text in (("plain", rows.encode()), ("bom", b"\xef\xbb\xbf" + rows.encode()),
+                                ("bom crlf", b"\xef\xbb\xbf" + rows.replace("\n", "\r\n").encode())):
+                c = new(label)
+                with open(c.csv, "wb") as f:
+                    f.write(text)
+                write(c.job, toml_job(c.csv, c.out))
+                run = c.run(c.job)
+                assert run.returncode == 0, f"{label}: " + run.describe()
+                outs.append(reference.read_releases(os.path.join(c.out, "releases.csv")))
+            assert outs[0] and outs[1] == outs[0] and outs[2] == outs[0], \
+                f"releases differ: plain {len(outs[0])} rows, with a BOM {len(outs[1])}, BOM and CRLF {len(outs[2])}"
+
         def skip_bad_rows():
             c = new("skip bad rows")
             lines = [HEADER]
@@ -353,6 +378,9 @@ def main():
         results.check("missing CSV file -> exit 3", missing_csv)
         results.check("CSV header missing a column -> exit 3", missing_column)
         results.check("empty CSV file -> exit 3", empty_csv)
+        results.check("CSV path is a directory -> exit 3 saying so", csv_is_a_directory)
+        results.check("job spec is a directory -> exit 2 saying so", spec_is_a_directory)
+        results.check("a UTF-8 byte order mark and CRLF line ends: the same releases", byte_order_mark_and_crlf)
         results.check("bad rows with bad_rows=\"skip\" are counted in summary.json", skip_bad_rows)
         for i, (label, _row, _kind) in enumerate(BAD_ROWS):
             results.check(f"bad_rows=\"fail\": {label} -> exit 3 naming the line", fail_on_bad_row(i))

@@ -63,6 +63,31 @@ TEST(CsvSplit, QuotingRules) {
   EXPECT_FALSE(split_csv_line("a\"b,c", f));
 }
 
+// A header as spreadsheets write it: a UTF-8 byte order mark before the first column, CRLF line ends. Only a mark
+// at the very start is removed, and only the mark.
+TEST(CsvSplit, HeaderWithoutByteOrderMarkOrCarriageReturn) {
+  const std::vector<std::string> want{"user_id", "key", "value", "timestamp"};
+  std::vector<std::string> f;
+  for (const std::string line : {"user_id,key,value,timestamp", "\xEF\xBB\xBFuser_id,key,value,timestamp",
+                                 "user_id,key,value,timestamp\r", "\xEF\xBB\xBFuser_id,key,value,timestamp\r"}) {
+    ASSERT_TRUE(split_csv_header(line, f)) << line;
+    EXPECT_EQ(f, want) << line;
+  }
+  ASSERT_TRUE(
+      split_csv_header("a,\xEF\xBB\xBF"
+                       "b",
+                       f));
+  EXPECT_EQ(f, (std::vector<std::string>{"a",
+                                         "\xEF\xBB\xBF"
+                                         "b"}));
+  ASSERT_TRUE(
+      split_csv_header("\xEF\xBB"
+                       "a",
+                       f));  // not a whole mark
+  EXPECT_EQ(f, (std::vector<std::string>{"\xEF\xBB"
+                                         "a"}));
+}
+
 // The reader behind split_csv_line and `dpstream evaluate`: which field failed, and how.
 TEST(CsvSplit, FieldReaderSaysWhereQuotingFails) {
   auto fields = [](std::string_view line, CsvFieldReader::Error& error) {
