@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -20,6 +21,7 @@
 #include "sql/query_spec.hpp"
 #include "sql/schedules.hpp"
 #include "src/config.hpp"
+#include "src/durable_io.hpp"
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/omp_threads.hpp"
@@ -92,10 +94,23 @@ void print_result(bool as_json, Json&& json, Text&& text) {
   std::fputs(as_json ? (json().dump(2) + "\n").c_str() : text().c_str(), stdout);
 }
 
-// Writes the synthetic stream as CSV (user_id,key,value,timestamp) in stream order.
+// Writes the synthetic stream as CSV (user_id,key,value,timestamp) in stream order, into `path`.tmp renamed onto
+// `path` once complete (an interrupted run leaves no file that looks whole); an existing `path` is never replaced.
 void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
-  std::ofstream out(path);
-  if (!out) throw dpstream::ConfigError(fmt::format("cannot create {}", path));
+  namespace fs = std::filesystem;
+  if (config.input.kind != dpstream::InputKind::Synthetic)
+    throw dpstream::ConfigError(
+        "generate writes a synthetic job's stream, and this job reads a CSV file ([input] "
+        "kind = \"csv\"): give a job with [input] kind = \"synthetic\"");
+  std::error_code ec;
+  if (fs::exists(path, ec))
+    throw dpstream::ConfigError(
+        fmt::format("{} exists already; remove it or choose another --csv (nothing is overwritten)", path));
+  const std::string partial = path + ".tmp";
+  std::ofstream out(partial);
+  if (!out)
+    throw dpstream::ConfigError(fmt::format("cannot create {}: {}; choose a --csv path in a writable directory",
+                                            partial, dpstream::errno_text(errno)));
   out << "user_id,key,value,timestamp\n";
   dpstream::SyntheticSource source(config, 0, 1);
   for (std::uint32_t w = 0; w < config.stream.windows; ++w)
@@ -104,7 +119,14 @@ void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
       std::sort(records.begin(), records.end(), dpstream::stream_order_less);
       for (const auto& r : records) out << r.user << ',' << r.key << ',' << r.value << ',' << r.timestamp << '\n';
     }
-  if (!out.flush()) throw dpstream::ConfigError(fmt::format("cannot write {}", path));
+  out.close();
+  if (!out) {
+    fs::remove(partial, ec);
+    throw dpstream::ConfigError(fmt::format("cannot write {}: {}{}", partial, dpstream::errno_text(errno),
+                                            dpstream::free_space_note(fs::path(partial).parent_path(), "")));
+  }
+  fs::rename(partial, path, ec);
+  if (ec) throw dpstream::ConfigError(fmt::format("cannot rename {} to {}: {}", partial, path, ec.message()));
 }
 
 // A subcommand: its options (add) and what it does once they are parsed (exec, on every rank; the

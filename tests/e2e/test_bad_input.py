@@ -194,6 +194,24 @@ def main():
             assert outs[0] and outs[1] == outs[0] and outs[2] == outs[0], \
                 f"releases differ: plain {len(outs[0])} rows, with a BOM {len(outs[1])}, BOM and CRLF {len(outs[2])}"
 
+        def generate_refusals():
+            c = new("generate refusals")
+            syn = os.path.join(c.dir, "syn.toml")
+            write(syn, toml_job(None, c.out, drop=("bad_rows",),
+                                replace={"kind": 'kind = "synthetic"\nusers = 50\nkeys = 5'}))
+            target = os.path.join(c.dir, "stream.csv")
+            first = dp.run_with("generate", syn, "--csv", target, ranks=1)
+            assert first.returncode == 0 and os.path.getsize(target) > 0, first.describe()
+            before = harness.read_bytes(target)
+            again = dp.run_with("generate", syn, "--csv", target, ranks=1)
+            assert again.returncode == 2 and "exists already" in again.stderr, again.describe()
+            assert harness.read_bytes(target) == before, "generate replaced an existing file"
+            write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+            write(c.job, toml_job(c.csv, c.out))
+            from_csv = dp.run_with("generate", c.job, "--csv", os.path.join(c.dir, "other.csv"), ranks=1)
+            assert from_csv.returncode == 2 and "synthetic" in from_csv.stderr, from_csv.describe()
+            assert not os.path.exists(os.path.join(c.dir, "other.csv")), "generate wrote a CSV job's stream"
+
         def skip_bad_rows():
             c = new("skip bad rows")
             lines = [HEADER]
@@ -381,6 +399,7 @@ def main():
         results.check("CSV path is a directory -> exit 3 saying so", csv_is_a_directory)
         results.check("job spec is a directory -> exit 2 saying so", spec_is_a_directory)
         results.check("a UTF-8 byte order mark and CRLF line ends: the same releases", byte_order_mark_and_crlf)
+        results.check("generate: an existing file and a CSV job are refused (exit 2), nothing written", generate_refusals)
         results.check("bad rows with bad_rows=\"skip\" are counted in summary.json", skip_bad_rows)
         for i, (label, _row, _kind) in enumerate(BAD_ROWS):
             results.check(f"bad_rows=\"fail\": {label} -> exit 3 naming the line", fail_on_bad_row(i))
