@@ -340,14 +340,14 @@ std::vector<std::string> read_public_groups(const std::string& path, const Query
       throw InputError(
           fmt::format("{}: no column {} in the public groups' header ({}); it needs the GROUP BY columns "
                       "(and a column window, the window numbers, with --per-window)",
-                      path, g, fmt::join(header, ",")));
+                      path, g, quoted_row(fmt::to_string(fmt::join(header, ",")))));
     idx.push_back(static_cast<std::size_t>(it - header.begin()));
   }
   for_each_csv_line(
       all, std::min(header_end + 1, all.size()), all.size(), [&](std::size_t offset, std::string_view line) {
         if (!split_csv_line(line, fields) || fields.size() != header.size())
           throw InputError(
-              fmt::format("{}:{}: malformed row '{}'", path, line_number_of(all, offset), line.substr(0, 200)));
+              fmt::format("{}:{}: malformed row '{}'", path, line_number_of(all, offset), quoted_row(line)));
         if (windowed) {  // the window as the data spells it: a canonical integer
           std::int64_t w = 0;
           const std::string& t = fields[idx[0]];

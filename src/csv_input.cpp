@@ -40,7 +40,7 @@ Columns parse_header(const std::string& path, std::string_view header) {
       throw InputError(
           fmt::format("{}: missing column '{}' in the header (found: {}); the header must name "
                       "user_id,key,value,timestamp",
-                      path, kRequiredColumns[c], fmt::join(fields, ",")));
+                      path, kRequiredColumns[c], quoted_row(fmt::to_string(fmt::join(fields, ",")))));
     idx[c] = static_cast<std::size_t>(it - fields.begin());
   }
   return Columns{idx[0], idx[1], idx[2], idx[3], fields.size()};
@@ -175,6 +175,18 @@ std::string unescape(const CsvField& f) {
   return out;
 }
 
+std::string quoted_row(std::string_view line) {
+  std::string out;
+  for (const char c : line.substr(0, 200)) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x20 || b == 0x7f)
+      out += fmt::format("\\x{:02x}", b);
+    else
+      out += c;
+  }
+  return out;
+}
+
 bool split_csv_header(std::string_view line, std::vector<std::string>& fields) {
   constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
   if (line.starts_with(kByteOrderMark)) line.remove_prefix(kByteOrderMark.size());
@@ -229,7 +241,7 @@ CsvSource::CsvSource(const JobConfig& config, int rank, int ranks, IdPrf& ids)
     if (config_.input.bad_rows == BadRowPolicy::Fail)
       throw InputError(
           fmt::format("{}:{}: {} in row '{}' (set [input] bad_rows = \"skip\" to count and skip such rows)", path,
-                      line_number_of(all, offset), why, line.substr(0, 200)));
+                      line_number_of(all, offset), why, quoted_row(line)));
   };
 
   for_each_csv_line(all, begin, end, [&](std::size_t offset, std::string_view line) {

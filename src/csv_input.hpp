@@ -95,6 +95,10 @@ void for_each_csv_line(std::string_view all, std::size_t begin, std::size_t end,
 // The 1-based line number of the byte at `offset` (for error messages).
 std::size_t line_number_of(std::string_view file, std::size_t offset);
 
+// A row as an error message quotes it: its first 200 bytes, control bytes written as \xNN, so that a binary or
+// hostile file cannot send escape sequences to the user's terminal.
+std::string quoted_row(std::string_view line);
+
 // A number field: decimal or scientific notation with an optional sign (std::from_chars, plus one leading +),
 // finite (too small rounds to 0); no hexadecimal, no surrounding spaces.
 enum class NumberCheck { Ok, NotANumber, Overflows, NotFinite };

@@ -88,6 +88,14 @@ TEST(CsvSplit, HeaderWithoutByteOrderMarkOrCarriageReturn) {
                                          "a"}));
 }
 
+// Rows quoted in error messages: control bytes (a terminal's escape sequences among them) never reach the terminal.
+TEST(CsvSplit, QuotedRowsShowControlBytesEscaped) {
+  EXPECT_EQ(quoted_row("u1,k1,0.5,100"), "u1,k1,0.5,100");
+  EXPECT_EQ(quoted_row("u\x1b[31m,\t\x7f"), "u\\x1b[31m,\\x09\\x7f");
+  EXPECT_EQ(quoted_row("Nord\xc3\xa9"), "Nord\xc3\xa9");  // UTF-8 text stays as it is
+  EXPECT_EQ(quoted_row(std::string(300, 'a')).size(), 200u);
+}
+
 // The reader behind split_csv_line and `dpstream evaluate`: which field failed, and how.
 TEST(CsvSplit, FieldReaderSaysWhereQuotingFails) {
   auto fields = [](std::string_view line, CsvFieldReader::Error& error) {
