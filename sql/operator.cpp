@@ -340,7 +340,7 @@ std::vector<std::string> read_public_groups(const std::string& path, const Query
       throw InputError(
           fmt::format("{}: no column {} in the public groups' header ({}); it needs the GROUP BY columns "
                       "(and a column window, the window numbers, with --per-window)",
-                      path, g, quoted_row(fmt::to_string(fmt::join(header, ",")))));
+                      path, g, quoted_header(header)));
     idx.push_back(static_cast<std::size_t>(it - header.begin()));
   }
   for_each_csv_line(

@@ -24,7 +24,7 @@ std::size_t column_index(const std::vector<std::string>& header, const std::stri
   const auto it = std::find(header.begin(), header.end(), name);
   if (it == header.end())
     throw QueryError(fmt::format("column {} ('{}'): {} has no column {} (its header: {}); name one of its columns", pos,
-                                 name, path, name, quoted_row(fmt::to_string(fmt::join(header, ",")))),
+                                 name, path, name, quoted_header(header)),
                      pos);
   (void)role;
   return static_cast<std::size_t>(it - header.begin());
@@ -248,7 +248,7 @@ TableLayout table_layout(const std::string& path, const Query& query, const std:
     throw InputError(
         fmt::format("{} has no column {} for --user-column (its header: {}); name the column that "
                     "identifies the user",
-                    path, user_column, quoted_row(fmt::to_string(fmt::join(t.header, ",")))));
+                    path, user_column, quoted_header(t.header)));
   t.user = static_cast<std::size_t>(it - t.header.begin());
   for (const std::string& g : query.group_by) {
     std::size_t pos = 0;
@@ -267,7 +267,7 @@ TableLayout table_layout(const std::string& path, const Query& query, const std:
     const auto w = std::find(t.header.begin(), t.header.end(), windows.column);
     if (w == t.header.end())
       throw InputError(fmt::format("{} has no column {} for --window-column (its header: {})", path, windows.column,
-                                   quoted_row(fmt::to_string(fmt::join(t.header, ",")))));
+                                   quoted_header(t.header)));
     t.window = static_cast<std::size_t>(w - t.header.begin());
     t.windows = windows;
   }

@@ -40,7 +40,7 @@ Columns parse_header(const std::string& path, std::string_view header) {
       throw InputError(
           fmt::format("{}: missing column '{}' in the header (found: {}); the header must name "
                       "user_id,key,value,timestamp",
-                      path, kRequiredColumns[c], quoted_row(fmt::to_string(fmt::join(fields, ",")))));
+                      path, kRequiredColumns[c], quoted_header(fields)));
     idx[c] = static_cast<std::size_t>(it - fields.begin());
   }
   return Columns{idx[0], idx[1], idx[2], idx[3], fields.size()};
@@ -175,15 +175,20 @@ std::string unescape(const CsvField& f) {
   return out;
 }
 
-std::string quoted_row(std::string_view line) {
+std::string quoted_header(const std::vector<std::string>& columns) {
+  return quoted_row(fmt::to_string(fmt::join(columns, ",")), std::string_view::npos);
+}
+
+std::string quoted_row(std::string_view line, std::size_t limit) {
   std::string out;
-  for (const char c : line.substr(0, 200)) {
+  for (const char c : line.substr(0, limit)) {
     const auto b = static_cast<unsigned char>(c);
     if (b < 0x20 || b == 0x7f)
       out += fmt::format("\\x{:02x}", b);
     else
       out += c;
   }
+  if (line.size() > limit) out += "...";
   return out;
 }
 

@@ -95,9 +95,11 @@ void for_each_csv_line(std::string_view all, std::size_t begin, std::size_t end,
 // The 1-based line number of the byte at `offset` (for error messages).
 std::size_t line_number_of(std::string_view file, std::size_t offset);
 
-// A row as an error message quotes it: its first 200 bytes, control bytes written as \xNN, so that a binary or
-// hostile file cannot send escape sequences to the user's terminal.
-std::string quoted_row(std::string_view line);
+// Text of the input as an error message quotes it: its first `limit` bytes (then "..."), control bytes written as
+// \xNN, so that a binary or hostile file cannot send escape sequences to the user's terminal.
+std::string quoted_row(std::string_view line, std::size_t limit = 200);
+// A header's columns as a message lists them: all of them, comma-separated, quoted as above.
+std::string quoted_header(const std::vector<std::string>& columns);
 
 // A number field: decimal or scientific notation with an optional sign (std::from_chars, plus one leading +),
 // finite (too small rounds to 0); no hexadecimal, no surrounding spaces.

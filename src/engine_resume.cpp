@@ -17,7 +17,9 @@ namespace dpstream {
 bool Engine::open_checkpoint() {
   if (!options_.write_output) return true;
   shuffle::on_all_ranks<ConfigError>(comm_, [&] {  // before anything in the directory is read or written
-    if (root_) output_lock_ = std::make_unique<OutputLock>(config_.output.dir);
+    if (root_)
+      output_lock_ =
+          std::make_unique<OutputLock>(config_.output.dir, options_.start_mode != checkpoint::StartMode::Resume);
   });
   if (root_ && !output_lock_->note().empty())
     std::fprintf(stderr, "dpstream: note: %s\n", output_lock_->note().c_str());

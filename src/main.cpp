@@ -1,9 +1,11 @@
 // dpstream command line: run | bench | generate | budget | evaluate | choose-c | ledger | query. Runs under mpirun /
 // srun. Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint, 5 stopped
 // cleanly by SIGTERM / SIGUSR1 (resume with --resume).
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <malloc.h>
 #include <omp.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -94,39 +96,49 @@ void print_result(bool as_json, Json&& json, Text&& text) {
   std::fputs(as_json ? (json().dump(2) + "\n").c_str() : text().c_str(), stdout);
 }
 
-// Writes the synthetic stream as CSV (user_id,key,value,timestamp) in stream order, into `path`.tmp renamed onto
-// `path` once complete (an interrupted run leaves no file that looks whole); an existing `path` is never replaced.
+// Writes the synthetic stream as CSV (user_id,key,value,timestamp) in stream order. It goes to `path`.tmp, made
+// exclusively, and is published once complete by link(2), which never replaces a file: an interrupted or failed
+// run leaves no file that looks whole, and no existing file (`path` or `path`.tmp) is ever overwritten.
 void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
-  namespace fs = std::filesystem;
-  if (config.input.kind != dpstream::InputKind::Synthetic)
-    throw dpstream::ConfigError(
-        "generate writes a synthetic job's stream, and this job reads a CSV file ([input] "
-        "kind = \"csv\"): give a job with [input] kind = \"synthetic\"");
   std::error_code ec;
-  if (fs::exists(path, ec))
+  if (std::filesystem::exists(path, ec))  // before the work; link(2) below decides
     throw dpstream::ConfigError(
         fmt::format("{} exists already; remove it or choose another --csv (nothing is overwritten)", path));
   const std::string partial = path + ".tmp";
-  std::ofstream out(partial);
-  if (!out)
-    throw dpstream::ConfigError(fmt::format("cannot create {}: {}; choose a --csv path in a writable directory",
-                                            partial, dpstream::errno_text(errno)));
-  out << "user_id,key,value,timestamp\n";
-  dpstream::SyntheticSource source(config, 0, 1);
-  for (std::uint32_t w = 0; w < config.stream.windows; ++w)
-    for (std::uint32_t t = 0; t < config.stream.triggers; ++t) {
-      auto records = source.take_trigger(config.stream.first_window + w, t);
-      std::sort(records.begin(), records.end(), dpstream::stream_order_less);
-      for (const auto& r : records) out << r.user << ',' << r.key << ',' << r.value << ',' << r.timestamp << '\n';
-    }
-  out.close();
-  if (!out) {
-    fs::remove(partial, ec);
-    throw dpstream::ConfigError(fmt::format("cannot write {}: {}{}", partial, dpstream::errno_text(errno),
-                                            dpstream::free_space_note(fs::path(partial).parent_path(), "")));
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw dpstream::ConfigError(
+        errno == EEXIST ? fmt::format("{} exists (another generate writing, or one that failed); remove it, or "
+                                      "choose another --csv (nothing is overwritten)",
+                                      partial)
+                        : fmt::format("cannot create {}: {}; choose a --csv path in a writable directory", partial,
+                                      dpstream::errno_text(errno)));
+  ::close(fd);
+  try {
+    std::ofstream out(partial);
+    out << "user_id,key,value,timestamp\n";
+    dpstream::SyntheticSource source(config, 0, 1);
+    for (std::uint32_t w = 0; w < config.stream.windows; ++w)
+      for (std::uint32_t t = 0; t < config.stream.triggers; ++t) {
+        auto records = source.take_trigger(config.stream.first_window + w, t);
+        std::sort(records.begin(), records.end(), dpstream::stream_order_less);
+        for (const auto& r : records) out << r.user << ',' << r.key << ',' << r.value << ',' << r.timestamp << '\n';
+      }
+    out.close();
+    if (!out)
+      throw dpstream::ConfigError(
+          fmt::format("cannot write {}: {}{}", partial, dpstream::errno_text(errno),
+                      dpstream::free_space_note(std::filesystem::path(partial).parent_path(), "")));
+    if (::link(partial.c_str(), path.c_str()) != 0)
+      throw dpstream::ConfigError(
+          errno == EEXIST
+              ? fmt::format("{} exists already; remove it or choose another --csv (nothing is overwritten)", path)
+              : fmt::format("cannot create {}: {}", path, dpstream::errno_text(errno)));
+  } catch (...) {
+    ::unlink(partial.c_str());
+    throw;
   }
-  fs::rename(partial, path, ec);
-  if (ec) throw dpstream::ConfigError(fmt::format("cannot rename {} to {}: {}", partial, path, ec.message()));
+  ::unlink(partial.c_str());
 }
 
 // A subcommand: its options (add) and what it does once they are parsed (exec, on every rank; the
@@ -202,6 +214,10 @@ struct GenerateCommand {
   }
   int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) const {
     const auto config = load(args);
+    if (config.input.kind != dpstream::InputKind::Synthetic)  // on every rank: all exit alike
+      throw dpstream::ConfigError(
+          "generate writes a synthetic job's stream, and this job reads a CSV file ([input] "
+          "kind = \"csv\"): give a job with [input] kind = \"synthetic\"");
     if (root) generate_csv(config, csv);
     return 0;
   }

@@ -12,15 +12,16 @@ namespace dpstream {
 
 class OutputLock {
  public:
-  // Creates `dir` if it is missing and locks it. Throws ConfigError when another process holds the lock,
-  // or `dir` cannot be created or opened. Where the file system cannot lock directories (NFS, Lustre
-  // without its flock mount option) the job goes on unlocked, and note() says so.
-  explicit OutputLock(const std::filesystem::path& dir);
+  // Locks `dir`, made first if it is missing and `create` (a resume makes nothing: without the directory it is
+  // refused anyway). Throws ConfigError when another process holds the lock, or `dir` cannot be made or opened.
+  // Where the file system cannot lock directories the job goes on unlocked, and where its locks may hold on one
+  // node only (NFS; Lustre or BeeGFS without cluster-wide flock) it goes on locked there; note() says so.
+  OutputLock(const std::filesystem::path& dir, bool create);
   ~OutputLock();
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;
 
-  // Empty when the directory is locked; else why it is not, and what the user must see to.
+  // Empty when the directory is locked for every job that could reach it; else what the user must see to.
   const std::string& note() const { return note_; }
 
  private:

@@ -33,10 +33,10 @@ void write_stderr(const char* text) {  // async-signal-safe
 }
 
 void on_signal(int signo) {
-  if (process_ending.load()) return;
   int expected = 0;
   if (first_signal.compare_exchange_strong(expected, signo)) {
     first_signal_ns.store(now_ns());
+    if (process_ending.load()) return;  // nothing to stop: the process is on its way out with its error
     write_stderr(signo == SIGTERM
                      ? "dpstream: SIGTERM received: stopping after the current trigger; a second signal aborts\n"
                      : "dpstream: SIGUSR1 received: stopping after the current trigger; a second signal aborts\n");

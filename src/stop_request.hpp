@@ -11,8 +11,9 @@ namespace dpstream::stop_request {
 void install();
 // 0, or the first stop signal this process received (async-signal-safe read).
 int signal_received();
-// The process is ending after an error it has reported: a stop signal from now on (mpirun's to the other ranks once
-// one has exited non-zero) changes nothing and prints nothing, rather than announce a stop that will not come.
+// The process is ending after an error it has reported: a first stop signal from now on (mpirun's to the other
+// ranks once one has exited non-zero) prints nothing, rather than announce a stop that will not come; a second one
+// later than the repeat window still aborts a process stuck on its way out.
 void ending();
 // The signal's name for log lines ("SIGTERM", "SIGUSR1").
 const char* signal_name(int signo);

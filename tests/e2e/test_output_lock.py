@@ -75,6 +75,16 @@ def main():
                 assert time.monotonic() < deadline, f"job A's rank 0 did not stop within {HOLD_TIMEOUT} s"
                 time.sleep(0.05)
             assert os.path.isdir(os.path.join(out, "checkpoint")), "job A was held before its first commit"
+            # The other ranks' checkpoint threads may still finish a segment of the last commit: wait until the
+            # directory stops changing, so that the refusals below compare it with itself.
+            previous = harness.snapshot_tree(out)
+            while True:
+                time.sleep(0.3)
+                current = harness.snapshot_tree(out)
+                if current == previous:
+                    break
+                assert time.monotonic() < deadline, "job A's output dir kept changing while A was held"
+                previous = current
 
         def refused(*flags):
             def check():

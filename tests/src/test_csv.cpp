@@ -93,7 +93,10 @@ TEST(CsvSplit, QuotedRowsShowControlBytesEscaped) {
   EXPECT_EQ(quoted_row("u1,k1,0.5,100"), "u1,k1,0.5,100");
   EXPECT_EQ(quoted_row("u\x1b[31m,\t\x7f"), "u\\x1b[31m,\\x09\\x7f");
   EXPECT_EQ(quoted_row("Nord\xc3\xa9"), "Nord\xc3\xa9");  // UTF-8 text stays as it is
-  EXPECT_EQ(quoted_row(std::string(300, 'a')).size(), 200u);
+  EXPECT_EQ(quoted_row(std::string(300, 'a')), std::string(200, 'a') + "...");
+  EXPECT_EQ(quoted_row(std::string(200, 'a')), std::string(200, 'a'));
+  const std::vector<std::string> wide(60, "column");  // 419 bytes: a header is listed whole
+  EXPECT_EQ(quoted_header(wide).size(), 60 * 7 - 1);
 }
 
 // The reader behind split_csv_line and `dpstream evaluate`: which field failed, and how.

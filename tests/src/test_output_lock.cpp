@@ -23,7 +23,7 @@ struct TempDir {
 
 std::string refusal(const fs::path& dir) {
   try {
-    dpstream::OutputLock lock(dir);
+    dpstream::OutputLock lock(dir, true);
   } catch (const dpstream::ConfigError& e) {
     return e.what();
   }
@@ -34,15 +34,21 @@ TEST(OutputLock, ASecondHolderIsRefusedUntilTheFirstIsGone) {
   TempDir tmp;
   const fs::path dir = tmp.path / "out";
   {
-    const dpstream::OutputLock first(dir);  // creates the missing directory
+    const dpstream::OutputLock first(dir, true);  // creates the missing directory
     EXPECT_TRUE(fs::is_directory(dir));
-    EXPECT_EQ(first.note(), "") << "a local file system locks directories";
-    const std::string why = refusal(dir);  // another open of the directory: flock(2) locks it apart
+    if (!first.note().empty()) GTEST_SKIP() << first.note();  // the temporary directory is on a shared file system
+    const std::string why = refusal(dir);                     // another open of the directory: flock(2) locks it apart
     EXPECT_NE(why.find("is in use by another dpstream job"), std::string::npos) << why;
     EXPECT_NE(why.find(dir.string()), std::string::npos) << why;
     EXPECT_TRUE(fs::is_empty(dir)) << "the lock makes no file in the directory";
   }
   EXPECT_EQ(refusal(dir), "") << "the lock is dropped with its holder";
+}
+
+TEST(OutputLock, AResumeMakesNoDirectory) {
+  TempDir tmp;
+  const dpstream::OutputLock none(tmp.path / "missing", false);
+  EXPECT_FALSE(fs::exists(tmp.path / "missing"));
 }
 
 TEST(OutputLock, AFileWhereTheDirectoryShouldBeIsRefused) {

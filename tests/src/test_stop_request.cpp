@@ -7,6 +7,8 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+
 namespace {
 
 using dpstream::stop_request::ending;
@@ -31,10 +33,24 @@ TEST(StopRequestDeathTest, ASignalWhileEndingAfterAnErrorIsSilent) {
         install();
         ending();
         ::raise(SIGTERM);
-        ::raise(SIGTERM);  // not a second request either: the process goes on to its own exit code
-        ::_exit(signal_received() == 0 ? 3 : 1);
+        ::raise(SIGTERM);  // within the repeat window: the same request, not a second one
+        ::_exit(3);        // the process goes on to its own exit code
       },
       ::testing::ExitedWithCode(3), "^$");
+}
+
+// ... while a second signal later than the repeat window still ends a rank stuck on its way out.
+TEST(StopRequestDeathTest, ALaterSecondSignalStillAbortsWhileEnding) {
+  EXPECT_EXIT(
+      {
+        ::setenv("DPSTREAM_STOP_REPEAT_SECONDS", "0", 1);  // NOLINT(concurrency-mt-unsafe): the child alone
+        install();
+        ending();
+        ::raise(SIGTERM);
+        ::raise(SIGTERM);
+        ::_exit(3);
+      },
+      ::testing::KilledBySignal(SIGTERM), "aborting now");
 }
 
 }  // namespace
