@@ -100,10 +100,12 @@ void print_result(bool as_json, Json&& json, Text&& text) {
 // exclusively, and is published once complete by link(2), which never replaces a file: an interrupted or failed
 // run leaves no file that looks whole, and no existing file (`path` or `path`.tmp) is ever overwritten.
 void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec))  // before the work; link(2) below decides
-    throw dpstream::ConfigError(
+  const auto exists_already = [&] {
+    return dpstream::ConfigError(
         fmt::format("{} exists already; remove it or choose another --csv (nothing is overwritten)", path));
+  };
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) throw exists_already();  // before the work; link(2) below decides
   const std::string partial = path + ".tmp";
   const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0)
@@ -129,11 +131,10 @@ void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
       throw dpstream::ConfigError(
           fmt::format("cannot write {}: {}{}", partial, dpstream::errno_text(errno),
                       dpstream::free_space_note(std::filesystem::path(partial).parent_path(), "")));
-    if (::link(partial.c_str(), path.c_str()) != 0)
-      throw dpstream::ConfigError(
-          errno == EEXIST
-              ? fmt::format("{} exists already; remove it or choose another --csv (nothing is overwritten)", path)
-              : fmt::format("cannot create {}: {}", path, dpstream::errno_text(errno)));
+    if (::link(partial.c_str(), path.c_str()) != 0) {
+      if (errno == EEXIST) throw exists_already();
+      throw dpstream::ConfigError(fmt::format("cannot create {}: {}", path, dpstream::errno_text(errno)));
+    }
   } catch (...) {
     ::unlink(partial.c_str());
     throw;
