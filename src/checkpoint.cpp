@@ -242,6 +242,33 @@ std::vector<std::pair<std::uint64_t, fs::path>> list_manifests(const fs::path& d
   return out;
 }
 
+// A fresh start empties the checkpoint directory: refuses a path there that dpstream did not make (a file of that
+// name, or a directory holding files but neither a job record nor a manifest), so that no user file is deleted.
+// Only *.tmp files: a start interrupted before its job record was renamed into place. Window directories w<N>: a
+// checkpoint whose job record and manifests are gone.
+void refuse_foreign_path(const fs::path& dir) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(dir, ec);  // a link to a directory is used as one
+  if (!fs::exists(status)) return;
+  if (!fs::is_directory(status))
+    throw CheckpointError(
+        fmt::format("{} is not a directory: dpstream keeps its checkpoint there and would replace "
+                    "it; move the file, or choose another --out",
+                    dir.string()));
+  std::string foreign;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    static const std::regex window_dir(R"(w\d+)");  // a window's segments
+    if (name == kJobFile || name.starts_with("MANIFEST-") || std::regex_match(name, window_dir)) return;
+    if (foreign.empty() && e.path().extension() != ".tmp") foreign = name;
+  }
+  if (!foreign.empty())
+    throw CheckpointError(
+        fmt::format("{} holds files dpstream did not write ({} among them) and no checkpoint: "
+                    "starting would delete them; move them, or choose another --out",
+                    dir.string(), printable(foreign)));
+}
+
 // ---- job file ---------------------------------------------------------------------------------
 
 std::vector<std::byte> encode_job(const JobRecord& job) {
@@ -756,6 +783,7 @@ Opened Store::open(const std::string& job_name, const Fields& fields, StartMode 
 
 Opened Store::open_on_root(const std::string& job_name, const Fields& fields, StartMode mode) {
   Opened o;
+  refuse_foreign_path(dir_);
   const auto manifests = list_manifests(dir_);
   if (mode == StartMode::Fresh) return o;
   if (manifests.empty()) {

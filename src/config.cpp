@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -20,12 +21,37 @@ namespace dpstream {
 
 namespace {
 
+// Where a job's values came from: its spec (a file, or the built-in demo) or a --set that replaced one, so that an
+// error names what the user has to change.
+class ValueOrigins {
+ public:
+  explicit ValueOrigins(std::string source) : source_(std::move(source)) {}
+  void set_by(const std::string& section, const std::string& key, const std::string& assignment) {
+    set_[section + "." + key] = "--set " + assignment;  // the last --set of a key is the one in effect
+    if (!first_of_section_.contains(section)) first_of_section_[section] = "--set " + assignment;
+  }
+  void note_spec_section(const std::string& section) { spec_sections_.insert(section); }
+  const std::string& of(const std::string& section, const std::string& key) const {
+    const auto it = set_.find(section + "." + key);
+    return it != set_.end() ? it->second : source_;
+  }
+  const std::string& of_section(const std::string& section) const {  // a section only a --set named
+    const auto it = first_of_section_.find(section);
+    return it != first_of_section_.end() && !spec_sections_.contains(section) ? it->second : source_;
+  }
+
+ private:
+  std::string source_;
+  std::map<std::string, std::string> set_, first_of_section_;
+  std::set<std::string> spec_sections_;
+};
+
 // Reads typed values from one [section], remembering which keys were consumed so that every
 // key left over can be reported as unknown.
 class SectionReader {
  public:
-  SectionReader(const toml::table& root, std::string section, std::string source)
-      : section_(std::move(section)), source_(std::move(source)) {
+  SectionReader(const toml::table& root, std::string section, const ValueOrigins& origins)
+      : section_(std::move(section)), origins_(&origins) {
     if (const auto* node = root.get(section_)) {
       table_ = node->as_table();
       if (!table_) fail("", "must be a table ([" + section_ + "])");
@@ -116,14 +142,14 @@ class SectionReader {
       if (!consumed_.count(std::string(k.str()))) {
         std::string list;
         for (const auto& kk : known) list += (list.empty() ? "" : ", ") + kk;
-        throw ConfigError(fmt::format("{}: unknown key [{}] {} (known keys of [{}]: {})", source_, section_, k.str(),
-                                      section_, list));
+        throw ConfigError(fmt::format("{}: unknown key [{}] {} (known keys of [{}]: {})",
+                                      origins_->of(section_, std::string(k.str())), section_, k.str(), section_, list));
       }
     }
   }
 
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw ConfigError(fmt::format("{}: [{}] {} {}", source_, section_, key, what));
+    throw ConfigError(fmt::format("{}: [{}] {} {}", origins_->of(section_, key), section_, key, what));
   }
 
  private:
@@ -140,14 +166,15 @@ class SectionReader {
   }
 
   const toml::table* table_ = nullptr;
-  std::string section_, source_;
+  std::string section_;
+  const ValueOrigins* origins_;
   std::set<std::string> consumed_;  // read from the TOML
   std::set<std::string> asked_;     // read or tested with has()
 };
 
 // "section.key=value": the value is parsed as TOML (so 10, 1.5, true, "x" keep their types);
 // text that is not a TOML value is taken as a string.
-void apply_override(toml::table& root, const std::string& assignment) {
+void apply_override(toml::table& root, const std::string& assignment, ValueOrigins& origins) {
   const auto eq = assignment.find('=');
   const auto dot = assignment.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 || dot + 1 == eq)
@@ -165,6 +192,7 @@ void apply_override(toml::table& root, const std::string& assignment) {
   auto* tbl = root.get(section)->as_table();
   if (!tbl) throw ConfigError(fmt::format("--set {}: [{}] is not a table", assignment, section));
   tbl->insert_or_assign(key, *parsed.get("v"));
+  origins.set_by(section, key, assignment);
 }
 
 }  // namespace
@@ -300,23 +328,27 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
        << e.source().begin.column << ")";
     throw ConfigError(os.str());
   }
-  for (const auto& o : overrides) apply_override(root, o);
+  ValueOrigins origins(source);
+  for (const auto& [k, _] : root) origins.note_spec_section(std::string(k.str()));
+  for (const auto& o : overrides) apply_override(root, o, origins);
 
   const auto sections = spec_sections();
   for (const auto& [k, _] : root)
     if (std::find(sections.begin(), sections.end(), k.str()) == sections.end())
-      throw ConfigError(
-          fmt::format("{}: unknown section [{}] (known: [{}])", source, k.str(), fmt::join(sections, "], [")));
+      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [{}])", origins.of_section(std::string(k.str())),
+                                    k.str(), fmt::join(sections, "], [")));
 
   constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
   JobConfig c;
   c.source = source;
 
-  SectionReader job(root, "job", source);
+  SectionReader job(root, "job", origins);
   c.name = job.string("name", c.name);
+  if (c.name.empty())
+    job.fail("name", "must not be empty (it names the job in summary.json and in a ledger's charges)");
   job.finish();
 
-  SectionReader in(root, "input", source);
+  SectionReader in(root, "input", origins);
   c.input.kind = in.choice("kind", InputKind::Synthetic);
   c.input.path = in.string("path", "");
   c.input.bad_rows = in.choice("bad_rows", BadRowPolicy::Skip);
@@ -343,7 +375,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   if (c.input.key_s <= 0) in.fail("key_s", "must be > 0");
   in.finish();
 
-  SectionReader st(root, "stream", source);
+  SectionReader st(root, "stream", origins);
   c.stream.window_seconds = st.integer("window_seconds", c.stream.window_seconds, 1, std::int64_t{1} << 40);
   c.stream.triggers = static_cast<std::uint32_t>(st.required_integer("triggers", 1, 1'000'000));
   if (c.stream.triggers > c.stream.window_seconds)
@@ -354,7 +386,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   c.stream.windows = static_cast<std::uint32_t>(st.integer("windows", 1, 1, 100'000));
   st.finish();
 
-  SectionReader pr(root, "privacy", source);
+  SectionReader pr(root, "privacy", origins);
   c.privacy.mode = pr.choice("mode", PrivacyMode::None);
   if (c.privacy.mode == PrivacyMode::None && !pr.has("max_records_per_user"))
     c.privacy.max_records_per_user = PrivacyConfig::kUnbounded;  // the true totals: nothing dropped
@@ -425,7 +457,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
                                     mode_name));
   pr.finish();
 
-  SectionReader q(root, "query", source);
+  SectionReader q(root, "query", origins);
   const auto aggregations = q.strings("aggregations", {"count", "sum"});
   c.query.count = c.query.sum = false;
   for (const auto& a : aggregations) {
@@ -440,7 +472,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   if (aggregations.empty()) q.fail("aggregations", "must name at least one column: [\"count\"], [\"sum\"] or both");
   q.finish();
 
-  SectionReader out(root, "output", source);
+  SectionReader out(root, "output", origins);
   c.output.dir = out.string("dir", c.output.dir);
   if (c.output.dir.empty()) out.fail("dir", "must not be empty");
   c.output.format = out.choice_of<std::string>("format", "csv",
@@ -449,7 +481,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   c.output.progress = out.choice("progress", ProgressMode::Always);
   out.finish();
 
-  SectionReader ck(root, "checkpoint", source);
+  SectionReader ck(root, "checkpoint", origins);
   if (ck.has("every")) c.checkpoint.every = static_cast<std::uint32_t>(ck.integer("every", 1, 0, 1'000'000));
   c.checkpoint.seconds = ck.real("seconds", c.checkpoint.seconds);
   if (!(c.checkpoint.seconds >= 0.001 && c.checkpoint.seconds <= 1e7))
@@ -463,7 +495,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   c.checkpoint.journal_mib = static_cast<std::uint32_t>(journal_mib);
   ck.finish();
 
-  SectionReader en(root, "engine", source);
+  SectionReader en(root, "engine", origins);
   c.engine.key_scan = en.choice("key_scan", KeyScan::Predicted);
   using EngineLimits = std::numeric_limits<std::int64_t>;
   const std::int64_t batch = en.integer("trigger_batch", 0, EngineLimits::min(), EngineLimits::max());

@@ -10,11 +10,13 @@
 #include <cerrno>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <system_error>
@@ -98,6 +100,15 @@ double parse_double(const std::string& s) {
 // ---- SQLite, minimally wrapped -------------------------------------------------------------
 
 namespace {
+// The 16 bytes every SQLite database file starts with (sqlite.org/fileformat.html, section 1.3.1). Checked before
+// SQLite opens the file: it would report another file only once a statement ran, quoting that statement.
+bool has_sqlite_header(const std::string& path) {
+  static constexpr char kMagic[16] = {'S', 'Q', 'L', 'i', 't', 'e', ' ', 'f', 'o', 'r', 'm', 'a', 't', ' ', '3', '\0'};
+  std::array<char, sizeof kMagic> head{};
+  std::ifstream f(path, std::ios::binary);
+  return f.read(head.data(), head.size()) && std::equal(head.begin(), head.end(), std::begin(kMagic));
+}
+
 void exec_sql(sqlite3* db, const std::string& path, const char* sql) {
   char* err = nullptr;
   if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
@@ -410,9 +421,14 @@ void init(const std::string& path, const Ceiling& g) {
 }
 
 Ledger::Ledger(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw std::runtime_error(fmt::format("ledger {}: is a directory; give the ledger's file", path));
   if (!std::filesystem::is_regular_file(path))
     throw std::runtime_error(fmt::format(
         "ledger {}: no such file; create it with dpstream ledger init {} --epsilon E --delta D", path, path));
+  if (!has_sqlite_header(path))
+    throw std::runtime_error(fmt::format(
+        "ledger {}: not a dpstream ledger (not an SQLite database); give the file made by dpstream ledger init", path));
   check_file_system(std::filesystem::absolute(path));
   db_ = new Db{open_db(path, SQLITE_OPEN_READWRITE), path};
   try {

@@ -3,6 +3,7 @@
 // cleanly by SIGTERM / SIGUSR1 (resume with --resume).
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <malloc.h>
 #include <omp.h>
 #include <unistd.h>
@@ -59,6 +60,7 @@ struct JobArgs {
   bool demo = false;
   std::vector<std::string> overrides;
   std::string out;
+  const CLI::Option* out_option = nullptr;  // given on the command line (an empty --out is refused, not ignored)
   std::string progress;
 };
 
@@ -68,7 +70,7 @@ void add_job_args(CLI::App* cmd, JobArgs& a) {
   cmd->add_option("--set", a.overrides,
                   "Override a job key: --set section.key=value (repeatable), e.g. --set input.users=1000")
       ->allow_extra_args(false);
-  cmd->add_option("--out", a.out, "Output directory (overrides [output] dir)");
+  a.out_option = cmd->add_option("--out", a.out, "Output directory (overrides [output] dir)");
   cmd->add_option("--progress", a.progress, "Progress lines on rank 0: always | auto (only on a terminal) | never")
       ->check(CLI::IsMember(dpstream::enum_names<dpstream::ProgressMode>()));
 }
@@ -79,7 +81,11 @@ dpstream::JobConfig load(const JobArgs& a) {
   auto config = a.demo ? dpstream::parse_job(dpstream::demo_job_toml(), "built-in demo", a.overrides)
                        : dpstream::load_job(a.spec, a.overrides);
   // Paths and choices from options are taken verbatim (never re-parsed as TOML).
-  if (!a.out.empty()) config.output.dir = a.out;
+  if (a.out_option != nullptr && a.out_option->count() > 0) {
+    if (a.out.empty())
+      throw dpstream::ConfigError("--out is empty: give the output directory, or drop --out to use [output] dir");
+    config.output.dir = a.out;
+  }
   if (!a.progress.empty()) config.output.progress = *dpstream::parse_enum<dpstream::ProgressMode>(a.progress);
   return config;
 }
@@ -598,6 +604,18 @@ struct Commands {
   }
 };
 
+// The first argument where a command is expected, when it names none (CLI11 would only say that one is required).
+std::string unknown_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return {};
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == argv[1]) return {};
+    names.push_back(sub->get_name());
+  }
+  return fmt::format("unknown command '{}' (commands: {}; dpstream --help describes them)", argv[1],
+                     fmt::join(names, ", "));
+}
+
 // Runs the parsed command; errors become the exit codes above (rank 0 prints the message).
 int exec_reporting_errors(Commands& commands, const dpstream::shuffle::Comm& comm) {
   const bool root = comm.rank() == 0;
@@ -654,6 +672,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Commands commands;
   commands.add(app);
+  if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+    if (root) std::fprintf(stderr, "dpstream: error: %s\n", unknown.c_str());
+    return kExitConfig;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

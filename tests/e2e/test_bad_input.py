@@ -388,6 +388,52 @@ def main():
 
             return case
 
+        def set_errors_name_the_set(assignment, needles):
+            def case():
+                # A value given by --set is reported against the --set, not against the job spec's file.
+                c = new(f"set names {assignment}")
+                write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+                write(c.job, toml_job(c.csv, c.out))
+                run = c.run(c.job, "--set", assignment)
+                expect_failure(run, 2, c.out, [f"--set {assignment}"] + needles)
+                assert "job.toml" not in run.stderr, "the error blames the job spec for a --set\n  " + run.describe()
+
+            return case
+
+        def empty_out_option():
+            c = new("empty out")
+            write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+            write(c.job, toml_job(c.csv, None))
+            before = sorted(os.listdir(c.dir))
+            expect_failure(c.run(c.job, "--out", ""), 2, c.out, ["--out", "empty"])
+            assert sorted(os.listdir(c.dir)) == before, f"a refused run made {sorted(os.listdir(c.dir))}"
+
+        def unknown_command():
+            c = new("unknown command")
+            run = dp.run("frobnicate", cwd=c.dir)
+            expect_failure(run, 2, c.out, ["unknown command", "frobnicate", "run", "query"])
+
+        def foreign_checkpoint_path(kind, flags):
+            def case():
+                # OUT/checkpoint is emptied by a fresh start: a file or directory dpstream did not write is refused
+                # (exit 4), not deleted.
+                c = new(f"foreign checkpoint {kind} {' '.join(flags)}")
+                write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+                write(c.job, toml_job(c.csv, c.out))
+                place = os.path.join(c.out, "checkpoint")
+                if kind == "file":
+                    os.makedirs(c.out)
+                    write(place, "the user's own file\n")
+                else:
+                    os.makedirs(place)
+                    write(os.path.join(place, "notes.txt"), "the user's own file\n")
+                expect_failure(c.run(c.job, *flags), 4, c.out, ["checkpoint", "another --out"])
+                kept = place if kind == "file" else os.path.join(place, "notes.txt")
+                with open(kept, encoding="utf-8") as f:
+                    assert f.read() == "the user's own file\n", f"{kept} was changed"
+
+            return case
+
         def csv_without_path():
             c = new("csv without path")
             write(c.job, toml_job(None, c.out))
@@ -427,6 +473,18 @@ def main():
         results.check("--set without section -> exit 2", bad_set("triggers=5", ["triggers=5"]))
         results.check("--set without '=' -> exit 2", bad_set("stream.triggers", ["stream.triggers"]))
         results.check("--set unknown key -> exit 2 naming it", bad_set("stream.bogus=3", ["bogus"]))
+        results.check("--set of a wrong type -> exit 2 naming the --set, not the file",
+                      set_errors_name_the_set("stream.triggers=ten", ["triggers", "integer"]))
+        results.check("--set of an unknown section -> exit 2 naming the --set",
+                      set_errors_name_the_set("nosuch.key=3", ["unknown section"]))
+        results.check("--set of an unknown key -> exit 2 naming the --set",
+                      set_errors_name_the_set("input.bogus=1", ["unknown key"]))
+        results.check("--set job.name= (empty) -> exit 2", set_errors_name_the_set("job.name=", ["must not be empty"]))
+        results.check("--out \"\" -> exit 2, no default directory made", empty_out_option)
+        results.check("an unknown command -> exit 2 naming it and the commands", unknown_command)
+        results.check("a file named checkpoint in --out -> exit 4, the file kept", foreign_checkpoint_path("file", []))
+        results.check("a foreign checkpoint directory, --fresh -> exit 4, its files kept",
+                      foreign_checkpoint_path("dir", ["--fresh"]))
         results.check("kind = \"csv\" without path -> exit 2", csv_without_path)
         results.check("bad_rows = \"fail\" in mode dp -> exit 2 (a stop would depend on the data)",
                       spec_case("fail in dp", ["bad_rows", "skip"],

@@ -315,8 +315,17 @@ def main():
                 db.execute("CREATE TABLE meta(key TEXT, value TEXT)")
             r = dp.run_with("ledger", "show", path("foreign.db"), ranks=1)
             assert r.returncode == 2 and "not a dpstream ledger" in r.stderr, r.describe()
+            # Not a database at all: said so, without SQLite's statement; the file is left as it was.
+            text = write("notes.txt", "not a ledger\n")
+            r = dp.run_with("ledger", "show", text, ranks=1)
+            assert r.returncode == 2 and "not an SQLite database" in r.stderr and "PRAGMA" not in r.stderr, \
+                r.describe()
+            with open(text, encoding="utf-8") as f:
+                assert f.read() == "not a ledger\n", "ledger show changed a file that is not a ledger"
+            r = dp.run_with("ledger", "show", os.path.dirname(text), ranks=1)
+            assert r.returncode == 2 and "is a directory" in r.stderr, r.describe()
         results.check("damage: an edited or removed row, a raised ceiling, an undone retirement, a truncated file, a "
-                      "foreign database: refused", damage)
+                      "foreign database, a text file, a directory: refused", damage)
 
         # 6. Refusals before data.
         def refusals():

@@ -106,6 +106,21 @@ TEST(Config, OverridesKeepTheirTypes) {
   EXPECT_NE(error_of(kMinimal, {"input.users=-4"}).find("[input] users must be in"), std::string::npos);
 }
 
+// An error names what to change: the --set that gave the value, or else the spec's file (the last --set of a key).
+TEST(Config, ErrorsNameTheSetThatGaveTheValue) {
+  EXPECT_EQ(error_of(kMinimal, {"input.users=abc"}).rfind("--set input.users=abc: [input] users", 0), 0u);
+  EXPECT_EQ(error_of(kMinimal, {"input.users=5", "input.users=0"}).rfind("--set input.users=0: ", 0), 0u);
+  EXPECT_EQ(error_of(kMinimal, {"input.nokey=1"}).rfind("--set input.nokey=1: unknown key [input] nokey", 0), 0u);
+  EXPECT_EQ(error_of(kMinimal, {"nosuch.key=1"}).rfind("--set nosuch.key=1: unknown section [nosuch]", 0), 0u);
+  EXPECT_EQ(
+      error_of(std::string(kMinimal) + "\n[nosuch]\nkey = 1\n", {"nosuch.key=2"}).rfind("job.toml: unknown section", 0),
+      0u);
+  EXPECT_EQ(
+      error_of(std::string(kMinimal) + "\n[job]\nname = \"\"\n", {"input.users=3"}).rfind("job.toml: [job] name", 0),
+      0u);
+  EXPECT_EQ(error_of(kMinimal, {"job.name=\"\""}).rfind("--set job.name=\"\": [job] name must not be empty", 0), 0u);
+}
+
 TEST(Config, DemoJobParses) {
   const auto c = parse_job(demo_job_toml(), "demo", {});
   EXPECT_EQ(c.name, "demo");
