@@ -472,6 +472,17 @@ void charge_ledger(const QueryJob& job, const noise::Secret& secret, const shuff
   if (error = comm.agree_on_error(error); !error.empty()) throw ConfigError(error);
 }
 
+// On rank 0, the first non-empty string of the ranks in rank order (ranks read the file's parts in order); collective.
+std::string first_of_ranks(const std::string& mine, const shuffle::Comm& comm) {
+  shuffle::ByteWriter w;
+  w.put_string(mine);
+  const std::vector<std::byte> all = comm.gather_bytes_to_root(w.bytes());
+  shuffle::ByteReader r(all.data(), all.size());
+  while (!r.done())
+    if (std::string s = r.get_string(); !s.empty()) return s;
+  return {};
+}
+
 }  // namespace
 
 void check_query_job(const QueryJob& job) {
@@ -520,6 +531,7 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
   counters.read_s = lap();
   counters.rows = local.stats.rows, counters.bad = local.stats.bad, counters.filtered_out = local.stats.filtered_out;
   counters.kept = local.stats.kept;
+  const std::string first_bad = first_of_ranks(local.stats.first_bad, comm);
 
   // Public selection: the listed groups, known to every rank, so that bounding samples among them only.
   const bool is_public = plan.options.selection == SelectionKind::Public;
@@ -614,6 +626,7 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
   counters = QueryCounters{sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6], sums[7], sums[8], sums[9]};
   counters.read_s = times.read_s, counters.by_user_s = times.by_user_s, counters.bound_s = times.bound_s;
   counters.by_group_s = times.by_group_s, counters.release_s = times.release_s;
+  counters.first_bad = first_bad;
   std::string error;
   if (comm.rank() == 0) try {
       std::vector<SortedRow> sorted;

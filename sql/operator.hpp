@@ -36,6 +36,7 @@ struct QueryCounters {
   std::uint64_t user_groups = 0, user_groups_dropped = 0, users = 0;
   std::uint64_t groups = 0, groups_released = 0;
   std::uint64_t user_groups_unlisted = 0;  // public selection: (user, group) pairs of unlisted groups
+  std::string first_bad = {};  // rank 0: "line N: why" of the file's first bad row (what to fix), empty if none
   // Wall seconds of each stage on rank 0 (read includes id separation; the exchanges include waiting).
   double read_s = 0, by_user_s = 0, bound_s = 0, by_group_s = 0, release_s = 0, write_s = 0, total_s = 0;
 };

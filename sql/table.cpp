@@ -329,7 +329,7 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
   std::vector<std::optional<double>> number(layout.fields), values(layout.values.size());
   std::string encoded;  // the row's group, reused
   auto bad = [&](std::size_t offset, std::string_view line, const std::string& why) {
-    ++out.stats.bad;
+    if (out.stats.bad++ == 0) out.stats.first_bad = fmt::format("line {}: {}", line_number_of(all, offset), why);
     if (policy == BadRowPolicy::Fail)
       throw InputError(fmt::format("{}:{}: {} in row '{}' (use --bad-rows skip to count and skip such rows)", path,
                                    line_number_of(all, offset), why, quoted_row(line)));

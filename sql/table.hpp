@@ -56,6 +56,7 @@ struct Partials {
 // Raw counters of the read (not DP: they depend on every row).
 struct ReadStats {
   std::uint64_t rows = 0, bad = 0, filtered_out = 0, kept = 0;
+  std::string first_bad;  // "line N: why" of this rank's first bad row (skipped), empty if none
 };
 
 struct LocalTable {

@@ -508,6 +508,16 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   return c;
 }
 
+std::string large_delta_warning(double delta, std::uint64_t users) {
+  const double limit = users > 0 ? 1.0 / static_cast<double>(users) : kLargeDelta;
+  if (!(delta >= limit)) return {};
+  return fmt::format(
+      "delta = {} is {}: a mechanism may then publish one user's records outright with probability "
+      "delta; use a delta well below 1 / users (e.g. 1e-9)",
+      delta,
+      users > 0 ? fmt::format("at least 1 / users (users = {})", users) : fmt::format("at least {}", kLargeDelta));
+}
+
 JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))

@@ -148,6 +148,12 @@ struct JobConfig {
 JobConfig parse_job(const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides);
 JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides);
 
+// A warning (empty if none) for a delta too large to mean privacy: a mechanism may publish a user's records outright
+// with probability delta, so delta should lie well below 1 / users. `users` 0: not known before the data are read;
+// then delta >= kLargeDelta is warned of.
+inline constexpr double kLargeDelta = 1e-3;
+std::string large_delta_warning(double delta, std::uint64_t users);
+
 // The built-in demo: a small synthetic stream that runs in seconds.
 std::string demo_job_toml();
 

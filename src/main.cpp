@@ -90,6 +90,17 @@ dpstream::JobConfig load(const JobArgs& a) {
   return config;
 }
 
+void print_warning(const std::string& warning, bool root) {
+  if (root && !warning.empty()) std::fprintf(stderr, "dpstream: warning: %s\n", warning.c_str());
+}
+
+// The synthetic input's users are known before it is read; a CSV file's are not.
+void warn_of_large_delta(const dpstream::JobConfig& config, bool root) {
+  if (!dpstream::is_private(config.privacy.mode)) return;
+  const bool synthetic = config.input.kind == dpstream::InputKind::Synthetic;
+  print_warning(dpstream::large_delta_warning(config.privacy.delta, synthetic ? config.input.users : 0), root);
+}
+
 // A clean stop on a signal: rank 0 says where it stopped and how to continue.
 bool stopped(const dpstream::RunReport& report, bool root) {
   if (root && report.stop_signal) std::fprintf(stderr, "%s\n", report.stop_message.c_str());
@@ -169,6 +180,7 @@ struct RunCommand {
   }
   int exec(const dpstream::shuffle::Comm& comm, bool root) const {
     const auto config = load(args);
+    warn_of_large_delta(config, root);
     dpstream::RunOptions options;
     options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
                          : fresh ? dpstream::checkpoint::StartMode::Fresh
@@ -549,6 +561,7 @@ struct QueryCommand {
       if (err[0] == '3') throw dpstream::InputError(err.substr(1));
       throw dpstream::ConfigError(err.substr(1));
     }
+    print_warning(dpstream::large_delta_warning(opts.delta, 0), root);  // a table's users are known once it is read
     if (explain) {
       if (root) std::fputs(dpstream::sql::plan_text(j.plan).c_str(), stdout);
       return 0;
@@ -573,6 +586,11 @@ struct QueryCommand {
       std::printf("dpstream: query released %llu groups to %s (rows read %llu, bad %llu; raw counts, not DP)\n",
                   static_cast<unsigned long long>(c.groups_released), j.out_dir.c_str(),
                   static_cast<unsigned long long>(c.rows), static_cast<unsigned long long>(c.bad));
+    // Skipped rows are easy to miss (a --window-column of dates makes every row bad): the first one says why.
+    if (root && c.bad > 0)
+      std::fprintf(stderr, "dpstream: warning: %llu of %llu rows were bad and skipped; the first, %s\n",
+                   static_cast<unsigned long long>(c.bad), static_cast<unsigned long long>(c.rows),
+                   c.first_bad.c_str());
     return 0;
   }
 };

@@ -434,6 +434,19 @@ def main():
 
             return case
 
+        def large_delta_warned(delta, warned):
+            def case():
+                # A delta too large to mean privacy is run, with a warning (a CSV's users are unknown: >= 1e-3).
+                c = new(f"delta {delta}")
+                write(c.csv, HEADER + "\n" + "".join(f"u{i},k{i % 3},0.5,{100 + i}\n" for i in range(30)))
+                write(c.job, toml_job(c.csv, c.out, replace={"mode": f'mode = "dp"\nepsilon = 1.0\ndelta = {delta}'}))
+                run = c.run(c.job)
+                assert run.returncode == 0, run.describe()
+                said = f"warning: delta = {delta} is at least 0.001" in run.stderr
+                assert said == warned, f"warning expected: {warned}\n  " + run.describe()
+
+            return case
+
         def csv_without_path():
             c = new("csv without path")
             write(c.job, toml_job(None, c.out))
@@ -485,6 +498,8 @@ def main():
         results.check("a file named checkpoint in --out -> exit 4, the file kept", foreign_checkpoint_path("file", []))
         results.check("a foreign checkpoint directory, --fresh -> exit 4, its files kept",
                       foreign_checkpoint_path("dir", ["--fresh"]))
+        results.check("delta = 0.5 in mode dp: run, with a warning", large_delta_warned(0.5, True))
+        results.check("delta = 1e-9 in mode dp: no warning", large_delta_warned(1e-9, False))
         results.check("kind = \"csv\" without path -> exit 2", csv_without_path)
         results.check("bad_rows = \"fail\" in mode dp -> exit 2 (a stop would depend on the data)",
                       spec_case("fail in dp", ["bad_rows", "skip"],

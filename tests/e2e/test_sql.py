@@ -650,6 +650,21 @@ def check_bad_option_values(env, state):
             problems.append(f"{opt} {value}: output written: {sorted(os.listdir(out))}")
     assert not problems, "\n  ".join(problems)
 
+def check_bad_rows_named(env, state):
+    """Skipped rows are reported with the first one's line and reason (a --window-column of dates makes every row bad);
+    a table without bad rows gets no warning."""
+    d = env.dirs("bad-rows-named")
+    rows = [{"uid": f"u{i}", "region": "r", "ts": f"2024-01-{1 + i % 9:02d}"} for i in range(40)]
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region", "ts"], rows)
+    q = Query("SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t GROUP BY region", [], [], [])
+    run = env.query(q, csv_path, os.path.join(d, "dates"), *HUGE, "--seed", "1", "--window-column", "ts")
+    assert run.returncode == 0, run.describe()
+    want = "40 of 40 rows were bad and skipped; the first, line 2: ts '2024-01-01' is not an integer number of seconds"
+    assert want in run.stderr, f"expected {want!r} on stderr\n  " + run.describe()
+    run = env.query(q, csv_path, os.path.join(d, "plain"), *HUGE, "--seed", "1")
+    assert run.returncode == 0 and "rows were bad" not in run.stderr, run.describe()
+
+
 # ---------------------------------------------------------------------------------------------
 # Number syntax of value fields: docs/SQL.md says "a finite number (strtod syntax)".
 
@@ -990,6 +1005,8 @@ def main():
         results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
                       lambda: check_bad_queries(env, state))
         results.check("WHERE col IS NULL / IS NOT NULL against a direct count", lambda: check_is_null(env, state))
+        results.check("skipped rows: the first one's line and reason on stderr (dates in --window-column)",
+                      lambda: check_bad_rows_named(env, state))
         results.check("--growing and --target-error refuse 0, negative, NaN and infinite values (exit 2)",
                       lambda: check_bad_option_values(env, state))
         results.check("(g) windows: per-window and multi-window releases against the reference",

@@ -121,6 +121,18 @@ TEST(Config, ErrorsNameTheSetThatGaveTheValue) {
   EXPECT_EQ(error_of(kMinimal, {"job.name=\"\""}).rfind("--set job.name=\"\": [job] name must not be empty", 0), 0u);
 }
 
+// Delta at or above 1 / users (known users) or kLargeDelta (unknown) is warned of; below it, nothing is said.
+TEST(Config, LargeDeltaIsWarnedOf) {
+  EXPECT_EQ(large_delta_warning(1e-9, 1000), "");
+  EXPECT_EQ(large_delta_warning(0.0009, 1000), "");
+  EXPECT_NE(large_delta_warning(0.001, 1000).find("at least 1 / users (users = 1000)"), std::string::npos);
+  EXPECT_NE(large_delta_warning(0.5, 1000).find("delta = 0.5"), std::string::npos);
+  EXPECT_EQ(large_delta_warning(0.0009, 0), "");
+  EXPECT_NE(large_delta_warning(kLargeDelta, 0).find("at least 0.001"), std::string::npos);
+  EXPECT_NE(large_delta_warning(1e-5, 200000).find("users = 200000"), std::string::npos);
+  EXPECT_EQ(large_delta_warning(0.0, 0), "");
+}
+
 TEST(Config, DemoJobParses) {
   const auto c = parse_job(demo_job_toml(), "demo", {});
   EXPECT_EQ(c.name, "demo");
