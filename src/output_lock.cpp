@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -26,12 +27,52 @@ constexpr long kOneNodeFileSystems[] = {0xEF53 /* ext2-4 */,
                                         0x2FC12FC1 /* zfs */,
                                         0xF2F52010 /* f2fs */};
 
+std::string shared_file_system_note(const std::filesystem::path& dir) {
+  return fmt::format(
+      "output dir {} is on a shared file system whose locks may hold on this node only (NFS; "
+      "Lustre or BeeGFS without cluster-wide flock): make sure that no job on another node writes "
+      "to it while this one runs",
+      dir.string());
+}
+
 bool on_one_node(int fd) {
   struct statfs fs {};
   if (::fstatfs(fd, &fs) != 0) return false;
   for (const long type : kOneNodeFileSystems)
     if (static_cast<long>(fs.f_type) == type) return true;
   return false;
+}
+
+// The lock of the last holder that ended: its open directory (closing it drops the lock) and the directory's
+// identity. One at most: a later lock ends the job that left it (only rank 0 of a job locks, once a job).
+struct KeptLock {
+  int fd = -1;
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+KeptLock& kept_lock() {
+  static KeptLock kept;
+  return kept;
+}
+
+// The kept lock when it is `fd`'s directory's (fd is closed: the kept descriptor holds the lock); else -1, and the
+// kept lock, of another directory, is dropped. A kept directory since removed is another (its inode number may
+// have been given to a new one).
+int take_kept_lock(int fd) {
+  KeptLock& kept = kept_lock();
+  if (kept.fd < 0) return -1;
+  struct stat st {
+  }, kept_st{};
+  const bool same = ::fstat(fd, &st) == 0 && ::fstat(kept.fd, &kept_st) == 0 && kept_st.st_nlink > 0 &&
+                    st.st_dev == kept.dev && st.st_ino == kept.ino;
+  const int taken = kept.fd;
+  kept = KeptLock{};
+  if (same) {
+    ::close(fd);
+    return taken;
+  }
+  ::close(taken);
+  return -1;
 }
 
 }  // namespace
@@ -47,6 +88,11 @@ OutputLock::OutputLock(const std::filesystem::path& dir, bool create) {
   if (fd_ < 0)
     throw ConfigError(fmt::format("cannot open output dir {}: {}; set [output] dir or --out to a directory",
                                   dir.string(), errno_text(errno)));
+  if (const int kept = take_kept_lock(fd_); kept >= 0) {  // this process's last job locked it: still locked
+    fd_ = kept;
+    if (!on_one_node(fd_)) note_ = shared_file_system_note(dir);
+    return;
+  }
   int rc = 0;
   do {
     rc = ::flock(fd_, LOCK_EX | LOCK_NB);
@@ -63,18 +109,23 @@ OutputLock::OutputLock(const std::filesystem::path& dir, bool create) {
     }
     note_ = fmt::format("cannot lock output dir {} ({}): make sure that no other job writes to it while this one runs",
                         dir.string(), errno_text(err));
+    ::close(fd_);  // it holds no lock: nothing to keep
+    fd_ = -1;
     return;
   }
-  if (!on_one_node(fd_))
-    note_ = fmt::format(
-        "output dir {} is on a shared file system whose locks may hold on this node only (NFS; "
-        "Lustre or BeeGFS without cluster-wide flock): make sure that no job on another node writes "
-        "to it while this one runs",
-        dir.string());
+  if (!on_one_node(fd_)) note_ = shared_file_system_note(dir);
 }
 
 OutputLock::~OutputLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor of the open directory drops its lock
+  if (fd_ < 0) return;
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    ::close(fd_);  // closing the last descriptor of the open directory drops its lock
+    return;
+  }
+  KeptLock& kept = kept_lock();
+  if (kept.fd >= 0) ::close(kept.fd);  // not reached: a holder takes or drops the kept lock when it starts
+  kept = KeptLock{fd_, st.st_dev, st.st_ino};
 }
 
 }  // namespace dpstream

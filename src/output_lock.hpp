@@ -3,6 +3,11 @@
 // rows into a releases.csv that looks complete. The first job holds an exclusive flock(2) on the
 // directory itself (no file is made in it); the kernel drops it when the job exits, however it ends,
 // so a lock is never left behind.
+//
+// Rank 0's holder ends with its engine, and on an error path other ranks may still be finishing a write there
+// (a checkpoint segment), so the lock is not dropped with its holder: the process keeps it until it exits (after
+// MPI_Finalize) or until it locks a directory again, which it does only in a later job, once every rank has left
+// this one (the later job's start is collective). Locking the same directory again takes the kept lock over.
 #pragma once
 
 #include <filesystem>
@@ -17,7 +22,7 @@ class OutputLock {
   // Where the file system cannot lock directories the job goes on unlocked, and where its locks may hold on one
   // node only (NFS; Lustre or BeeGFS without cluster-wide flock) it goes on locked there; note() says so.
   OutputLock(const std::filesystem::path& dir, bool create);
-  ~OutputLock();
+  ~OutputLock();  // the lock is kept by the process (see above)
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;
 
