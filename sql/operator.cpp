@@ -496,6 +496,10 @@ void check_query_job(const QueryJob& job) {
     throw ConfigError("--public-groups is only for --selection public");
   }
   if (job.out_dir.empty()) throw ConfigError("--out DIR is required: where result.csv and report.json go");
+  if (job.bad_rows == BadRowPolicy::Fail && !job.seed)
+    throw ConfigError(
+        "--bad-rows fail would stop a private query because of one row: the stop is an output that depends on the "
+        "data. Use --bad-rows skip (skipped rows are counted), or check the input first with --seed S (not private)");
   if (!job.ledger.empty()) {
     const WindowSpec& w = plan.options.windows;
     if (!w.active() || !w.first)
@@ -506,6 +510,10 @@ void check_query_job(const QueryJob& job) {
       throw ConfigError("--ledger with --seed: a seeded query is not private (its noise is known); drop one of them");
     if (*w.last - *w.first >= 100000) throw ConfigError("--windows A:B spans more than 100000 windows");
   }
+  refuse_existing_outputs(job);
+}
+
+void refuse_existing_outputs(const QueryJob& job) {
   for (const char* f : {"result.csv", "report.json"})
     if (fs::exists(fs::path(job.out_dir) / f))
       throw ConfigError(fmt::format("{} exists already; remove it or choose another --out (nothing is overwritten)",
@@ -667,7 +675,11 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
     } catch (const std::exception& e) {
       error = e.what();
     }
-  if (error = comm.agree_on_error(error); !error.empty()) throw std::runtime_error(error);
+  if (error = comm.agree_on_error(error); !error.empty())
+    throw ConfigError(
+        fmt::format("cannot write the query's output to {}: {}; nothing was written (choose another "
+                    "--out, or free space)",
+                    job.out_dir, error));
   return counters;
 }
 

@@ -328,8 +328,10 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
   std::vector<std::string> fields;
   std::vector<std::optional<double>> number(layout.fields), values(layout.values.size());
   std::string encoded;  // the row's group, reused
-  auto bad = [&](std::size_t offset, std::string_view line, const std::string& why) {
-    if (out.stats.bad++ == 0) out.stats.first_bad = fmt::format("line {}: {}", line_number_of(all, offset), why);
+  // `reason` names the column and the problem without the row's bytes: the query is private, and the first skipped
+  // row's reason goes to stderr (policy fail, only for a seeded query, quotes the row: `why`).
+  auto bad = [&](std::size_t offset, std::string_view line, const std::string& why, const std::string& reason) {
+    if (out.stats.bad++ == 0) out.stats.first_bad = fmt::format("line {}: {}", line_number_of(all, offset), reason);
     if (policy == BadRowPolicy::Fail)
       throw InputError(fmt::format("{}:{}: {} in row '{}' (use --bad-rows skip to count and skip such rows)", path,
                                    line_number_of(all, offset), why, quoted_row(line)));
@@ -340,16 +342,22 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
     builder.reserve(std::min(estimated_rows(all, begin, end) / 2, (end - begin) / 16));
     for_each_csv_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
       ++out.stats.rows;
-      if (!split_csv_line(line, fields)) return bad(offset, line, "unbalanced quotes");
-      if (fields.size() != layout.fields)
-        return bad(offset, line, fmt::format("{} fields where the header has {}", fields.size(), layout.fields));
-      if (fields[layout.user].empty()) return bad(offset, line, fmt::format("empty {}", layout.header[layout.user]));
+      if (!split_csv_line(line, fields)) return bad(offset, line, "unbalanced quotes", "unbalanced quotes");
+      if (fields.size() != layout.fields) {
+        const std::string why = fmt::format("{} fields where the header has {}", fields.size(), layout.fields);
+        return bad(offset, line, why, why);
+      }
+      if (fields[layout.user].empty()) {
+        const std::string why = fmt::format("empty {}", layout.header[layout.user]);
+        return bad(offset, line, why, why);
+      }
       for (std::size_t f : numeric) {
         number[f].reset();
         if (fields[f].empty()) continue;  // NULL
         double v = 0;
         if (const NumberCheck c = parse_finite_number(fields[f], v); c != NumberCheck::Ok)
-          return bad(offset, line, fmt::format("{} '{}' {}", layout.header[f], fields[f], number_problem(c)));
+          return bad(offset, line, fmt::format("{} '{}' {}", layout.header[f], fields[f], number_problem(c)),
+                     fmt::format("{} {}", layout.header[f], number_problem(c)));
         number[f] = v;
       }
       std::string window_text, user = fields[layout.user];
@@ -359,7 +367,8 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
         if (!w)
           return bad(offset, line,
                      fmt::format("{} '{}' is not an integer number of seconds", layout.header[*layout.window],
-                                 fields[*layout.window]));
+                                 fields[*layout.window]),
+                     fmt::format("{} is not an integer number of seconds", layout.header[*layout.window]));
         if (ws.first && (*w < *ws.first || *w > *ws.last)) return void(++out.stats.filtered_out);
         if (ws.per_window) {  // the privacy unit is (window, user): its id is that of LE64(window) || user
           window_text = std::to_string(*w);

@@ -28,6 +28,7 @@
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/omp_threads.hpp"
+#include "src/output_lock.hpp"
 #include "src/privacy_plan.hpp"
 #include "src/stop_request.hpp"
 #include "src/workload.hpp"
@@ -566,6 +567,16 @@ struct QueryCommand {
       if (root) std::fputs(dpstream::sql::plan_text(j.plan).c_str(), stdout);
       return 0;
     }
+    // Rank 0 makes and locks --out before anything is charged or read: one that cannot be made is refused before
+    // a ledger is charged, and a second query into it while this one runs is refused. Then the outputs are looked
+    // for again: the check above ran before the lock.
+    std::unique_ptr<dpstream::OutputLock> out_lock;
+    dpstream::shuffle::on_all_ranks<dpstream::ConfigError>(comm, [&] {
+      if (!root) return;
+      out_lock = std::make_unique<dpstream::OutputLock>(j.out_dir, true);
+      if (!out_lock->note().empty()) std::fprintf(stderr, "dpstream: note: %s\n", out_lock->note().c_str());
+      dpstream::sql::refuse_existing_outputs(j);
+    });
     if (growing > 0) {
       const auto schedule = dpstream::sql::run_growing(j, growing, growing_first, comm);
       if (root)

@@ -79,6 +79,14 @@ void check_choose_c_options(const JobConfig& config, const ChooseCOptions& o) {
         fmt::format("--window {} is not one of the job's windows {}..{} ([stream] first_window = {}, "
                     "windows = {}); choose one of them or change the job with --set stream.first_window=...",
                     *o.window, first, last, first, config.stream.windows));
+  if (!o.ledger.empty() && o.seed)
+    throw ConfigError("--ledger with --seed: a seeded choose-c is not private (its noise is known); drop one of them");
+  // The release is private whatever the job's mode: a stop because of one row would be an output of that row.
+  if (config.input.kind == InputKind::Csv && config.input.bad_rows == BadRowPolicy::Fail && !o.seed)
+    throw ConfigError(
+        "[input] bad_rows = \"fail\" would stop choose-c's private release because of one row: the stop is an output "
+        "that depends on the data. Use --set input.bad_rows=skip (skipped rows are counted), or check the input first "
+        "with dpstream run in mode = \"none\"");
   make_sampler(o, accounting::zcdp_rho_tight(o.epsilon, o.delta));  // sigma within the sampler's range
 }
 

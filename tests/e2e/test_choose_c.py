@@ -264,6 +264,11 @@ def main():
                 ("missing job file", [os.path.join(csv_dir, "no-such-job.toml"), *base], 2, "no-such-job.toml"),
                 ("missing CSV input", [missing_csv_job, *base], 3, "no-such.csv"),
                 ("bad --set", [syn_job, *base, "--set", "input.users=-5"], 2, "users"),
+                # A stop because of one row would be an output of that row: refused before any row is read.
+                ("bad_rows fail", [cjob, *base, "--set", "input.bad_rows=fail"], 2, "bad_rows"),
+                # A seeded run is not private: it must not spend a ledger's budget (the ledger need not exist).
+                ("--ledger with --seed", [syn_job, *base, "--ledger", os.path.join(csv_dir, "l.db"), "--seed", 3], 2,
+                 "--seed"),
             ]
             problems = []
             for label, argv, code, needle in cases:
@@ -276,7 +281,8 @@ def main():
                     problems.append(f"{label}: printed to stdout\n    {r.describe()}")
             assert not problems, "\n  ".join(problems)
 
-        results.check("refusals: epsilon, delta, quantile, max-c, window, missing files, bad --set", refusals)
+        results.check("refusals: epsilon, delta, quantile, max-c, window, missing files, bad --set, bad_rows fail, "
+                      "--ledger with --seed", refusals)
     return results.finish()
 
 

@@ -20,6 +20,7 @@ Usage: test_sql.py --ranks N [--bin build/src/dpstream] [--keep]
 
 import concurrent.futures
 import csv
+import fcntl
 import json
 import math
 import os
@@ -659,10 +660,48 @@ def check_bad_rows_named(env, state):
     q = Query("SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t GROUP BY region", [], [], [])
     run = env.query(q, csv_path, os.path.join(d, "dates"), *HUGE, "--seed", "1", "--window-column", "ts")
     assert run.returncode == 0, run.describe()
-    want = "40 of 40 rows were bad and skipped; the first, line 2: ts '2024-01-01' is not an integer number of seconds"
+    want = "40 of 40 rows were bad and skipped; the first, line 2: ts is not an integer number of seconds"
     assert want in run.stderr, f"expected {want!r} on stderr\n  " + run.describe()
+    assert "2024-01-01" not in run.stderr, "a private query printed a row's value\n  " + run.describe()
     run = env.query(q, csv_path, os.path.join(d, "plain"), *HUGE, "--seed", "1")
     assert run.returncode == 0 and "rows were bad" not in run.stderr, run.describe()
+
+
+def check_output_refusals(env, state):
+    """Refused before a ledger is charged or a row read (exit 2): an --out that cannot be made, --bad-rows fail in a
+    private query (a stop would depend on one row), and an --out that another query holds; nothing is charged."""
+    d = env.dirs("output-refusals")
+    rows = [{"uid": f"u{i}", "region": "r", "ts": str(i)} for i in range(20)]
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region", "ts"], rows)
+    q = Query("SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t GROUP BY region", [], [], [])
+    ledger = os.path.join(d, "l.db")
+    init = env.dp.run_with("ledger", "init", ledger, "--epsilon", "10", "--delta", "1e-5", ranks=1)
+    assert init.returncode == 0, init.describe()
+    a_file = write_rows(os.path.join(d, "a-file"), ["x"], [])
+    charged = ["--epsilon", "1", "--delta", "1e-7", "--window-column", "ts", "--windows", "0:0", "--ledger", ledger]
+    for out in (a_file, os.path.join(a_file, "sub")):
+        run = env.dp.run_with("query", q.sql, "--input", csv_path, "--user-column", "uid", *charged, "--out", out)
+        assert run.returncode == 2 and "cannot create output dir" in run.stderr, run.describe()
+    show = env.dp.run_with("ledger", "show", ledger, "--json", ranks=1)
+    assert show.returncode == 0 and not json.loads(show.stdout)["blocks"], "a refused query charged the ledger\n  " + \
+        show.describe()
+    out = os.path.join(d, "fail")
+    run = env.query(q, csv_path, out, "--epsilon", "1", "--delta", "1e-7", "--bad-rows", "fail")
+    assert run.returncode == 2 and "--bad-rows fail" in run.stderr and "--bad-rows skip" in run.stderr, run.describe()
+    assert not os.path.exists(out), f"a refused query made {out}"
+    # Another process holds --out (as a running query would): refused, and the files it would write are not there.
+    held = os.path.join(d, "held")
+    os.makedirs(held)
+    fd = os.open(held, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        run = env.query(q, csv_path, held, *HUGE, "--seed", "1")
+        assert run.returncode == 2 and "in use by another dpstream job" in run.stderr, run.describe()
+        assert not os.listdir(held), f"a refused query wrote {os.listdir(held)}"
+    finally:
+        os.close(fd)
+    run = env.query(q, csv_path, held, *HUGE, "--seed", "1")
+    assert run.returncode == 0 and sorted(os.listdir(held)) == ["report.json", "result.csv"], run.describe()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1005,6 +1044,8 @@ def main():
         results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
                       lambda: check_bad_queries(env, state))
         results.check("WHERE col IS NULL / IS NOT NULL against a direct count", lambda: check_is_null(env, state))
+        results.check("refused before a charge: an --out that cannot be made, --bad-rows fail, an --out in use",
+                      lambda: check_output_refusals(env, state))
         results.check("skipped rows: the first one's line and reason on stderr (dates in --window-column)",
                       lambda: check_bad_rows_named(env, state))
         results.check("--growing and --target-error refuse 0, negative, NaN and infinite values (exit 2)",
