@@ -222,9 +222,7 @@ class PartialBuilder {
 }  // namespace
 
 std::vector<std::string> read_header(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError(fmt::format("input file {} is a directory; give --input a CSV file", path));
+  refuse_non_regular_input(path, "give --input a CSV file");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw InputError(
@@ -235,6 +233,10 @@ std::vector<std::string> read_header(const std::string& path) {
   std::vector<std::string> header;
   if (!split_csv_header(line, header))
     throw InputError(fmt::format("{}: the header line is not valid CSV (unbalanced quotes)", path));
+  std::vector<std::string> sorted = header;  // a query may name any column: none may repeat
+  std::sort(sorted.begin(), sorted.end());
+  if (const auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end())
+    refuse_repeated_column(path, header, *twice);
   return header;
 }
 

@@ -520,9 +520,15 @@ std::string large_delta_warning(double delta, std::uint64_t users) {
 
 JobConfig load_job(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st))
     throw ConfigError(
         fmt::format("job spec {} is a directory; give a job spec file (TOML), e.g. jobs/demo.toml", path));
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))  // /dev/zero would never end
+    throw ConfigError(
+        fmt::format("job spec {} is not a regular file (a device, FIFO or socket); give a job spec file (TOML), e.g. "
+                    "jobs/demo.toml",
+                    path));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw ConfigError(fmt::format("cannot open job spec {}: check the path (job specs live under jobs/)", path));
   std::ostringstream ss;

@@ -29,6 +29,21 @@ struct Columns {
   std::size_t user, key, value, timestamp, count;
 };
 
+}  // namespace
+
+void refuse_repeated_column(const std::string& path, const std::vector<std::string>& header, const std::string& name) {
+  const auto first = std::find(header.begin(), header.end(), name);
+  if (first == header.end()) return;
+  const auto second = std::find(first + 1, header.end(), name);
+  if (second != header.end())
+    throw InputError(
+        fmt::format("{}: the header names column '{}' twice (columns {} and {}), so which one is read "
+                    "is ambiguous; rename one of them",
+                    path, name, first - header.begin() + 1, second - header.begin() + 1));
+}
+
+namespace {
+
 Columns parse_header(const std::string& path, std::string_view header) {
   std::vector<std::string> fields;
   if (!split_csv_header(header, fields))
@@ -42,6 +57,7 @@ Columns parse_header(const std::string& path, std::string_view header) {
                       "user_id,key,value,timestamp",
                       path, kRequiredColumns[c], quoted_header(fields)));
     idx[c] = static_cast<std::size_t>(it - fields.begin());
+    refuse_repeated_column(path, fields, *it);
   }
   return Columns{idx[0], idx[1], idx[2], idx[3], fields.size()};
 }
@@ -210,10 +226,16 @@ bool split_csv_line(std::string_view line, std::vector<std::string>& fields) {
   return reader.error() == CsvFieldReader::Error::None;
 }
 
-void check_csv_file(const std::string& path) {
+void refuse_non_regular_input(const std::string& path, std::string_view fix) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError(fmt::format("input file {} is a directory; set [input] path to a CSV file", path));
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st)) throw InputError(fmt::format("input file {} is a directory; {}", path, fix));
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    throw InputError(fmt::format("input file {} is not a regular file (a device, FIFO or socket); {}", path, fix));
+}
+
+void check_csv_file(const std::string& path) {
+  refuse_non_regular_input(path, "set [input] path to a CSV file");
   std::ifstream f(path, std::ios::binary);
   if (!f)
     throw InputError(fmt::format("cannot open input file {}: {}; set [input] path to an existing CSV file", path,

@@ -111,6 +111,14 @@ const char* number_problem(NumberCheck c);  // e.g. "is not a number"
 // InputError saying what is wrong. Cheap: every rank calls it before the first collective.
 void check_csv_file(const std::string& path);
 
+// Refuses (InputError) an input path that names a directory, or a device, FIFO or socket: read as a stream, /dev/zero
+// never ends and a FIFO blocks at its open. `fix` says what to give instead, e.g. "set [input] path to a CSV file".
+// A missing path passes (its open says so).
+void refuse_non_regular_input(const std::string& path, std::string_view fix);
+
+// Refuses (InputError) a header that names column `name` more than once: which one is read would be ambiguous.
+void refuse_repeated_column(const std::string& path, const std::vector<std::string>& header, const std::string& name);
+
 class CsvSource final : public RecordSource {
  public:
   // Parses this rank's share of the file, mapping ids with `ids`. Throws InputError on the first bad

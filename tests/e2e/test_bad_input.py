@@ -175,6 +175,25 @@ def main():
             write(c.job, toml_job(c.csv, c.out))
             expect_failure(c.run(c.job), 3, c.out, ["is a directory", "in.csv"])
 
+        def csv_not_a_regular_file(kind):
+            def case():
+                # Read as a stream, /dev/zero never ends (memory grew without bound) and a FIFO blocks at its open.
+                c = new(f"csv is a {kind}")
+                path = "/dev/zero"
+                if kind == "fifo":
+                    path = os.path.join(c.dir, "in.fifo")
+                    os.mkfifo(path)
+                write(c.job, toml_job(path, c.out))
+                expect_failure(c.run(c.job), 3, c.out, ["not a regular file", path])
+
+            return case
+
+        def repeated_header_column():
+            c = new("repeated header column")
+            write(c.csv, "user_id,key,value,timestamp,key\nu1,k1,0.5,100,k2\n")
+            write(c.job, toml_job(c.csv, c.out))
+            expect_failure(c.run(c.job), 3, c.out, ["'key' twice", "rename"])
+
         def spec_is_a_directory():
             c = new("spec is a directory")
             expect_failure(c.run(c.dir, "--out", c.out), 2, c.out, ["is a directory", "job spec"])
@@ -457,6 +476,9 @@ def main():
         results.check("empty CSV file -> exit 3", empty_csv)
         results.check("CSV path is a directory -> exit 3 saying so", csv_is_a_directory)
         results.check("job spec is a directory -> exit 2 saying so", spec_is_a_directory)
+        results.check("CSV path is /dev/zero -> exit 3 saying so (no endless read)", csv_not_a_regular_file("device"))
+        results.check("CSV path is a FIFO -> exit 3 saying so (no hang)", csv_not_a_regular_file("fifo"))
+        results.check("a header naming a column twice -> exit 3 saying which", repeated_header_column)
         results.check("a UTF-8 byte order mark and CRLF line ends: the same releases", byte_order_mark_and_crlf)
         results.check("generate: an existing file and a CSV job are refused (exit 2), nothing written", generate_refusals)
         results.check("bad rows with bad_rows=\"skip\" are counted in summary.json", skip_bad_rows)

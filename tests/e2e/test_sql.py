@@ -704,6 +704,20 @@ def check_output_refusals(env, state):
     assert run.returncode == 0 and sorted(os.listdir(held)) == ["report.json", "result.csv"], run.describe()
 
 
+def check_input_refusals(env, state):
+    """A header naming a column twice (the user column here: which one is the privacy unit?) and an input that is not
+    a regular file are refused before any read (exit 3)."""
+    d = env.dirs("input-refusals")
+    q = Query("SELECT WITH ANONYMIZATION g, ANON_COUNT(*) FROM t GROUP BY g", [], [], [])
+    twice = os.path.join(d, "twice.csv")
+    with open(twice, "w", encoding="utf-8") as f:
+        f.write("uid,g,uid\nu1,a,u2\n")
+    run = env.query(q, twice, os.path.join(d, "out1"), *HUGE, "--seed", "1")
+    assert run.returncode == 3 and "'uid' twice" in run.stderr, run.describe()
+    run = env.query(q, "/dev/zero", os.path.join(d, "out2"), *HUGE, "--seed", "1")
+    assert run.returncode == 3 and "not a regular file" in run.stderr, run.describe()
+
+
 # ---------------------------------------------------------------------------------------------
 # Number syntax of value fields: docs/SQL.md says "a finite number (strtod syntax)".
 
@@ -1044,6 +1058,8 @@ def main():
         results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
                       lambda: check_bad_queries(env, state))
         results.check("WHERE col IS NULL / IS NOT NULL against a direct count", lambda: check_is_null(env, state))
+        results.check("refused before a read: a header naming a column twice, /dev/zero as the input (exit 3)",
+                      lambda: check_input_refusals(env, state))
         results.check("refused before a charge: an --out that cannot be made, --bad-rows fail, an --out in use",
                       lambda: check_output_refusals(env, state))
         results.check("skipped rows: the first one's line and reason on stderr (dates in --window-column)",
