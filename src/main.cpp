@@ -57,6 +57,7 @@ constexpr int kExitStopped = 5;
 constexpr int kExitOther = 1;
 
 struct JobArgs {
+  std::string command;  // run, bench, ... (for messages)
   std::string spec;
   bool demo = false;
   std::vector<std::string> overrides;
@@ -66,6 +67,7 @@ struct JobArgs {
 };
 
 void add_job_args(CLI::App* cmd, JobArgs& a) {
+  a.command = cmd->get_name();
   cmd->add_option("job", a.spec, "Job spec (TOML), e.g. jobs/demo.toml");
   cmd->add_flag("--demo", a.demo, "Use the built-in demo job (small synthetic stream) instead of a file");
   cmd->add_option("--set", a.overrides,
@@ -78,7 +80,8 @@ void add_job_args(CLI::App* cmd, JobArgs& a) {
 
 dpstream::JobConfig load(const JobArgs& a) {
   if (a.demo && !a.spec.empty()) throw dpstream::ConfigError("give either a job spec or --demo, not both");
-  if (!a.demo && a.spec.empty()) throw dpstream::ConfigError("no job spec given: dpstream run JOB.toml (or --demo)");
+  if (!a.demo && a.spec.empty())
+    throw dpstream::ConfigError(fmt::format("no job spec given: dpstream {} JOB.toml (or --demo)", a.command));
   auto config = a.demo ? dpstream::parse_job(dpstream::demo_job_toml(), "built-in demo", a.overrides)
                        : dpstream::load_job(a.spec, a.overrides);
   // Paths and choices from options are taken verbatim (never re-parsed as TOML).
@@ -492,11 +495,33 @@ struct QueryCommand {
         continue;
       }
       const std::string given = opt->as<std::string>();
-      const bool same = o.value.is_string ? given == o.value.text : std::stod(given) == o.value.number;
+      char* end = nullptr;
+      const double number = std::strtod(given.c_str(), &end);  // a text option against a number: they disagree
+      const bool same =
+          o.value.is_string ? given == o.value.text : !given.empty() && *end == '\0' && number == o.value.number;
       if (!same)
         throw dpstream::ConfigError(fmt::format("query: OPTIONS({} = {}) and {} {} disagree; give it once", o.name,
                                                 o.value.text, it->second, given));
     }
+  }
+
+  // An option that would be ignored is refused: the two ways of spending the budget over releases exclude each
+  // other, each one's own options need it, and --explain shows one release's plan only.
+  void refuse_options_out_of_place() const {
+    const auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
+    if (given("--growing") && given("--target-error"))
+      throw dpstream::ConfigError(
+          "--growing and --target-error are two ways to spend the budget over several releases: give one");
+    if (given("--growing-first") && !given("--growing"))
+      throw dpstream::ConfigError("--growing-first is an option of --growing: give --growing GAMMA, or drop it");
+    for (const char* name : {"--target-min-count", "--target-beta", "--target-first-share-log2"})
+      if (given(name) && !given("--target-error"))
+        throw dpstream::ConfigError(
+            fmt::format("{} is an option of --target-error: give --target-error R, or drop it", name));
+    if (explain && (given("--growing") || given("--target-error")))
+      throw dpstream::ConfigError(
+          "--explain prints the plan of one release that spends the whole budget; --growing and --target-error "
+          "spend it over several (schedule.json and adaptive.json say what each spent): drop --explain");
   }
 
   // The [query] table of --job fills every option the command line left out; then the required ones must be set.
@@ -507,6 +532,7 @@ struct QueryCommand {
         if (opt->count() == 0) fill_option(opt, value, fmt::format("{}: [query] {}", spec, name));
       }
     apply_query_options();
+    refuse_options_out_of_place();
     for (const char* name : {"sql", "--input", "--user-column", "--epsilon", "--delta", "--out"})
       if (cmd->get_option(name)->count() == 0)
         throw dpstream::ConfigError(fmt::format("query: {} is required (on the command line or in --job's [query])",
@@ -565,6 +591,7 @@ struct QueryCommand {
     print_warning(dpstream::large_delta_warning(opts.delta, 0), root);  // a table's users are known once it is read
     if (explain) {
       if (root) std::fputs(dpstream::sql::plan_text(j.plan).c_str(), stdout);
+      if (root && !ledger.empty()) std::printf("--explain charged nothing to ledger %s\n", ledger.c_str());
       return 0;
     }
     // Rank 0 makes and locks --out before anything is charged or read: one that cannot be made is refused before

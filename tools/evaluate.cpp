@@ -96,8 +96,8 @@ RunInfo read_run(const std::string& dir, const char* role) {
   if (dir.empty())
     throw ConfigError(fmt::format("{} needs a directory (the output directory of a dpstream run)", role));
   if (!fs::is_directory(dir, ec))
-    throw InputError(
-        fmt::format("{} {}: no such directory; give the output directory of a finished `dpstream run`", role, dir));
+    throw InputError(fmt::format("{} {}: {}; give the output directory of a finished `dpstream run`", role, dir,
+                                 fs::exists(dir, ec) ? "not a directory" : "no such directory"));
   run.releases = run.dir / "releases.csv";
   run.summary = run.dir / "summary.json";
   if (!fs::is_regular_file(run.releases, ec))

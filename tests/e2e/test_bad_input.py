@@ -427,6 +427,14 @@ def main():
             expect_failure(c.run(c.job, "--out", ""), 2, c.out, ["--out", "empty"])
             assert sorted(os.listdir(c.dir)) == before, f"a refused run made {sorted(os.listdir(c.dir))}"
 
+        def messages_name_the_command_and_the_path():
+            c = new("messages")
+            run = dp.run("budget", cwd=c.dir)
+            expect_failure(run, 2, c.out, ["no job spec given", "dpstream budget JOB.toml"])
+            a_file = write(os.path.join(c.dir, "releases.csv"), "window,trigger,key,count,sum\n")
+            run = dp.run("evaluate", "--truth", a_file, "--released", c.dir, cwd=c.dir)
+            expect_failure(run, 3, c.out, ["--truth", "not a directory"])
+
         def unknown_command():
             c = new("unknown command")
             run = dp.run("frobnicate", cwd=c.dir)
@@ -517,6 +525,8 @@ def main():
         results.check("--set job.name= (empty) -> exit 2", set_errors_name_the_set("job.name=", ["must not be empty"]))
         results.check("--out \"\" -> exit 2, no default directory made", empty_out_option)
         results.check("an unknown command -> exit 2 naming it and the commands", unknown_command)
+        results.check("budget without a spec names budget; evaluate --truth FILE says it is not a directory",
+                      messages_name_the_command_and_the_path)
         results.check("a file named checkpoint in --out -> exit 4, the file kept", foreign_checkpoint_path("file", []))
         results.check("a foreign checkpoint directory, --fresh -> exit 4, its files kept",
                       foreign_checkpoint_path("dir", ["--fresh"]))

@@ -704,6 +704,39 @@ def check_output_refusals(env, state):
     assert run.returncode == 0 and sorted(os.listdir(held)) == ["report.json", "result.csv"], run.describe()
 
 
+OPTIONS_OUT_OF_PLACE = [
+    (["--growing", "0.5", "--target-error", "0.1"], "give one"),
+    (["--growing-first", "5"], "--growing-first is an option of --growing"),
+    (["--target-min-count", "5"], "--target-min-count is an option of --target-error"),
+    (["--target-beta", "7"], "--target-beta is an option of --target-error"),
+    (["--explain", "--target-error", "0.1"], "drop --explain"),
+]
+
+
+def check_options_out_of_place(env, state):
+    """An option that would be ignored is refused (exit 2, nothing written); an OPTIONS(...) number against a text
+    option is a disagreement, not a bare 'stod'."""
+    d = env.dirs("options-out-of-place")
+    rows = [{"uid": f"u{i}", "region": "r", "ts": str(i)} for i in range(20)]
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region", "ts"], rows)
+    q = Query("SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t GROUP BY region", [], [], [])
+    problems = []
+    windows = ["--window-column", "ts", "--windows", "0:0"]
+    for i, (extra, needle) in enumerate(OPTIONS_OUT_OF_PLACE):
+        out = os.path.join(d, f"out{i}")
+        run = env.query(q, csv_path, out, *HUGE, "--seed", "1", *windows, *extra)
+        if run.returncode != 2 or needle not in run.stderr:
+            problems.append(f"{extra}: expected exit 2 naming {needle!r}\n    {run.describe()}")
+        if os.path.exists(out) and os.listdir(out):
+            problems.append(f"{extra}: output written: {sorted(os.listdir(out))}")
+    q_noise = Query("SELECT WITH ANONYMIZATION OPTIONS(noise = 1) region, ANON_COUNT(*) FROM t GROUP BY region",
+                    [], [], [])
+    run = env.query(q_noise, csv_path, os.path.join(d, "noise"), *HUGE, "--seed", "1", "--noise", "gaussian")
+    if run.returncode != 2 or "disagree" not in run.stderr:
+        problems.append(f"OPTIONS(noise = 1) with --noise gaussian: expected 'disagree'\n    {run.describe()}")
+    assert not problems, "\n  ".join(problems)
+
+
 def check_input_refusals(env, state):
     """A header naming a column twice (the user column here: which one is the privacy unit?) and an input that is not
     a regular file are refused before any read (exit 3)."""
@@ -1058,6 +1091,8 @@ def main():
         results.check("(f) bad queries refused before reading data (exit 2, token named, no output)",
                       lambda: check_bad_queries(env, state))
         results.check("WHERE col IS NULL / IS NOT NULL against a direct count", lambda: check_is_null(env, state))
+        results.check("options that would be ignored are refused (exit 2); OPTIONS(noise = 1) against --noise",
+                      lambda: check_options_out_of_place(env, state))
         results.check("refused before a read: a header naming a column twice, /dev/zero as the input (exit 3)",
                       lambda: check_input_refusals(env, state))
         results.check("refused before a charge: an --out that cannot be made, --bad-rows fail, an --out in use",
