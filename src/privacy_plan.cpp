@@ -286,11 +286,17 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   // a user touches <= C keys and each key is tested <= T times per window: union bound C T beta.
   const double tests = static_cast<double>(p.C) * p.T;
   const double beta_cost = (std::exp(one_ledger ? p.epsilon : p.epsilon_selection) + 1.0) * tests;
-  if (!std::isfinite(beta_cost) || !(p.delta_selection / beta_cost >= 1e-300))
+  if (!std::isfinite(beta_cost))
     throw ConfigError(
         fmt::format("{}: [privacy] epsilon = {} is too large to account: the key-selection failure term "
                     "(e^eps_sel + 1) C T beta leaves no usable beta; use a smaller epsilon",
                     c.source, p.epsilon));
+  if (!(p.delta_selection / beta_cost >= 1e-300))  // both make it: a tiny delta or a large (finite) e^eps
+    throw ConfigError(fmt::format(
+        "{}: [privacy] delta = {} with epsilon = {} leaves no usable beta: key selection's share of delta ({:.3g}) "
+        "over the failure term's (e^eps_sel + 1) C T = {:.3g} is below 1e-300; use a larger delta or a smaller "
+        "epsilon",
+        c.source, p.delta, p.epsilon, p.delta_selection, beta_cost));
   p.beta_defaulted = !pc.beta.has_value();
   p.beta = pc.beta ? *pc.beta : p.delta_selection / (2.0 * beta_cost);  // default: half of selection's delta
   p.delta_beta = beta_cost * p.beta;

@@ -612,6 +612,9 @@ REFUSALS = [
     ("sum with clamp [0, 0]", {"privacy": {"clamp_min": 0.0, "clamp_max": 0.0}}, ["clamp", "[\"count\"]"]),
     ("epsilon so small that sigma leaves the sampler's range", {"privacy": {"epsilon": 1e-7}}, ["epsilon"]),
     ("epsilon absurdly large (1e4)", {"privacy": {"epsilon": 1e4}}, ["epsilon"]),
+    # A tiny delta (the smallest double), not the small epsilon, leaves no beta: the message must name delta.
+    ("delta so small that no beta is left (5e-324)", {"privacy": {"delta": 5e-324, "epsilon": 0.1}},
+     ["delta = 5e-324", "larger delta"]),
     ("epsilon absurdly large (1e4), composition = \"basic\"", {"privacy": {"epsilon": 1e4, "composition": "basic"}},
      ["epsilon"]),
     # The composition must fit the mode (PRIVACY.md sections 7-8).
