@@ -487,8 +487,26 @@ std::vector<BlockSpend> Ledger::blocks(const std::vector<std::int64_t>& extra) c
   return out;
 }
 
+std::optional<std::pair<std::int64_t, std::int64_t>> Ceiling::block_time(std::int64_t block) const {
+  std::int64_t start = 0, end = 0;
+  if (__builtin_mul_overflow(block, block_seconds, &start) || __builtin_add_overflow(start, block_seconds, &end))
+    return std::nullopt;
+  return std::pair{start, end};
+}
+
+std::string Ceiling::block_time_text(std::int64_t block) const {
+  const auto t = block_time(block);
+  return t ? fmt::format("[{}, {})", t->first, t->second) : std::string("outside int64 seconds");
+}
+
 Admission Ledger::admit(const Request& r) {
   if (r.blocks.empty()) throw std::invalid_argument("ledger: a request names no block");
+  for (const std::int64_t block : r.blocks)
+    if (!ceiling_.block_time(block))
+      throw std::invalid_argument(fmt::format(
+          "ledger {}: block {} of {} s lies outside int64 event time (no record's time can fall in it); read "
+          "other windows",
+          db_->path, block, ceiling_.block_seconds));
   db_->exec("BEGIN IMMEDIATE");  // the write lock first: nobody else admits until COMMIT
   try {
     verify_chain(db_->handle, db_->path);  // as of this transaction, not as of the open
@@ -516,11 +534,11 @@ Admission Ledger::admit(const Request& r) {
       with_request.push_back(c);
       if (!within(account(block, std::move(with_request), ceiling_, false), ceiling_))
         return refuse(fmt::format(
-            "ledger {}: block {} (event time [{}, {}) s) cannot admit job '{}': it asks {}; {}; the ceiling per block "
-            "is (epsilon, delta) = ({:.6g}, {:.3g}). Lower [privacy] epsilon, or read other windows",
-            db_->path, block, block * ceiling_.block_seconds, (block + 1) * ceiling_.block_seconds, r.job,
-            describe_ask(r), describe_left(account(block, std::move(charges), ceiling_)), ceiling_.epsilon,
-            ceiling_.delta));
+            "ledger {}: block {} (event time {} s) cannot admit job '{}': it asks {}; {}; the ceiling per block "
+            "is (epsilon, delta) = ({:.6g}, {:.3g}). Lower the job's epsilon, or its delta where the delta alone "
+            "exceeds what is left ([privacy] of a job spec; --epsilon and --delta of a query), or read other windows",
+            db_->path, block, ceiling_.block_time_text(block), r.job, describe_ask(r),
+            describe_left(account(block, std::move(charges), ceiling_)), ceiling_.epsilon, ceiling_.delta));
     }
     if (already == r.blocks.size()) {
       db_->exec("ROLLBACK");

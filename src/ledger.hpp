@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dpstream::ledger {
@@ -19,6 +20,9 @@ namespace dpstream::ledger {
 struct Ceiling {
   double epsilon = 0, delta = 0;   // per block
   std::int64_t block_seconds = 0;  // a block is the event-time window [b s, (b + 1) s)
+  // Block b's event time [b s, (b + 1) s) in seconds, or nullopt where it leaves int64 (no record's time falls there).
+  std::optional<std::pair<std::int64_t, std::int64_t>> block_time(std::int64_t block) const;
+  std::string block_time_text(std::int64_t block) const;  // "[start, end)", or "outside int64 seconds"
 };
 
 // What one job asks of each block it reads. A zCDP job (composition "zcdp") is a rho-zCDP mechanism

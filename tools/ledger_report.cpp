@@ -42,8 +42,9 @@ nlohmann::json ledger_json(const std::string& path, const ledger::Ledger& book, 
                       {"blocks", nlohmann::json::array()}};
   if (const auto r = book.retired_through()) j["retired_through"] = *r;
   for (const auto& b : book.blocks()) {
+    const auto time = g.block_time(b.block);  // null: outside int64 seconds
     nlohmann::json bj = {{"block", b.block},
-                         {"event_time", {b.block * g.block_seconds, (b.block + 1) * g.block_seconds}},
+                         {"event_time", time ? nlohmann::json{time->first, time->second} : nlohmann::json(nullptr)},
                          {"retired", b.retired},
                          {"charges", b.charges.size()},
                          {"accounting", b.zcdp ? "zcdp" : "basic"},
@@ -75,9 +76,9 @@ std::string ledger_text(const std::string& path, const ledger::Ledger& book, boo
   if (blocks.empty()) out += "no block has been charged yet\n";
   for (const auto& b : blocks) {
     out += fmt::format(
-        "block {} [{}, {}) s{}: {} charge(s), spent epsilon {:.6g}{}, left epsilon {:.6g}{}\n", b.block,
-        b.block * g.block_seconds, (b.block + 1) * g.block_seconds, b.retired ? " (retired)" : "", b.charges.size(),
-        b.epsilon, b.zcdp ? fmt::format(" (zCDP rho {:.6g})", b.rho) : fmt::format(", delta {:.3g}", b.delta),
+        "block {} {} s{}: {} charge(s), spent epsilon {:.6g}{}, left epsilon {:.6g}{}\n", b.block,
+        g.block_time_text(b.block), b.retired ? " (retired)" : "", b.charges.size(), b.epsilon,
+        b.zcdp ? fmt::format(" (zCDP rho {:.6g})", b.rho) : fmt::format(", delta {:.3g}", b.delta),
         std::max(0.0, b.epsilon_left),
         b.zcdp ? fmt::format(" (rho {:.6g})", b.rho_left) : fmt::format(", delta {:.3g}", std::max(0.0, b.delta_left)));
     if (!explain) continue;

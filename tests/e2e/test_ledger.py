@@ -233,7 +233,7 @@ def main():
             before = show(ledger)
             r = dp.run_with("run", specs[3], "--out", path("out-r3"))
             assert r.returncode == 2, r.describe()
-            for part in ("block 0", "asks", "left", "Lower [privacy] epsilon"):
+            for part in ("block 0", "asks", "left", "Lower the job's epsilon", "[privacy]", "--epsilon"):
                 assert part in r.stderr, (part, r.stderr)
             assert show(ledger) == before
             assert not os.path.exists(os.path.join(path("out-r3"), "releases.csv"))
@@ -351,7 +351,21 @@ def main():
             r = dp.run_with("ledger", "init", ledger, "--epsilon", 1, "--delta", 1e-6, ranks=1)
             assert r.returncode == 2 and "never re-initialized" in r.stderr, r.describe()
             assert show(ledger) == {}
-        results.check("refusals before any record: mode none, CSV windows, window length, retired, missing, re-init",
+            # Blocks whose event time leaves int64 seconds (blocks -2 and 1 of INT64_MAX s: a query's windows) are
+            # refused, not charged with a wrapped time range.
+            huge = init("huge.db", block=2**63 - 1)
+            table = path("huge.csv")
+            with open(table, "w") as f:
+                f.write("uid,g,ts\nu1,a,5\n")
+            for windows in ("-2:0", "0:1"):
+                r = dp.run_with("query", "SELECT WITH ANONYMIZATION g, ANON_COUNT(*) FROM t GROUP BY g", "--input",
+                                table, "--user-column", "uid", "--epsilon", 1, "--delta", 1e-9, "--window-column", "ts",
+                                "--window-seconds", 2**63 - 1, "--windows", windows, "--ledger", huge, "--out",
+                                path("out-huge" + windows))
+                assert r.returncode == 2 and "outside int64 event time" in r.stderr, r.describe()
+            assert show(huge) == {}
+        results.check("refusals before any record: mode none, CSV windows, window length, retired, missing, re-init, "
+                      "a block outside int64 time",
                       refusals)
         # 7. choose-c charges its window like a job, and is refused once the block is spent.
         def choose_c():
