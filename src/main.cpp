@@ -399,6 +399,7 @@ struct QueryCommand {
   dpstream::sql::QueryOptions opts;
   std::optional<std::uint64_t> seed;
   bool explain = false;
+  mutable std::map<std::string, std::string> filled_by_;  // option -> the source that filled it (a spec, OPTIONS)
   CLI::App* cmd = nullptr;
   void add(CLI::App& app) {
     cmd = app.add_subcommand("query",
@@ -453,7 +454,8 @@ struct QueryCommand {
   }
   // Sets an option the command line left out, as if it had been given there (CLI11 converts and checks it);
   // `where` names the source in the error.
-  static void fill_option(CLI::Option* opt, const std::string& value, const std::string& where) {
+  void fill_option(CLI::Option* opt, const std::string& value, const std::string& where) const {
+    filled_by_[opt->get_name()] = where;  // named, not the option, when a later source disagrees with the value
     opt->add_result(value);
     try {
       opt->run_callback();
@@ -491,7 +493,7 @@ struct QueryCommand {
                         o.column_pos, o.name));
       CLI::Option* opt = cmd->get_option(it->second);
       if (opt->count() == 0) {
-        fill_option(opt, o.value.text, fmt::format("query: OPTIONS({})", o.name));
+        fill_option(opt, o.value.text, fmt::format("OPTIONS({})", o.name));
         continue;
       }
       const std::string given = opt->as<std::string>();
@@ -499,9 +501,12 @@ struct QueryCommand {
       const double number = std::strtod(given.c_str(), &end);  // a text option against a number: they disagree
       const bool same =
           o.value.is_string ? given == o.value.text : !given.empty() && *end == '\0' && number == o.value.number;
+      const auto filled = filled_by_.find(opt->get_name());
+      const std::string source =
+          filled != filled_by_.end() ? fmt::format("{} = {}", filled->second, given) : it->second + " " + given;
       if (!same)
-        throw dpstream::ConfigError(fmt::format("query: OPTIONS({} = {}) and {} {} disagree; give it once", o.name,
-                                                o.value.text, it->second, given));
+        throw dpstream::ConfigError(
+            fmt::format("query: OPTIONS({} = {}) and {} disagree; give it once", o.name, o.value.text, source));
     }
   }
 

@@ -28,8 +28,11 @@ std::string composition_text(const ledger::BlockSpend& b, const ledger::Ceiling&
         "epsilon {:.6g} = the smallest eps with zcdp_delta(rho, eps) + one-sided + (e^eps + 1) "
         "coupled <= delta_g (Canonne-Kamath-Steinke conversion; docs/LEDGER.md)",
         b.rho, b.charges.size(), b.delta_extra, b.coupled, b.epsilon);
-  return fmt::format("basic composition of {} charge(s) (not every charge is zCDP): epsilon {:.6g}, delta {:.3g}",
-                     b.charges.size(), b.epsilon, b.delta);
+  const bool all_zcdp = std::all_of(b.charges.begin(), b.charges.end(), [](const auto& c) { return c.zcdp; });
+  return fmt::format("basic composition of {} charge(s) ({}): epsilon {:.6g}, delta {:.3g}", b.charges.size(),
+                     all_zcdp ? "every charge is zCDP, but the sum of their own (epsilon, delta) is the smaller bound"
+                              : "not every charge is zCDP",
+                     b.epsilon, b.delta);
   (void)g;
 }
 }  // namespace

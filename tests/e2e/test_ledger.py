@@ -218,6 +218,11 @@ def main():
                     assert got["epsilon_spent"] <= CEILING_EPS * (1 + 1e-12)
             r = dp.run_with("ledger", "explain", ledger, ranks=1)
             assert r.returncode == 0 and "job 'c'" in r.stdout and "basic composition" in r.stdout, r.describe()
+            # A basic block says why: a charge that is not zCDP, or every charge zCDP and basic the smaller bound.
+            for w, cs in charged.items():
+                if expected_block(cs)["accounting"] == "basic":
+                    why = "every charge is zCDP, but" if all(c["zcdp"] for c in cs) else "not every charge is zCDP"
+                    assert why in r.stdout, (w, why, r.stdout)
         results.check("accounting: every block as recomputed from the jobs' own budgets (zcdp and mixed)", accounting)
 
         # 2. Refusal: a fourth eps-3 job on a block holding three; nothing written, ledger unchanged.

@@ -734,6 +734,13 @@ def check_options_out_of_place(env, state):
     run = env.query(q_noise, csv_path, os.path.join(d, "noise"), *HUGE, "--seed", "1", "--noise", "gaussian")
     if run.returncode != 2 or "disagree" not in run.stderr:
         problems.append(f"OPTIONS(noise = 1) with --noise gaussian: expected 'disagree'\n    {run.describe()}")
+    # Two spellings of k in OPTIONS: the disagreement names the first one, not an option that was never given.
+    q_k = Query("SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 2, kappa = 3) region, ANON_COUNT(*) "
+                "FROM t GROUP BY region", [], [], [])
+    run = env.query(q_k, csv_path, os.path.join(d, "kappa"), *HUGE, "--seed", "1")
+    want = "OPTIONS(kappa = 3) and OPTIONS(max_groups_contributed) = 2 disagree"
+    if run.returncode != 2 or want not in run.stderr:
+        problems.append(f"two spellings of k: expected {want!r}\n    {run.describe()}")
     assert not problems, "\n  ".join(problems)
 
 
