@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -552,10 +553,19 @@ struct QueryCommand {
                                           : SelectionKind::Gaussian;
     o.noise = noise == "laplace" ? NoiseKind::Laplace : NoiseKind::Gaussian;
     if (!windows.empty()) {
-      long long a = 0, b = 0;
-      char extra = 0;
-      if (std::sscanf(windows.c_str(), "%lld:%lld%c", &a, &b, &extra) != 2)
-        throw dpstream::ConfigError(fmt::format("--windows {}: write A:B, two window numbers, e.g. 20:26", windows));
+      // Two int64 window numbers and nothing else (sscanf's %lld clamped one beyond int64 without a word).
+      std::int64_t a = 0, b = 0;
+      const char* const end = windows.data() + windows.size();
+      const auto number = [end](const char* p, std::int64_t& v) {  // from_chars, with an optional '+' as sscanf's
+        return std::from_chars(p != end && *p == '+' && p + 1 != end && p[1] != '-' ? p + 1 : p, end, v);
+      };
+      const auto first = number(windows.data(), a);
+      const auto second = first.ec == std::errc() && first.ptr != end && *first.ptr == ':'
+                              ? number(first.ptr + 1, b)
+                              : std::from_chars_result{end, std::errc::invalid_argument};
+      if (second.ec != std::errc() || second.ptr != end)
+        throw dpstream::ConfigError(fmt::format(
+            "--windows {}: write A:B, two window numbers (integers of at most 19 digits), e.g. 20:26", windows));
       o.windows.first = a, o.windows.last = b;
     }
     try {

@@ -734,6 +734,12 @@ def check_options_out_of_place(env, state):
     run = env.query(q_noise, csv_path, os.path.join(d, "noise"), *HUGE, "--seed", "1", "--noise", "gaussian")
     if run.returncode != 2 or "disagree" not in run.stderr:
         problems.append(f"OPTIONS(noise = 1) with --noise gaussian: expected 'disagree'\n    {run.describe()}")
+    # --windows beyond int64 or with trailing text: refused, not clamped or cut.
+    for value in ("99999999999999999999:1", "1:2x", "1:", "+-1:2"):
+        run = env.query(q, csv_path, os.path.join(d, "windows"), *HUGE, "--seed", "1", "--window-column", "ts",
+                        "--windows", value)
+        if run.returncode != 2 or f"--windows {value}: write A:B" not in run.stderr:
+            problems.append(f"--windows {value}: expected exit 2 naming it\n    {run.describe()}")
     # Two spellings of k in OPTIONS: the disagreement names the first one, not an option that was never given.
     q_k = Query("SELECT WITH ANONYMIZATION OPTIONS(max_groups_contributed = 2, kappa = 3) region, ANON_COUNT(*) "
                 "FROM t GROUP BY region", [], [], [])
