@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,12 +10,14 @@
 #include <absl/container/flat_hash_set.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "partition/hash.hpp"
 #include "src/errors.hpp"
@@ -116,6 +119,69 @@ const char* number_problem(NumberCheck c) {
   return "is not a number";
 }
 
+namespace {
+
+// Mappings a SIGBUS may come from: their range and the line to print, published by `begin` (release) once the rest
+// is written. Read by the signal handler, which may only use async-signal-safe calls (write, _exit, sigaction).
+constexpr int kGuardedMappings = 16;
+struct GuardedMapping {
+  std::atomic<const char*> begin{nullptr};
+  std::atomic<std::size_t> size{0};
+  std::atomic<bool> claimed{false};
+  char message[768] = {};
+};
+GuardedMapping g_guarded[kGuardedMappings];
+struct sigaction g_previous_sigbus {};
+
+extern "C" void on_sigbus(int, siginfo_t* info, void*) {
+  const char* at = static_cast<const char*>(info->si_addr);
+  for (const GuardedMapping& g : g_guarded) {
+    const char* begin = g.begin.load(std::memory_order_acquire);
+    if (begin != nullptr && at >= begin && at < begin + g.size.load(std::memory_order_relaxed)) {
+      const ssize_t ignored = ::write(STDERR_FILENO, g.message, std::strlen(g.message));
+      (void)ignored;
+      ::_exit(kExitInput);
+    }
+  }
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);  // not a guarded file's: the fault repeats, handled as before
+}
+
+// Guards [data, data + size) of `path`; returns its slot, or -1 when every slot is taken. The handler is installed
+// on first use (after MPI_Init: Open MPI's own handler stays in place for every other SIGBUS).
+int guard_mapping(const char* data, std::size_t size, const std::string& path) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+  for (int i = 0; i < kGuardedMappings; ++i) {
+    GuardedMapping& g = g_guarded[i];
+    bool free = false;
+    if (!g.claimed.compare_exchange_strong(free, true)) continue;
+    const std::string line = fmt::format(
+        "dpstream: input error: input file {} shrank while it was read (its end was cut off): keep the input "
+        "unchanged until the job ends, then run again\n",
+        path.substr(0, 512));
+    std::memcpy(g.message, line.data(), std::min(line.size(), sizeof g.message - 1));
+    g.message[std::min(line.size(), sizeof g.message - 1)] = '\0';
+    g.size.store(size, std::memory_order_relaxed);
+    g.begin.store(data, std::memory_order_release);
+    return i;
+  }
+  return -1;
+}
+
+void unguard_mapping(int slot) {
+  if (slot < 0) return;
+  g_guarded[slot].begin.store(nullptr, std::memory_order_release);
+  g_guarded[slot].claimed.store(false, std::memory_order_release);
+}
+
+}  // namespace
+
 MappedFile::MappedFile(const std::string& path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw InputError(fmt::format("cannot open input file {}: {}", path, errno_text(errno)));
@@ -133,10 +199,12 @@ MappedFile::MappedFile(const std::string& path) {
     }
     data_ = static_cast<const char*>(p);
     ::madvise(p, size_, MADV_SEQUENTIAL);
+    guard_ = guard_mapping(data_, size_, path);
   }
 }
 
 MappedFile::~MappedFile() {
+  unguard_mapping(guard_);  // before the range may be mapped again for something else
   if (data_) ::munmap(const_cast<char*>(data_), size_);
   if (fd_ >= 0) ::close(fd_);
 }

@@ -18,7 +18,9 @@
 
 namespace dpstream {
 
-// Read-only mapping of a whole file (RAII); throws InputError naming the file.
+// Read-only mapping of a whole file (RAII); throws InputError naming the file. A file that shrinks while mapped would
+// raise SIGBUS where its lost pages are read: while a MappedFile lives, that ends the process with exit code
+// kExitInput and a line naming the file, not a crash (up to 16 files mapped at once; more are unguarded).
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);
@@ -31,6 +33,7 @@ class MappedFile {
   int fd_ = -1;
   const char* data_ = nullptr;
   std::size_t size_ = 0;
+  int guard_ = -1;  // its slot in the SIGBUS guard, or -1
 };
 
 // One field of a CSV line: the text between the quotes when quoted, "" still doubled when `escaped`.

@@ -7,6 +7,13 @@
 
 namespace dpstream {
 
+// The process's exit codes (README.md): each error kind below has its own.
+constexpr int kExitOther = 1;       // unexpected (MPI_Abort)
+constexpr int kExitConfig = 2;      // ConfigError
+constexpr int kExitInput = 3;       // InputError
+constexpr int kExitCheckpoint = 4;  // CheckpointError
+constexpr int kExitStopped = 5;     // a clean stop on a signal
+
 // A job spec value or command-line option is wrong.
 class ConfigError : public std::runtime_error {
  public:

@@ -51,11 +51,11 @@ const CLI::Validator kPositiveFinite(
     },
     "NUMBER > 0");
 
-constexpr int kExitConfig = 2;
-constexpr int kExitInput = 3;
-constexpr int kExitCheckpoint = 4;
-constexpr int kExitStopped = 5;
-constexpr int kExitOther = 1;
+using dpstream::kExitCheckpoint;
+using dpstream::kExitConfig;
+using dpstream::kExitInput;
+using dpstream::kExitOther;
+using dpstream::kExitStopped;
 
 struct JobArgs {
   std::string command;  // run, bench, ... (for messages)
