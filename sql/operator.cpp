@@ -424,9 +424,19 @@ void write_outputs(const QueryJob& job, const std::vector<SortedRow>& rows, cons
   for (const SelectItem& s : job.plan.query.select) names.push_back(csv_field(s.name));
   csv += fmt::format("{}\n", fmt::join(names, ","));
   for (const auto& r : rows) csv += r.line;
+  // Both texts before either file (the query's text may hold invalid UTF-8: replaced in the report, not fatal), and
+  // both files or neither: a report that cannot be written takes the result with it.
+  const std::string report_text = report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   fs::create_directories(job.out_dir);
-  write_file_atomically(fs::path(job.out_dir) / "result.csv", csv);
-  write_file_atomically(fs::path(job.out_dir) / "report.json", report.dump(2) + "\n");
+  const fs::path result = fs::path(job.out_dir) / "result.csv";
+  write_file_atomically(result, csv);
+  try {
+    write_file_atomically(fs::path(job.out_dir) / "report.json", report_text);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(result, ec);  // refuse_existing_outputs saw none there, and --out is this query's (locked)
+    throw;
+  }
 }
 
 // The ledger's charge for the query on each window it reads (Sage's block composition: a query over the
@@ -453,7 +463,11 @@ ledger::Request ledger_request(const QueryJob& job, const noise::Secret& secret)
   r.epsilon = spans ? 2 * p.eps_total : p.eps_total;
   r.delta = spans ? (1 + std::exp(p.eps_total)) * p.delta_total : p.delta_total;
   if (spans) r.mechanism += " (group privacy 2 per block: a block holds part of a user's rows)";
-  for (std::int64_t b = *w.first; b <= *w.last; ++b) r.blocks.push_back(b);
+  // From first to last without ++ past the last (last may be INT64_MAX); check_query_job bounds the span.
+  for (std::int64_t b = *w.first;; ++b) {
+    r.blocks.push_back(b);
+    if (b == *w.last) break;
+  }
   const std::string fingerprint =
       fmt::format("query\n{}\n{}\n{}\n{}", job.text, job.input, plan_json(p).dump(), w.per_window);
   r.run_id = ledger::run_id(secret.data(), secret.size(), fingerprint);
@@ -508,7 +522,9 @@ void check_query_job(const QueryJob& job) {
           "reading, never found in the data");
     if (job.seed)
       throw ConfigError("--ledger with --seed: a seeded query is not private (its noise is known); drop one of them");
-    if (*w.last - *w.first >= 100000) throw ConfigError("--windows A:B spans more than 100000 windows");
+    std::int64_t span = 0;  // B - A (plan_query checked A <= B), which may leave int64: A far below 0, B far above
+    if (__builtin_sub_overflow(*w.last, *w.first, &span) || span >= 100000)
+      throw ConfigError("--windows A:B spans more than 100000 windows");
   }
   refuse_existing_outputs(job);
 }
@@ -671,15 +687,21 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
                                              {"gather_and_sort", counters.write_s},
                                              {"total_before_write", counters.total_s},
                                              {"ranks", comm.size()}};
-      write_outputs(job, sorted, report);
+      try {
+        write_outputs(job, sorted, report);
+      } catch (const std::exception& e) {  // the file system's refusal (full, read-only): both files are absent
+        error = fmt::format("W{}", e.what());
+      }
     } catch (const std::exception& e) {
-      error = e.what();
+      error = fmt::format("X{}", e.what());
     }
-  if (error = comm.agree_on_error(error); !error.empty())
+  if (error = comm.agree_on_error(error); !error.empty()) {
+    if (error[0] != 'W') throw std::runtime_error(error.substr(1));  // not the data's: a bug (MPI_Abort)
     throw ConfigError(
-        fmt::format("cannot write the query's output to {}: {}; nothing was written (choose another "
-                    "--out, or free space)",
-                    job.out_dir, error));
+        fmt::format("cannot write the query's output to {}: {}; neither result.csv nor report.json was "
+                    "written (free space, or choose another --out)",
+                    job.out_dir, error.substr(1)));
+  }
   return counters;
 }
 

@@ -27,6 +27,7 @@ std::size_t column_index(const std::vector<std::string>& header, const std::stri
                                  name, path, name, quoted_header(header)),
                      pos);
   (void)role;
+  refuse_repeated_column(path, header, name);  // which of two columns of this name the query means is ambiguous
   return static_cast<std::size_t>(it - header.begin());
 }
 
@@ -233,10 +234,6 @@ std::vector<std::string> read_header(const std::string& path) {
   std::vector<std::string> header;
   if (!split_csv_header(line, header))
     throw InputError(fmt::format("{}: the header line is not valid CSV (unbalanced quotes)", path));
-  std::vector<std::string> sorted = header;  // a query may name any column: none may repeat
-  std::sort(sorted.begin(), sorted.end());
-  if (const auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end())
-    refuse_repeated_column(path, header, *twice);
   return header;
 }
 
@@ -252,6 +249,7 @@ TableLayout table_layout(const std::string& path, const Query& query, const std:
                     "identifies the user",
                     path, user_column, quoted_header(t.header)));
   t.user = static_cast<std::size_t>(it - t.header.begin());
+  refuse_repeated_column(path, t.header, user_column);
   for (const std::string& g : query.group_by) {
     std::size_t pos = 0;
     for (const SelectItem& s : query.select)
@@ -271,6 +269,7 @@ TableLayout table_layout(const std::string& path, const Query& query, const std:
       throw InputError(fmt::format("{} has no column {} for --window-column (its header: {})", path, windows.column,
                                    quoted_header(t.header)));
     t.window = static_cast<std::size_t>(w - t.header.begin());
+    refuse_repeated_column(path, t.header, windows.column);
     t.windows = windows;
   }
   return t;
@@ -345,10 +344,9 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
     for_each_csv_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
       ++out.stats.rows;
       if (!split_csv_line(line, fields)) return bad(offset, line, "unbalanced quotes", "unbalanced quotes");
-      if (fields.size() != layout.fields) {
-        const std::string why = fmt::format("{} fields where the header has {}", fields.size(), layout.fields);
-        return bad(offset, line, why, why);
-      }
+      if (fields.size() != layout.fields)
+        return bad(offset, line, fmt::format("{} fields where the header has {}", fields.size(), layout.fields),
+                   fmt::format("not the header's {} fields", layout.fields));
       if (fields[layout.user].empty()) {
         const std::string why = fmt::format("empty {}", layout.header[layout.user]);
         return bad(offset, line, why, why);

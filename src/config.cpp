@@ -524,11 +524,10 @@ JobConfig load_job(const std::string& path, const std::vector<std::string>& over
   if (std::filesystem::is_directory(st))
     throw ConfigError(
         fmt::format("job spec {} is a directory; give a job spec file (TOML), e.g. jobs/demo.toml", path));
-  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))  // /dev/zero would never end
-    throw ConfigError(
-        fmt::format("job spec {} is not a regular file (a device, FIFO or socket); give a job spec file (TOML), e.g. "
-                    "jobs/demo.toml",
-                    path));
+  // A device (/dev/zero would never end) or socket; a FIFO is read as it comes (`dpstream budget <(envsubst < t)`).
+  if (std::filesystem::is_character_file(st) || std::filesystem::is_block_file(st) || std::filesystem::is_socket(st))
+    throw ConfigError(fmt::format(
+        "job spec {} is a device or socket, not a file; give a job spec file (TOML), e.g. jobs/demo.toml", path));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw ConfigError(fmt::format("cannot open job spec {}: check the path (job specs live under jobs/)", path));
   std::ostringstream ss;

@@ -122,28 +122,32 @@ const char* number_problem(NumberCheck c) {
 namespace {
 
 // Mappings a SIGBUS may come from: their range and the line to print, published by `begin` (release) once the rest
-// is written. Read by the signal handler, which may only use async-signal-safe calls (write, _exit, sigaction).
+// is written. Read by the signal handler, which makes async-signal-safe calls only (write, _exit, sigaction, raise).
 constexpr int kGuardedMappings = 16;
 struct GuardedMapping {
   std::atomic<const char*> begin{nullptr};
   std::atomic<std::size_t> size{0};
   std::atomic<bool> claimed{false};
+  std::atomic<std::size_t> length{0};  // of message
   char message[768] = {};
 };
 GuardedMapping g_guarded[kGuardedMappings];
 struct sigaction g_previous_sigbus {};
 
 extern "C" void on_sigbus(int, siginfo_t* info, void*) {
+  const bool fault = info->si_code > 0;  // raised by the kernel (si_addr is the address), not sent by kill(2)
   const char* at = static_cast<const char*>(info->si_addr);
   for (const GuardedMapping& g : g_guarded) {
     const char* begin = g.begin.load(std::memory_order_acquire);
-    if (begin != nullptr && at >= begin && at < begin + g.size.load(std::memory_order_relaxed)) {
-      const ssize_t ignored = ::write(STDERR_FILENO, g.message, std::strlen(g.message));
+    if (fault && begin != nullptr && at >= begin && at < begin + g.size.load(std::memory_order_relaxed)) {
+      const ssize_t ignored = ::write(STDERR_FILENO, g.message, g.length.load(std::memory_order_relaxed));
       (void)ignored;
       ::_exit(kExitInput);
     }
   }
-  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);  // not a guarded file's: the fault repeats, handled as before
+  // Not a guarded file's: handled as before. A fault repeats when the instruction does; a sent signal is sent again.
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+  if (!fault) ::raise(SIGBUS);
 }
 
 // Guards [data, data + size) of `path`; returns its slot, or -1 when every slot is taken. The handler is installed
@@ -165,8 +169,9 @@ int guard_mapping(const char* data, std::size_t size, const std::string& path) {
         "dpstream: input error: input file {} shrank while it was read (its end was cut off): keep the input "
         "unchanged until the job ends, then run again\n",
         path.substr(0, 512));
-    std::memcpy(g.message, line.data(), std::min(line.size(), sizeof g.message - 1));
-    g.message[std::min(line.size(), sizeof g.message - 1)] = '\0';
+    const std::size_t length = std::min(line.size(), sizeof g.message);
+    std::memcpy(g.message, line.data(), length);
+    g.length.store(length, std::memory_order_relaxed);
     g.size.store(size, std::memory_order_relaxed);
     g.begin.store(data, std::memory_order_release);
     return i;

@@ -17,6 +17,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <system_error>
@@ -489,14 +490,16 @@ std::vector<BlockSpend> Ledger::blocks(const std::vector<std::int64_t>& extra) c
 
 std::optional<std::pair<std::int64_t, std::int64_t>> Ceiling::block_time(std::int64_t block) const {
   std::int64_t start = 0, end = 0;
-  if (__builtin_mul_overflow(block, block_seconds, &start) || __builtin_add_overflow(start, block_seconds, &end))
-    return std::nullopt;
+  if (__builtin_mul_overflow(block, block_seconds, &start)) return std::nullopt;
+  if (__builtin_add_overflow(start, block_seconds, &end)) end = std::numeric_limits<std::int64_t>::max();
   return std::pair{start, end};
 }
 
 std::string Ceiling::block_time_text(std::int64_t block) const {
   const auto t = block_time(block);
-  return t ? fmt::format("[{}, {})", t->first, t->second) : std::string("outside int64 seconds");
+  if (!t) return "outside int64 seconds";
+  const bool to_the_end = t->second == std::numeric_limits<std::int64_t>::max();  // the last second included
+  return fmt::format("[{}, {}{} s", t->first, t->second, to_the_end ? "]" : ")");
 }
 
 Admission Ledger::admit(const Request& r) {
@@ -534,7 +537,7 @@ Admission Ledger::admit(const Request& r) {
       with_request.push_back(c);
       if (!within(account(block, std::move(with_request), ceiling_, false), ceiling_))
         return refuse(fmt::format(
-            "ledger {}: block {} (event time {} s) cannot admit job '{}': it asks {}; {}; the ceiling per block "
+            "ledger {}: block {} (event time {}) cannot admit job '{}': it asks {}; {}; the ceiling per block "
             "is (epsilon, delta) = ({:.6g}, {:.3g}). Lower the job's epsilon, or its delta where the delta alone "
             "exceeds what is left ([privacy] of a job spec; --epsilon and --delta of a query), or read other windows",
             db_->path, block, ceiling_.block_time_text(block), r.job, describe_ask(r),

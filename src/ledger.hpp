@@ -20,9 +20,10 @@ namespace dpstream::ledger {
 struct Ceiling {
   double epsilon = 0, delta = 0;   // per block
   std::int64_t block_seconds = 0;  // a block is the event-time window [b s, (b + 1) s)
-  // Block b's event time [b s, (b + 1) s) in seconds, or nullopt where it leaves int64 (no record's time falls there).
+  // Block b's event time [b s, (b + 1) s) in seconds, its end cut to INT64_MAX (then included) where (b + 1) s leaves
+  // int64; nullopt where b s does (no record's time falls in the block).
   std::optional<std::pair<std::int64_t, std::int64_t>> block_time(std::int64_t block) const;
-  std::string block_time_text(std::int64_t block) const;  // "[start, end)", or "outside int64 seconds"
+  std::string block_time_text(std::int64_t block) const;  // "[start, end) s", or "outside int64 seconds"
 };
 
 // What one job asks of each block it reads. A zCDP job (composition "zcdp") is a rho-zCDP mechanism

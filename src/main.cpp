@@ -613,12 +613,26 @@ struct QueryCommand {
     // a ledger is charged, and a second query into it while this one runs is refused. Then the outputs are looked
     // for again: the check above ran before the lock.
     std::unique_ptr<dpstream::OutputLock> out_lock;
+    bool made_out = false;  // rank 0 made --out: a refusal from here on removes it again while it is empty
     dpstream::shuffle::on_all_ranks<dpstream::ConfigError>(comm, [&] {
       if (!root) return;
+      std::error_code ec;
+      made_out = !std::filesystem::exists(j.out_dir, ec);
       out_lock = std::make_unique<dpstream::OutputLock>(j.out_dir, true);
       if (!out_lock->note().empty()) std::fprintf(stderr, "dpstream: note: %s\n", out_lock->note().c_str());
       dpstream::sql::refuse_existing_outputs(j);
     });
+    try {
+      return release(j, comm, root);
+    } catch (...) {
+      std::error_code ec;
+      if (made_out && std::filesystem::is_empty(j.out_dir, ec)) std::filesystem::remove(j.out_dir, ec);
+      throw;
+    }
+  }
+
+  // The query's release (one, a growing stream's or an accuracy-targeted one) into --out, held by rank 0.
+  int release(const dpstream::sql::QueryJob& j, const dpstream::shuffle::Comm& comm, bool root) const {
     if (growing > 0) {
       const auto schedule = dpstream::sql::run_growing(j, growing, growing_first, comm);
       if (root)

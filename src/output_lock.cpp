@@ -56,15 +56,13 @@ KeptLock& kept_lock() {
 }
 
 // The kept lock when it is `fd`'s directory's (fd is closed: the kept descriptor holds the lock); else -1, and the
-// kept lock, of another directory, is dropped. A kept directory since removed is another (its inode number may
-// have been given to a new one).
+// kept lock, of another directory, is dropped. The kept descriptor holds its directory's inode, so no new directory
+// can have its number: equal (device, inode) is the same directory.
 int take_kept_lock(int fd) {
   KeptLock& kept = kept_lock();
   if (kept.fd < 0) return -1;
-  struct stat st {
-  }, kept_st{};
-  const bool same = ::fstat(fd, &st) == 0 && ::fstat(kept.fd, &kept_st) == 0 && kept_st.st_nlink > 0 &&
-                    st.st_dev == kept.dev && st.st_ino == kept.ino;
+  struct stat st {};
+  const bool same = ::fstat(fd, &st) == 0 && st.st_dev == kept.dev && st.st_ino == kept.ino;
   const int taken = kept.fd;
   kept = KeptLock{};
   if (same) {
@@ -124,7 +122,7 @@ OutputLock::~OutputLock() {
     return;
   }
   KeptLock& kept = kept_lock();
-  if (kept.fd >= 0) ::close(kept.fd);  // not reached: a holder takes or drops the kept lock when it starts
+  if (kept.fd >= 0) ::close(kept.fd);  // only where two holders lived at once: the one ending last is kept
   kept = KeptLock{fd_, st.st_dev, st.st_ino};
 }
 

@@ -79,7 +79,7 @@ std::string ledger_text(const std::string& path, const ledger::Ledger& book, boo
   if (blocks.empty()) out += "no block has been charged yet\n";
   for (const auto& b : blocks) {
     out += fmt::format(
-        "block {} {} s{}: {} charge(s), spent epsilon {:.6g}{}, left epsilon {:.6g}{}\n", b.block,
+        "block {} {}{}: {} charge(s), spent epsilon {:.6g}{}, left epsilon {:.6g}{}\n", b.block,
         g.block_time_text(b.block), b.retired ? " (retired)" : "", b.charges.size(), b.epsilon,
         b.zcdp ? fmt::format(" (zCDP rho {:.6g})", b.rho) : fmt::format(", delta {:.3g}", b.delta),
         std::max(0.0, b.epsilon_left),

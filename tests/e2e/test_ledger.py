@@ -356,19 +356,29 @@ def main():
             r = dp.run_with("ledger", "init", ledger, "--epsilon", 1, "--delta", 1e-6, ranks=1)
             assert r.returncode == 2 and "never re-initialized" in r.stderr, r.describe()
             assert show(ledger) == {}
-            # Blocks whose event time leaves int64 seconds (blocks -2 and 1 of INT64_MAX s: a query's windows) are
-            # refused, not charged with a wrapped time range.
+            # Blocks whose event time starts outside int64 seconds (blocks -2 and 2 of INT64_MAX s: a query's windows)
+            # are refused, not charged with a wrapped time range.
             huge = init("huge.db", block=2**63 - 1)
             table = path("huge.csv")
             with open(table, "w") as f:
                 f.write("uid,g,ts\nu1,a,5\n")
-            for windows in ("-2:0", "0:1"):
+            for windows in ("-2:0", "1:2"):
                 r = dp.run_with("query", "SELECT WITH ANONYMIZATION g, ANON_COUNT(*) FROM t GROUP BY g", "--input",
                                 table, "--user-column", "uid", "--epsilon", 1, "--delta", 1e-9, "--window-column", "ts",
                                 "--window-seconds", 2**63 - 1, "--windows", windows, "--ledger", huge, "--out",
                                 path("out-huge" + windows))
                 assert r.returncode == 2 and "outside int64 event time" in r.stderr, r.describe()
             assert show(huge) == {}
+            # Windows up to INT64_MAX (the charge's loop must stop there) and a span beyond int64 (refused).
+            seconds = init("seconds.db", block=1)
+            top = 2**63 - 1
+            for windows, code in ((f"{top - 1}:{top}", 0), (f"{-top - 1}:{top}", 2)):
+                r = dp.run_with("query", "SELECT WITH ANONYMIZATION g, ANON_COUNT(*) FROM t GROUP BY g", "--input",
+                                table, "--user-column", "uid", "--epsilon", 1, "--delta", 1e-9, "--window-column", "ts",
+                                "--window-seconds", 1, "--windows", windows, "--ledger", seconds, "--out",
+                                path("out-seconds" + windows), timeout=60)
+                assert r.returncode == code, r.describe()
+            assert sorted(show(seconds)) == [top - 1, top], sorted(show(seconds))
         results.check("refusals before any record: mode none, CSV windows, window length, retired, missing, re-init, "
                       "a block outside int64 time",
                       refusals)

@@ -727,13 +727,18 @@ def check_options_out_of_place(env, state):
         run = env.query(q, csv_path, out, *HUGE, "--seed", "1", *windows, *extra)
         if run.returncode != 2 or needle not in run.stderr:
             problems.append(f"{extra}: expected exit 2 naming {needle!r}\n    {run.describe()}")
-        if os.path.exists(out) and os.listdir(out):
-            problems.append(f"{extra}: output written: {sorted(os.listdir(out))}")
+        if os.path.exists(out):
+            problems.append(f"{extra}: {out} made: {sorted(os.listdir(out))}")
     q_noise = Query("SELECT WITH ANONYMIZATION OPTIONS(noise = 1) region, ANON_COUNT(*) FROM t GROUP BY region",
                     [], [], [])
     run = env.query(q_noise, csv_path, os.path.join(d, "noise"), *HUGE, "--seed", "1", "--noise", "gaussian")
     if run.returncode != 2 or "disagree" not in run.stderr:
         problems.append(f"OPTIONS(noise = 1) with --noise gaussian: expected 'disagree'\n    {run.describe()}")
+    # Refused once rank 0 has made and locked --out (here: --growing needs windows): the empty --out it made is removed.
+    out = os.path.join(d, "made-then-refused")
+    run = env.query(q, csv_path, out, *HUGE, "--seed", "1", "--growing", "0.5")
+    if run.returncode != 2 or os.path.exists(out):
+        problems.append(f"--growing without windows: expected exit 2 and no {out}\n    {run.describe()}")
     # --windows beyond int64 or with trailing text: refused, not clamped or cut.
     for value in ("99999999999999999999:1", "1:2x", "1:", "+-1:2"):
         run = env.query(q, csv_path, os.path.join(d, "windows"), *HUGE, "--seed", "1", "--window-column", "ts",
@@ -762,6 +767,12 @@ def check_input_refusals(env, state):
     assert run.returncode == 3 and "'uid' twice" in run.stderr, run.describe()
     run = env.query(q, "/dev/zero", os.path.join(d, "out2"), *HUGE, "--seed", "1")
     assert run.returncode == 3 and "not a regular file" in run.stderr, run.describe()
+    # Repeated columns the query does not read (two empty names, as some exports write) are no ambiguity.
+    unused = os.path.join(d, "unused.csv")
+    with open(unused, "w", encoding="utf-8") as f:
+        f.write("uid,g,,\nu1,a,x,y\n")
+    run = env.query(q, unused, os.path.join(d, "out3"), *HUGE, "--seed", "1")
+    assert run.returncode == 0, run.describe()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ TEST(OutputLock, ASecondHolderIsRefusedUntilTheFirstIsGone) {
     EXPECT_NE(why.find(dir.string()), std::string::npos) << why;
     EXPECT_TRUE(fs::is_empty(dir)) << "the lock makes no file in the directory";
   }
-  EXPECT_EQ(refusal(dir), "") << "the lock is dropped with its holder";
+  EXPECT_EQ(refusal(dir), "") << "the same process, a later holder: the kept lock is taken over";
 }
 
 // flock(2) on a new open description of `dir`, as another job's would be; true if it got the lock (then dropped).
@@ -58,7 +58,7 @@ bool lockable_by_another(const fs::path& dir) {
 
 // Rank 0's holder ends with its engine while other ranks may still write on an error path: the process keeps the lock
 // until it exits, or until it locks again (a later job, after every rank left this one). Locking the same directory
-// again takes the kept lock over; another directory drops it; a removed directory's kept lock is not taken over.
+// again takes the kept lock over; another directory drops it; a new directory of a removed one's name is locked.
 TEST(OutputLock, TheProcessKeepsTheLockUntilItLocksAgain) {
   TempDir tmp;
   const fs::path a = tmp.path / "a", b = tmp.path / "b";
@@ -75,10 +75,10 @@ TEST(OutputLock, TheProcessKeepsTheLockUntilItLocksAgain) {
   EXPECT_TRUE(lockable_by_another(a)) << "locking another directory keeps the first one's lock";
   EXPECT_FALSE(lockable_by_another(b));
   fs::remove_all(b);
-  fs::create_directories(b);  // maybe the removed one's inode number
+  fs::create_directories(b);  // a new directory of the same name
   {
     const dpstream::OutputLock fresh(b, true);
-    EXPECT_FALSE(lockable_by_another(b)) << "a removed directory's lock taken for the new one's";
+    EXPECT_FALSE(lockable_by_another(b)) << "the new directory is not locked";
   }
   { const dpstream::OutputLock last(a, true); }  // drops b's
   EXPECT_TRUE(lockable_by_another(b));
