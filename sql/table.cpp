@@ -329,10 +329,11 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
   std::vector<std::string> fields;
   std::vector<std::optional<double>> number(layout.fields), values(layout.values.size());
   std::string encoded;  // the row's group, reused
-  // `reason` names the column and the problem without the row's bytes: the query is private, and the first skipped
-  // row's reason goes to stderr (policy fail, only for a seeded query, quotes the row: `why`).
-  auto bad = [&](std::size_t offset, std::string_view line, const std::string& why, const std::string& reason) {
-    if (out.stats.bad++ == 0) out.stats.first_bad = fmt::format("line {}: {}", line_number_of(all, offset), reason);
+  // `reason` (`why` when empty) names the column and the problem without the row's bytes: the query is private, and
+  // the first skipped row's reason goes to stderr (policy fail, only for a seeded query, quotes the row: `why`).
+  auto bad = [&](std::size_t offset, std::string_view line, const std::string& why, const std::string& reason = {}) {
+    if (out.stats.bad++ == 0)
+      out.stats.first_bad = fmt::format("line {}: {}", line_number_of(all, offset), reason.empty() ? why : reason);
     if (policy == BadRowPolicy::Fail)
       throw InputError(fmt::format("{}:{}: {} in row '{}' (use --bad-rows skip to count and skip such rows)", path,
                                    line_number_of(all, offset), why, quoted_row(line)));
@@ -343,14 +344,11 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
     builder.reserve(std::min(estimated_rows(all, begin, end) / 2, (end - begin) / 16));
     for_each_csv_line(all, begin, end, [&](std::size_t offset, std::string_view line) {
       ++out.stats.rows;
-      if (!split_csv_line(line, fields)) return bad(offset, line, "unbalanced quotes", "unbalanced quotes");
+      if (!split_csv_line(line, fields)) return bad(offset, line, "unbalanced quotes");
       if (fields.size() != layout.fields)
         return bad(offset, line, fmt::format("{} fields where the header has {}", fields.size(), layout.fields),
                    fmt::format("not the header's {} fields", layout.fields));
-      if (fields[layout.user].empty()) {
-        const std::string why = fmt::format("empty {}", layout.header[layout.user]);
-        return bad(offset, line, why, why);
-      }
+      if (fields[layout.user].empty()) return bad(offset, line, fmt::format("empty {}", layout.header[layout.user]));
       for (std::size_t f : numeric) {
         number[f].reset();
         if (fields[f].empty()) continue;  // NULL

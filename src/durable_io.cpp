@@ -29,6 +29,13 @@ namespace {
 }
 }  // namespace
 
+int create_new_file(const std::filesystem::path& path, mode_t mode) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) return errno;
+  ::close(fd);
+  return 0;
+}
+
 bool write_all(int fd, const void* data, std::size_t size) {
   const auto* p = static_cast<const char*>(data);
   while (size > 0) {

@@ -15,6 +15,10 @@ namespace dpstream {
 // write(2) of all `size` bytes (retries short writes and EINTR); false with errno set on failure.
 bool write_all(int fd, const void* data, std::size_t size);
 
+// Makes `path` an empty file that did not exist (O_EXCL: of two racing makers one fails, and a maker never touches
+// another's file); 0, or the errno (EEXIST: it exists).
+int create_new_file(const std::filesystem::path& path, mode_t mode);
+
 // fsync of a directory, so that a rename inside it survives a crash.
 void fsync_dir(const std::filesystem::path& dir);
 

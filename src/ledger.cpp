@@ -1,6 +1,5 @@
 #include "src/ledger.hpp"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/hmac.h>
 #include <sqlite3.h>
@@ -23,6 +22,8 @@
 #include <system_error>
 
 #include "src/accounting.hpp"
+#include "src/durable_io.hpp"
+#include "src/errors.hpp"
 
 namespace dpstream::ledger {
 
@@ -385,15 +386,12 @@ void init(const std::string& path, const Ceiling& g) {
   check_file_system(std::filesystem::absolute(path));
   // Created exclusively: two inits racing on one path cannot both succeed, and a failed init removes
   // only the file it created.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-  if (fd < 0)
+  if (const int err = create_new_file(path, 0600); err != 0)
     throw std::invalid_argument(
-        errno == EEXIST ? fmt::format("ledger init: {} exists; a ledger is never re-initialized (its charges would be "
-                                      "lost): choose another path",
-                                      path)
-                        : fmt::format("ledger init: cannot create {}: {}", path,
-                                      std::error_code(errno, std::generic_category()).message()));
-  ::close(fd);
+        err == EEXIST ? fmt::format("ledger init: {} exists; a ledger is never re-initialized (its charges would be "
+                                    "lost): choose another path",
+                                    path)
+                      : fmt::format("ledger init: cannot create {}: {}", path, errno_text(err)));
   sqlite3* db = open_db(path, SQLITE_OPEN_READWRITE);
   try {
     exec_sql(db, path, "PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;");

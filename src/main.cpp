@@ -1,7 +1,6 @@
 // dpstream command line: run | bench | generate | budget | evaluate | choose-c | ledger | query. Runs under mpirun /
 // srun. Exit codes: 0 ok, 1 unexpected failure, 2 bad job spec or option, 3 bad input, 4 unusable checkpoint, 5 stopped
 // cleanly by SIGTERM / SIGUSR1 (resume with --resume).
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <malloc.h>
@@ -129,15 +128,13 @@ void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) throw exists_already();  // before the work; link(2) below decides
   const std::string partial = path + ".tmp";
-  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0)
+  if (const int err = dpstream::create_new_file(partial, 0644); err != 0)
     throw dpstream::ConfigError(
-        errno == EEXIST ? fmt::format("{} exists (another generate writing, or one that failed); remove it, or "
-                                      "choose another --csv (nothing is overwritten)",
-                                      partial)
-                        : fmt::format("cannot create {}: {}; choose a --csv path in a writable directory", partial,
-                                      dpstream::errno_text(errno)));
-  ::close(fd);
+        err == EEXIST ? fmt::format("{} exists (another generate writing, or one that failed); remove it, or "
+                                    "choose another --csv (nothing is overwritten)",
+                                    partial)
+                      : fmt::format("cannot create {}: {}; choose a --csv path in a writable directory", partial,
+                                    dpstream::errno_text(err)));
   try {
     std::ofstream out(partial);
     out << "user_id,key,value,timestamp\n";
@@ -654,10 +651,8 @@ struct QueryCommand {
                   static_cast<unsigned long long>(c.groups_released), j.out_dir.c_str(),
                   static_cast<unsigned long long>(c.rows), static_cast<unsigned long long>(c.bad));
     // Skipped rows are easy to miss (a --window-column of dates makes every row bad): the first one says why.
-    if (root && c.bad > 0)
-      std::fprintf(stderr, "dpstream: warning: %llu of %llu rows were bad and skipped; the first, %s\n",
-                   static_cast<unsigned long long>(c.bad), static_cast<unsigned long long>(c.rows),
-                   c.first_bad.c_str());
+    if (c.bad > 0)
+      print_warning(fmt::format("{} of {} rows were bad and skipped; the first, {}", c.bad, c.rows, c.first_bad), root);
     return 0;
   }
 };

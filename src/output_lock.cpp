@@ -27,14 +27,6 @@ constexpr long kOneNodeFileSystems[] = {0xEF53 /* ext2-4 */,
                                         0x2FC12FC1 /* zfs */,
                                         0xF2F52010 /* f2fs */};
 
-std::string shared_file_system_note(const std::filesystem::path& dir) {
-  return fmt::format(
-      "output dir {} is on a shared file system whose locks may hold on this node only (NFS; "
-      "Lustre or BeeGFS without cluster-wide flock): make sure that no job on another node writes "
-      "to it while this one runs",
-      dir.string());
-}
-
 bool on_one_node(int fd) {
   struct statfs fs {};
   if (::fstatfs(fd, &fs) != 0) return false;
@@ -86,15 +78,13 @@ OutputLock::OutputLock(const std::filesystem::path& dir, bool create) {
   if (fd_ < 0)
     throw ConfigError(fmt::format("cannot open output dir {}: {}; set [output] dir or --out to a directory",
                                   dir.string(), errno_text(errno)));
-  if (const int kept = take_kept_lock(fd_); kept >= 0) {  // this process's last job locked it: still locked
-    fd_ = kept;
-    if (!on_one_node(fd_)) note_ = shared_file_system_note(dir);
-    return;
-  }
   int rc = 0;
-  do {
-    rc = ::flock(fd_, LOCK_EX | LOCK_NB);
-  } while (rc != 0 && errno == EINTR);
+  if (const int kept = take_kept_lock(fd_); kept >= 0)  // this process's last job locked it: still locked
+    fd_ = kept;
+  else
+    do {
+      rc = ::flock(fd_, LOCK_EX | LOCK_NB);
+    } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK) {
@@ -111,7 +101,12 @@ OutputLock::OutputLock(const std::filesystem::path& dir, bool create) {
     fd_ = -1;
     return;
   }
-  if (!on_one_node(fd_)) note_ = shared_file_system_note(dir);
+  if (!on_one_node(fd_))
+    note_ = fmt::format(
+        "output dir {} is on a shared file system whose locks may hold on this node only (NFS; "
+        "Lustre or BeeGFS without cluster-wide flock): make sure that no job on another node writes "
+        "to it while this one runs",
+        dir.string());
 }
 
 OutputLock::~OutputLock() {
