@@ -90,7 +90,7 @@ const char* expected(Kind kind) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> read_query_section(const std::string& path) {
+std::vector<SpecValue> read_query_section(const std::string& path) {
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -102,7 +102,7 @@ std::vector<std::pair<std::string, std::string>> read_query_section(const std::s
   for (const auto& [k, _] : root)
     if (k.str() != "query")
       throw ConfigError(fmt::format("{}: unknown table [{}]; a query spec has only [query]", path, k.str()));
-  std::vector<std::pair<std::string, std::string>> out;
+  std::vector<SpecValue> out;
   for (const auto& [k, node] : *section) {
     const std::string_view name = k.str();  // a structured binding cannot be captured before C++20 in clang 14
     const auto key = std::find_if(kKeys.begin(), kKeys.end(), [&](const Key& x) { return name == x.name; });
@@ -110,7 +110,7 @@ std::vector<std::pair<std::string, std::string>> read_query_section(const std::s
       throw ConfigError(fmt::format("{}: unknown key [query] {} (known keys: {})", path, k.str(), known_keys()));
     const auto value = spelled(node, key->kind);
     if (!value) throw ConfigError(fmt::format("{}: [query] {} must be {}", path, k.str(), expected(key->kind)));
-    out.emplace_back(key->option, *value);
+    out.push_back({.key = std::string(name), .option = key->option, .value = *value});
   }
   return out;
 }

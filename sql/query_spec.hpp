@@ -4,13 +4,16 @@
 #pragma once
 
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace dpstream::sql {
 
-// (option name, value as the command line would spell it), e.g. ("--epsilon", "0.5"), ("sql", "SELECT ...").
+struct SpecValue {
+  std::string key;     // as the spec names it, e.g. "windows"
+  std::string option;  // the option it gives, e.g. "--windows" ("sql": the query text)
+  std::string value;   // as the command line would spell it, e.g. "20:26"
+};
 // Throws ConfigError naming the file, the key and what to write (unknown keys, wrong types, no [query]).
-std::vector<std::pair<std::string, std::string>> read_query_section(const std::string& path);
+std::vector<SpecValue> read_query_section(const std::string& path);
 
 }  // namespace dpstream::sql

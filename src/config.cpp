@@ -317,6 +317,12 @@ bool in_identity(const SpecField& field, const JobConfig& c) {
   }
 }
 
+std::string JobConfig::origin() const {
+  std::string out = source;
+  for (const std::string& s : sets) out += (&s == &sets.front() ? " with --set " : ", --set ") + s;
+  return out;
+}
+
 JobConfig parse_job(const std::string& toml_text, const std::string& source,
                     const std::vector<std::string>& overrides) {
   toml::table root;
@@ -341,6 +347,7 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
   JobConfig c;
   c.source = source;
+  c.sets = overrides;
 
   SectionReader job(root, "job", origins);
   c.name = job.string("name", c.name);

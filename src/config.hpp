@@ -133,7 +133,8 @@ struct EngineConfig {
 
 struct JobConfig {
   std::string name = "job";
-  std::string source;  // where the spec came from (file path or "built-in demo")
+  std::string source;             // where the spec came from (file path or "built-in demo")
+  std::vector<std::string> sets;  // the --set assignments applied over it, in order
   InputConfig input;
   StreamConfig stream;
   PrivacyConfig privacy;
@@ -141,6 +142,8 @@ struct JobConfig {
   OutputConfig output;
   CheckpointConfig checkpoint;
   EngineConfig engine;
+  // What an error about several values names: the spec, and every --set that replaced one of its values.
+  std::string origin() const;
 };
 
 // Parses TOML text; `overrides` are "section.key=value" strings applied before validation.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -462,6 +463,23 @@ struct QueryCommand {
     }
   }
 
+  // A message that names an option filled by --job's [query] or OPTIONS(...) also says where its value came from:
+  // the option's name alone sends the user to a command line that never gave it.
+  std::string with_sources(std::string message) const {
+    for (const auto& [option, where] : filled_by_) {
+      if (!option.starts_with("--") || message.find(where) != std::string::npos) continue;
+      for (std::size_t at = message.find(option); at != std::string::npos; at = message.find(option, at + 1)) {
+        const std::size_t after = at + option.size();
+        if (after == message.size() ||
+            !(std::isalnum(static_cast<unsigned char>(message[after])) || message[after] == '-')) {
+          message += fmt::format(" ({} is {})", option, where);
+          break;
+        }
+      }
+    }
+    return message;
+  }
+
   // OPTIONS(...) in the query text: each names an option; it fills the option when nothing else set it and
   // must agree with it otherwise (never silently ignored).
   void apply_query_options() const {
@@ -530,9 +548,9 @@ struct QueryCommand {
   // The [query] table of --job fills every option the command line left out; then the required ones must be set.
   void apply_spec() const {
     if (!spec.empty())
-      for (const auto& [name, value] : dpstream::sql::read_query_section(spec)) {
-        CLI::Option* opt = cmd->get_option(name);
-        if (opt->count() == 0) fill_option(opt, value, fmt::format("{}: [query] {}", spec, name));
+      for (const auto& v : dpstream::sql::read_query_section(spec)) {
+        CLI::Option* opt = cmd->get_option(v.option);
+        if (opt->count() == 0) fill_option(opt, v.value, fmt::format("{}: [query] {}", spec, v.key));
       }
     apply_query_options();
     refuse_options_out_of_place();
@@ -590,11 +608,11 @@ struct QueryCommand {
       j = job();
       dpstream::sql::check_query_job(j);
     } catch (const dpstream::sql::QueryError& e) {
-      err = fmt::format("2query: {}", e.what());
+      err = fmt::format("2query: {}", with_sources(e.what()));
     } catch (const dpstream::InputError& e) {
-      err = fmt::format("3{}", e.what());
+      err = fmt::format("3{}", with_sources(e.what()));
     } catch (const std::exception& e) {
-      err = fmt::format("2{}", e.what());
+      err = fmt::format("2{}", with_sources(e.what()));
     }
     if (err = comm.agree_on_error(err); !err.empty()) {
       if (err[0] == '3') throw dpstream::InputError(err.substr(1));

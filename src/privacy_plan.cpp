@@ -27,7 +27,7 @@ constexpr double kSumGridSigma = 4194304.0;        // 2^22: sum noise is drawn o
 double exact_sigma(const JobConfig& c, double sigma, const std::string& family) {
   if (!(sigma >= kMinSamplerSigma && sigma <= kMaxSamplerSigma))
     throw ConfigError(fmt::format(
-        "{}: {} noise sigma = {:.6g} is outside the exact sampler's range [2^-10, 2^24]; {}", c.source, family, sigma,
+        "{}: {} noise sigma = {:.6g} is outside the exact sampler's range [2^-10, 2^24]; {}", c.origin(), family, sigma,
         sigma > kMaxSamplerSigma ? "raise epsilon, lower max_records_per_user or narrow clamp_min/clamp_max"
                                  : "epsilon is so large that the noise vanishes; lower epsilon"));
   return noise::DiscreteGaussian::rounded_sigma(sigma);
@@ -37,7 +37,7 @@ double exact_sigma(const JobConfig& c, double sigma, const std::string& family) 
 double banded_sigma(const JobConfig& c, double sigma, const std::string& family) {
   if (!(sigma >= 0x1p-20 && sigma <= 0x1p30))
     throw ConfigError(fmt::format("{}: {} noise sigma = {:.6g} is outside the banded counter's range [2^-20, 2^30]; {}",
-                                  c.source, family, sigma,
+                                  c.origin(), family, sigma,
                                   sigma > 1 ? "raise epsilon, lower max_records_per_user or narrow clamp_min/clamp_max"
                                             : "epsilon is so large that the noise vanishes; lower epsilon"));
   return kernels::banded::BandedPlan({std::int64_t{1} << kernels::banded::kCoefBits}, sigma).sigma();
@@ -78,7 +78,7 @@ void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, double levels, 
       throw ConfigError(
           fmt::format("{}: [query] aggregations has \"sum\" but the clamp range [{}, {}] makes every sum 0; "
                       "widen clamp_min/clamp_max or release only [\"count\"]",
-                      c.source, pc.clamp_min, pc.clamp_max));
+                      c.origin(), pc.clamp_min, pc.clamp_max));
     // Draw sum noise on the coarsest power-of-two grid that keeps sigma <= 2^22 grid steps; values
     // are rounded to that grid at bounding, and L is taken after rounding.
     const double sigma_fixed = sigma_for(p.clamp_bound) * kValueScale;
@@ -90,7 +90,7 @@ void add_aggregation_columns(const JobConfig& c, PrivacyPlan& p, double levels, 
           fmt::format("{}: the sum noise needs a value grid of {:.6g}, coarser than 1% of the clamp range "
                       "[{}, {}]; narrow the range around the values, lower max_records_per_user, raise "
                       "epsilon, or release only [\"count\"]",
-                      c.source, quantum, pc.clamp_min, pc.clamp_max));
+                      c.origin(), quantum, pc.clamp_min, pc.clamp_max));
     p.sum_sigma_quanta = rounded(sigma_for(p.clamp_bound) / quantum, "sum");
     TreeFamily f{"sum", p.C * p.clamp_bound, p.sum_sigma_quanta * quantum, 0, "value"};
     f.rho = levels * f.sensitivity * f.sensitivity / (2.0 * f.sigma * f.sigma);
@@ -149,7 +149,7 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
       throw ConfigError(
           fmt::format("{}: [privacy] composition = \"optimal\" cannot split (eps {}, delta {}) over T = {} "
                       "releases ({}); raise epsilon or delta, or use composition = \"zcdp\"",
-                      c.source, p.epsilon, p.delta, p.T, e.what()));
+                      c.origin(), p.epsilon, p.delta, p.T, e.what()));
     }
     b.delta0_threshold = b.delta0 * pc.selection_delta_share;
     b.delta_conversion = b.delta0 - b.delta0_threshold;
@@ -169,7 +169,7 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
                                                         : accounting::normal_upper_quantile(b.tail);
   b.tau = 1.0 + p.selection.sigma * p.tail_z;
   if (!std::isfinite(b.tau))
-    throw ConfigError(fmt::format("{}: the baseline's threshold is not finite; raise delta", c.source));
+    throw ConfigError(fmt::format("{}: the baseline's threshold is not finite; raise delta", c.origin()));
   p.tau.assign(p.T + 1, b.tau);
   p.lambda.assign(p.T + 1, p.selection.sigma);
   p.mu = 0;
@@ -190,7 +190,7 @@ PrivacyPlan make_baseline_plan(const JobConfig& c) {
     throw ConfigError(
         fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
                     "this is a bug, please report it",
-                    c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
+                    c.origin(), p.eps_total, p.delta_total, p.epsilon, p.delta));
   return p;
 }
 
@@ -265,7 +265,7 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   const auto& pc = c.privacy;
   if (!is_private(pc.mode))
     throw ConfigError(
-        fmt::format("{}: [privacy] mode is \"none\": there is no privacy budget; set mode = \"dp\"", c.source));
+        fmt::format("{}: [privacy] mode is \"none\": there is no privacy budget; set mode = \"dp\"", c.origin()));
   if (is_baseline(pc.mode)) return make_baseline_plan(c);
   PrivacyPlan p = plan_common(c);
   const bool one_ledger = pc.composition == Composition::Zcdp;
@@ -290,13 +290,13 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
     throw ConfigError(
         fmt::format("{}: [privacy] epsilon = {} is too large to account: the key-selection failure term "
                     "(e^eps_sel + 1) C T beta leaves no usable beta; use a smaller epsilon",
-                    c.source, p.epsilon));
+                    c.origin(), p.epsilon));
   if (!(p.delta_selection / beta_cost >= 1e-300))  // both make it: a tiny delta or a large (finite) e^eps
     throw ConfigError(fmt::format(
         "{}: [privacy] delta = {} with epsilon = {} leaves no usable beta: key selection's share of delta ({:.3g}) "
         "over the failure term's (e^eps_sel + 1) C T = {:.3g} is below 1e-300; use a larger delta or a smaller "
         "epsilon",
-        c.source, p.delta, p.epsilon, p.delta_selection, beta_cost));
+        c.origin(), p.delta, p.epsilon, p.delta_selection, beta_cost));
   p.beta_defaulted = !pc.beta.has_value();
   p.beta = pc.beta ? *pc.beta : p.delta_selection / (2.0 * beta_cost);  // default: half of selection's delta
   p.delta_beta = beta_cost * p.beta;
@@ -305,7 +305,7 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
     throw ConfigError(fmt::format(
         "{}: [privacy] beta = {:.3g} costs (e^eps_sel + 1) * C * T * beta = {:.3g} of delta, at least key selection's "
         "share {:.3g}; set beta below {:.3g} (or remove it: the default is {:.3g})",
-        c.source, p.beta, p.delta_beta, p.delta_selection, p.delta_selection / beta_cost,
+        c.origin(), p.beta, p.delta_beta, p.delta_selection, p.delta_selection / beta_cost,
         p.delta_selection / (2.0 * beta_cost)));
 
   // Key selection: a user adds 1 to one leaf of one round tree of each of <= C keys, so per tree
@@ -342,7 +342,7 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
   if (!std::isfinite(p.tail_z) || !std::isfinite(p.tau[p.T]))
     throw ConfigError(
         fmt::format("{}: [privacy] beta = {:.3g} is too small for a finite threshold; raise beta or lower epsilon",
-                    c.source, p.beta));
+                    c.origin(), p.beta));
   // Default mu = floor(min tau / 24): the bar mu + tau sits 4% above tau, while keys with <= mu users
   // in their round (most of the long tail) skip their noise entirely. Measured on the paper's
   // workload (docs/EVALUATION.md): tau / 4 released 10% fewer keys; mu = 0 costs 9x the draws.
@@ -367,7 +367,7 @@ PrivacyPlan make_privacy_plan(const JobConfig& c) {
     throw ConfigError(
         fmt::format("{}: the plan spends (eps {:.6g}, delta {:.3g}), over the budget (eps {}, delta {}); "
                     "this is a bug, please report it",
-                    c.source, p.eps_total, p.delta_total, p.epsilon, p.delta));
+                    c.origin(), p.eps_total, p.delta_total, p.epsilon, p.delta));
   return p;
 }
 

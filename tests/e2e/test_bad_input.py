@@ -419,6 +419,15 @@ def main():
 
             return case
 
+        def plan_errors_name_the_sets():
+            # The privacy plan's refusals weigh several values: they name the spec and the --sets applied over it.
+            c = new("plan names sets")
+            write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+            write(c.job, toml_job(c.csv, c.out))
+            sets = ["privacy.mode=dp", "privacy.epsilon=1e9", "privacy.delta=1e-9", "privacy.max_records_per_user=2"]
+            run = c.run(c.job, *[a for s in sets for a in ("--set", s)])
+            expect_failure(run, 2, c.out, ["job.toml with --set " + ", --set ".join(sets), "epsilon"])
+
         def empty_out_option():
             c = new("empty out")
             write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
@@ -523,6 +532,7 @@ def main():
         results.check("--set of an unknown key -> exit 2 naming the --set",
                       set_errors_name_the_set("input.bogus=1", ["unknown key"]))
         results.check("--set job.name= (empty) -> exit 2", set_errors_name_the_set("job.name=", ["must not be empty"]))
+        results.check("a privacy plan refusal names the spec and its --sets", plan_errors_name_the_sets)
         results.check("--out \"\" -> exit 2, no default directory made", empty_out_option)
         results.check("an unknown command -> exit 2 naming it and the commands", unknown_command)
         results.check("budget without a spec names budget; evaluate --truth FILE says it is not a directory",

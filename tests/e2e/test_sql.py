@@ -1002,12 +1002,19 @@ def check_job_spec(env, state):
     clash = env.dp.run_with("query", opts_sql, "--input", csv_path, "--user-column", "uid", "--delta", "1e-6",
                             "--epsilon", "1", "--out", os.path.join(d, "o2"))
     assert clash.returncode == 2 and "disagree" in clash.stderr, clash.describe()
+    # A refusal of a value the spec gave names the spec's key, not only the option it stands for.
+    reversed_spec = os.path.join(d, "reversed.toml")
+    with open(spec, encoding="utf-8") as f, open(reversed_spec, "w", encoding="utf-8") as g:
+        g.write(f.read().replace("windows = [1, 4]", "windows = [4, 1]"))
+    reversed_run = env.dp.run_with("query", "--job", reversed_spec, "--seed", "4", "--out", os.path.join(d, "r"))
+    assert reversed_run.returncode == 2 and "A <= B" in reversed_run.stderr and \
+        "reversed.toml: [query] windows" in reversed_run.stderr, reversed_run.describe()
     with open(spec, "a", encoding="utf-8") as f:
         f.write("epsilom = 1\n")
     bad = env.dp.run_with("query", "--job", spec, "--out", os.path.join(d, "e"))
     assert bad.returncode == 2 and "epsilom" in bad.stderr, bad.describe()
     print("     [query] spec == OPTIONS(...) == command line (byte-identical result.csv); --epsilon overrides the "
-          "spec, a disagreeing OPTIONS is refused; unknown key refused")
+          "spec, a disagreeing OPTIONS is refused; unknown key refused; a refused spec value named by its key")
 
 
 def growing_windows(gamma, first, last, first_length):

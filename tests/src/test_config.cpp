@@ -121,6 +121,13 @@ TEST(Config, ErrorsNameTheSetThatGaveTheValue) {
   EXPECT_EQ(error_of(kMinimal, {"job.name=\"\""}).rfind("--set job.name=\"\": [job] name must not be empty", 0), 0u);
 }
 
+// An error about several values (the privacy plan's) names the spec and every --set applied over it.
+TEST(Config, OriginNamesTheSpecAndItsSets) {
+  EXPECT_EQ(parse_job(kMinimal, "job.toml", {}).origin(), "job.toml");
+  EXPECT_EQ(parse_job(kMinimal, "job.toml", {"input.users=7", "privacy.max_records_per_user=2"}).origin(),
+            "job.toml with --set input.users=7, --set privacy.max_records_per_user=2");
+}
+
 // Delta at or above 1 / users (known users) or kLargeDelta (unknown) is warned of; below it, nothing is said.
 TEST(Config, LargeDeltaIsWarnedOf) {
   EXPECT_EQ(large_delta_warning(1e-9, 1000), "");
