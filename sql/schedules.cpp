@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "sql/growing.hpp"
 #include "src/accounting.hpp"
@@ -100,7 +101,7 @@ Judgement judge(const std::string& dir, const TargetColumn& col, const AccuracyT
 
 }  // namespace
 
-nlohmann::json run_growing(const QueryJob& base, double gamma, std::int64_t first_length, const shuffle::Comm& comm) {
+ScheduleResult run_growing(const QueryJob& base, double gamma, std::int64_t first_length, const shuffle::Comm& comm) {
   const QueryOptions& o = base.plan.options;
   if (!o.windows.active() || !o.windows.first)
     throw ConfigError("--growing needs --window-column and --windows A:B (the stream's windows so far)");
@@ -116,12 +117,13 @@ nlohmann::json run_growing(const QueryJob& base, double gamma, std::int64_t firs
     throw ConfigError(e.what());
   }
   nlohmann::json releases = nlohmann::json::array();
+  QueryCounters c;
   for (const GrowingRelease& r : schedule) {
     QueryJob job = base;
     job.plan.options.windows.first = r.first_window, job.plan.options.windows.last = r.last_window;
     job =
         scheduled_run(job, r.rho, r.delta_selection, fmt::format("{}/release-{}", base.out_dir, r.index), r.index + 1);
-    const auto c = run_query(job, comm);
+    c = run_query(job, comm);
     releases.push_back({{"release", r.index},
                         {"windows", {r.first_window, r.last_window}},
                         {"rho", r.rho},
@@ -144,10 +146,10 @@ nlohmann::json run_growing(const QueryJob& base, double gamma, std::int64_t firs
        "(epsilon, delta)-DP for each user"},
       {"releases", releases}};
   write_json(comm, base.out_dir, "schedule.json", out);
-  return out;
+  return {std::move(out), std::move(c)};
 }
 
-nlohmann::json run_adaptive(const QueryJob& base, const AccuracyTarget& t, const shuffle::Comm& comm) {
+ScheduleResult run_adaptive(const QueryJob& base, const AccuracyTarget& t, const shuffle::Comm& comm) {
   if (!(t.relative_error > 0) || !(t.beta > 0 && t.beta < 1) || !(t.min_count >= 1) || t.first_share_log2 < 0 ||
       t.first_share_log2 > 20)
     throw ConfigError(
@@ -159,13 +161,14 @@ nlohmann::json run_adaptive(const QueryJob& base, const AccuracyTarget& t, const
   std::string stop = "budget spent: the target was not met with the whole budget";
   double spent = 0;
   std::string final_dir;
+  QueryCounters c;
   for (int j = 0; j <= n; ++j) {
     const double rho_j = b.rho * std::ldexp(1.0, j == 0 ? -n : -(n + 1 - j));  // cumulative: rho 2^-(n - j)
     const double delta_j = b.delta_thresholds * std::ldexp(1.0, -(j + 1));
     const double beta_j = t.beta * std::ldexp(1.0, -(j + 1));
     const QueryJob job = scheduled_run(base, rho_j, delta_j, fmt::format("{}/attempt-{}", base.out_dir, j), j + 1);
     const TargetColumn col = target_column(job.plan);
-    run_query(job, comm);
+    c = run_query(job, comm);
     spent += job.plan.rho_total;
     final_dir = job.out_dir;
     Judgement verdict;
@@ -205,7 +208,7 @@ nlohmann::json run_adaptive(const QueryJob& base, const AccuracyTarget& t, const
       {"final", final_dir},
       {"attempts", attempts}};
   write_json(comm, base.out_dir, "adaptive.json", out);
-  return out;
+  return {std::move(out), std::move(c)};
 }
 
 }  // namespace dpstream::sql

@@ -13,8 +13,15 @@
 
 namespace dpstream::sql {
 
+// What a schedule of runs returns: rank 0's summary (the file it wrote) and its last run's raw counters (each run
+// reads the same table, so the bad rows are the same in every run).
+struct ScheduleResult {
+  nlohmann::json summary;
+  QueryCounters last_run;
+};
+
 // Release i over windows A .. A + L_i - 1 into OUT/release-i; rank 0 writes OUT/schedule.json (returned).
-nlohmann::json run_growing(const QueryJob& base, double gamma, std::int64_t first_length, const shuffle::Comm& comm);
+ScheduleResult run_growing(const QueryJob& base, double gamma, std::int64_t first_length, const shuffle::Comm& comm);
 
 // The target of an accuracy-targeted release, judged on the query's first ANON_COUNT from DP outputs only:
 // every released group whose true count is at least min_count has a relative error at most r. Attempt j
@@ -30,6 +37,6 @@ struct AccuracyTarget {
 // Attempts j = 0, 1, ... into OUT/attempt-j, rho_j = rho 2^-n for j = 0 and rho 2^-(n+1-j) after, so that
 // the rho spent after attempt j is rho 2^-(n-j); stops when the target is met or rho is spent. Rank 0
 // writes OUT/adaptive.json (returned): every attempt, its cost, its judgement, why it stopped.
-nlohmann::json run_adaptive(const QueryJob& base, const AccuracyTarget& target, const shuffle::Comm& comm);
+ScheduleResult run_adaptive(const QueryJob& base, const AccuracyTarget& target, const shuffle::Comm& comm);
 
 }  // namespace dpstream::sql

@@ -651,16 +651,18 @@ struct QueryCommand {
     if (growing > 0) {
       const auto schedule = dpstream::sql::run_growing(j, growing, growing_first, comm);
       if (root)
-        std::printf("dpstream: growing stream: %zu releases to %s (schedule.json)\n", schedule["releases"].size(),
-                    j.out_dir.c_str());
+        std::printf("dpstream: growing stream: %zu releases to %s (schedule.json)\n",
+                    schedule.summary["releases"].size(), j.out_dir.c_str());
+      warn_of_bad_rows(schedule.last_run, "in every release", root);
       return 0;
     }
     if (target.relative_error > 0) {
       const auto a = dpstream::sql::run_adaptive(j, target, comm);
       if (root)
         std::printf("dpstream: accuracy-targeted release: %s; spent %.3g of rho %.3g (adaptive.json in %s)\n",
-                    a["stopped"].get<std::string>().c_str(), a["spent"]["rho"].get<double>(),
-                    a["budget"]["rho"].get<double>(), j.out_dir.c_str());
+                    a.summary["stopped"].get<std::string>().c_str(), a.summary["spent"]["rho"].get<double>(),
+                    a.summary["budget"]["rho"].get<double>(), j.out_dir.c_str());
+      warn_of_bad_rows(a.last_run, "in every attempt", root);
       return 0;
     }
     const auto c = dpstream::sql::run_query(j, comm);
@@ -668,10 +670,15 @@ struct QueryCommand {
       std::printf("dpstream: query released %llu groups to %s (rows read %llu, bad %llu; raw counts, not DP)\n",
                   static_cast<unsigned long long>(c.groups_released), j.out_dir.c_str(),
                   static_cast<unsigned long long>(c.rows), static_cast<unsigned long long>(c.bad));
-    // Skipped rows are easy to miss (a --window-column of dates makes every row bad): the first one says why.
-    if (c.bad > 0)
-      print_warning(fmt::format("{} of {} rows were bad and skipped; the first, {}", c.bad, c.rows, c.first_bad), root);
+    warn_of_bad_rows(c, "", root);
     return 0;
+  }
+  // Skipped rows are easy to miss (a --window-column of dates makes every row bad): the first one says why.
+  static void warn_of_bad_rows(const dpstream::sql::QueryCounters& c, std::string_view where, bool root) {
+    if (c.bad > 0)
+      print_warning(fmt::format("{} of {} rows were bad and skipped{}{}; the first, {}", c.bad, c.rows,
+                                where.empty() ? "" : " ", where, c.first_bad),
+                    root);
   }
 };
 

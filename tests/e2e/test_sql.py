@@ -665,6 +665,14 @@ def check_bad_rows_named(env, state):
     assert "2024-01-01" not in run.stderr, "a private query printed a row's value\n  " + run.describe()
     run = env.query(q, csv_path, os.path.join(d, "plain"), *HUGE, "--seed", "1")
     assert run.returncode == 0 and "rows were bad" not in run.stderr, run.describe()
+    # A schedule of releases (each reads the same table) warns once, after its last run.
+    rows = [{"uid": f"u{i}", "region": "r", "ts": str(i % 2) if i % 4 else "x"} for i in range(40)]
+    csv_path = write_rows(os.path.join(d, "mixed.csv"), ["uid", "region", "ts"], rows)
+    for name, extra, where in (("growing", ["--windows", "0:1", "--growing", "0.5"], "in every release"),
+                               ("target", ["--target-error", "0.5"], "in every attempt")):
+        run = env.query(q, csv_path, os.path.join(d, name), *HUGE, "--seed", "1", "--window-column", "ts", *extra)
+        want = f"10 of 40 rows were bad and skipped {where}; the first, line 2: ts is not an integer number of seconds"
+        assert run.returncode == 0 and run.stderr.count(want) == 1, f"expected {want!r} once\n  " + run.describe()
 
 
 def check_output_refusals(env, state):
