@@ -29,6 +29,7 @@
 #include "kernels/noise.hpp"
 #include "shuffle/comm.hpp"
 #include "src/config.hpp"
+#include "src/releases_extent.hpp"
 
 namespace dpstream::checkpoint {
 
@@ -56,9 +57,8 @@ struct Manifest {
   std::uint32_t window_index = 0;  // window of the job (0-based) that the log belongs to
   std::uint32_t next_trigger = 0;  // triggers [0, next_trigger) of that window are committed; T: window done
   bool complete = false;
-  std::uint64_t releases_bytes = 0;  // committed length of releases.csv, this commit's rows included
-  std::uint64_t release_rows = 0;    // committed rows
-  std::uint64_t staged_bytes = 0;    // this commit's rows, kept in rank 0's segment
+  ReleasesExtent releases;         // releases.csv as committed, this commit's rows included
+  std::uint64_t staged_bytes = 0;  // this commit's rows, kept in rank 0's segment
   std::uint64_t job_file_bytes = 0, job_file_xxh3 = 0;
   std::vector<SegmentRef> segments;                    // the window's log in commit order (rank order within a commit)
   nlohmann::json counters = nlohmann::json::object();  // global sums carried over a resume
@@ -188,7 +188,7 @@ class Store {
   // New job, collective: empties DIR/checkpoint and writes job.h5 (with the secret, if any).
   void begin(const std::string& job_name, const Fields& fields, const noise::Secret* secret);
   // New job, after releases.csv holds its header: commit 0, the empty start.
-  void commit_start(std::uint64_t releases_bytes, const nlohmann::json& privacy);
+  void commit_start(const ReleasesExtent& releases, const nlohmann::json& privacy);
 
   struct Position {
     std::uint32_t window_index;
@@ -202,9 +202,9 @@ class Store {
   // `journal` (freeing it as it goes) and reports its size and checksum; the commit point (rank 0's
   // manifest, then the rows) follows at the next commit() or finish(), once every rank's file is
   // known to be durable. So a commit becomes visible during the next trigger. `rows` (rank 0) are
-  // the commit's release rows; `releases_bytes` and `release_rows` (rank 0) count them in.
+  // the commit's release rows; `releases` (rank 0) counts them in.
   CommitStats commit(std::shared_ptr<Journal> journal, std::string rows, const Position& position,
-                     const nlohmann::json& counters, std::uint64_t releases_bytes, std::uint64_t release_rows);
+                     const nlohmann::json& counters, const ReleasesExtent& releases);
   // Collective: waits until every rank's file of the last commit is durable (its size in the stats);
   // the commit stays invisible until finish().
   CommitStats await_writes() {

@@ -162,7 +162,7 @@ void CommitScheduler::commit(std::uint32_t wi, std::uint32_t first_trigger, std:
   figures_.release_bytes += rows.size();
   const auto sums = counters_.global_sums(comm_);
   figures_.add(store_.commit(std::move(journal), std::move(rows), {wi, first_trigger, next_trigger, complete}, sums,
-                             root ? writer_->bytes() : 0, root ? writer_->rows() : 0));
+                             root ? writer_->committed() : ReleasesExtent{}));
   ++figures_.commits;
   stage_.checkpoint += seconds_since(c0);
   last_commit_ = Clock::now();

@@ -42,7 +42,7 @@ bool Engine::open_checkpoint() {
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (!root_) return;
     const auto& m = store_.manifest();
-    ReleaseWriter(out_dir, release_columns_).restore(m.releases_bytes, staged, m.release_rows);
+    ReleaseWriter(out_dir, release_columns_).restore(m.releases, staged);
     if (!m.summary.is_null()) write_file_atomically(out_dir / "summary.json", m.summary.dump(2) + "\n");
   });
   report_.already_complete = true;
@@ -73,7 +73,7 @@ void Engine::start_checkpoint(const noise::Secret& secret) {
     });
     nlohmann::json ledger = nlohmann::json::object();
     if (dp_) ledger = {{"epsilon_per_window", config_.privacy.epsilon}, {"delta_per_window", config_.privacy.delta}};
-    store_.commit_start(root_ ? writer_->bytes() : 0, ledger);
+    store_.commit_start(root_ ? writer_->committed() : ReleasesExtent{}, ledger);
   }
   users_.journal = keys_.journal = true;
   releaser_->journal_first_tests(true);
@@ -100,7 +100,7 @@ void Engine::resume() {
   if (start_trigger_ != 0) reserve_tables();  // before the state comes in, not after it grew step by step
   const std::string staged = store_.load(users_, keys_, /*window_done=*/start_trigger_ == 0, &resumed_first_tests_);
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
-    if (root_) writer_->restore(m.releases_bytes, staged, m.release_rows);
+    if (root_) writer_->restore(m.releases, staged);
   });
   counters_.restore(m.counters, root_);
   source_->skip_to(config_.stream.first_window, config_.stream.first_window + start_window_, start_trigger_);

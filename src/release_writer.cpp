@@ -3,11 +3,15 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
+#include <vector>
 
 #include "common/record.hpp"
 #include "src/durable_io.hpp"
@@ -161,7 +165,42 @@ std::string csv_field(const std::string& s) {
 }
 
 ReleaseWriter::ReleaseWriter(const std::filesystem::path& dir, ReleaseColumns columns, bool unchecked)
-    : final_(dir / "releases.csv"), target_(unchecked ? dir / ".releases.csv.partial" : final_), columns_(columns) {}
+    : final_(dir / "releases.csv"),
+      target_(unchecked ? dir / ".releases.csv.partial" : final_),
+      columns_(columns),
+      hash_(XXH3_createState()) {
+  if (!hash_) throw std::bad_alloc();
+  XXH3_64bits_reset(hash_.get());
+}
+
+void ReleaseWriter::FreeHash::operator()(XXH3_state_s* s) const { XXH3_freeState(s); }
+
+ReleasesExtent ReleaseWriter::committed() const {
+  return {.bytes = bytes_, .rows = rows_, .xxh3 = XXH3_64bits_digest(hash_.get())};
+}
+
+void ReleaseWriter::count_in(const std::string& text, std::uint64_t rows) {
+  XXH3_64bits_update(hash_.get(), text.data(), text.size());
+  bytes_ += text.size();
+  rows_ += rows;
+}
+
+bool ReleaseWriter::hash_file_prefix(std::uint64_t bytes) {
+  XXH3_64bits_reset(hash_.get());
+  const int fd = ::open(final_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::vector<char> buffer(std::size_t{1} << 20);
+  std::uint64_t left = bytes;
+  while (left > 0) {
+    const ssize_t n = ::read(fd, buffer.data(), static_cast<std::size_t>(std::min<std::uint64_t>(left, buffer.size())));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    XXH3_64bits_update(hash_.get(), buffer.data(), static_cast<std::size_t>(n));
+    left -= static_cast<std::uint64_t>(n);
+  }
+  ::close(fd);
+  return left == 0;
+}
 
 ReleaseWriter::~ReleaseWriter() {
   if (target_ != final_) {
@@ -181,24 +220,31 @@ void ReleaseWriter::start() {
   std::error_code ec;
   std::filesystem::remove(final_.parent_path() / "summary.json", ec);  // an older run's completion marker
   write_file_atomically(target_, std::string(kHeader));
-  bytes_ = kHeader.size();
-  rows_ = 0;
+  XXH3_64bits_reset(hash_.get());
+  bytes_ = rows_ = 0;
+  count_in(std::string(kHeader), 0);
 }
 
-void ReleaseWriter::restore(std::uint64_t committed_bytes, const std::string& staged, std::uint64_t committed_rows) {
-  const std::uint64_t before = committed_bytes - staged.size();
+void ReleaseWriter::restore(const ReleasesExtent& committed, const std::string& staged) {
+  const std::uint64_t before = committed.bytes - staged.size();
   std::error_code ec;
   const auto size = std::filesystem::file_size(final_, ec);
-  if (ec || size < before)
+  if (ec || size < before || !hash_file_prefix(before))
     throw CheckpointError(fmt::format(
         "{} holds {} bytes but the checkpoint committed {} bytes of rows before its last trigger: the file was "
         "removed, truncated or replaced after the run; restore it, or start over with --fresh",
         final_.string(), ec ? 0 : size, before));
+  XXH3_64bits_update(hash_.get(), staged.data(), staged.size());
+  if (committed.xxh3 && XXH3_64bits_digest(hash_.get()) != *committed.xxh3)
+    throw CheckpointError(fmt::format(
+        "{}: its first {} bytes are not the rows the checkpoint committed (their XXH3 differs): the file was edited "
+        "or replaced after the run; put back the job's own file, or start over with --fresh",
+        final_.string(), before));
   if (::truncate(final_.c_str(), static_cast<off_t>(before)) != 0)
     throw std::runtime_error(fmt::format("cannot truncate {}: {}", final_.string(), errno_text(errno)));
   append(staged);
-  bytes_ = committed_bytes;
-  rows_ = committed_rows;
+  bytes_ = committed.bytes;
+  rows_ = committed.rows;
 }
 
 void ReleaseWriter::stage(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows) {
@@ -210,16 +256,14 @@ void ReleaseWriter::stage(std::int64_t window, std::uint32_t trigger, const std:
 std::string ReleaseWriter::take_pending() {
   std::string out;
   out.swap(pending_);
-  bytes_ += out.size();
-  rows_ += pending_rows_;
+  count_in(out, pending_rows_);
   pending_rows_ = 0;
   return out;
 }
 
 void ReleaseWriter::append_pending(bool sync) {
   append(pending_, sync);
-  bytes_ += pending_.size();
-  rows_ += pending_rows_;
+  count_in(pending_, pending_rows_);
   pending_.clear();
   pending_rows_ = 0;
 }

@@ -4,12 +4,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/huge_pages.hpp"
 #include "common/record.hpp"
+#include "src/releases_extent.hpp"
+
+struct XXH3_state_s;  // xxhash.h
 
 namespace dpstream {
 
@@ -47,7 +51,8 @@ void format_id_rows(std::int64_t window, std::uint32_t trigger, const std::vecto
 // formatted into a pending buffer, handed to the checkpoint with their commit, and appended once the
 // commit is durable (the job's last rows: just before its last commit, which a resume undoes). After a crash the file
 // is cut back to its committed length and the last commit's rows are appended again, so no row is ever lost or
-// duplicated.
+// duplicated. Every byte handed to a commit goes into a running XXH3, which the commit records: a resume checks the
+// file's committed bytes against it, so rows edited or replaced after the run are refused, not continued.
 class ReleaseWriter {
  public:
   static constexpr std::string_view kHeader = "window,trigger,key,count,sum\n";
@@ -61,9 +66,10 @@ class ReleaseWriter {
 
   // New job: releases.csv holds the header only (written atomically).
   void start();
-  // Resume: cut releases.csv to `committed_bytes - staged.size()` bytes, then append `staged` (the
-  // rows of the last commit). Throws CheckpointError when the file holds fewer bytes than that.
-  void restore(std::uint64_t committed_bytes, const std::string& staged, std::uint64_t committed_rows);
+  // Resume: cut releases.csv to `committed.bytes - staged.size()` bytes, then append `staged` (the rows of the last
+  // commit). Throws CheckpointError, the file untouched, when it holds fewer bytes than that or when those bytes and
+  // `staged` are not what the commit recorded (committed.xxh3, when the checkpoint has it).
+  void restore(const ReleasesExtent& committed, const std::string& staged);
 
   // Formats one trigger's rows (sorted by key) into the pending buffer.
   void stage(std::int64_t window, std::uint32_t trigger, const std::vector<ReleaseRow>& rows);
@@ -101,12 +107,20 @@ class ReleaseWriter {
   std::filesystem::path final_path() const { return final_; }
   std::uint64_t bytes() const { return bytes_; }  // header and rows handed to commits
   std::uint64_t rows() const { return rows_; }    // rows handed to commits
+  ReleasesExtent committed() const;               // bytes(), rows() and the XXH3 of those bytes
 
  private:
+  struct FreeHash {
+    void operator()(XXH3_state_s* s) const;
+  };
+  void count_in(const std::string& text, std::uint64_t rows);  // text handed to a commit (or written at once)
+  // The running XXH3 restarted over the first `bytes` bytes of the file; false when it holds fewer.
+  bool hash_file_prefix(std::uint64_t bytes);
   std::filesystem::path final_, target_;  // target_: final_, or the partial file
   ReleaseColumns columns_;
   std::string pending_;
   std::uint64_t pending_rows_ = 0, bytes_ = 0, rows_ = 0;
+  std::unique_ptr<XXH3_state_s, FreeHash> hash_;  // of the bytes_ bytes
 };
 
 }  // namespace dpstream

@@ -256,6 +256,35 @@ def main():
                       damaged_old("flipped", last, "checksum"))
         results.check(f"older segment (rank {last}) deleted -> exit 4 'missing'", damaged_old("deleted", last, "missing"))
 
+        def edited_releases(how):
+            def case():
+                # Rows edited or replaced after the run: the committed bytes' XXH3 differs, the file is kept as it is.
+                out = unfinished(f"releases-{how}", fault="published@6:0")
+                path = os.path.join(out, "releases.csv")
+                original = harness.read_bytes(path)
+                header_end = original.index(b"\n") + 1
+                assert len(original) > header_end + 40, f"too few committed rows to edit: {original!r}"
+                if how == "one digit":
+                    i = header_end + 2 + original[header_end + 2:].index(b",") + 1  # the first row's key
+                    digit = b"1" if original[i:i + 1] != b"1" else b"2"
+                    edited = original[:i] + digit + original[i + 1:]
+                else:  # the same length of rows from another run: every byte of the header kept
+                    edited = original[:header_end] + bytes(reversed(original[header_end:-1])) + original[-1:]
+                with open(path, "wb") as f:
+                    f.write(edited)
+                before = harness.snapshot_tree(out)
+                r = run(job.path, out, "--resume")
+                expect_refusal(r, out, before, ["XXH3", "releases.csv", "--fresh"], f"--resume with releases.csv's {how}")
+                with open(path, "wb") as f:
+                    f.write(original)
+                resume_ok(out, f"--resume after releases.csv's {how} was put back")
+            return case
+
+        results.check("releases.csv with one committed digit edited -> exit 4 'XXH3', kept; put back -> = reference",
+                      edited_releases("one digit"))
+        results.check("releases.csv's committed rows replaced (same length) -> exit 4 'XXH3', kept",
+                      edited_releases("rows replaced"))
+
         # ---- unfinished checkpoint without --resume, then --fresh ----
 
         def needs_flag():

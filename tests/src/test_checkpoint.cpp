@@ -20,6 +20,7 @@
 #include "src/config.hpp"
 #include "src/errors.hpp"
 #include "src/h5.hpp"
+#include "src/release_writer.hpp"
 #include "tests/mpi_scratch.hpp"
 
 using namespace dpstream;
@@ -111,7 +112,7 @@ void start_unfinished_job(const fs::path& dir, const JobConfig& job, const check
   checkpoint::Store store(dir, comm);
   store.open(job.name, fields, checkpoint::StartMode::Start);
   store.begin(job.name, fields, nullptr);
-  store.commit_start(10, nlohmann::json::object());
+  store.commit_start({.bytes = 10}, nlohmann::json::object());
 }
 
 }  // namespace
@@ -585,6 +586,51 @@ TEST(Identity, FieldsKeepTheirKeysAndSpellings) {
             csv);
 }
 
+// A commit records releases.csv's length, rows and XXH3; a resume restores the file from them when its committed bytes
+// are the job's, and refuses it, untouched, when one was edited (unless the checkpoint predates the XXH3).
+TEST(ReleaseWriter, ResumeChecksTheCommittedBytes) {
+  shuffle::Comm comm;
+  if (comm.rank() != 0) GTEST_SKIP() << "one writer, on rank 0";
+  const auto dir = dpstream::testing::mpi_scratch_path("release_writer");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto file = dir / "releases.csv";
+  const auto read = [&] {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  ReleaseWriter w(dir, {});
+  w.start();
+  w.stage(0, 0, {{1, "a", 3 << 20, 0}, {2, "b", 5 << 20, 0}});
+  const std::string first = w.take_pending();
+  w.append(first);
+  w.stage(0, 1, {{1, "a", 4 << 20, 0}});
+  const std::string staged = w.take_pending();  // the last commit's rows, in its segment, not yet in the file
+  const ReleasesExtent committed = w.committed();
+  ASSERT_TRUE(committed.xxh3.has_value());
+  EXPECT_EQ(committed.bytes, ReleaseWriter::kHeader.size() + first.size() + staged.size());
+  EXPECT_EQ(committed.rows, 3u);
+  const std::string whole = std::string(ReleaseWriter::kHeader) + first + staged;
+  EXPECT_EQ(*committed.xxh3, XXH3_64bits(whole.data(), whole.size()));
+  w.append(staged.substr(0, 5));  // killed mid-append
+
+  ReleaseWriter resumed(dir, {});
+  resumed.restore(committed, staged);
+  EXPECT_EQ(read(), whole);
+  EXPECT_EQ(resumed.committed().xxh3, committed.xxh3);
+
+  std::string edited = whole;
+  edited[ReleaseWriter::kHeader.size() + 2] ^= 1;  // a byte of the first row
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << edited;
+  EXPECT_THROW(ReleaseWriter(dir, {}).restore(committed, staged), CheckpointError);
+  EXPECT_EQ(read(), edited);  // untouched
+  ReleasesExtent unchecked = committed;
+  unchecked.xxh3.reset();  // a checkpoint written before the XXH3 was kept: the length alone is checked
+  ReleaseWriter(dir, {}).restore(unchecked, staged);
+  EXPECT_EQ(read().size(), whole.size());
+  fs::remove_all(dir);
+}
+
 TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
   shuffle::Comm comm;
   const auto dir = shared_dir(comm, "store");
@@ -597,11 +643,11 @@ TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
     checkpoint::Store store(dir, comm);
     EXPECT_EQ(store.open(job.name, fields, checkpoint::StartMode::Start).kind, checkpoint::Opened::Kind::New);
     store.begin(job.name, fields, nullptr);
-    store.commit_start(10, nlohmann::json::object());
+    store.commit_start({.bytes = 10}, nlohmann::json::object());
     for (std::uint32_t t = 0; t < 3; ++t) {
       const std::string rows = comm.rank() == 0 ? "rows of trigger " + std::to_string(t) + "\n" : "";
       store.commit(std::make_shared<checkpoint::Journal>(segments[t]), rows, {0, t, t + 1, false},
-                   {{"records", 7 * (t + 1)}}, 10 + 100 * (t + 1), t + 1);
+                   {{"records", 7 * (t + 1)}}, {.bytes = 10 + 100 * (t + 1), .rows = t + 1});
       // Pipelined: commit t + 1 becomes visible only with the next commit (or finish).
       if (comm.rank() == 0) {
         EXPECT_FALSE(fs::exists(dir / fmt::format("MANIFEST-{:06}.json", t + 1)));
