@@ -104,6 +104,19 @@ void make_private_dir(const fs::path& path) {
   if (created) fsync_dir(dir.parent_path());
 }
 
+// Removes what a directory holds, not the directory: a symbolic link there (a checkpoint kept on other storage) still
+// leads where the user put it, and make_private_dir then makes its target private (removing the link made a
+// directory in its place: the job's secret went to the output's storage).
+void empty_dir(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;  // absent (refuse_foreign_path refused anything else)
+  try {
+    for (const auto& entry : fs::directory_iterator(dir)) fs::remove_all(entry.path());  // a link: the link only
+  } catch (const fs::filesystem_error& e) {
+    throw std::runtime_error(fmt::format("cannot empty {}: {}", dir.string(), e.code().message()));
+  }
+}
+
 // ---- manifest <-> JSON ----------------------------------------------------------------------
 
 json to_json(const Manifest& m) {
@@ -936,9 +949,7 @@ void Store::begin(const std::string& job_name, const Fields& fields, const noise
   std::string job_id;
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (comm_.rank() != 0) return;
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-    if (ec) throw std::runtime_error(fmt::format("cannot empty {}: {}", dir_.string(), ec.message()));
+    empty_dir(dir_);
     make_private_dir(dir_);
     JobRecord job{random_job_id(), job_name, now_utc(), fields, {}, 0, 0};
     if (secret) job.secret = *secret;

@@ -73,6 +73,7 @@ class Engine {
   noise::Secret job_secret() const;
   void admit_to_ledger(const noise::Secret& secret);
   void open_output();
+  void refuse_unwritable_outputs(const std::filesystem::path& out_dir) const;
   void open_input(const noise::Secret& secret);
   void create_state();
   // The checkpoint (src/engine_resume.cpp).

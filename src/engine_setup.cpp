@@ -110,8 +110,34 @@ void Engine::open_output() {
     if (::access(out_dir.c_str(), W_OK) != 0)
       throw ConfigError(
           fmt::format("output dir {} is not writable; choose a writable [output] dir or --out", out_dir.string()));
+    refuse_unwritable_outputs(out_dir);
     writer_ = std::make_unique<ReleaseWriter>(out_dir, release_columns_, !checkpointing_);
   });
+}
+
+// What the job will write must be writable before a ledger is charged for it (the charge precedes the job's
+// first commit): a releases.csv or summary.json that is not a regular file, or a checkpoint directory the job
+// cannot write in, failed only once the budget was spent.
+void Engine::refuse_unwritable_outputs(const std::filesystem::path& out_dir) const {
+  namespace fs = std::filesystem;
+  for (const char* name : {"releases.csv", "summary.json"}) {
+    std::error_code ec;
+    const fs::path path = out_dir / name;
+    if (fs::exists(fs::symlink_status(path, ec)) && !fs::is_regular_file(fs::status(path, ec)))
+      throw ConfigError(
+          fmt::format("{} is not a regular file, and the job writes its {} there: move it, or choose "
+                      "another --out",
+                      path.string(), name));
+  }
+  std::error_code ec;
+  if (!checkpointing_ || !fs::is_directory(store_.dir(), ec)) return;
+  if (::access(store_.dir().c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    throw ConfigError(
+        fmt::format("cannot write in {} ({}), where the job keeps its checkpoint: make it writable, "
+                    "or choose another --out",
+                    store_.dir().string(), errno_text(err)));
+  }
 }
 
 // The input (CSV ids keyed by the secret; a CSV job's windows resolved from it), and the names of

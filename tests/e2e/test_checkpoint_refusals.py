@@ -309,6 +309,28 @@ def main():
                       needs_flag)
         results.check("--fresh over an unfinished checkpoint starts over: exit 0, = reference", fresh_over_unfinished)
 
+        def linked_checkpoint():
+            # DIR/checkpoint as a link to a directory on other storage: a fresh start empties the target and keeps the
+            # link (it made a directory in its place: the secret went to the output's storage); --resume goes through.
+            base = case_dir("linked-checkpoint")
+            target, out = os.path.join(base, "elsewhere"), os.path.join(base, "out")
+            os.makedirs(target)
+            os.makedirs(out)
+            with open(os.path.join(target, "left.tmp"), "w") as f:
+                f.write("an interrupted start's file\n")
+            os.symlink(target, os.path.join(out, "checkpoint"))
+            r = run(job.path, out, env={"DPSTREAM_FAULT": "published@5:0"}, timeout=min(KILL_TIMEOUT, args.timeout))
+            assert r.returncode != 0, "the fault did not stop the run\n  " + r.describe()
+            assert os.path.islink(os.path.join(out, "checkpoint")), "the link to the checkpoint's storage was replaced"
+            held = sorted(os.listdir(target))
+            assert "job.h5" in held and "left.tmp" not in held, f"the link's target holds {held}"
+            assert oct(os.stat(target).st_mode & 0o777) == "0o700", "the checkpoint's storage is not private"
+            resume_ok(out, "--resume through a linked checkpoint")
+            assert os.path.islink(os.path.join(out, "checkpoint"))
+
+        results.check("DIR/checkpoint linked to other storage: kept a link, emptied, private; resume = reference",
+                      linked_checkpoint)
+
         # ---- a completed job is overwritten by a fresh run ----
 
         def overwrite_completed():

@@ -355,6 +355,14 @@ def main():
             assert r.returncode == 2 and "retired" in r.stderr, r.describe()
             r = dp.run_with("ledger", "init", ledger, "--epsilon", 1, "--delta", 1e-6, ranks=1)
             assert r.returncode == 2 and "never re-initialized" in r.stderr, r.describe()
+            # Outputs the job could not write are refused before the charge (the run failed only once charged).
+            fresh = init("outputs.db")
+            for blocked in ("releases.csv", "summary.json"):
+                out = path("out-blocked-" + blocked)
+                os.makedirs(os.path.join(out, blocked))
+                r = dp.run_with("run", write("blocked", job_toml("blocked", fresh)), "--out", out)
+                assert r.returncode == 2 and "not a regular file" in r.stderr, r.describe()
+            assert show(fresh) == {}, "a job refused for its outputs was charged"
             assert show(ledger) == {}
             # Blocks whose event time starts outside int64 seconds (blocks -2 and 2 of INT64_MAX s: a query's windows)
             # are refused, not charged with a wrapped time range.
@@ -380,7 +388,7 @@ def main():
                 assert r.returncode == code, r.describe()
             assert sorted(show(seconds)) == [top - 1, top], sorted(show(seconds))
         results.check("refusals before any record: mode none, CSV windows, window length, retired, missing, re-init, "
-                      "a block outside int64 time",
+                      "a block outside int64 time, outputs that cannot be written",
                       refusals)
         # 7. choose-c charges its window like a job, and is refused once the block is spent.
         def choose_c():
