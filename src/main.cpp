@@ -18,6 +18,7 @@
 #include <map>
 #include <string_view>
 
+#include "common/fault_injection.hpp"
 #include "dpstream_version.hpp"
 #include "shuffle/comm.hpp"
 #include "sql/operator.hpp"
@@ -599,6 +600,7 @@ struct QueryCommand {
     }
   }
   int exec(const dpstream::shuffle::Comm& comm, bool root) const {
+    dpstream::fault::arm_from_environment(comm.rank());  // tests: DPSTREAM_FAULT
     dpstream::sql::QueryJob j;
     // Every rank plans and checks the same job before the first collective; all fail alike, with the
     // first failing rank's message and kind (2: the query or an option, 3: the input).
@@ -746,6 +748,14 @@ int exec_reporting_errors(Commands& commands, const dpstream::shuffle::Comm& com
   return kExitOther;
 }
 
+// A stop signal stops `run` and `bench` after their current trigger; `query` and `choose-c`, which may charge a
+// ledger before they read, finish their release first (killed, they spent budget and wrote nothing).
+void install_stop_handlers(std::string_view command) {
+  using dpstream::stop_request::Stops;
+  if (command == "run" || command == "bench") dpstream::stop_request::install(Stops::AfterTrigger);
+  if (command == "query" || command == "choose-c") dpstream::stop_request::install(Stops::AfterRelease);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -758,8 +768,7 @@ int main(int argc, char** argv) {
   // NOLINTEND(concurrency-mt-unsafe)
   // A stop signal (a job cancelled while it starts) is a clean stop from the first instruction on,
   // not only once MPI is up and the command line parsed (MPI_Init can take seconds on a busy node).
-  if (argc > 1 && (std::string_view(argv[1]) == "run" || std::string_view(argv[1]) == "bench"))
-    dpstream::stop_request::install();
+  install_stop_handlers(argc > 1 ? argv[1] : "");
   dpstream::shuffle::MpiSession mpi(argc, argv);
   const dpstream::shuffle::Comm comm;
   const bool root = comm.rank() == 0;
@@ -788,6 +797,11 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitConfig;
   }
   // Before anything slow (job spec, checkpoint load): from here a stop signal is a clean stop.
-  if (*commands.run.cmd || *commands.bench.cmd) dpstream::stop_request::install();
-  return exec_reporting_errors(commands, comm);
+  for (const CLI::App* cmd : app.get_subcommands()) install_stop_handlers(cmd->get_name());
+  const int code = exec_reporting_errors(commands, comm);
+  if (const int s = dpstream::stop_request::signal_received();
+      s != 0 && root && code == 0 && (*commands.query.cmd || *commands.choose_c.cmd))
+    std::fprintf(stderr, "dpstream: the %s came while the release ran; it was finished first\n",
+                 dpstream::stop_request::signal_name(s));
+  return code;
 }

@@ -17,6 +17,7 @@ std::atomic<int> first_signal{0};
 std::atomic<long long> first_signal_ns{0};
 std::atomic<bool> process_ending{false};
 long long repeat_window_ns = 2'000'000'000;  // set before the handlers are installed
+Stops stops_at = Stops::AfterTrigger;        // set before the handlers are installed
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free &&
               std::atomic<bool>::is_always_lock_free);
 constexpr int kStopSignals[] = {SIGTERM, SIGUSR1};
@@ -37,9 +38,13 @@ void on_signal(int signo) {
   if (first_signal.compare_exchange_strong(expected, signo)) {
     first_signal_ns.store(now_ns());
     if (process_ending.load()) return;  // nothing to stop: the process is on its way out with its error
-    write_stderr(signo == SIGTERM
-                     ? "dpstream: SIGTERM received: stopping after the current trigger; a second signal aborts\n"
-                     : "dpstream: SIGUSR1 received: stopping after the current trigger; a second signal aborts\n");
+    const bool term = signo == SIGTERM;
+    if (stops_at == Stops::AfterTrigger)
+      write_stderr(term ? "dpstream: SIGTERM received: stopping after the current trigger; a second signal aborts\n"
+                        : "dpstream: SIGUSR1 received: stopping after the current trigger; a second signal aborts\n");
+    else
+      write_stderr(term ? "dpstream: SIGTERM received: finishing the release first; a second signal aborts\n"
+                        : "dpstream: SIGUSR1 received: finishing the release first; a second signal aborts\n");
     return;
   }
   // One request often arrives twice within moments (SLURM signals the rank and mpirun, which
@@ -57,7 +62,8 @@ void on_signal(int signo) {
 
 }  // namespace
 
-void install() {
+void install(Stops stops) {
+  stops_at = stops;
   // Tests: a shorter window. NOLINTNEXTLINE(concurrency-mt-unsafe): read at start-up, before other threads
   if (const char* w = std::getenv("DPSTREAM_STOP_REPEAT_SECONDS"))
     repeat_window_ns = static_cast<long long>(std::strtod(w, nullptr) * 1e9);

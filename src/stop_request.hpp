@@ -7,8 +7,12 @@
 
 namespace dpstream::stop_request {
 
+// What a first signal stops: a stream job after its current trigger (it commits and exits 5), or a one-shot release
+// (a query, choose-c) at its end: it may have charged a ledger already, so it finishes and writes its output rather
+// than die with the budget spent (the command says so when it ends).
+enum class Stops { AfterTrigger, AfterRelease };
 // Installs the handlers (idempotent). Until then the signals keep their default action.
-void install();
+void install(Stops stops = Stops::AfterTrigger);
 // 0, or the first stop signal this process received (async-signal-safe read).
 int signal_received();
 // The process is ending after an error it has reported: a first stop signal from now on (mpirun's to the other

@@ -710,6 +710,14 @@ def check_output_refusals(env, state):
         os.close(fd)
     run = env.query(q, csv_path, held, *HUGE, "--seed", "1")
     assert run.returncode == 0 and sorted(os.listdir(held)) == ["report.json", "result.csv"], run.describe()
+    # A stop signal (SLURM's SIGUSR1 or SIGTERM) once the ledger is charged: the query finishes its release and says
+    # so (killed by the signal, it had spent the budget and written nothing).
+    for sig in ("USR1", "TERM"):
+        out = os.path.join(d, "signalled-" + sig)
+        run = env.dp.run_with("query", q.sql, "--input", csv_path, "--user-column", "uid", *charged, "--out", out,
+                              env={"DPSTREAM_FAULT": f"query_charged@1:0:{sig}"})
+        assert run.returncode == 0 and sorted(os.listdir(out)) == ["report.json", "result.csv"], run.describe()
+        assert f"the SIG{sig} came while the release ran; it was finished first" in run.stderr, run.describe()
 
 
 OPTIONS_OUT_OF_PLACE = [
@@ -1134,7 +1142,8 @@ def main():
                       lambda: check_options_out_of_place(env, state))
         results.check("refused before a read: a header naming a column twice, /dev/zero as the input (exit 3)",
                       lambda: check_input_refusals(env, state))
-        results.check("refused before a charge: an --out that cannot be made, --bad-rows fail, an --out in use",
+        results.check("refused before a charge: an --out that cannot be made, --bad-rows fail, an --out in use; "
+                      "a stop signal after the charge finishes the release",
                       lambda: check_output_refusals(env, state))
         results.check("skipped rows: the first one's line and reason on stderr (dates in --window-column)",
                       lambda: check_bad_rows_named(env, state))

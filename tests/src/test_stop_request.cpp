@@ -25,6 +25,17 @@ TEST(StopRequestDeathTest, ASignalIsRecordedAndAnnounced) {
       ::testing::ExitedWithCode(0), "SIGTERM received: stopping after the current trigger");
 }
 
+// A one-shot release (a query, choose-c) finishes what it may have charged a ledger for instead of dying.
+TEST(StopRequestDeathTest, AOneShotReleaseIsNotStoppedBySignal) {
+  EXPECT_EXIT(
+      {
+        install(dpstream::stop_request::Stops::AfterRelease);
+        ::raise(SIGUSR1);
+        ::_exit(signal_received() == SIGUSR1 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "SIGUSR1 received: finishing the release first");
+}
+
 // After an error: mpirun signals the ranks still running once one has exited non-zero, and a rank that is itself
 // exiting with the agreed error must not announce a stop.
 TEST(StopRequestDeathTest, ASignalWhileEndingAfterAnErrorIsSilent) {
