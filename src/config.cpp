@@ -353,6 +353,11 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   c.name = job.string("name", c.name);
   if (c.name.empty())
     job.fail("name", "must not be empty (it names the job in summary.json and in a ledger's charges)");
+  // Control characters (a NUL cut the name where the checkpoint stores it: the job could never be resumed; others
+  // garble the log lines and ledger listings that print it).
+  if (std::any_of(c.name.begin(), c.name.end(),
+                  [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; }))
+    job.fail("name", "must not hold control characters (tab, newline, NUL, escape, ...): use printable text");
   job.finish();
 
   SectionReader in(root, "input", origins);

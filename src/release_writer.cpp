@@ -226,6 +226,11 @@ void ReleaseWriter::start() {
 }
 
 void ReleaseWriter::restore(const ReleasesExtent& committed, const std::string& staged) {
+  if (committed.bytes < kHeader.size() + staged.size())
+    throw CheckpointError(
+        fmt::format("the checkpoint's last commit is inconsistent: it holds {} bytes of rows but "
+                    "counts {} bytes of {} in all; start over with --fresh",
+                    staged.size(), committed.bytes, final_.string()));
   const std::uint64_t before = committed.bytes - staged.size();
   std::error_code ec;
   const auto size = std::filesystem::file_size(final_, ec);

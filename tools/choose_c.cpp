@@ -73,7 +73,12 @@ void check_choose_c_options(const JobConfig& config, const ChooseCOptions& o) {
         "--max-c must be in [1, {}], got {}; it should exceed the C you expect (default 1000)", kChooseCMaxC, o.max_c));
   const std::int64_t first = config.stream.first_window;
   const std::int64_t last = first + static_cast<std::int64_t>(config.stream.windows) - 1;
-  const bool known = !config.stream.windows_from_input;  // else any window: the input's are not known here
+  const bool known = !config.stream.windows_from_input;  // else any window run can read: the input's are not known
+  if (!known && o.window && (*o.window < 0 || *o.window > StreamConfig::kMaxWindow))
+    throw ConfigError(
+        fmt::format("--window {} is not a window a job can read (0..{}: floor(timestamp / "
+                    "window_seconds) of non-negative timestamps); choose one of the input's windows",
+                    *o.window, StreamConfig::kMaxWindow));
   if (known && o.window && (*o.window < first || *o.window > last))
     throw ConfigError(
         fmt::format("--window {} is not one of the job's windows {}..{} ([stream] first_window = {}, "

@@ -248,6 +248,9 @@ def main():
         # ---- 4. refusals ----
         def refusals():
             missing_csv_job = csv_job(os.path.join(csv_dir, "missing.toml"), os.path.join(csv_dir, "no-such.csv"))
+            any_window_job = os.path.join(csv_dir, "any-window.toml")  # windows from the input: any a job can read
+            with open(cjob, encoding="utf-8") as f, open(any_window_job, "w", encoding="utf-8") as g:
+                g.write(f.read().replace("windows = 2\n", ""))
             base = ["--epsilon", 1, "--delta", DELTA]
             cases = [
                 ("epsilon 0", [syn_job, "--epsilon", 0, "--delta", DELTA], 2, "--epsilon"),
@@ -259,6 +262,8 @@ def main():
                 ("max-c 0", [syn_job, *base, "--max-c", 0], 2, "--max-c"),
                 ("max-c 2e6", [syn_job, *base, "--max-c", 2000000], 2, "--max-c"),
                 ("window 1 of a 1-window job", [syn_job, *base, "--window", 1], 2, "--window"),
+                ("window -1 of the input's windows", [any_window_job, *base, "--window", -1], 2, "--window -1"),
+                ("window 2^20 + 1 of the input's windows", [any_window_job, *base, "--window", 2**20 + 1], 2, "0..1048576"),
                 ("epsilon too large for the sampler", [syn_job, "--epsilon", 1e7, "--delta", DELTA], 2, "--epsilon"),
                 ("no --epsilon", [syn_job, "--delta", DELTA], 2, "--epsilon"),
                 ("missing job file", [os.path.join(csv_dir, "no-such-job.toml"), *base], 2, "no-such-job.toml"),
@@ -281,7 +286,8 @@ def main():
                     problems.append(f"{label}: printed to stdout\n    {r.describe()}")
             assert not problems, "\n  ".join(problems)
 
-        results.check("refusals: epsilon, delta, quantile, max-c, window, missing files, bad --set, bad_rows fail, "
+        results.check("refusals: epsilon, delta, quantile, max-c, window (also outside what a job reads), missing files, "
+                      "bad --set, bad_rows fail, "
                       "--ledger with --seed", refusals)
     return results.finish()
 

@@ -623,7 +623,10 @@ TEST(ReleaseWriter, ResumeChecksTheCommittedBytes) {
   edited[ReleaseWriter::kHeader.size() + 2] ^= 1;  // a byte of the first row
   std::ofstream(file, std::ios::binary | std::ios::trunc) << edited;
   EXPECT_THROW(ReleaseWriter(dir, {}).restore(committed, staged), CheckpointError);
-  EXPECT_EQ(read(), edited);  // untouched
+  EXPECT_EQ(read(), edited);               // untouched
+  ReleasesExtent short_count = committed;  // counts fewer bytes than its own rows: no wrapped length
+  short_count.bytes = staged.size() - 1;
+  EXPECT_THROW(ReleaseWriter(dir, {}).restore(short_count, staged), CheckpointError);
   ReleasesExtent unchecked = committed;
   unchecked.xxh3.reset();  // a checkpoint written before the XXH3 was kept: the length alone is checked
   ReleaseWriter(dir, {}).restore(unchecked, staged);

@@ -119,6 +119,10 @@ TEST(Config, ErrorsNameTheSetThatGaveTheValue) {
       error_of(std::string(kMinimal) + "\n[job]\nname = \"\"\n", {"input.users=3"}).rfind("job.toml: [job] name", 0),
       0u);
   EXPECT_EQ(error_of(kMinimal, {"job.name=\"\""}).rfind("--set job.name=\"\": [job] name must not be empty", 0), 0u);
+  for (const char* name : {R"("a\u0000b")", R"("a\nb")", R"("\u001b[31m")", R"("a\tb")", R"("a\u007fb")"})
+    EXPECT_NE(error_of(kMinimal, {std::string("job.name=") + name}).find("control characters"), std::string::npos)
+        << name;
+  EXPECT_EQ(error_of(kMinimal, {R"(job.name="Zürich ✓ 2024")"}), "");
 }
 
 // An error about several values (the privacy plan's) names the spec and every --set applied over it.
