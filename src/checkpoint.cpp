@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "common/fault_injection.hpp"
+#include "common/printable.hpp"
 #include "kernels/banded_counter.hpp"
 #include "partition/hash.hpp"
 #include "src/csv_input.hpp"
@@ -78,13 +79,6 @@ FileDigest digest_file(const fs::path& path) {
   ::close(fd);
   d.xxh3 = XXH3_64bits_digest(state.get());
   return d;
-}
-
-// A message that may quote bytes of a damaged file, made safe to print and to put into JSON.
-std::string printable(std::string s) {
-  for (char& c : s)
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
-  return s;
 }
 
 std::string manifest_name(std::uint64_t seq) { return fmt::format("MANIFEST-{:06}.json", seq); }

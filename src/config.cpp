@@ -339,10 +339,16 @@ JobConfig parse_job(const std::string& toml_text, const std::string& source,
   for (const auto& o : overrides) apply_override(root, o, origins);
 
   const auto sections = spec_sections();
-  for (const auto& [k, _] : root)
-    if (std::find(sections.begin(), sections.end(), k.str()) == sections.end())
-      throw ConfigError(fmt::format("{}: unknown section [{}] (known: [{}])", origins.of_section(std::string(k.str())),
-                                    k.str(), fmt::join(sections, "], [")));
+  for (const auto& [k, node] : root) {
+    if (std::find(sections.begin(), sections.end(), k.str()) != sections.end()) continue;
+    if (!node.is_table())  // `name = "x"` above every [section]
+      throw ConfigError(
+          fmt::format("{}: {} is outside every section: put it under its section (e.g. [job] name, "
+                      "[stream] triggers)",
+                      origins.of_section(std::string(k.str())), k.str()));
+    throw ConfigError(fmt::format("{}: unknown section [{}] (known: [{}])", origins.of_section(std::string(k.str())),
+                                  k.str(), fmt::join(sections, "], [")));
+  }
 
   constexpr auto kMaxI64 = std::numeric_limits<std::int64_t>::max();
   JobConfig c;

@@ -29,7 +29,15 @@ bool Engine::open_checkpoint() {
   });
   shuffle::broadcast_string(comm_, input_digest);
   identity_ = checkpoint::identity_fields(config_, input_digest);
-  const checkpoint::Opened opened = store_.open(config_.name, identity_, options_.start_mode);
+  const checkpoint::Opened opened = [&] {
+    try {
+      return store_.open(config_.name, identity_, options_.start_mode);
+    } catch (const CheckpointError& e) {  // its advice to resume needs the checkpoints this spec turned off
+      if (checkpointing_) throw;
+      throw CheckpointError(std::string(e.what()) +
+                            " (--resume needs checkpoints: resume without [checkpoint] every = 0)");
+    }
+  }();
   if (root_)
     for (const auto& note : opened.notes) std::fprintf(stderr, "dpstream: %s\n", note.c_str());
   resuming_ = opened.kind == checkpoint::Opened::Kind::Resume;

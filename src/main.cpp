@@ -350,7 +350,9 @@ struct LedgerCommand {
                              "(event-time window), charged by every job with [privacy] ledger (docs/LEDGER.md)");
     cmd->require_subcommand(1);
     init = cmd->add_subcommand("init", "Create a ledger: the ceiling (epsilon, delta) of every block");
-    init->add_option("path", path, "The ledger file (SQLite), e.g. /shared/stream.ledger")->required();
+    init->add_option("path", path, "The ledger file (SQLite), e.g. /shared/stream.ledger")
+        ->required()
+        ->check(CLI::Validator([](std::string& p) { return p.empty() ? "the ledger's path is empty" : ""; }, "PATH"));
     init->add_option("--epsilon", ceiling.epsilon, "Ceiling epsilon per block (> 0)")->required();
     init->add_option("--delta", ceiling.delta, "Ceiling delta per block, in (0, 1)")->required();
     init->add_option("--block-seconds", ceiling.block_seconds,

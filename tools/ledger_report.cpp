@@ -1,4 +1,5 @@
 #include "tools/ledger_report.hpp"
+#include "common/printable.hpp"
 
 #include <fmt/format.h>
 
@@ -87,12 +88,12 @@ std::string ledger_text(const std::string& path, const ledger::Ledger& book, boo
     if (!explain) continue;
     out += "  " + composition_text(b, g) + "\n";
     for (const auto& c : b.charges)
-      out +=
-          fmt::format("  #{} {} job '{}' run {}: {}; {}\n", c.seq, c.at, c.job, c.run_id.substr(0, 12), c.mechanism,
-                      c.zcdp ? fmt::format("rho {:.6g}, failure mass {:.3g} one-sided, {:.3g} coupled (alone: epsilon "
-                                           "{:.6g}, delta {:.3g})",
-                                           c.rho, c.delta_extra, c.coupled, c.epsilon, c.delta)
-                             : fmt::format("epsilon {:.6g}, delta {:.3g}", c.epsilon, c.delta));
+      out += fmt::format(
+          "  #{} {} job '{}' run {}: {}; {}\n", c.seq, c.at, printable(c.job), c.run_id.substr(0, 12), c.mechanism,
+          c.zcdp ? fmt::format("rho {:.6g}, failure mass {:.3g} one-sided, {:.3g} coupled (alone: epsilon "
+                               "{:.6g}, delta {:.3g})",
+                               c.rho, c.delta_extra, c.coupled, c.epsilon, c.delta)
+                 : fmt::format("epsilon {:.6g}, delta {:.3g}", c.epsilon, c.delta));
   }
   return out;
 }

@@ -293,6 +293,10 @@ def main():
             before = harness.snapshot_tree(out)
             r = run(job.path, out)
             expect_refusal(r, out, before, ["--resume", "--fresh"], "run without --resume into an unfinished checkpoint")
+            # Without checkpoints the advice to resume says what resuming needs.
+            r = run(job.path, out, "--set", "checkpoint.every=0")
+            expect_refusal(r, out, before, ["--resume needs checkpoints", "every = 0"],
+                           "a run without checkpoints into an unfinished checkpoint")
 
         def fresh_over_unfinished():
             out = state.get("fresh") or unfinished("fresh-over-unfinished", fault="publish_half@4:0")

@@ -355,6 +355,8 @@ def main():
             assert r.returncode == 2 and "retired" in r.stderr, r.describe()
             r = dp.run_with("ledger", "init", ledger, "--epsilon", 1, "--delta", 1e-6, ranks=1)
             assert r.returncode == 2 and "never re-initialized" in r.stderr, r.describe()
+            r = dp.run_with("ledger", "init", "", "--epsilon", 1, "--delta", 1e-6, ranks=1)
+            assert r.returncode == 2 and "the ledger's path is empty" in r.stderr, r.describe()
             # Outputs the job could not write are refused before the charge (the run failed only once charged).
             fresh = init("outputs.db")
             for blocked in ("releases.csv", "summary.json"):

@@ -1,16 +1,22 @@
 // Optimal composition of k (eps0, delta0)-DP mechanisms (Kairouz, Oh & Viswanath 2015, Thm 3.3; Murtagh &
 // Vadhan 2016, Thm 1.5) against 120-digit decimal values from tests/reference/optimal_composition.py, the
 // single-mechanism curve, advanced composition (Dwork, Rothblum & Vadhan 2010) and round trips.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
 #include "src/accounting.hpp"
+#include "src/ledger.hpp"
+#include "tools/ledger_report.hpp"
 
 using namespace dpstream::accounting;
 
@@ -311,4 +317,25 @@ TEST(OptimalComposition, InvalidArgumentsThrow) {
   }
   EXPECT_THROW(optimal_composition_eps0(1, 1e-6, 1e-6, 1), std::invalid_argument);  // delta0 = delta, k = 1
   EXPECT_NO_THROW(optimal_composition_eps0(1, 1e-6, 0, 100000));
+}
+
+// `ledger explain` prints job names from the ledger: bytes that would move the terminal's cursor, color it or start
+// a line that looks like another charge are shown as '?'.
+TEST(LedgerReport, JobNamesArePrintedWithoutControlBytes) {
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("ledger-report-{}.db", ::getpid());
+  std::filesystem::remove(path);
+  dpstream::ledger::init(path.string(), {10, 1e-6, 86400});
+  dpstream::ledger::Request r{.run_id = "r1",
+                              .job = "a\n  #9 job 'admin'\x1b[31m",
+                              .mechanism = "test",
+                              .zcdp = false,
+                              .epsilon = 1,
+                              .delta = 1e-9,
+                              .blocks = {0}};
+  ASSERT_EQ(dpstream::ledger::charge_or_refuse(path.string(), 86400, r), dpstream::ledger::Outcome::Admitted);
+  const dpstream::ledger::Ledger book(path.string());
+  const std::string text = dpstream::ledger_text(path.string(), book, true);
+  EXPECT_NE(text.find("job 'a?  #9 job 'admin'?[31m'"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos);
+  std::filesystem::remove(path);
 }

@@ -55,6 +55,8 @@ TEST(Config, DefaultsAndRequiredKeys) {
 }
 
 TEST(Config, UnknownKeysAndSectionsAreNamed) {
+  EXPECT_NE(error_of(std::string("name = \"x\"\n") + kMinimal).find("name is outside every section"),
+            std::string::npos);
   auto e = error_of(std::string(kMinimal) + "[input]\nuser = 5\n");
   EXPECT_NE(e.find("unknown key [input] user"), std::string::npos) << e;
   EXPECT_NE(e.find("users"), std::string::npos) << "should list the known keys: " << e;
