@@ -54,31 +54,55 @@ dpstream_setup() {
 # on to mpirun or srun, which forward it to every rank: the engine then stops after its current
 # trigger with the checkpoint committed and exits 5. DPSTREAM_GOT_USR1=1 afterwards says the stop
 # was asked for this way (a time-limit warning: requeue), not by a cancel.
+# A SIGUSR1 that came before the launch (dpstream_setup's trap recorded it) starts nothing: passed to
+# a launcher that has not installed its handlers yet it would kill it (exit 138). It returns 5 with
+# DPSTREAM_LAUNCHED=0: a clean stop with nothing to commit (nothing ran, nothing was lost), so a
+# requeueing script requeues and its next run starts (or resumes) as this one would have.
+# Exit 5 also when the launcher itself died of the SIGTERM that SLURM sends to every process of the
+# job (mpirun then exits 1, and stops relaying the ranks' output) but rank 0 printed dpstream's stop
+# line (src/engine.cpp, Engine::stopped): it prints it only after the stop's commit is durable, so a
+# failure cannot produce it. Each rank is started as `bash -c 'exec dpstream ... 2> >(tee ...)'`:
+# its stderr still goes to the launcher (the job's output) and, through a tee that ignores SIGTERM,
+# straight to a temporary file on the node, which is searched for that line.
 dpstream_launch() {
   local launcher=${DPSTREAM_LAUNCHER:-mpirun}
+  DPSTREAM_LAUNCHED=0
   case $launcher in
-    mpirun)
-      mpirun -np "$DPSTREAM_RANKS" "$DPSTREAM_BIN" "$@" &
-      ;;
-    srun)
-      srun --mpi="${DPSTREAM_SRUN_MPI:-pmix}" --kill-on-bad-exit=0 -n "$DPSTREAM_RANKS" -c "$OMP_NUM_THREADS" \
-        "$DPSTREAM_BIN" "$@" &
-      ;;
+    mpirun | srun) ;;
     *)
       dpstream_log "DPSTREAM_LAUNCHER=$launcher: use mpirun or srun"
       return 2
       ;;
   esac
-  local child=$! code signalled=0
+  if ((DPSTREAM_GOT_USR1)); then
+    dpstream_log "SIGUSR1 arrived before the launch: dpstream not started (nothing ran, nothing to commit); exit 5, a clean stop"
+    return 5
+  fi
+  # Each rank's stderr, copied to a file by a tee of its own that ignores SIGTERM and SIGUSR1 (they
+  # reach every process of the job) and SIGPIPE (-p: mpirun stops reading after its SIGTERM).
+  local errlog
+  if ! errlog=$(mktemp "${TMPDIR:-/tmp}/dpstream-stderr.XXXXXX"); then
+    dpstream_log "no temporary file for dpstream's stderr: a launcher killed by SIGTERM will count as a failure"
+    errlog=/dev/null
+  fi
+  local rank_cmd=(bash -c 'f=$1; shift; exec "$@" 2> >(trap "" TERM USR1; exec tee -p -a "$f" >&2)' dpstream-rank
+    "$errlog" "$DPSTREAM_BIN" "$@")
+  DPSTREAM_LAUNCHED=1
+  case $launcher in
+    mpirun)
+      mpirun -np "$DPSTREAM_RANKS" "${rank_cmd[@]}" &
+      ;;
+    srun)
+      srun --mpi="${DPSTREAM_SRUN_MPI:-pmix}" --kill-on-bad-exit=0 -n "$DPSTREAM_RANKS" -c "$OMP_NUM_THREADS" \
+        "${rank_cmd[@]}" &
+      ;;
+  esac
+  local child=$! code signalled=0 got_term=0
   # USR1 reaches the batch shell alone: pass it on. SIGTERM (time limit, scancel, pre-emption)
   # reaches every process of the job, ranks included: passing it on would be a second signal; just
   # keep waiting for the stop.
   trap 'DPSTREAM_GOT_USR1=1; signalled=1; dpstream_log "SIGUSR1: asking dpstream to stop after its current bounding batch"; kill -USR1 '"$child"' 2>/dev/null || true' USR1
-  trap 'signalled=1; dpstream_log "SIGTERM: every rank got it too; waiting for dpstream to stop after its current bounding batch"' TERM
-  if ((DPSTREAM_GOT_USR1)); then  # it came before the launch (dpstream_setup's trap recorded it)
-    dpstream_log "SIGUSR1 arrived before the launch: asking dpstream to stop after its first trigger"
-    kill -USR1 "$child" 2>/dev/null || true
-  fi
+  trap 'signalled=1 got_term=1; dpstream_log "SIGTERM: every rank got it too; waiting for dpstream to stop after its current bounding batch"' TERM
   # `wait` returns early (status > 128) when a trapped signal arrives: wait again until the launcher ends.
   while true; do
     signalled=0 code=0
@@ -90,6 +114,21 @@ dpstream_launch() {
     break
   done
   dpstream_record_signals
+  if [[ $errlog != /dev/null ]]; then
+    local line= i
+    for ((i = 0; i < 20 && code != 0 && code != 5; i++)); do  # rank 0's tee may still be writing: up to 2 s
+      line=$(grep -E -m1 '^dpstream: stopped (cleanly )?on SIG[A-Z0-9]+ \(first seen by rank [0-9]+\) ' "$errlog" || true)
+      [[ -n $line ]] && break
+      sleep 0.1
+    done
+    if [[ -n $line ]]; then
+      local after=
+      ((got_term)) && after=" after the SIGTERM"
+      dpstream_log "$launcher exited with code $code$after, but dpstream's ranks stopped cleanly: exit 5. Rank 0 said: $line"
+      code=5
+    fi
+    rm -f "$errlog"
+  fi
   return "$code"
 }
 
@@ -104,5 +143,8 @@ dpstream_log_failure() {
   dpstream_log "dpstream exited with code $1 (1 unexpected, 2 job spec, 3 input, 4 checkpoint: see the log above)${2:+; $2}"
 }
 
-# True when DIR holds a checkpoint to continue from (a started job: --resume, not a new run).
-dpstream_has_checkpoint() { [[ -f $1/checkpoint/job.h5 ]]; }
+# True when DIR holds a checkpoint to continue from (a started job: --resume, not a new run): a
+# MANIFEST-<commit>.json, commit 0 or later.
+# A commit is its manifest (docs/CHECKPOINTS.md): job.h5 alone (a start killed before commit 0) cannot be
+# resumed (--resume is refused, exit 4), while a run without --resume starts the job over.
+dpstream_has_checkpoint() { compgen -G "$1/checkpoint/MANIFEST-[0-9]*.json" > /dev/null; }

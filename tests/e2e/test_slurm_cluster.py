@@ -11,7 +11,8 @@ started by slurm/local-cluster.sh in a temporary directory and torn down at the 
     uninterrupted run;
   * slurm/resume.sbatch continues a job stopped by a signal under slurm/run.sbatch (exit 5), and a
     job cancelled by a plain scancel (SIGTERM to every process, as at a time limit), which stops
-    cleanly without a second signal reaching the ranks;
+    cleanly without a second signal reaching the ranks and is reported as a clean stop (exit 5,
+    although mpirun itself dies of the SIGTERM);
   * slurm/sweep.sbatch as a 3-task array job over C: one RESULT line per value;
   * slurm/scaling.sh strong at 1 and 2 ranks: its CSV has both points;
   * slurm/billion.sbatch at 2e4 users: the memory model's table in the log, the job's releases equal
@@ -222,8 +223,16 @@ def main():
                     time.sleep(0.02)
                 cluster.cmd("scancel", job)
                 state = cluster.wait_done(job, timeout=120)
-                time.sleep(1)
-                text = read_text(os.path.join(d, "job.out"))
+                # The job is CANCELLED at once; its shell logs once mpirun is done (within KillWait = 30 s).
+                # mpirun dies of the SIGTERM itself (exit 1): the ranks' stop line makes it exit 5.
+                deadline = time.monotonic() + 45
+                while True:
+                    time.sleep(1)
+                    text = read_text(os.path.join(d, "job.out"))
+                    if "stopped by SIGTERM with its checkpoint committed" in text or time.monotonic() > deadline:
+                        break
+                assert "stopped by SIGTERM with its checkpoint committed" in text and "dpstream exited with code" not in text, \
+                    f"the clean stop is not reported as one (exit 5):\n{text[-3000:]}"
                 assert "second stop signal" not in text, f"the ranks got a second signal:\n{text[-3000:]}"
                 assert "requeueing" not in text, f"a cancelled job must not requeue itself:\n{text[-3000:]}"
                 assert state == "CANCELLED", f"state {state}"
