@@ -15,6 +15,11 @@ constexpr std::size_t kCertifiedValues = std::size_t{1} << 12;
 constexpr std::size_t kMaxGuideCells = std::size_t{1} << 13;
 // 2^-44 = 256 eps (eps = 2^-52): the error bounds below count a few roundings of eps each.
 constexpr double kErrorScale = 0x1p-44;
+// The original form is kept while the most likely value's interval of u holds at least this many doubles
+// (zipf.hpp): lo's probability resolved to 2^-16 relative or better. The paper's record counts (q = 26,
+// s = 6.738, lo = 1) have 5.7e6 (2^22.4), its keys (q = 1000, s = 1.4) 1.1e11; s = 6.738 reaches the
+// threshold at q ~ 50, and q = 300 has half a double (the sampler returned 1, 35 or 103 at q = 500).
+constexpr double kMinModeLevels = 0x1p16;
 
 // (exp(t) - 1) / t and log(1 + t) / t, accurate near t = 0 (the s -> 1 limit).
 double expm1_over(double t) { return std::abs(t) > 1e-8 ? std::expm1(t) / t : 1.0 + t / 2.0 * (1.0 + t / 3.0); }
@@ -28,6 +33,16 @@ ZipfMandelbrot::ZipfMandelbrot(std::uint64_t lo, std::uint64_t hi, double q, dou
   if (!(lo_ + q_ > 0.5) || !std::isfinite(q)) throw std::invalid_argument("ZipfMandelbrot: need lo + q > 1/2");
   h_integral_lo_ = h_integral(lo_ + 0.5) - h(lo_);
   h_integral_hi_ = h_integral(hi_ + 0.5);
+  // The original form's resolution at the mode lo (h decreases): h(lo) over the spacing of the doubles
+  // near H(lo + 1/2), the width of lo's interval of u in doubles. NaN or 0 (h underflows) also switch.
+  const double mode_levels = h(lo_) / (std::numeric_limits<double>::epsilon() *
+                                       std::max(std::abs(h_integral_lo_), std::abs(h_integral(lo_ + 0.5))));
+  if (!(mode_levels >= kMinModeLevels)) {
+    rescaled_ = true;
+    c_ = lo_ + q_;
+    h_integral_lo_ = h_integral(lo_ + 0.5) - h(lo_);
+    h_integral_hi_ = h_integral(hi_ + 0.5);
+  }
   s_const_ = lo_ + 1.0 - h_integral_inverse(h_integral(lo_ + 1.5) - h(lo_ + 1.0));
   build_certified_table();
 }
@@ -37,7 +52,18 @@ ZipfMandelbrot::ZipfMandelbrot(std::uint64_t lo, std::uint64_t hi, double q, dou
 // exp turns y's error into a relative one of x + q and adds its own eps; subtracting q rounds at the scale of
 // |x| (far above x + q when q < 0), and so do the step's x + 1/2, k - x and the table's k +- 1/2 +- e, hence the
 // last term (without it, q = 1 - lo with lo = 10^4 certified values the step rejects: a review's counterexample).
+//
+// Rescaled (c = lo + q, y = (x + q) / c, L = log y): t = u (1 - s) / c (two roundings: 2 eps |t|),
+// w = log1p(t) / t * (u / c) = L and x = lo + c expm1(w). t's rounding moves w by 2 eps |u / c| y^(s - 1) (the
+// same derivative as above; in x, times x + q = c y: 2 eps |u| y^s = 2 eps |H| / h), log1p, the division,
+// u / c and the product a few eps |L| (times x + q in x, bounded by |x - lo| + c); expm1 and the product by c
+// round at the scale of |x - lo|, adding lo and the step's x + 1/2, k - x and the table's k +- 1/2 +- e at
+// the scale of |x|. Near lo, L is near 0, so no term grows with q: the form's point.
 double ZipfMandelbrot::inverse_error(double x) const {
+  if (rescaled_) {
+    return kErrorScale * (2.0 * std::abs(h_integral(x)) / h(x) + 8.0 * (std::abs(x - lo_) + c_) * std::abs(log_y(x)) +
+                          4.0 * (std::abs(x) + std::abs(x - lo_)) + 4.0);
+  }
   const double xq = x + q_;
   return kErrorScale * (xq * (std::abs(h_integral(x)) * std::pow(xq, s_ - 1.0) + 4.0 * std::abs(std::log(xq)) + 4.0) +
                         4.0 * (std::abs(x) + std::abs(q_)));
@@ -45,7 +71,18 @@ double ZipfMandelbrot::inverse_error(double x) const {
 
 // h_integral computes lx = log(x + q) (x + q rounded: eps (x + q) h(x) on H; log: eps |lx|), a = (1 - s) lx
 // and expm1(a) / a * lx, whose relative error is |a| + 1 times lx's plus a few eps.
+//
+// Rescaled: d = (x - lo) / c (two roundings: 2 eps |d|), L = log1p(d) (off by 2 eps |d| / (1 + d) + eps |L|),
+// a = (1 - s) L and c expm1(a) / a * L: L's error times dH/dL = c e^a = c expm1_over(a) (a + ...) <=
+// c expm1_over(a) (|a| + 1), plus a few eps of H for expm1, the division and the two products.
 double ZipfMandelbrot::integral_error(double x) const {
+  if (rescaled_) {
+    const double d = (x - lo_) / c_;
+    const double lx = std::log1p(d);
+    const double a = (1.0 - s_) * lx;
+    const double log_error = 2.0 * std::abs(d) / (1.0 + d) + std::abs(lx);
+    return kErrorScale * (c_ * expm1_over(a) * (std::abs(a) + 1.0) * 4.0 * log_error + 8.0 * std::abs(h_integral(x)));
+  }
   const double lx = std::log(x + q_);
   return kErrorScale * (std::abs(h_integral(x)) * (std::abs((1.0 - s_) * lx) + 4.0) + (x + q_) * h(x));
 }
@@ -90,14 +127,23 @@ void ZipfMandelbrot::build_certified_table() {
   }
 }
 
-double ZipfMandelbrot::h(double x) const { return std::exp(-s_ * std::log(x + q_)); }
+// The original form's operations are exactly the ones that defined the stream before the rescaled form.
+double ZipfMandelbrot::log_y(double x) const { return rescaled_ ? std::log1p((x - lo_) / c_) : std::log(x + q_); }
+
+double ZipfMandelbrot::h(double x) const { return std::exp(-s_ * log_y(x)); }
 
 double ZipfMandelbrot::h_integral(double x) const {
-  const double lx = std::log(x + q_);
-  return expm1_over((1.0 - s_) * lx) * lx;
+  const double lx = log_y(x);
+  const double integral = expm1_over((1.0 - s_) * lx) * lx;
+  return rescaled_ ? c_ * integral : integral;
 }
 
 double ZipfMandelbrot::h_integral_inverse(double u) const {
+  if (rescaled_) {
+    double t = u * (1.0 - s_) / c_;
+    if (t < -1.0) t = -1.0;
+    return lo_ + c_ * std::expm1(log1p_over(t) * (u / c_));
+  }
   double t = u * (1.0 - s_);
   if (t < -1.0) t = -1.0;  // rounding guard at the lower end of the support
   return std::exp(log1p_over(t) * u) - q_;

@@ -3,6 +3,16 @@
 // size, so it serves both 1e5 record counts and billion-key supports. The first values also have a
 // table of certified intervals of the inversion's argument u, which returns what the inversion step
 // would without its exp and log1p (docs/PERFORMANCE.md, synthetic generation).
+//
+// Two forms of h and H (rejection-inversion works with any positive multiple of h and its integral,
+// shifted by any constant). The original one, h(x) = (x + q)^-s and H(x) = ((x + q)^(1-s) - 1) / (1-s),
+// defines the stream wherever it resolves the distribution. When (x + q)^(1-s) is tiny next to 1
+// (large q and/or large s) or x + q is huge next to the support (q >> hi - lo), that H is constant to the
+// last bits over the support and the sampler collapses onto a few values. The constructor then switches to
+// the rescaled form about c = lo + q: with y = (x + q) / c = 1 + (x - lo) / c, h(x) = y^-s and
+// H(x) = c (y^(1-s) - 1) / (1-s), log y taken as log1p((x - lo) / c). The switch: fewer than
+// kMinModeLevels (2^16) doubles of u in the original form's interval of the most likely value lo,
+// [H(lo + 1/2) - h(lo), H(lo + 1/2)], i.e. lo's probability resolved to worse than 2^-16 relative.
 #pragma once
 
 #include <cstdint>
@@ -68,10 +78,16 @@ class ZipfMandelbrot {
 
   std::uint64_t lo() const { return static_cast<std::uint64_t>(lo_); }
   std::uint64_t hi() const { return static_cast<std::uint64_t>(hi_); }
+  // True when the original form could not resolve the distribution and the rescaled one (about c = lo + q)
+  // samples it (see the top of this file); false keeps the original stream.
+  bool rescaled() const { return rescaled_; }
 
  private:
-  double h(double x) const;                   // (x + q)^-s
-  double h_integral(double x) const;          // H(x) = ((x + q)^(1-s) - 1) / (1 - s), log(x + q) at s = 1
+  // In the rescaled form each of h, H and H^-1 is the original one with x + q replaced by y = (x + q) / c
+  // and H multiplied by c (c = 1 and y = x + q in the original form).
+  double log_y(double x) const;               // log(x + q), or log1p((x - lo) / c) rescaled
+  double h(double x) const;                   // y^-s
+  double h_integral(double x) const;          // H(x) = c (y^(1-s) - 1) / (1 - s), c log(y) at s = 1
   double h_integral_inverse(double u) const;  // H^-1
   double normalizer() const;
   double inverse_error(double x) const;   // bounds |h_integral_inverse(u) - H^-1(u)| near H^-1(u) = x
@@ -79,6 +95,8 @@ class ZipfMandelbrot {
   void build_certified_table();
 
   double lo_, hi_, q_, s_;
+  bool rescaled_ = false;
+  double c_ = 1.0;  // lo + q when rescaled
   double h_integral_lo_, h_integral_hi_, s_const_;
   // Certified intervals [left, right] of u for the values lo, lo + 1, ...: disjoint, increasing (H grows).
   // guide_[c] is the first value whose interval ends at or after the start of cell c (cells of equal width).
