@@ -812,7 +812,14 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
           fmt::format("{} holds a checkpoint whose newest manifest is unusable ({}): pass --resume to "
                       "continue from the last good commit, or --fresh to discard it and start over",
                       dir_.string(), why));
-    if (newest.complete) return o;  // a finished job's output is simply replaced
+    if (newest.complete) {  // a finished job's output is simply replaced: a private one's, with a word about it
+      if (newest.privacy.contains("epsilon_per_window"))
+        o.notes.push_back(fmt::format(
+            "warning: {} holds the finished private job '{}': this run replaces its release by a new one, and "
+            "releasing the same windows again spends their privacy budget again (a [privacy] ledger charges it)",
+            dir_.parent_path().string(), printable(newest.job_name)));
+      return o;
+    }
     throw CheckpointError(
         fmt::format("{} holds an unfinished checkpoint of job '{}' (commit {}: window {}, {} trigger(s) "
                     "committed): pass --resume to continue it, or --fresh to discard it and start over",
@@ -843,16 +850,25 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
         fmt::format("the checkpoint in {} belongs to another job ('{}', started {}), not '{}': choose "
                     "another --out, or pass --fresh to discard it",
                     dir_.string(), job.job_name, job.started_at, job_name));
-  std::vector<std::string> changed;
+  // The spec's keys first, what the engine derives from them after (engine.banded_band follows stream.triggers),
+  // long values cut: the user changes the former.
+  std::vector<std::string> changed, derived;
+  const auto note = [&](const std::string& key, std::string change) {
+    const auto spec_keys = job_spec_fields();
+    const bool spec_key = std::any_of(spec_keys.begin(), spec_keys.end(), [&](const auto& f) { return f.name == key; });
+    (spec_key || !key.starts_with("engine.") ? changed : derived).push_back(key + " (" + std::move(change) + ")");
+  };
+  const auto cut = [](const std::string& v) { return v.size() > 60 ? v.substr(0, 57) + "..." : v; };
   for (const auto& [k, v] : fields) {
     const auto it = job.fields.find(k);
     if (it == job.fields.end())
-      changed.push_back(fmt::format("{} (now {})", k, v));
+      note(k, "now " + cut(v));
     else if (it->second != v)
-      changed.push_back(fmt::format("{} ({} -> {})", k, it->second, v));
+      note(k, cut(it->second) + " -> " + cut(v));
   }
   for (const auto& [k, v] : job.fields)
-    if (!fields.count(k)) changed.push_back(fmt::format("{} (was {})", k, v));
+    if (!fields.count(k)) note(k, "was " + cut(v));
+  for (std::string& d : derived) changed.push_back(std::move(d) + ", derived from the spec");
   if (!changed.empty())
     throw CheckpointError(
         fmt::format("the job spec changed since the checkpoint in {} was written: {}; resume with the "

@@ -174,6 +174,13 @@ def main():
                 r = run(job.path, out, "--resume", *argv)
                 expect_refusal(r, out, before, list(sets), f"--resume {' '.join(argv)}",
                                absent=[k for k in fields if k not in sets])
+                # The keys the user changed come first; what the engine derives from them after, cut short.
+                line = r.stderr.splitlines()[0]
+                derived = line.find("engine.")
+                assert derived == -1 or all(line.find(k) < derived for k in sets), r.describe()
+                listed = re.search(r"was written: (.*); resume with", line)
+                assert listed and all(len(part) < 200 for part in listed.group(1).split(", ")), \
+                    "a field's value was not cut\n  " + r.describe()
             return case
 
         for k in ("privacy.epsilon", "stream.triggers", "input.users"):
@@ -343,6 +350,8 @@ def main():
             shutil.copytree(job.ref_dir, out)
             r = run(job.path, out)
             assert r.returncode == 0, "fresh run (same spec) into a completed job failed\n  " + r.describe()
+            assert "spends their privacy budget again" in r.stderr, "no word that a private release is replaced\n  " + \
+                r.describe()
             assert harness.read_bytes(os.path.join(out, "releases.csv")) == job.ref, "same-spec rerun differs"
             r = run(other.path, out)
             assert r.returncode == 0, "fresh run of another job into a completed job's dir failed\n  " + r.describe()
