@@ -93,7 +93,7 @@ void Engine::admit_to_ledger(const noise::Secret& secret) {
       request.blocks.push_back(config_.stream.first_window + w);
     const auto identity = identity_.empty() ? checkpoint::identity_fields(config_, "") : identity_;
     request.run_id = ledger::run_id(secret.data(), secret.size(), checkpoint::fingerprint(identity));
-    ledger::charge_or_refuse(config_.privacy.ledger, config_.stream.window_seconds, request);
+    ledger::charge_or_refuse(config_.privacy.ledger, config_.stream.window_seconds, request, resuming_);
   });
 }
 

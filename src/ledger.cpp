@@ -581,8 +581,19 @@ Admission Ledger::admit(const Request& r) {
   }
 }
 
-Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request) {
+Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request, bool resume) {
   Ledger book(path);
+  if (resume) {
+    bool holds = false;
+    for (const BlockSpend& b : book.blocks())
+      for (const Charge& c : b.charges) holds = holds || c.run_id == request.run_id;
+    if (!holds)
+      throw std::runtime_error(fmt::format(
+          "ledger {} holds no charge of the run being resumed (run {}): it is not the ledger that admitted the job "
+          "(another file at that path, or one initialized anew); resume with that ledger, or start over with --fresh "
+          "(a new release, charged anew)",
+          path, request.run_id));
+  }
   if (book.ceiling().block_seconds != window_seconds)
     throw std::runtime_error(fmt::format(
         "ledger {}: its blocks are windows of {} s and this job's windows are {} s: set [stream] window_seconds = {}",

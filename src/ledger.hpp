@@ -77,8 +77,11 @@ std::string run_id(const unsigned char* key, std::size_t key_bytes, const std::s
 
 // What a job or tool does with its request: opens the ledger at `path`, checks that its blocks are
 // windows of `window_seconds`, admits and charges, and says so on stderr; throws std::runtime_error
-// with what to change on a refusal (called by rank 0 before any record is read).
-Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request);
+// with what to change on a refusal (called by rank 0 before any record is read). `resume`: the job's checkpoint
+// exists, so the ledger that admitted it holds the run's charge; a ledger without it is another one (another file
+// at the path, or one initialized anew) and is refused rather than charged.
+Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request,
+                         bool resume = false);
 
 // Creates a new ledger at `path` (refuses an existing file).
 void init(const std::string& path, const Ceiling& ceiling);

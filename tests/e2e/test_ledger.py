@@ -285,6 +285,20 @@ def main():
             assert r.returncode == 2 and "is empty" in r.stderr, r.describe()
             r = dp.run_with("run", spec, "--out", path("out-res"), "--resume", "--set", f'privacy.ledger="{path("x.db")}"')
             assert r.returncode != 0 and "ledger" in r.stderr, r.describe()
+            # Another ledger at the same path (the job's relative path from another directory, or a ledger initialized
+            # anew): the resume is refused, not charged there; with the ledger that admitted it, it goes on.
+            ledger2 = init("resume2.db")
+            spec2 = write("res2", job_toml("res2", ledger2, every=1, triggers=8))
+            r = dp.run_with("run", spec2, "--out", path("out-res2"), env=stop)
+            assert r.returncode == 5, r.describe()
+            os.rename(ledger2, ledger2 + ".kept")
+            init("resume2.db")
+            r = dp.run_with("run", spec2, "--out", path("out-res2"), "--resume")
+            assert r.returncode == 2 and "holds no charge of the run being resumed" in r.stderr, r.describe()
+            assert show(ledger2) == {}, "the other ledger was charged for a resumed release"
+            os.replace(ledger2 + ".kept", ledger2)
+            r = dp.run_with("run", spec2, "--out", path("out-res2"), "--resume")
+            assert r.returncode == 0 and "already charged" in r.stderr, r.describe()
         results.check("resume: charged once; a crash after admission keeps its charge", resume_and_crash)
 
         # 5. Damage.
