@@ -129,7 +129,15 @@ void Engine::refuse_unwritable_outputs(const std::filesystem::path& out_dir) con
                       "another --out",
                       path.string(), name));
   }
+  // A releases.csv beside neither a checkpoint nor a summary.json is no dpstream job's (a finished job leaves its
+  // summary.json, a started one its checkpoint, a failed one without checkpoints no releases.csv): it was replaced.
   std::error_code ec;
+  if (fs::is_regular_file(out_dir / "releases.csv", ec) && !fs::exists(out_dir / "summary.json", ec) &&
+      !fs::exists(store_.dir(), ec))
+    throw ConfigError(
+        fmt::format("{} was not written by a dpstream job (neither checkpoint/ nor summary.json lies "
+                    "beside it), and the job would replace it: move it, or choose another --out",
+                    (out_dir / "releases.csv").string()));
   if (!checkpointing_ || !fs::is_directory(store_.dir(), ec)) return;
   if (::access(store_.dir().c_str(), W_OK | X_OK) != 0) {
     const int err = errno;

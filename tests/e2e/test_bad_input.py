@@ -470,6 +470,28 @@ def main():
 
             return case
 
+        def foreign_releases(flags):
+            def case():
+                # A releases.csv that no dpstream job left (no checkpoint/, no summary.json beside it) is refused
+                # (exit 2), not replaced; one that a finished job left is replaced by a new run.
+                c = new(f"foreign releases {' '.join(flags)}")
+                write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
+                write(c.job, toml_job(c.csv, c.out))
+                os.makedirs(c.out)
+                place = os.path.join(c.out, "releases.csv")
+                write(place, "the user's own table\n")
+                run = c.run(c.job, *flags)
+                assert run.returncode == 2 and "another --out" in run.stderr, run.describe()
+                assert sorted(os.listdir(c.out)) == ["releases.csv"], f"the refused run left {os.listdir(c.out)}"
+                with open(place, encoding="utf-8") as f:
+                    assert f.read() == "the user's own table\n", f"{place} was changed"
+                os.remove(place)
+                for _ in range(2):  # the second run replaces the first one's output
+                    run = c.run(c.job, *flags)
+                    assert run.returncode == 0, run.describe()
+
+            return case
+
         def large_delta_warned(delta, warned):
             def case():
                 # A delta too large to mean privacy is run, with a warning (a CSV's users are unknown: >= 1e-3).
@@ -537,6 +559,8 @@ def main():
         results.check("an unknown command -> exit 2 naming it and the commands", unknown_command)
         results.check("budget without a spec names budget; evaluate --truth FILE says it is not a directory",
                       messages_name_the_command_and_the_path)
+        results.check("a releases.csv no job wrote in --out -> exit 2, kept", foreign_releases([]))
+        results.check("... also without checkpoints (every = 0)", foreign_releases(["--set", "checkpoint.every=0"]))
         results.check("a file named checkpoint in --out -> exit 4, the file kept", foreign_checkpoint_path("file", []))
         results.check("a foreign checkpoint directory, --fresh -> exit 4, its files kept",
                       foreign_checkpoint_path("dir", ["--fresh"]))
