@@ -163,6 +163,19 @@ void generate_csv(const dpstream::JobConfig& config, const std::string& path) {
   ::unlink(partial.c_str());
 }
 
+// run_job; a run refused before it wrote anything (a ledger's refusal, a bad input) removes the --out it made.
+dpstream::RunReport run_removing_a_refused_out(const dpstream::JobConfig& config, const dpstream::shuffle::Comm& comm,
+                                               const dpstream::RunOptions& options, bool root) {
+  std::error_code ec;
+  const bool made_out = root && !std::filesystem::exists(config.output.dir, ec);
+  try {
+    return dpstream::run_job(config, comm, options);
+  } catch (...) {
+    if (made_out && std::filesystem::is_empty(config.output.dir, ec)) std::filesystem::remove(config.output.dir, ec);
+    throw;
+  }
+}
+
 // A subcommand: its options (add) and what it does once they are parsed (exec, on every rank; the
 // exit code). Each CLI::App keeps references into its command's fields, so commands are not moved.
 struct RunCommand {
@@ -189,7 +202,7 @@ struct RunCommand {
     options.start_mode = resume  ? dpstream::checkpoint::StartMode::Resume
                          : fresh ? dpstream::checkpoint::StartMode::Fresh
                                  : dpstream::checkpoint::StartMode::Start;
-    const auto report = dpstream::run_job(config, comm, options);
+    const auto report = run_removing_a_refused_out(config, comm, options, root);
     if (stopped(report, root)) return kExitStopped;
     if (root && report.already_complete) {
       std::printf("dpstream: job '%s' is already complete in %s; nothing to do\n  releases: %s\n", config.name.c_str(),

@@ -241,7 +241,7 @@ def main():
             for part in ("block 0", "asks", "left", "Lower the job's epsilon", "[privacy]", "--epsilon"):
                 assert part in r.stderr, (part, r.stderr)
             assert show(ledger) == before
-            assert not os.path.exists(os.path.join(path("out-r3"), "releases.csv"))
+            assert not os.path.exists(path("out-r3")), "the refused run left the --out it made"
         results.check("refusal: exit 2 naming block, ask and what is left; nothing charged or written", refusal)
 
         # 3. Racing starts.
