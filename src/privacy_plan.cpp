@@ -471,7 +471,7 @@ std::string baseline_text(const PrivacyPlan& p) {
   std::string s;
   auto line = [&](const std::string& t) { s += t + "\n"; };
   line(fmt::format(
-      "privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
+      "privacy budget per window: epsilon = {}, delta = {} (user-level: all of one user's records in a window)",
       p.epsilon, p.delta));
   if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
   if (p.threshold != ThresholdTail::Subgaussian)
@@ -567,7 +567,7 @@ std::string budget_text(const PrivacyPlan& p, bool thresholds_table) {
   std::string s;
   auto line = [&](const std::string& t) { s += t + "\n"; };
   line(fmt::format(
-      "privacy budget per window: epsilon = {}, delta = {:.3g} (user-level: all of one user's records in a window)",
+      "privacy budget per window: epsilon = {}, delta = {} (user-level: all of one user's records in a window)",
       p.epsilon, p.delta));
   if (!p.private_run) line("WARNING: [privacy] seed fixes the noise secret: test mode, the output is NOT private");
   const bool banded_sel = p.selection_counter == CounterKind::Banded;
