@@ -98,14 +98,24 @@ void make_private_dir(const fs::path& path) {
   if (created) fsync_dir(dir.parent_path());
 }
 
-// Removes what a directory holds, not the directory: a symbolic link there (a checkpoint kept on other storage) still
-// leads where the user put it, and make_private_dir then makes its target private (removing the link made a
-// directory in its place: the job's secret went to the output's storage).
+// What a checkpoint directory holds: the job record, manifests, window directories w<N> (a checkpoint whose job record
+// and manifests are gone) and *.tmp files of writes cut short (a start interrupted before its job record was in place).
+bool is_checkpoint_entry(const std::string& name) {
+  static const std::regex window_dir(R"(w\d+)");  // a window's segments
+  return name == kJobFile || name.starts_with("MANIFEST-") || std::regex_match(name, window_dir) ||
+         name.ends_with(".tmp");
+}
+
+// Removes the checkpoint entries a directory holds, not the directory: a symbolic link there (a checkpoint kept on
+// other storage) still leads where the user put it, and make_private_dir then makes its target private (removing the
+// link made a directory in its place: the job's secret went to the output's storage). Anything else stays
+// (refuse_foreign_path refused a start over it).
 void empty_dir(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;  // absent (refuse_foreign_path refused anything else)
   try {
-    for (const auto& entry : fs::directory_iterator(dir)) fs::remove_all(entry.path());  // a link: the link only
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (is_checkpoint_entry(entry.path().filename().string())) fs::remove_all(entry.path());  // a link: the link
   } catch (const fs::filesystem_error& e) {
     throw std::runtime_error(fmt::format("cannot empty {}: {}", dir.string(), e.code().message()));
   }
@@ -253,10 +263,10 @@ std::vector<std::pair<std::uint64_t, fs::path>> list_manifests(const fs::path& d
 }
 
 // A fresh start empties the checkpoint directory: refuses a path there that dpstream did not make (a file of that
-// name, or a directory holding files but neither a job record nor a manifest), so that no user file is deleted.
-// Only *.tmp files: a start interrupted before its job record was renamed into place. Window directories w<N>: a
-// checkpoint whose job record and manifests are gone.
-void refuse_foreign_path(const fs::path& dir) {
+// name, or a directory holding anything but checkpoint entries, also beside a checkpoint: a link may lead to a
+// directory the user shares with other data), so that no user file is deleted. A resume deletes nothing: it only
+// needs a directory.
+void refuse_foreign_path(const fs::path& dir, bool emptied) {
   std::error_code ec;
   const fs::file_status status = fs::status(dir, ec);  // a link to a directory is used as one
   if (!fs::exists(status)) return;
@@ -265,18 +275,13 @@ void refuse_foreign_path(const fs::path& dir) {
         fmt::format("{} is not a directory: dpstream keeps its checkpoint there and would replace "
                     "it; move the file, or choose another --out",
                     dir.string()));
-  std::string foreign;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    static const std::regex window_dir(R"(w\d+)");  // a window's segments
-    if (name == kJobFile || name.starts_with("MANIFEST-") || std::regex_match(name, window_dir)) return;
-    if (foreign.empty() && e.path().extension() != ".tmp") foreign = name;
-  }
-  if (!foreign.empty())
-    throw CheckpointError(
-        fmt::format("{} holds files dpstream did not write ({} among them) and no checkpoint: "
-                    "starting would delete them; move them, or choose another --out",
-                    dir.string(), printable(foreign)));
+  if (!emptied) return;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (const std::string name = e.path().filename().string(); !is_checkpoint_entry(name))
+      throw CheckpointError(
+          fmt::format("{} holds files dpstream did not write ({} among them): starting would delete them; move "
+                      "them, or choose another --out",
+                      dir.string(), printable(name)));
 }
 
 // ---- job file ---------------------------------------------------------------------------------
@@ -793,7 +798,7 @@ Opened Store::open(const std::string& job_name, const Fields& fields, StartMode 
 
 Opened Store::open_on_root(const std::string& job_name, const Fields& fields, StartMode mode) {
   Opened o;
-  refuse_foreign_path(dir_);
+  refuse_foreign_path(dir_, mode != StartMode::Resume);
   const auto manifests = list_manifests(dir_);
   if (mode == StartMode::Fresh) return o;
   if (manifests.empty()) {
@@ -813,7 +818,7 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
                       "continue from the last good commit, or --fresh to discard it and start over",
                       dir_.string(), why));
     if (newest.complete) {  // a finished job's output is simply replaced: a private one's, with a word about it
-      if (newest.privacy.contains("epsilon_per_window"))
+      if (newest.privacy.contains("epsilon_per_window") && newest.privacy.value("private", true))
         o.notes.push_back(fmt::format(
             "warning: {} holds the finished private job '{}': this run replaces its release by a new one, and "
             "releasing the same windows again spends their privacy budget again (a [privacy] ledger charges it)",

@@ -81,6 +81,7 @@ void Engine::start_checkpoint(const noise::Secret& secret) {
     });
     nlohmann::json ledger = nlohmann::json::object();
     if (dp_) ledger = {{"epsilon_per_window", config_.privacy.epsilon}, {"delta_per_window", config_.privacy.delta}};
+    if (dp_ && !plan_.private_run) ledger["private"] = false;  // [privacy] seed: a test, no budget spent
     store_.commit_start(root_ ? writer_->committed() : ReleasesExtent{}, ledger);
   }
   users_.journal = keys_.journal = true;

@@ -123,7 +123,8 @@ void Engine::refuse_unwritable_outputs(const std::filesystem::path& out_dir) con
   for (const char* name : {"releases.csv", "summary.json"}) {
     std::error_code ec;
     const fs::path path = out_dir / name;
-    if (fs::exists(fs::symlink_status(path, ec)) && !fs::is_regular_file(fs::status(path, ec)))
+    const fs::file_status target = fs::status(path, ec);  // a dangling link is replaced like a missing file
+    if (fs::exists(target) && !fs::is_regular_file(target))
       throw ConfigError(
           fmt::format("{} is not a regular file, and the job writes its {} there: move it, or choose "
                       "another --out",

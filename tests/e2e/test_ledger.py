@@ -278,6 +278,10 @@ def main():
             r = dp.run_with("run", crash, "--out", path("out-crash"), "--fresh")
             assert r.returncode == 0 and "charged windows" in r.stderr, r.describe()
             assert show(ledger)[0]["charges"] == 3, "a fresh run is a new release"
+            # A plain run over the finished private job replaces its release: warned of, and charged again.
+            r = dp.run_with("run", crash, "--out", path("out-crash"))
+            assert r.returncode == 0 and "spends their privacy budget again" in r.stderr, r.describe()
+            assert show(ledger)[0]["charges"] == 4
             r = dp.run_with("run", write("seeded", job_toml("seeded", ledger, extra="seed = 7")), "--out",
                             path("out-seeded"))
             assert r.returncode == 2 and "not private" in r.stderr, r.describe()
