@@ -61,9 +61,9 @@ dpstream_setup() {
 # Exit 5 also when the launcher itself died of the SIGTERM that SLURM sends to every process of the
 # job (mpirun then exits 1, and stops relaying the ranks' output) but rank 0 printed dpstream's stop
 # line (src/engine.cpp, Engine::stopped): it prints it only after the stop's commit is durable, so a
-# failure cannot produce it. Each rank is started as `bash -c 'exec dpstream ... 2> >(tee ...)'`:
+# failure cannot produce it. Rank 0 is started as `bash -c 'exec dpstream ... 2> >(tee ...)'`:
 # its stderr still goes to the launcher (the job's output) and, through a tee that ignores SIGTERM,
-# straight to a temporary file on the node, which is searched for that line.
+# straight to a private temporary file on the node, which is searched for that line.
 dpstream_launch() {
   local launcher=${DPSTREAM_LAUNCHER:-mpirun}
   DPSTREAM_LAUNCHED=0
@@ -78,15 +78,20 @@ dpstream_launch() {
     dpstream_log "SIGUSR1 arrived before the launch: dpstream not started (nothing ran, nothing to commit); exit 5, a clean stop"
     return 5
   fi
-  # Each rank's stderr, copied to a file by a tee of its own that ignores SIGTERM and SIGUSR1 (they
+  # Rank 0's stderr, copied to a private file by a tee of its own that ignores SIGTERM and SIGUSR1 (they
   # reach every process of the job) and SIGPIPE (-p: mpirun stops reading after its SIGTERM).
   local errlog
   if ! errlog=$(mktemp "${TMPDIR:-/tmp}/dpstream-stderr.XXXXXX"); then
     dpstream_log "no temporary file for dpstream's stderr: a launcher killed by SIGTERM will count as a failure"
     errlog=/dev/null
   fi
-  local rank_cmd=(bash -c 'f=$1; shift; exec "$@" 2> >(trap "" TERM USR1; exec tee -p -a "$f" >&2)' dpstream-rank
-    "$errlog" "$DPSTREAM_BIN" "$@")
+  # Rank 0 alone (it prints the stop line): other ranks, maybe on other nodes whose TMPDIR lacks the file, write
+  # their stderr to the launcher only (no copy of raw-data-derived lines left behind there).
+  local rank_cmd=(bash -c 'f=$1; shift
+    r=${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${SLURM_PROCID:-0}}}
+    [ "$r" = 0 ] || exec "$@"
+    umask 077
+    exec "$@" 2> >(trap "" TERM USR1; exec tee -p -a "$f" >&2)' dpstream-rank "$errlog" "$DPSTREAM_BIN" "$@")
   DPSTREAM_LAUNCHED=1
   case $launcher in
     mpirun)

@@ -29,6 +29,7 @@
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
 #include "src/h5.hpp"
+#include "src/zipf.hpp"
 
 namespace dpstream::checkpoint {
 
@@ -593,6 +594,26 @@ std::string check_commit(const fs::path& dir, const Manifest& m) {
 
 // ---- identity ---------------------------------------------------------------------------------
 
+namespace {
+
+// The synthetic stream's Zipf-Mandelbrot samplers that take the rescaled form (src/zipf.hpp): for the same parameters
+// a binary without that form drew another stream, so a checkpoint records it (empty when neither does: the identity
+// of every job that uses the original form is unchanged).
+std::string rescaled_samplers(const JobConfig& c) {
+  if (c.input.kind != InputKind::Synthetic) return "";
+  std::string forms;
+  if (ZipfMandelbrot(c.input.records_per_user_min, c.input.records_per_user_max, c.input.records_per_user_q,
+                     c.input.records_per_user_s)
+          .rescaled())
+    forms = "records_per_user rescaled";
+  if (c.input.key_distribution == KeyDistribution::ZipfMandelbrot &&
+      ZipfMandelbrot(1, c.input.keys, c.input.key_q, c.input.key_s).rescaled())
+    forms += forms.empty() ? "keys rescaled" : ", keys rescaled";
+  return forms;
+}
+
+}  // namespace
+
 Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
   Fields f;
   // The engine's own output-defining choices (noise generator and sampler, fixed-point grid,
@@ -616,7 +637,8 @@ Fields identity_fields(const JobConfig& c, const std::string& input_digest) {
         "search v2 (steps to 2^-16, horizon <= 1024) on the 2^-30 grid; sigma on the 2^-32 grid";
   }
   // Not spec keys, but they define the output too.
-  if (c.input.kind == InputKind::Csv) f["input.content"] = input_digest;        // the file's content, wherever it lives
+  if (c.input.kind == InputKind::Csv) f["input.content"] = input_digest;  // the file's content, wherever it lives
+  if (const std::string forms = rescaled_samplers(c); !forms.empty()) f["input.zipf_form"] = forms;
   f["stream.windows_from_input"] = c.stream.windows_from_input ? "yes" : "no";  // then the content fixes them
   return f;
 }

@@ -493,6 +493,22 @@ TEST(Identity, EveryOutputDefiningFieldChangesTheFingerprint) {
             checkpoint::fingerprint(checkpoint::identity_fields(csv("elsewhere/x.csv"), "a")));
 }
 
+// A sampler in its rescaled form (zipf.hpp) draws another stream than binaries without it did for the same
+// parameters: the identity says so, and only then (the demo's and paper workload's streams are unchanged).
+TEST(Identity, RescaledSamplersAreRecorded) {
+  const auto fields_of = [](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), "output.progress=\"never\"");
+    return checkpoint::identity_fields(parse_job(demo_job_toml(), "demo", sets), "");
+  };
+  EXPECT_EQ(fields_of({}).count("input.zipf_form"), 0u);
+  EXPECT_EQ(fields_of({"input.records_per_user_q=500", "input.records_per_user_max=1000"}).at("input.zipf_form"),
+            "records_per_user rescaled");
+  EXPECT_EQ(fields_of({"input.key_q=1e15", "input.keys=100"}).at("input.zipf_form"), "keys rescaled");
+  EXPECT_EQ(
+      fields_of({"input.key_q=1e15", "input.keys=100", "input.key_distribution=\"uniform\""}).count("input.zipf_form"),
+      0u);
+}
+
 // Checkpoints written by earlier binaries are compared field by field: the keys and value spellings
 // must not drift (pinned here from the identity_fields of commit c20ec49).
 TEST(Identity, FieldsKeepTheirKeysAndSpellings) {
