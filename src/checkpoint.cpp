@@ -56,28 +56,11 @@ struct FileDigest {
   std::uint64_t bytes = 0, xxh3 = 0;
 };
 FileDigest digest_file(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", path.string(), errno_text(errno)));
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), XXH3_freeState);
-  if (!state || XXH3_64bits_reset(state.get()) != XXH_OK) {
-    ::close(fd);
+  if (!state || XXH3_64bits_reset(state.get()) != XXH_OK)
     throw std::runtime_error("cannot start a checksum (out of memory)");
-  }
-  std::vector<char> buffer(1 << 20);
   FileDigest d;
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw std::runtime_error(fmt::format("cannot read {}: {}", path.string(), errno_text(err)));
-    }
-    if (n == 0) break;
-    XXH3_64bits_update(state.get(), buffer.data(), static_cast<std::size_t>(n));
-    d.bytes += static_cast<std::uint64_t>(n);
-  }
-  ::close(fd);
+  d.bytes = hash_file_into(path, state.get());
   d.xxh3 = XXH3_64bits_digest(state.get());
   return d;
 }

@@ -5,10 +5,13 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "common/fault_injection.hpp"
 #include "src/errors.hpp"
@@ -145,6 +148,28 @@ std::vector<std::byte> read_file_bytes(const std::filesystem::path& path) {
   }
   ::close(fd);
   return out;
+}
+
+std::uint64_t hash_file_into(const std::filesystem::path& path, XXH3_state_s* state, std::uint64_t limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", path.string(), errno_text(errno)));
+  std::vector<char> buffer(std::size_t{1} << 20);
+  std::uint64_t read = 0;
+  while (read < limit) {
+    const ssize_t n =
+        ::read(fd, buffer.data(), static_cast<std::size_t>(std::min<std::uint64_t>(limit - read, buffer.size())));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw std::runtime_error(fmt::format("cannot read {}: {}", path.string(), errno_text(err)));
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(state, buffer.data(), static_cast<std::size_t>(n));
+    read += static_cast<std::uint64_t>(n);
+  }
+  ::close(fd);
+  return read;
 }
 
 }  // namespace dpstream

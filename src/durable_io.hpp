@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+struct XXH3_state_s;  // xxhash.h
+
 namespace dpstream {
 
 // write(2) of all `size` bytes (retries short writes and EINTR); false with errno set on failure.
@@ -55,5 +57,9 @@ std::string free_space_note(const std::filesystem::path& dir, const std::string&
 
 // Whole file into memory; throws std::runtime_error naming the file.
 std::vector<std::byte> read_file_bytes(const std::filesystem::path& path);
+
+// Feeds the first `limit` bytes of a file (all of it by default) into a running XXH3-64 state, read in 1 MiB pieces
+// (a file may be gigabytes); returns how many bytes it held up to `limit`. Throws std::runtime_error naming the file.
+std::uint64_t hash_file_into(const std::filesystem::path& path, XXH3_state_s* state, std::uint64_t limit = UINT64_MAX);
 
 }  // namespace dpstream

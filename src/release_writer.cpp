@@ -5,7 +5,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -185,23 +184,6 @@ void ReleaseWriter::count_in(const std::string& text, std::uint64_t rows) {
   rows_ += rows;
 }
 
-bool ReleaseWriter::hash_file_prefix(std::uint64_t bytes) {
-  XXH3_64bits_reset(hash_.get());
-  const int fd = ::open(final_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  std::vector<char> buffer(std::size_t{1} << 20);
-  std::uint64_t left = bytes;
-  while (left > 0) {
-    const ssize_t n = ::read(fd, buffer.data(), static_cast<std::size_t>(std::min<std::uint64_t>(left, buffer.size())));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    XXH3_64bits_update(hash_.get(), buffer.data(), static_cast<std::size_t>(n));
-    left -= static_cast<std::uint64_t>(n);
-  }
-  ::close(fd);
-  return left == 0;
-}
-
 ReleaseWriter::~ReleaseWriter() {
   if (target_ != final_) {
     std::error_code ec;
@@ -234,7 +216,11 @@ void ReleaseWriter::restore(const ReleasesExtent& committed, const std::string& 
   const std::uint64_t before = committed.bytes - staged.size();
   std::error_code ec;
   const auto size = std::filesystem::file_size(final_, ec);
-  if (ec || size < before || !hash_file_prefix(before))
+  if (!ec && size >= before) {
+    XXH3_64bits_reset(hash_.get());  // the running hash restarts over the committed bytes
+    if (hash_file_into(final_, hash_.get(), before) != before) ec = std::make_error_code(std::errc::io_error);
+  }
+  if (ec || size < before)
     throw CheckpointError(fmt::format(
         "{} holds {} bytes but the checkpoint committed {} bytes of rows before its last trigger: the file was "
         "removed, truncated or replaced after the run; restore it, or start over with --fresh",

@@ -114,8 +114,7 @@ class ReleaseWriter {
     void operator()(XXH3_state_s* s) const;
   };
   void count_in(const std::string& text, std::uint64_t rows);  // text handed to a commit (or written at once)
-  // The running XXH3 restarted over the first `bytes` bytes of the file; false when it holds fewer.
-  bool hash_file_prefix(std::uint64_t bytes);
+
   std::filesystem::path final_, target_;  // target_: final_, or the partial file
   ReleaseColumns columns_;
   std::string pending_;
