@@ -863,8 +863,8 @@ Opened Store::open_on_root(const std::string& job_name, const Fields& fields, St
   // The spec's keys first, what the engine derives from them after (engine.banded_band follows stream.triggers),
   // long values cut: the user changes the former.
   std::vector<std::string> changed, derived;
+  const auto spec_keys = job_spec_fields();
   const auto note = [&](const std::string& key, std::string change) {
-    const auto spec_keys = job_spec_fields();
     const bool spec_key = std::any_of(spec_keys.begin(), spec_keys.end(), [&](const auto& f) { return f.name == key; });
     (spec_key || !key.starts_with("engine.") ? changed : derived).push_back(key + " (" + std::move(change) + ")");
   };
