@@ -493,9 +493,21 @@ Segment read_segment_tables(hid_t root, const SegmentRef& ref, const std::string
     throw std::runtime_error("not a dpstream checkpoint segment of this format version");
   if (h5::read_string_attribute(root, "job_id") != job_id) throw std::runtime_error("it belongs to another job");
   if (h5::read_uint_attribute(root, "seq") != ref.seq ||
-      h5::read_uint_attribute(root, "rank") != static_cast<std::uint64_t>(ref.rank))
-    throw std::runtime_error("its commit number or rank differs from the manifest's");
+      h5::read_uint_attribute(root, "rank") != static_cast<std::uint64_t>(ref.rank) ||
+      h5::read_uint_attribute(root, "ranks") != static_cast<std::uint64_t>(ref.ranks))
+    throw std::runtime_error("its commit number, rank or rank count differs from the manifest's");
   Segment s;
+  const auto trigger_attribute = [root](const char* name) {
+    const std::uint64_t v = h5::read_uint_attribute(root, name);
+    if (v > std::numeric_limits<std::uint32_t>::max())
+      throw std::runtime_error(fmt::format("its {} ({}) is beyond 2^32 - 1", name, v));
+    return static_cast<std::uint32_t>(v);
+  };
+  s.window_index = trigger_attribute("window_index");
+  s.first_trigger = trigger_attribute("first_trigger");
+  s.next_trigger = trigger_attribute("next_trigger");
+  if (s.first_trigger > s.next_trigger)
+    throw std::runtime_error(fmt::format("its triggers [{}, {}) run backwards", s.first_trigger, s.next_trigger));
   visit_columns(s, [root](const char* name, auto& column) {
     column = h5::read_dataset<typename std::decay_t<decltype(column)>::value_type>(root, name);
   });
@@ -572,6 +584,49 @@ std::string check_commit(const fs::path& dir, const Manifest& m) {
   }
   return "";
 }
+
+// The segments one rank reads, in the manifest's (commit) order, against the manifest's window and triggers: each
+// commit's segments hold one span of triggers, the rank's own log covers [0, next_trigger) once, each commit's span
+// beginning where the one before ended. The manifest is checksummed; one edited with its checksum made to match must
+// still not replay a trigger (counting its users twice) or skip one.
+class SegmentSpans {
+ public:
+  explicit SegmentSpans(const Manifest& m) : m_(m) {}
+  // `in_log`: the segment is replayed (the rank's log read from its start), not only read for its staged rows.
+  void check(const SegmentRef& ref, const Segment& s, bool in_log) {
+    if (s.window_index != m_.window_index)
+      refuse(ref, fmt::format("holds window {} where the manifest's log is of window {}", s.window_index + 1,
+                              m_.window_index + 1));
+    if (ref.seq == m_.seq && s.next_trigger != m_.next_trigger)
+      refuse(ref,
+             fmt::format("ends at trigger {} where the manifest's commit ends at {}", s.next_trigger, m_.next_trigger));
+    if (!in_log) return;
+    if (seen_ && ref.seq == seq_) {
+      if (s.first_trigger != first_ || s.next_trigger != next_)
+        refuse(ref, fmt::format("holds triggers [{}, {}) where its commit's other segments hold [{}, {})",
+                                s.first_trigger, s.next_trigger, first_, next_));
+      return;
+    }
+    if (s.first_trigger != next_)
+      refuse(ref, fmt::format("begins at trigger {} where the log before it ends at {}", s.first_trigger, next_));
+    seen_ = true;
+    seq_ = ref.seq;
+    first_ = s.first_trigger;
+    next_ = s.next_trigger;
+  }
+
+ private:
+  [[noreturn]] static void refuse(const SegmentRef& ref, const std::string& why) {
+    throw CheckpointError(
+        fmt::format("checkpoint file {} {}: the manifest does not describe its segments; start over "
+                    "with --fresh",
+                    ref.file, why));
+  }
+  const Manifest& m_;
+  bool seen_ = false;
+  std::uint64_t seq_ = 0;
+  std::uint32_t first_ = 0, next_ = 0;  // the last commit's span read
+};
 
 }  // namespace
 
@@ -938,6 +993,7 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
   const bool root = comm_.rank() == 0;
   std::string staged;
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
+    SegmentSpans spans(latest_);
     for (const auto& ref : latest_.segments) {
       // A segment written with this rank count holds exactly one rank's users and keys; one written
       // with another count (before a resume that changed it) is read by every rank and filtered.
@@ -946,6 +1002,7 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
       const bool mine = !window_done && (!same_ranks || ref.rank == comm_.rank());
       if (!mine && !holds_staged) continue;
       Segment seg = read_segment(dir_, ref, latest_.job_id);
+      spans.check(ref, seg, mine);
       if (mine) apply(seg, users, keys, comm_.rank(), comm_.size(), !same_ranks, first_tests);
       if (holds_staged) staged = std::move(seg.releases_csv);
     }

@@ -83,6 +83,9 @@ struct Segment {
   std::vector<std::uint64_t> first_test_key;
   std::vector<std::uint32_t> first_test_round, first_test_step;
   std::string releases_csv;  // rank 0: the commit's release rows as they go into releases.csv
+  // Where it lies in the job, from its own attributes: triggers [first_trigger, next_trigger) of window
+  // window_index. Store::load checks them against the manifest (read_segment checks commit, rank and ranks).
+  std::uint32_t window_index = 0, first_trigger = 0, next_trigger = 0;
 
   // Payload bytes per entry of each table.
   static constexpr std::uint64_t kKeptBytes = 12, kPairBytes = 12, kKeyBytes = 56, kFirstTestBytes = 16;

@@ -769,6 +769,83 @@ TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
   }
 }
 
+// A manifest edited with its checksum made to match (the sweep's forged commit) must describe its segments: their rank
+// count, window and trigger spans. Otherwise a resume replays a trigger twice (its users counted again) or skips one.
+TEST(Store, ManifestMustDescribeItsSegments) {
+  shuffle::Comm comm;
+  const auto dir = shared_dir(comm, "spans");
+  const auto job = small_job();
+  const auto fields = checkpoint::identity_fields(job, "");
+  {
+    kernels::UserState users;
+    kernels::KeyStateTable keys;
+    const auto segments = drive(users, keys, 4, comm.rank(), comm.size(), 5);
+    checkpoint::Store store(dir, comm);
+    store.open(job.name, fields, checkpoint::StartMode::Start);
+    store.begin(job.name, fields, nullptr);
+    store.commit_start({.bytes = 10}, nlohmann::json::object());
+    for (std::uint32_t t = 0; t < 4; ++t)  // commit 4 holds triggers 3 and 4 (a commit of several triggers)
+      if (t != 3)
+        store.commit(std::make_shared<checkpoint::Journal>(segments[t]), "", {0, t, t == 2 ? t + 2 : t + 1, false},
+                     {{"records", 1}}, {.bytes = 10});
+    store.finish();
+  }
+  comm.barrier();
+  const auto manifest = dir / "MANIFEST-000003.json";
+  nlohmann::json original;
+  if (comm.rank() == 0) original = nlohmann::json::parse(std::ifstream(manifest));
+  // Rewrites the newest manifest with `edit` applied and a matching checksum; returns the resume's refusal ("" if
+  // none).
+  const auto resume_edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    if (comm.rank() == 0) {
+      nlohmann::json j = original;
+      edit(j);
+      j.erase("checksum");
+      const std::string body = j.dump();
+      j["checksum"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
+      std::ofstream(manifest, std::ios::trunc) << j.dump(1) << "\n";
+    }
+    comm.barrier();
+    checkpoint::Store store(dir, comm);
+    store.open(job.name, fields, checkpoint::StartMode::Resume);
+    kernels::UserState u;
+    kernels::KeyStateTable k;
+    try {
+      store.load(u, k, false);
+    } catch (const CheckpointError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(resume_edited([](nlohmann::json&) {}), "");
+  const auto drop_commit = [](std::uint64_t seq) {
+    return [seq](nlohmann::json& j) {
+      auto& segs = j["segments"];
+      segs.erase(std::remove_if(segs.begin(), segs.end(), [&](const auto& s) { return s["seq"] == seq; }), segs.end());
+    };
+  };
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> forged = {
+      {[](nlohmann::json& j) { j["next_trigger"] = 3; }, "ends at trigger 4 where the manifest's commit ends at 3"},
+      {drop_commit(2), "begins at trigger 2 where the log before it ends at 1"},
+      {drop_commit(1), "begins at trigger 1 where the log before it ends at 0"},
+      {[](nlohmann::json& j) {
+         auto& segs = j["segments"];  // commit 1 listed again after commit 3: triggers replayed
+         const nlohmann::json listed = segs;
+         for (std::size_t i = 0; i < listed.size() / 3; ++i) segs.push_back(listed[i]);
+       },
+       "begins at trigger"},
+      {[](nlohmann::json& j) {
+         for (auto& s : j["segments"]) s["ranks"] = s["ranks"].get<int>() + 1;
+         j["ranks"] = j["ranks"].get<int>() + 1;
+       },
+       "rank count differs from the manifest's"},
+  };
+  for (const auto& [edit, needle] : forged) {
+    const std::string why = resume_edited(edit);
+    EXPECT_NE(why.find(needle), std::string::npos) << "expected \"" << needle << "\" in: " << why;
+  }
+}
+
 TEST(Store, RefusesAnotherJobAndChangedFields) {
   shuffle::Comm comm;
   const auto dir = shared_dir(comm, "identity");
