@@ -1011,15 +1011,16 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
           fmt::format("commit {} should stage {} bytes of release rows but holds {}; start over with --fresh",
                       latest_.seq, latest_.staged_bytes, staged.size()));
   });
-  // The commit is usable and no rank writes yet: temporary files of an interrupted commit can go. Not
-  // earlier: a resume refused while loading leaves the directory as it found it.
+  return staged;
+}
+
+void Store::remove_temporaries() {
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
-    if (!root) return;
+    if (comm_.rank() != 0) return;
     std::error_code ec;
     for (const auto& e : fs::recursive_directory_iterator(dir_, ec))
       if (e.path().extension() == ".tmp") fs::remove(e.path(), ec);
   });
-  return staged;
 }
 
 void Store::begin(const std::string& job_name, const Fields& fields, const noise::Secret* secret) {

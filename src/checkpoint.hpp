@@ -187,6 +187,9 @@ class Store {
   // a complete job (window_done), whose last rows may not have reached releases.csv.
   std::string load(kernels::UserState& users, kernels::KeyStateTable& keys, bool window_done,
                    std::vector<kernels::FirstTest>* first_tests = nullptr);
+  // Resume, once accepted (loaded, releases.csv restored) and before any rank writes: deletes the temporary files
+  // of an interrupted commit (rank 0). Not earlier: a refused resume leaves the directory as it found it.
+  void remove_temporaries();
 
   // New job, collective: empties DIR/checkpoint and writes job.h5 (with the secret, if any).
   void begin(const std::string& job_name, const Fields& fields, const noise::Secret* secret);

@@ -53,6 +53,7 @@ bool Engine::open_checkpoint() {
     ReleaseWriter(out_dir, release_columns_).restore(m.releases, staged);
     if (!m.summary.is_null()) write_file_atomically(out_dir / "summary.json", m.summary.dump(2) + "\n");
   });
+  store_.remove_temporaries();
   report_.already_complete = true;
   report_.releases_path = (out_dir / "releases.csv").string();
   return false;
@@ -111,6 +112,7 @@ void Engine::resume() {
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (root_) writer_->restore(m.releases, staged);
   });
+  store_.remove_temporaries();
   counters_.restore(m.counters, root_);
   source_->skip_to(config_.stream.first_window, config_.stream.first_window + start_window_, start_trigger_);
 }

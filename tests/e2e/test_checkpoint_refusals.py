@@ -279,12 +279,21 @@ def main():
                     edited = original[:header_end] + bytes(reversed(original[header_end:-1])) + original[-1:]
                 with open(path, "wb") as f:
                     f.write(edited)
+                # What a commit interrupted while a rank wrote its segment leaves: the refusal, found once the
+                # state is loaded, must keep it too (it deleted such files, when the kill had left one); an
+                # accepted resume deletes it.
+                windows = sorted(d for d in os.listdir(os.path.join(out, "checkpoint")) if re.fullmatch(r"w\d+", d))
+                assert windows, f"no window directory in {out}/checkpoint"
+                stale = os.path.join(out, "checkpoint", windows[-1], "s999999-r0001.h5.tmp")
+                with open(stale, "wb") as f:
+                    f.write(b"an interrupted commit's segment")
                 before = harness.snapshot_tree(out)
                 r = run(job.path, out, "--resume")
                 expect_refusal(r, out, before, ["XXH3", "releases.csv", "--fresh"], f"--resume with releases.csv's {how}")
                 with open(path, "wb") as f:
                     f.write(original)
                 resume_ok(out, f"--resume after releases.csv's {how} was put back")
+                assert not os.path.exists(stale), f"the accepted resume left the temporary file {stale}"
             return case
 
         results.check("releases.csv with one committed digit edited -> exit 4 'XXH3', kept; put back -> = reference",
