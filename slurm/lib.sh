@@ -9,6 +9,10 @@
 #                      kills them (default 5; longer than one bounding batch plus one commit, below the
 #                      cluster's KillWait, 30 s by default). mpirun also waits twice this long
 #                      after a rank exits non-zero, e.g. 5 on a clean stop.
+#   DPSTREAM_SRUN_WAIT seconds srun lets the other ranks run after the first one ended before it kills them
+#                      (srun --wait; default 60; 0: no limit). Ranks end within moments of each other when
+#                      they finish or stop cleanly; a rank that died alone (OOM kill, SIGBUS on a shrunk
+#                      input: exit 3) can leave the others blocked in a collective until the time limit.
 
 dpstream_log() { printf '[%s] slurm/%s: %s\n' "$(date +%H:%M:%S)" "${DPSTREAM_SCRIPT:-lib.sh}" "$*" >&2; }
 
@@ -65,7 +69,7 @@ dpstream_setup() {
 # its stderr still goes to the launcher (the job's output) and, through a tee that ignores SIGTERM,
 # straight to a private temporary file on the node, which is searched for that line.
 dpstream_launch() {
-  local launcher=${DPSTREAM_LAUNCHER:-mpirun}
+  local launcher=${DPSTREAM_LAUNCHER:-mpirun} srun_wait=${DPSTREAM_SRUN_WAIT:-60}
   DPSTREAM_LAUNCHED=0
   case $launcher in
     mpirun | srun) ;;
@@ -74,6 +78,10 @@ dpstream_launch() {
       return 2
       ;;
   esac
+  if [[ $launcher == srun && ! $srun_wait =~ ^[0-9]+$ ]]; then
+    dpstream_log "DPSTREAM_SRUN_WAIT=$srun_wait: whole seconds (0: no limit)"
+    return 2
+  fi
   if ((DPSTREAM_GOT_USR1)); then
     dpstream_log "SIGUSR1 arrived before the launch: dpstream not started (nothing ran, nothing to commit); exit 5, a clean stop"
     return 5
@@ -98,8 +106,16 @@ dpstream_launch() {
       mpirun -np "$DPSTREAM_RANKS" "${rank_cmd[@]}" &
       ;;
     srun)
-      srun --mpi="${DPSTREAM_SRUN_MPI:-pmix}" --kill-on-bad-exit=0 -n "$DPSTREAM_RANKS" -c "$OMP_NUM_THREADS" \
-        "${rank_cmd[@]}" &
+      # --kill-on-bad-exit=0: a rank that ends with a non-zero code (5 after a clean stop) must not make
+      # srun kill the others while they still commit (the cluster's KillOnBadExit may say so).
+      # --wait: but once any rank has ended, for whatever reason, srun kills the others after
+      # DPSTREAM_SRUN_WAIT seconds. Ranks that finish or stop cleanly end within moments of each other
+      # (they end with collective operations); a rank that died alone (OOM kill, exit 3 on a shrunk
+      # input) can leave the others blocked in a collective, without --wait until the time limit (Open
+      # MPI over PMIx often notices the lost peer and aborts, other MPIs and transports may not). Both
+      # are needed: --kill-on-bad-exit=1 would take precedence over --wait and kill at once.
+      srun --mpi="${DPSTREAM_SRUN_MPI:-pmix}" --kill-on-bad-exit=0 --wait="$srun_wait" \
+        -n "$DPSTREAM_RANKS" -c "$OMP_NUM_THREADS" "${rank_cmd[@]}" &
       ;;
   esac
   local child=$! code signalled=0 got_term=0

@@ -10,7 +10,10 @@
   * SIGTERM to every process of the emulated job at once (batch shell, mpirun, ranks, the ranks'
     tee), as SLURM does at a time limit or scancel: mpirun dies of it (exit 1), the ranks stop
     cleanly with their commit, and dpstream_launch returns 5 and logs rank 0's stop line; a failing
-    run keeps its own exit code; no temporary file is left.
+    run keeps its own exit code; no temporary file is left;
+  * DPSTREAM_LAUNCHER=srun (a fake srun that records its arguments and runs the ranks with mpirun):
+    srun gets --kill-on-bad-exit=0 and --wait=60 (DPSTREAM_SRUN_WAIT overrides it; not a number:
+    exit 2, nothing started), so that ranks left in a collective by one that died are killed.
 
 Usage: test_slurm_lib.py [--bin build/src/dpstream] [--ranks N] [--mpirun mpirun] [--keep]
 """
@@ -51,6 +54,22 @@ dpstream_setup() {{ orig_dpstream_setup; [[ ${{PRE_USR1:-0}} == 1 ]] && kill -US
 """
 
 
+# PATH's srun: records its arguments (one a line), then runs the command on -n N ranks with PATH's mpirun.
+FAKE_SRUN = r"""#!/bin/sh
+printf '%s\n' "$@" > "@SRUN_ARGS@"
+np=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    -n) np=$2; shift 2 ;;
+    -c) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+exec mpirun -np "$np" "$@"
+"""
+
+
 def session_pids(sid):
     out = subprocess.run(["ps", "-e", "-o", "pid=,sid="], capture_output=True, text=True).stdout
     return {int(p) for p, s in (line.split() for line in out.splitlines() if line.strip()) if int(s) == sid}
@@ -73,14 +92,17 @@ def main():
         fake_home = os.path.join(tmp, "home")
         os.makedirs(os.path.join(fake_home, "slurm"))
         harness.write_job(os.path.join(fake_home, "slurm", "lib.sh"), FAKE_LIB.format(lib=LIB))
-        # PATH: an mpirun that logs its pid (exec keeps it) before it execs the real one, and a scontrol stub.
+        # PATH: an mpirun that logs its pid (exec keeps it) before it execs the real one, an srun that logs
+        # its arguments (FAKE_SRUN), and a scontrol stub.
         stubs = os.path.join(tmp, "bin")
         os.makedirs(stubs)
         launches = os.path.join(tmp, "launches.txt")
         requeues = os.path.join(tmp, "scontrol.txt")
-        for name, body in (("mpirun", f'echo $$ >> "{launches}"\nexec "{real_mpirun}" "$@"\n'),
-                           ("scontrol", f'echo "$*" >> "{requeues}"\n')):
-            path = harness.write_job(os.path.join(stubs, name), "#!/bin/sh\n" + body)
+        srun_args = os.path.join(tmp, "srun-args.txt")
+        for name, body in (("mpirun", f'#!/bin/sh\necho $$ >> "{launches}"\nexec "{real_mpirun}" "$@"\n'),
+                           ("srun", FAKE_SRUN.replace("@SRUN_ARGS@", srun_args)),
+                           ("scontrol", f'#!/bin/sh\necho "$*" >> "{requeues}"\n')):
+            path = harness.write_job(os.path.join(stubs, name), body)
             os.chmod(path, 0o755)
         small = harness.write_job(os.path.join(tmp, "small.toml"), harness.synthetic_job_toml(
             "slurm-lib-small", "none", 20000, 6, keys=300, seed=5, window_seconds=900, max_records=8, noise_seed=1))
@@ -105,7 +127,7 @@ def main():
                 return [int(p) for p in f.read().split()]
 
         def reset_stubs():
-            for path in (launches, requeues):
+            for path in (launches, requeues, srun_args):
                 if os.path.exists(path):
                     os.remove(path)
 
@@ -225,6 +247,38 @@ def main():
             assert code == 2 and "missing.toml" in text, f"exit {code} (2 expected):\n{text[-3000:]}"
         results.check("SIGTERM to shell, tee, mpirun and ranks: exit 5 with the stop line; a failure keeps its code",
                       sigterm_to_every_process)
+
+        def srun_options():
+            """srun's options, up to the command (bash -c ...); None when srun was not called."""
+            if not os.path.exists(srun_args):
+                return None
+            with open(srun_args) as f:
+                argv = f.read().splitlines()
+            return argv[:argv.index("bash")] if "bash" in argv else argv
+
+        def srun_wait():
+            case = case_dir("srun-wait")
+            reset_stubs()
+            out = os.path.join(case, "out")
+            code, text = run_script([batch, "run", small, "--out", out, "--progress", "never"],
+                                    env_for(case, DPSTREAM_LAUNCHER="srun"))
+            opts = srun_options()
+            assert code == 0 and opts is not None, f"exit {code}, srun options {opts}:\n{text[-3000:]}"
+            assert os.path.exists(os.path.join(out, "summary.json")), f"the job did not finish:\n{text[-3000:]}"
+            assert "--kill-on-bad-exit=0" in opts, f"srun {opts}: a rank's exit 5 would kill the others mid-commit"
+            assert "--wait=60" in opts, f"srun {opts}: no --wait=60 (ranks left by one that died wait for the time limit)"
+            reset_stubs()
+            code, text = run_script([batch, "run", small, "--out", out + "-2", "--progress", "never"],
+                                    env_for(case, DPSTREAM_LAUNCHER="srun", DPSTREAM_SRUN_WAIT="17"))
+            opts = srun_options()
+            assert code == 0 and opts is not None and "--wait=17" in opts, f"exit {code}, srun {opts}:\n{text[-3000:]}"
+            reset_stubs()
+            code, text = run_script([batch, "run", small, "--out", out + "-3", "--progress", "never"],
+                                    env_for(case, DPSTREAM_LAUNCHER="srun", DPSTREAM_SRUN_WAIT="1m"))
+            assert code == 2 and "DPSTREAM_SRUN_WAIT=1m" in text, f"exit {code} (2 expected):\n{text[-3000:]}"
+            assert srun_options() is None and not launched(), "DPSTREAM_SRUN_WAIT=1m: srun was started"
+        results.check("srun: --kill-on-bad-exit=0 --wait=60 (DPSTREAM_SRUN_WAIT=17 gives --wait=17; not a number: exit 2)",
+                      srun_wait)
 
     return results.finish()
 
