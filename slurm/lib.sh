@@ -13,6 +13,9 @@
 #                      (srun --wait; default 60; 0: no limit). Ranks end within moments of each other when
 #                      they finish or stop cleanly; a rank that died alone (OOM kill, SIGBUS on a shrunk
 #                      input: exit 3) can leave the others blocked in a collective until the time limit.
+#   DPSTREAM_USR1_GRACE whole seconds after the launch before a SIGUSR1 is passed on (default 10): earlier,
+#                      mpirun / srun or the ranks may not have installed their handlers yet and die of
+#                      it (exit 138) or drop it; a SIGUSR1 in that time is held and passed on once it is up.
 
 dpstream_log() { printf '[%s] slurm/%s: %s\n' "$(date +%H:%M:%S)" "${DPSTREAM_SCRIPT:-lib.sh}" "$*" >&2; }
 
@@ -58,6 +61,13 @@ dpstream_setup() {
 # on to mpirun or srun, which forward it to every rank: the engine then stops after its current
 # trigger with the checkpoint committed and exits 5. DPSTREAM_GOT_USR1=1 afterwards says the stop
 # was asked for this way (a time-limit warning: requeue), not by a cancel.
+# A SIGUSR1 in the first DPSTREAM_USR1_GRACE seconds after the launch is held until they are over, then
+# passed on once: mpirun / srun install their handlers a moment after they start, and so do the ranks
+# (whose default action for SIGUSR1 is to terminate): passed on at once, it could kill them (mpirun
+# exits 138, nothing is committed, the job is not requeued) or be lost (srun took it without passing
+# it on, in a test). Held, it gives the same clean stop, a few seconds later. A SIGTERM before the held
+# SIGUSR1 is due cancels it: the ranks stop on the SIGTERM, and a stop signal more than 2 s after the
+# first counts as a second one (the ranks abort).
 # A SIGUSR1 that came before the launch (dpstream_setup's trap recorded it) starts nothing: passed to
 # a launcher that has not installed its handlers yet it would kill it (exit 138). It returns 5 with
 # DPSTREAM_LAUNCHED=0: a clean stop with nothing to commit (nothing ran, nothing was lost), so a
@@ -69,7 +79,7 @@ dpstream_setup() {
 # its stderr still goes to the launcher (the job's output) and, through a tee that ignores SIGTERM,
 # straight to a private temporary file on the node, which is searched for that line.
 dpstream_launch() {
-  local launcher=${DPSTREAM_LAUNCHER:-mpirun} srun_wait=${DPSTREAM_SRUN_WAIT:-60}
+  local launcher=${DPSTREAM_LAUNCHER:-mpirun} srun_wait=${DPSTREAM_SRUN_WAIT:-60} grace=${DPSTREAM_USR1_GRACE:-10}
   DPSTREAM_LAUNCHED=0
   case $launcher in
     mpirun | srun) ;;
@@ -82,6 +92,11 @@ dpstream_launch() {
     dpstream_log "DPSTREAM_SRUN_WAIT=$srun_wait: whole seconds (0: no limit)"
     return 2
   fi
+  if [[ ! $grace =~ ^[0-9]+$ ]]; then
+    dpstream_log "DPSTREAM_USR1_GRACE=$grace: whole seconds (0: pass a SIGUSR1 on at once)"
+    return 2
+  fi
+  grace=$((10#$grace))
   if ((DPSTREAM_GOT_USR1)); then
     dpstream_log "SIGUSR1 arrived before the launch: dpstream not started (nothing ran, nothing to commit); exit 5, a clean stop"
     return 5
@@ -101,6 +116,8 @@ dpstream_launch() {
     umask 077
     exec "$@" 2> >(trap "" TERM USR1; exec tee -p -a "$f" >&2)' dpstream-rank "$errlog" "$DPSTREAM_BIN" "$@")
   DPSTREAM_LAUNCHED=1
+  local launched_ms
+  launched_ms=$(dpstream_now_ms)
   case $launcher in
     mpirun)
       mpirun -np "$DPSTREAM_RANKS" "${rank_cmd[@]}" &
@@ -118,12 +135,39 @@ dpstream_launch() {
         -n "$DPSTREAM_RANKS" -c "$OMP_NUM_THREADS" "${rank_cmd[@]}" &
       ;;
   esac
-  local child=$! code signalled=0 got_term=0
-  # USR1 reaches the batch shell alone: pass it on. SIGTERM (time limit, scancel, pre-emption)
-  # reaches every process of the job, ranks included: passing it on would be a second signal; just
-  # keep waiting for the stop.
-  trap 'DPSTREAM_GOT_USR1=1; signalled=1; dpstream_log "SIGUSR1: asking dpstream to stop after its current bounding batch"; kill -USR1 '"$child"' 2>/dev/null || true' USR1
+  local child=$! code signalled=0 got_term=0 usr1_held=0 in_grace=$((grace > 0))
+  # USR1 reaches the batch shell alone: pass it on (_dpstream_launch_usr1: at once, or held until the
+  # grace period is over). SIGTERM (time limit, scancel, pre-emption) reaches every process of the
+  # job, ranks included: passing it on would be a second signal; just keep waiting for the stop.
+  trap _dpstream_launch_usr1 USR1
   trap 'signalled=1 got_term=1; dpstream_log "SIGTERM: every rank got it too; waiting for dpstream to stop after its current bounding batch"' TERM
+  # A SIGUSR1 between the start of the launcher and the trap above was only recorded
+  # (dpstream_record_signals): DPSTREAM_GOT_USR1 was 0 before the launch.
+  if ((DPSTREAM_GOT_USR1)); then
+    _dpstream_launch_usr1
+  fi
+  # The grace period: poll the launcher rather than `wait` for it, so that a held SIGUSR1 is passed on
+  # when the period ends (a trap runs between commands: one run just before a `wait` would be stuck in it
+  # until the launcher ends). in_grace is cleared here alone: a SIGUSR1 whose trap runs before that is
+  # held, and passed on just below; one whose trap runs after it is passed on by the trap.
+  local grace_until=$((launched_ms + grace * 1000))
+  while ((in_grace)) && kill -0 "$child" 2>/dev/null; do
+    if (($(dpstream_now_ms) < grace_until)); then
+      sleep 0.1 || true  # SLURM's SIGTERM reaches it too
+      continue
+    fi
+    in_grace=0
+    if ((usr1_held && got_term)); then
+      dpstream_log "not passing the held SIGUSR1 on: a SIGTERM came meanwhile; the ranks stop on it (a SIGUSR1 now would count as a second signal and abort them)"
+    elif ((usr1_held)); then
+      dpstream_log "passing the held SIGUSR1 on: asking dpstream to stop after its current bounding batch"
+      kill -USR1 "$child" 2>/dev/null || true
+    fi
+  done
+  if ((in_grace && usr1_held)); then
+    dpstream_log "$launcher ended within the grace period: the held SIGUSR1 was not passed on"
+  fi
+  in_grace=0
   # `wait` returns early (status > 128) when a trapped signal arrives: wait again until the launcher ends.
   while true; do
     signalled=0 code=0
@@ -151,6 +195,37 @@ dpstream_launch() {
     rm -f "$errlog"
   fi
   return "$code"
+}
+
+# dpstream_launch's SIGUSR1 trap. It runs inside dpstream_launch, on its locals: sets signalled and
+# usr1_held, reads in_grace, child, launcher, launched_ms and grace. Passes the signal on to the
+# launcher or, during the grace period after the launch, holds it (dpstream_launch passes it on when
+# the period ends); repeats while one is held are the same request.
+_dpstream_launch_usr1() {
+  DPSTREAM_GOT_USR1=1
+  signalled=1
+  if ((in_grace && usr1_held)); then
+    dpstream_log "SIGUSR1 again: the first one is held, to be passed on ${grace} s after the launch"
+  elif ((in_grace)); then
+    usr1_held=1
+    local age_ms
+    age_ms=$(($(dpstream_now_ms) - launched_ms))
+    dpstream_log "SIGUSR1 $((age_ms / 1000)).$(printf %03d $((age_ms % 1000))) s after the launch: held until ${grace} s after it (DPSTREAM_USR1_GRACE), then passed on: $launcher and the ranks may not have installed their handlers yet (it would kill them)"
+  else
+    dpstream_log "SIGUSR1: asking dpstream to stop after its current bounding batch"
+    kill -USR1 "$child" 2>/dev/null || true
+  fi
+}
+
+# Milliseconds since the epoch: bash 5's EPOCHREALTIME (its digits: seconds and microseconds, whatever
+# the locale's decimal point), else GNU date (bash 4).
+dpstream_now_ms() {
+  if [[ -n ${EPOCHREALTIME:-} ]]; then
+    local us=${EPOCHREALTIME//[!0-9]/}
+    echo $((10#$us / 1000))
+  else
+    date +%s%3N
+  fi
 }
 
 # Outside dpstream_launch a SIGUSR1 or SIGTERM must not kill the batch shell: record it.

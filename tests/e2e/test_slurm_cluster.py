@@ -118,6 +118,9 @@ def main():
         cluster = Cluster(tmp)
         # DPSTREAM_BIN: the binary under test (also when the build directory is not REPO/build).
         cluster.env["DPSTREAM_BIN"] = dps.bin
+        # The SIGUSR1s below come once the ranks committed rows (their handlers are installed), about 1 s
+        # after the launch: slurm/lib.sh's default 10 s hold would outlast the 24-trigger job (about 4 s).
+        cluster.env["DPSTREAM_USR1_GRACE"] = "1"
         small = harness.write_job(os.path.join(tmp, "small.toml"), job_toml("slurm-small", 20000, 6))
         long = harness.write_job(os.path.join(tmp, "long.toml"), job_toml("slurm-long", 1500000, 24, every=1))
         # Commits only at the window's end: a mid-window commit can only come from a clean stop. Larger

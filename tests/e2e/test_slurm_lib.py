@@ -13,7 +13,11 @@
     run keeps its own exit code; no temporary file is left;
   * DPSTREAM_LAUNCHER=srun (a fake srun that records its arguments and runs the ranks with mpirun):
     srun gets --kill-on-bad-exit=0 and --wait=60 (DPSTREAM_SRUN_WAIT overrides it; not a number:
-    exit 2, nothing started), so that ranks left in a collective by one that died are killed.
+    exit 2, nothing started), so that ranks left in a collective by one that died are killed;
+  * a SIGUSR1 to the batch shell as soon as the launcher exists, which has no handler yet (a fake
+    mpirun that a SIGUSR1 kills until the test lets it go on): dpstream_launch holds it for
+    DPSTREAM_USR1_GRACE seconds, then passes it on; the ranks stop cleanly, exit 5 and
+    DPSTREAM_GOT_USR1=1 (passed on at once it killed the launcher: exit 138).
 
 Usage: test_slurm_lib.py [--bin build/src/dpstream] [--ranks N] [--mpirun mpirun] [--keep]
 """
@@ -54,6 +58,41 @@ dpstream_setup() {{ orig_dpstream_setup; [[ ${{PRE_USR1:-0}} == 1 ]] && kill -US
 """
 
 
+# PATH's mpirun: logs its pid (exec keeps it), then execs the real one. With FAKE_SLOW_START=FILE it is a
+# launcher slow to install its SIGUSR1 handler, as mpirun and srun are in their first instants: a SIGUSR1
+# kills it (exit 138) until FILE exists. Then it starts the real mpirun and passes a SIGUSR1 on to the
+# ranks (-np N) once each has its handler installed (SigCgt) and rank 0 is held at its first trigger
+# (DPSTREAM_FAULT=ingest@1:0:STOP): whatever the timing, the ranks get it as a clean stop, mid-job.
+FAKE_MPIRUN = r"""#!/bin/bash
+echo $$ >> "@LAUNCHES@"
+[[ -n ${FAKE_SLOW_START:-} ]] || exec "@MPIRUN@" "$@"
+until [[ -e $FAKE_SLOW_START ]]; do sleep 0.02; done
+got=0
+trap 'got=1' USR1
+"@MPIRUN@" "$@" &
+pid=$!
+field() { awk -v f="$2:" '$1 == f {print $2}' "/proc/$1/status" 2>/dev/null; }
+while kill -0 "$pid" 2>/dev/null; do
+  if ((got)); then
+    mapfile -t ranks < <(pgrep -P "$pid")
+    ready=0 held=0
+    for r in "${ranks[@]}"; do
+      m=$(field "$r" SigCgt)
+      ((16#${m:-0} & 0x200)) && ((++ready))
+      [[ $(field "$r" State) == T ]] && held=1
+    done
+    if ((ready == $2 && held)); then
+      trap '' USR1
+      kill -USR1 "${ranks[@]}"
+      kill -CONT "${ranks[@]}"
+      break
+    fi
+  fi
+  sleep 0.02
+done
+wait "$pid"
+"""
+
 # PATH's srun: records its arguments (one a line), then runs the command on -n N ranks with PATH's mpirun.
 FAKE_SRUN = r"""#!/bin/sh
 printf '%s\n' "$@" > "@SRUN_ARGS@"
@@ -92,14 +131,13 @@ def main():
         fake_home = os.path.join(tmp, "home")
         os.makedirs(os.path.join(fake_home, "slurm"))
         harness.write_job(os.path.join(fake_home, "slurm", "lib.sh"), FAKE_LIB.format(lib=LIB))
-        # PATH: an mpirun that logs its pid (exec keeps it) before it execs the real one, an srun that logs
-        # its arguments (FAKE_SRUN), and a scontrol stub.
+        # PATH: an mpirun that logs its pid (FAKE_MPIRUN), an srun that logs its arguments, a scontrol stub.
         stubs = os.path.join(tmp, "bin")
         os.makedirs(stubs)
         launches = os.path.join(tmp, "launches.txt")
         requeues = os.path.join(tmp, "scontrol.txt")
         srun_args = os.path.join(tmp, "srun-args.txt")
-        for name, body in (("mpirun", f'#!/bin/sh\necho $$ >> "{launches}"\nexec "{real_mpirun}" "$@"\n'),
+        for name, body in (("mpirun", FAKE_MPIRUN.replace("@LAUNCHES@", launches).replace("@MPIRUN@", real_mpirun)),
                            ("srun", FAKE_SRUN.replace("@SRUN_ARGS@", srun_args)),
                            ("scontrol", f'#!/bin/sh\necho "$*" >> "{requeues}"\n')):
             path = harness.write_job(os.path.join(stubs, name), body)
@@ -279,6 +317,54 @@ def main():
             assert srun_options() is None and not launched(), "DPSTREAM_SRUN_WAIT=1m: srun was started"
         results.check("srun: --kill-on-bad-exit=0 --wait=60 (DPSTREAM_SRUN_WAIT=17 gives --wait=17; not a number: exit 2)",
                       srun_wait)
+
+        def usr1_right_after_launch():
+            case = case_dir("usr1-after-launch")
+            out = os.path.join(case, "out")
+            go = os.path.join(case, "go")
+            log = os.path.join(case, "batch.log")
+            reset_stubs()
+            # A 2 s grace; mpirun stops 2 x DPSTREAM_STOP_GRACE s after the ranks' exit 5: 1 s keeps that short.
+            env = env_for(case, FAKE_SLOW_START=go, DPSTREAM_USR1_GRACE="2", DPSTREAM_STOP_GRACE="1",
+                          DPSTREAM_FAULT="ingest@1:0:STOP")
+
+            def log_text():
+                with open(log, errors="replace") as f:
+                    return f.read()
+
+            with open(log, "w") as err:
+                proc = subprocess.Popen(["bash", batch, "run", big, "--out", out, "--progress", "never"],
+                                        stdout=err, stderr=err, env=env, cwd=case, start_new_session=True)
+            try:
+                deadline = time.monotonic() + 60
+                while not launched():  # the launcher exists, without a SIGUSR1 handler
+                    assert proc.poll() is None and time.monotonic() < deadline, f"no launch:\n{log_text()[-3000:]}"
+                    time.sleep(0.005)
+                os.kill(proc.pid, signal.SIGUSR1)
+                # Only once lib.sh says it holds the signal may the launcher go on: passed on at once, the
+                # signal found it without a handler.
+                while "held until" not in log_text():
+                    assert proc.poll() is None, \
+                        f"the job ended with exit {proc.returncode} before the SIGUSR1 was held:\n{log_text()[-3000:]}"
+                    assert time.monotonic() < deadline, f"the SIGUSR1 was not held:\n{log_text()[-3000:]}"
+                    time.sleep(0.01)
+                harness.write_job(go, "")
+                code = proc.wait(timeout=90)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            text = log_text()
+            assert code == EXIT_STOPPED and "launched=1 usr1=1" in text, \
+                f"exit {code} ({EXIT_STOPPED} with DPSTREAM_GOT_USR1=1 expected):\n{text[-3000:]}"
+            assert "passing the held SIGUSR1 on" in text, text[-3000:]
+            m = re.search(r"dpstream: stopped cleanly on SIGUSR1 .* after trigger (\d+) of 60 .*commit (\d+) holds", text)
+            assert m, f"no clean stop line:\n{text[-3000:]}"
+            assert os.path.exists(os.path.join(out, "checkpoint", f"MANIFEST-{int(m.group(2)):06d}.json")), \
+                f"commit {m.group(2)} has no manifest"
+            assert not os.path.exists(os.path.join(out, "summary.json")), "summary.json after a stop"
+        results.check("SIGUSR1 as the launcher starts (no handler yet): held DPSTREAM_USR1_GRACE s, clean stop, exit 5",
+                      usr1_right_after_launch)
 
     return results.finish()
 
