@@ -585,13 +585,15 @@ std::string check_commit(const fs::path& dir, const Manifest& m) {
   return "";
 }
 
-// The segments one rank reads, in the manifest's (commit) order, against the manifest's window and triggers: each
-// commit's segments hold one span of triggers, the rank's own log covers [0, next_trigger) once, each commit's span
-// beginning where the one before ended. The manifest is checksummed; one edited with its checksum made to match must
-// still not replay a trigger (counting its users twice) or skip one.
+// The manifest's log against its segments. The manifest is checksummed, but one edited with its checksum made to
+// match must still not skip a commit's state or replay triggers (a rank's kept counts or (user, key) pairs lost would
+// let its users contribute again). The list: commits in ascending order, each naming ranks 0..P-1 of one count P once,
+// the newest being the manifest's. The segments one rank reads, in that order: the manifest's window, each commit's
+// segments one span of triggers, the rank's log covering [0, next_trigger): each span beginning where the one before
+// ended, the newest ending at next_trigger (commit, rank and rank count: read_segment).
 class SegmentSpans {
  public:
-  explicit SegmentSpans(const Manifest& m) : m_(m) {}
+  explicit SegmentSpans(const Manifest& m) : m_(m) { check_list(); }
   // `in_log`: the segment is replayed (the rank's log read from its start), not only read for its staged rows.
   void check(const SegmentRef& ref, const Segment& s, bool in_log) {
     if (s.window_index != m_.window_index)
@@ -614,8 +616,36 @@ class SegmentSpans {
     first_ = s.first_trigger;
     next_ = s.next_trigger;
   }
+  // After a rank read its log: it reached the manifest's commit and trigger.
+  void check_log_end() const {
+    if (next_ != m_.next_trigger || (seen_ && seq_ != m_.seq))
+      throw CheckpointError(
+          fmt::format("commit {}'s log ends at trigger {} where its manifest says {}: the manifest "
+                      "does not describe its segments; start over with --fresh",
+                      m_.seq, next_, m_.next_trigger));
+  }
 
  private:
+  void check_list() const {
+    const auto& segs = m_.segments;
+    const auto bad = [&](const std::string& why) {
+      throw CheckpointError(fmt::format(
+          "commit {}'s manifest {}: it does not describe its segments; start over with --fresh", m_.seq, why));
+    };
+    if (m_.seq == 0 ? !segs.empty() : segs.empty() || segs.back().seq != m_.seq)
+      bad(fmt::format("lists {} as its newest commit", segs.empty() ? "no segment" : std::to_string(segs.back().seq)));
+    if (!segs.empty() && segs.back().ranks != m_.ranks)
+      bad(fmt::format("names {} rank(s) but its newest segments {}", m_.ranks, segs.back().ranks));
+    for (std::size_t i = 0; i < segs.size();) {  // one commit's segments: ranks 0..P-1 of one count P, in order
+      const SegmentRef& first = segs[i];
+      if (i > 0 && first.seq <= segs[i - 1].seq)
+        bad(fmt::format("lists commit {} after commit {}", first.seq, segs[i - 1].seq));
+      for (int r = 0; r < first.ranks; ++r, ++i)
+        if (i == segs.size() || segs[i].seq != first.seq || segs[i].ranks != first.ranks || segs[i].rank != r)
+          bad(fmt::format("does not list rank {} of {} of commit {} once, in order", r, first.ranks, first.seq));
+      if (first.ranks < 1) bad(fmt::format("lists commit {} with {} ranks", first.seq, first.ranks));
+    }
+  }
   [[noreturn]] static void refuse(const SegmentRef& ref, const std::string& why) {
     throw CheckpointError(
         fmt::format("checkpoint file {} {}: the manifest does not describe its segments; start over "
@@ -996,9 +1026,11 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
     SegmentSpans spans(latest_);
     for (const auto& ref : latest_.segments) {
       // A segment written with this rank count holds exactly one rank's users and keys; one written
-      // with another count (before a resume that changed it) is read by every rank and filtered.
+      // with another count (before a resume that changed it) is read by every rank and filtered. Rank 0
+      // reads its segment of the newest commit in any case: it holds the staged rows, and its span is checked
+      // (a window's last commit carries no state: a small file).
       const bool same_ranks = ref.ranks == comm_.size();
-      const bool holds_staged = root && ref.seq == latest_.seq && ref.rank == 0 && latest_.staged_bytes > 0;
+      const bool holds_staged = root && ref.seq == latest_.seq && ref.rank == 0;
       const bool mine = !window_done && (!same_ranks || ref.rank == comm_.rank());
       if (!mine && !holds_staged) continue;
       Segment seg = read_segment(dir_, ref, latest_.job_id);
@@ -1006,6 +1038,7 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
       if (mine) apply(seg, users, keys, comm_.rank(), comm_.size(), !same_ranks, first_tests);
       if (holds_staged) staged = std::move(seg.releases_csv);
     }
+    if (!window_done) spans.check_log_end();
     if (root && staged.size() != latest_.staged_bytes)
       throw CheckpointError(
           fmt::format("commit {} should stage {} bytes of release rows but holds {}; start over with --fresh",
@@ -1017,9 +1050,14 @@ std::string Store::load(kernels::UserState& users, kernels::KeyStateTable& keys,
 void Store::remove_temporaries() {
   shuffle::on_all_ranks<CheckpointError>(comm_, [&] {
     if (comm_.rank() != 0) return;
+    // Non-throwing steps: the resume is accepted and releases.csv restored; an unreadable entry only stays.
     std::error_code ec;
-    for (const auto& e : fs::recursive_directory_iterator(dir_, ec))
-      if (e.path().extension() == ".tmp") fs::remove(e.path(), ec);
+    for (auto it = fs::recursive_directory_iterator(dir_, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec))
+      if (it->path().extension() == ".tmp") {
+        std::error_code ignored;
+        fs::remove(it->path(), ignored);
+      }
   });
 }
 

@@ -145,8 +145,9 @@ struct JobRecord {
   std::uint64_t bytes = 0, xxh3 = 0;  // of the file, for the manifests' check
 };
 JobRecord read_job(const std::filesystem::path& path, const Manifest* expected = nullptr);
-// One segment of a commit's log (dir / ref.file), verified against `ref` (size, XXH3, commit number,
-// rank) and `job_id`; throws CheckpointError when missing, damaged or not this job's.
+// One segment of a commit's log (dir / ref.file), verified against `ref` (size, XXH3, commit number, rank, rank
+// count) and `job_id`, its trigger span not running backwards; throws CheckpointError when missing, damaged or not
+// this job's. Its window and span are checked against the manifest by Store::load.
 Segment read_segment(const std::filesystem::path& dir, const SegmentRef& ref, const std::string& job_id);
 
 enum class StartMode {

@@ -784,7 +784,7 @@ TEST(Store, ManifestMustDescribeItsSegments) {
     store.open(job.name, fields, checkpoint::StartMode::Start);
     store.begin(job.name, fields, nullptr);
     store.commit_start({.bytes = 10}, nlohmann::json::object());
-    for (std::uint32_t t = 0; t < 4; ++t)  // commit 4 holds triggers 3 and 4 (a commit of several triggers)
+    for (std::uint32_t t = 0; t < 4; ++t)  // commit 3 holds triggers [2, 4) (a commit of several triggers)
       if (t != 3)
         store.commit(std::make_shared<checkpoint::Journal>(segments[t]), "", {0, t, t == 2 ? t + 2 : t + 1, false},
                      {{"records", 1}}, {.bytes = 10});
@@ -796,7 +796,7 @@ TEST(Store, ManifestMustDescribeItsSegments) {
   if (comm.rank() == 0) original = nlohmann::json::parse(std::ifstream(manifest));
   // Rewrites the newest manifest with `edit` applied and a matching checksum; returns the resume's refusal ("" if
   // none).
-  const auto resume_edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+  const auto resume_edited = [&](const std::function<void(nlohmann::json&)>& edit, bool window_done = false) {
     if (comm.rank() == 0) {
       nlohmann::json j = original;
       edit(j);
@@ -811,7 +811,7 @@ TEST(Store, ManifestMustDescribeItsSegments) {
     kernels::UserState u;
     kernels::KeyStateTable k;
     try {
-      store.load(u, k, false);
+      store.load(u, k, window_done);
     } catch (const CheckpointError& e) {
       return std::string(e.what());
     }
@@ -824,26 +824,49 @@ TEST(Store, ManifestMustDescribeItsSegments) {
       segs.erase(std::remove_if(segs.begin(), segs.end(), [&](const auto& s) { return s["seq"] == seq; }), segs.end());
     };
   };
+  const auto drop_segment = [](std::uint64_t seq, int rank) {
+    return [seq, rank](nlohmann::json& j) {
+      auto& segs = j["segments"];
+      segs.erase(
+          std::remove_if(segs.begin(), segs.end(), [&](const auto& s) { return s["seq"] == seq && s["rank"] == rank; }),
+          segs.end());
+    };
+  };
+  const int last = comm.size() - 1;
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> forged = {
       {[](nlohmann::json& j) { j["next_trigger"] = 3; }, "ends at trigger 4 where the manifest's commit ends at 3"},
       {drop_commit(2), "begins at trigger 2 where the log before it ends at 1"},
       {drop_commit(1), "begins at trigger 1 where the log before it ends at 0"},
+      {drop_commit(3), "lists 2 as its newest commit"},  // the log would end at 2, the resume start at 4
+      {drop_segment(1, last),
+       comm.size() == 1 ? "begins at trigger 1" : "does not list rank"},  // that rank's users lose commit 1
       {[](nlohmann::json& j) {
          auto& segs = j["segments"];  // commit 1 listed again after commit 3: triggers replayed
          const nlohmann::json listed = segs;
          for (std::size_t i = 0; i < listed.size() / 3; ++i) segs.push_back(listed[i]);
        },
-       "begins at trigger"},
+       "lists 1 as its newest commit"},
+      {[](nlohmann::json& j) {
+         j["seq"] = 4;  // a commit no segment belongs to, past the log's end
+         j["next_trigger"] = 9;
+       },
+       "lists 3 as its newest commit"},
       {[](nlohmann::json& j) {
          for (auto& s : j["segments"]) s["ranks"] = s["ranks"].get<int>() + 1;
          j["ranks"] = j["ranks"].get<int>() + 1;
        },
-       "rank count differs from the manifest's"},
+       "does not list rank"},
+      {[](nlohmann::json& j) { j["ranks"] = j["ranks"].get<int>() + 1; }, "rank(s) but its newest segments"},
   };
   for (const auto& [edit, needle] : forged) {
     const std::string why = resume_edited(edit);
     EXPECT_NE(why.find(needle), std::string::npos) << "expected \"" << needle << "\" in: " << why;
   }
+  // A window's end read as such (Store::load's window_done: no state replayed): rank 0 still checks the newest
+  // commit's span against the manifest.
+  const std::string why = resume_edited([](nlohmann::json& j) { j["next_trigger"] = 9; }, true);
+  EXPECT_NE(why.find("ends at trigger 4 where the manifest's commit ends at 9"), std::string::npos) << why;
+  EXPECT_EQ(resume_edited([](nlohmann::json&) {}, true), "");
 }
 
 TEST(Store, RefusesAnotherJobAndChangedFields) {
