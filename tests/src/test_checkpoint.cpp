@@ -107,6 +107,15 @@ std::vector<checkpoint::Journal> drive(kernels::UserState& users, kernels::KeySt
 JobConfig small_job() { return parse_job(demo_job_toml(), "demo", {"output.progress=\"never\""}); }
 
 // A checkpoint in `dir` of `job` that was started (commit 0) and never finished.
+// Writes manifest `j` to `path` with its checksum made to match (an edit a damaged file would not pass, a forger's
+// would).
+void write_forged_manifest(nlohmann::json j, const fs::path& path) {
+  j.erase("checksum");
+  const std::string body = j.dump();
+  j["checksum"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
+  std::ofstream(path, std::ios::trunc) << j.dump(1) << "\n";
+}
+
 void start_unfinished_job(const fs::path& dir, const JobConfig& job, const checkpoint::Fields& fields,
                           const shuffle::Comm& comm) {
   checkpoint::Store store(dir, comm);
@@ -769,8 +778,9 @@ TEST(Store, CommitsResumeAcrossRankCountsAndFallBack) {
   }
 }
 
-// A manifest edited with its checksum made to match (the sweep's forged commit) must describe its segments: their rank
-// count, window and trigger spans. Otherwise a resume replays a trigger twice (its users counted again) or skips one.
+// A manifest edited with its checksum made to match (the sweep's forged commit) must describe its segments
+// (docs/CHECKPOINTS.md, resume step 3): its list of commits and ranks, their windows and trigger spans. Otherwise a
+// resume drops a commit's state (its users contribute again) or reads triggers again (counted twice).
 TEST(Store, ManifestMustDescribeItsSegments) {
   shuffle::Comm comm;
   const auto dir = shared_dir(comm, "spans");
@@ -800,10 +810,7 @@ TEST(Store, ManifestMustDescribeItsSegments) {
     if (comm.rank() == 0) {
       nlohmann::json j = original;
       edit(j);
-      j.erase("checksum");
-      const std::string body = j.dump();
-      j["checksum"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
-      std::ofstream(manifest, std::ios::trunc) << j.dump(1) << "\n";
+      write_forged_manifest(j, manifest);
     }
     comm.barrier();
     checkpoint::Store store(dir, comm);
@@ -913,11 +920,8 @@ TEST(Store, ManifestValuesOfTheWrongTypeOrRangeAreRefused) {
   auto read_edited = [&](const std::function<void(nlohmann::json&)>& edit, std::string& why) {
     nlohmann::json j = original;
     edit(j);
-    j.erase("checksum");
-    const std::string body = j.dump();
-    j["checksum"] = fmt::format("{:016x}", XXH3_64bits(body.data(), body.size()));
     const auto path = dir / "MANIFEST-000001.json";
-    std::ofstream(path) << j.dump(1) << "\n";
+    write_forged_manifest(j, path);
     checkpoint::Manifest m;
     why.clear();
     return checkpoint::read_manifest(path, m, why);

@@ -22,8 +22,13 @@ namespace {
 // arguments of sample()'s range (at least `certified_at_least` of them answered by the table), and at the 2000
 // doubles inside each end of every 7th certified interval (value lo + i), where a margin taken with the wrong sign or
 // too small would put a neighbour's value.
+struct TableProbes {
+  int random_arguments = 1'000'000;
+  int end_steps = 2000;   // doubles inside each end of an interval
+  std::size_t every = 7;  // intervals checked: every 7th
+};
 void expect_certified_table_exact(const ZipfMandelbrot& z, std::uint64_t lo_value, CounterRng& rng,
-                                  double certified_at_least) {
+                                  double certified_at_least, TableProbes probes = {}) {
   const auto [lo, hi] = z.argument_range();
   const auto agrees = [&](double u) {
     const std::uint64_t k = z.certified_step(u);
@@ -32,24 +37,51 @@ void expect_certified_table_exact(const ZipfMandelbrot& z, std::uint64_t lo_valu
     return exact.has_value() && *exact == k;
   };
   int certified = 0;
-  const int n = 1'000'000;
+  const int n = probes.random_arguments;
   for (int i = 0; i < n; ++i) {
     const double u = hi + rng.uniform() * (lo - hi);  // as sample() forms it
     ASSERT_TRUE(agrees(u)) << "u " << u;
     certified += z.certified_step(u) != ZipfMandelbrot::kUncertified;
   }
   EXPECT_GE(static_cast<double>(certified) / n, certified_at_least);
-  for (std::size_t i = 0; i < z.certified_values(); i += 7) {
+  for (std::size_t i = 0; i < z.certified_values(); i += probes.every) {
     const auto [left, right] = z.certified_interval(i);
     ASSERT_LE(left, right);
     ASSERT_EQ(z.certified_step(left), lo_value + i);
     ASSERT_EQ(z.certified_step(right), lo_value + i);
     double a = left, b = right;
-    for (int step = 0; step < 2000 && a <= right; ++step, a = std::nextafter(a, hi), b = std::nextafter(b, lo)) {
+    for (int step = 0; step < probes.end_steps && a <= right;
+         ++step, a = std::nextafter(a, hi), b = std::nextafter(b, lo)) {
       ASSERT_TRUE(agrees(a)) << "value " << lo_value + i << " from its left end, step " << step;
       ASSERT_TRUE(agrees(b)) << "value " << lo_value + i << " from its right end, step " << step;
     }
   }
+}
+// Whether `observed` draws of `n` follow `pmf`: chi-square over the values expected 20 times or more and the rest
+// pooled (below the Wilson-Hilferty 1 - 1e-6 quantile); with fewer than two cells, the rest drew at most 60.
+void expect_follows_pmf(const std::vector<double>& pmf, const std::vector<double>& observed, int n) {
+  double chi2 = 0, rest_observed = 0, rest_expected = 0;
+  int cells = 0;
+  for (std::size_t i = 0; i < pmf.size(); ++i) {
+    const double expected = pmf[i] * n;
+    if (expected >= 20) {
+      chi2 += (observed[i] - expected) * (observed[i] - expected) / expected;
+      ++cells;
+    } else {
+      rest_observed += observed[i];
+      rest_expected += expected;
+    }
+  }
+  if (rest_expected >= 20) {
+    chi2 += (rest_observed - rest_expected) * (rest_observed - rest_expected) / rest_expected;
+    ++cells;
+  }
+  if (cells < 2) {  // one value holds nearly everything
+    EXPECT_LE(rest_observed, 60) << "values the pmf gives " << rest_expected << " draws drew " << rest_observed;
+    return;
+  }
+  const double k = cells - 1, zq = 4.753;
+  EXPECT_LT(chi2, k * std::pow(1 - 2 / (9 * k) + zq * std::sqrt(2 / (9 * k)), 3)) << cells << " cells";
 }
 nlohmann::json reference() {
   std::ifstream f(std::string(DPSTREAM_REFERENCE_DIR) + "/zipf_mandelbrot.json");
@@ -242,25 +274,7 @@ TEST(Zipf, IllConditionedParametersSampleTheirDistribution) {
       sum += static_cast<double>(x);
     }
     EXPECT_NEAR(sum / n, mean, 5 * std::sqrt((second - mean * mean) / n));
-    double chi2 = 0, rest_observed = 0, rest_expected = 0;
-    int cells = 0;
-    for (std::size_t i = 0; i < pmf.size(); ++i) {
-      const double expected = pmf[i] * n;
-      if (expected >= 20) {
-        chi2 += (observed[i] - expected) * (observed[i] - expected) / expected;
-        ++cells;
-      } else {
-        rest_observed += observed[i];
-        rest_expected += expected;
-      }
-    }
-    if (rest_expected >= 20) {
-      chi2 += (rest_observed - rest_expected) * (rest_observed - rest_expected) / rest_expected;
-      ++cells;
-    }
-    ASSERT_GE(cells, 2);
-    const double k = cells - 1, zq = 4.753;
-    EXPECT_LT(chi2, k * std::pow(1 - 2 / (9 * k) + zq * std::sqrt(2 / (9 * k)), 3)) << cells << " cells";
+    expect_follows_pmf(pmf, observed, n);
     expect_certified_table_exact(z, p.lo, rng, 0.5);  // the table serves most draws here too
   }
 }
@@ -299,26 +313,7 @@ TEST(Zipf, RandomParametersKeepTheTableExactAndTheirDistribution) {
     const ZipfMandelbrot z(lo, hi, q, s);
     rescaled += z.rescaled();
     CounterRng rng(17, static_cast<std::uint64_t>(set));
-    const auto [u_lo, u_hi] = z.argument_range();
-    const auto agrees = [&](double u) {
-      const std::uint64_t k = z.certified_step(u);
-      if (k == ZipfMandelbrot::kUncertified) return true;
-      const auto exact = z.exact_step(u);
-      return exact.has_value() && *exact == k;
-    };
-    for (int i = 0; i < 20'000; ++i) {
-      const double u = u_hi + rng.uniform() * (u_lo - u_hi);
-      ASSERT_TRUE(agrees(u)) << "u " << u;
-    }
-    for (std::size_t i = 0; i < z.certified_values(); i += 3) {
-      const auto [left, right] = z.certified_interval(i);
-      ASSERT_LE(left, right);
-      double a = left, b = right;
-      for (int step = 0; step < 200 && a <= right; ++step, a = std::nextafter(a, u_hi), b = std::nextafter(b, u_lo)) {
-        ASSERT_TRUE(agrees(a)) << "value " << lo + i << " from its left end, step " << step;
-        ASSERT_TRUE(agrees(b)) << "value " << lo + i << " from its right end, step " << step;
-      }
-    }
+    expect_certified_table_exact(z, lo, rng, 0.0, {.random_arguments = 20'000, .end_steps = 200, .every = 3});
     if (width >= 2000) continue;
     ++checked_distributions;
     std::vector<double> pmf;  // by direct summation, in long double, about the largest term
@@ -336,27 +331,7 @@ TEST(Zipf, RandomParametersKeepTheTableExactAndTheirDistribution) {
       ASSERT_LE(x, hi);
       ++observed[x - lo];
     }
-    double chi2 = 0, rest_observed = 0, rest_expected = 0;
-    int cells = 0;
-    for (std::size_t i = 0; i < pmf.size(); ++i) {
-      const double expected = pmf[i] * n;
-      if (expected >= 20) {
-        chi2 += (observed[i] - expected) * (observed[i] - expected) / expected;
-        ++cells;
-      } else {
-        rest_observed += observed[i];
-        rest_expected += expected;
-      }
-    }
-    if (rest_expected >= 20) {
-      chi2 += (rest_observed - rest_expected) * (rest_observed - rest_expected) / rest_expected;
-      ++cells;
-    } else {
-      ASSERT_LE(rest_observed, 60) << "values the pmf gives " << rest_expected << " draws drew " << rest_observed;
-    }
-    if (cells < 2) continue;  // one value holds nearly everything: the bound above on the rest checked it
-    const double k = cells - 1, zq = 4.753;
-    EXPECT_LT(chi2, k * std::pow(1 - 2 / (9 * k) + zq * std::sqrt(2 / (9 * k)), 3)) << cells << " cells";
+    expect_follows_pmf(pmf, observed, n);
   }
   // The draw covers both forms and enough small supports to test their distribution.
   EXPECT_GE(rescaled, 10);
