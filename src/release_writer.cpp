@@ -218,7 +218,11 @@ void ReleaseWriter::restore(const ReleasesExtent& committed, const std::string& 
   const auto size = std::filesystem::file_size(final_, ec);
   if (!ec && size >= before) {
     XXH3_64bits_reset(hash_.get());  // the running hash restarts over the committed bytes
-    if (hash_file_into(final_, hash_.get(), before) != before) ec = std::make_error_code(std::errc::io_error);
+    try {
+      if (hash_file_into(final_, hash_.get(), before) != before) ec = std::make_error_code(std::errc::io_error);
+    } catch (const std::runtime_error&) {  // unreadable: refused as a damaged file, as a missing one is
+      ec = std::make_error_code(std::errc::io_error);
+    }
   }
   if (ec || size < before)
     throw CheckpointError(fmt::format(

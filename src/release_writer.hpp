@@ -114,8 +114,7 @@ class ReleaseWriter {
     void operator()(XXH3_state_s* s) const;
   };
   void count_in(const std::string& text, std::uint64_t rows);  // text handed to a commit (or written at once)
-
-  std::filesystem::path final_, target_;  // target_: final_, or the partial file
+  std::filesystem::path final_, target_;                       // target_: final_, or the partial file
   ReleaseColumns columns_;
   std::string pending_;
   std::uint64_t pending_rows_ = 0, bytes_ = 0, rows_ = 0;

@@ -116,12 +116,17 @@ void write_forged_manifest(nlohmann::json j, const fs::path& path) {
   std::ofstream(path, std::ios::trunc) << j.dump(1) << "\n";
 }
 
-void start_unfinished_job(const fs::path& dir, const JobConfig& job, const checkpoint::Fields& fields,
-                          const shuffle::Comm& comm) {
-  checkpoint::Store store(dir, comm);
+// A new job's start in `store`: opened, its job record and commit 0 written.
+void begin_job(checkpoint::Store& store, const JobConfig& job, const checkpoint::Fields& fields) {
   store.open(job.name, fields, checkpoint::StartMode::Start);
   store.begin(job.name, fields, nullptr);
   store.commit_start({.bytes = 10}, nlohmann::json::object());
+}
+
+void start_unfinished_job(const fs::path& dir, const JobConfig& job, const checkpoint::Fields& fields,
+                          const shuffle::Comm& comm) {
+  checkpoint::Store store(dir, comm);
+  begin_job(store, job, fields);
 }
 
 }  // namespace
@@ -791,9 +796,7 @@ TEST(Store, ManifestMustDescribeItsSegments) {
     kernels::KeyStateTable keys;
     const auto segments = drive(users, keys, 4, comm.rank(), comm.size(), 5);
     checkpoint::Store store(dir, comm);
-    store.open(job.name, fields, checkpoint::StartMode::Start);
-    store.begin(job.name, fields, nullptr);
-    store.commit_start({.bytes = 10}, nlohmann::json::object());
+    begin_job(store, job, fields);
     for (std::uint32_t t = 0; t < 4; ++t)  // commit 3 holds triggers [2, 4) (a commit of several triggers)
       if (t != 3)
         store.commit(std::make_shared<checkpoint::Journal>(segments[t]), "", {0, t, t == 2 ? t + 2 : t + 1, false},
@@ -825,27 +828,22 @@ TEST(Store, ManifestMustDescribeItsSegments) {
     return std::string();
   };
   EXPECT_EQ(resume_edited([](nlohmann::json&) {}), "");
-  const auto drop_commit = [](std::uint64_t seq) {
-    return [seq](nlohmann::json& j) {
-      auto& segs = j["segments"];
-      segs.erase(std::remove_if(segs.begin(), segs.end(), [&](const auto& s) { return s["seq"] == seq; }), segs.end());
-    };
-  };
-  const auto drop_segment = [](std::uint64_t seq, int rank) {
+  // The segments of commit `seq` from the list: of rank `rank`, or every rank's (-1).
+  const auto drop_segments = [](std::uint64_t seq, int rank = -1) {
     return [seq, rank](nlohmann::json& j) {
       auto& segs = j["segments"];
-      segs.erase(
-          std::remove_if(segs.begin(), segs.end(), [&](const auto& s) { return s["seq"] == seq && s["rank"] == rank; }),
-          segs.end());
+      segs.erase(std::remove_if(segs.begin(), segs.end(),
+                                [&](const auto& s) { return s["seq"] == seq && (rank < 0 || s["rank"] == rank); }),
+                 segs.end());
     };
   };
   const int last = comm.size() - 1;
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> forged = {
       {[](nlohmann::json& j) { j["next_trigger"] = 3; }, "ends at trigger 4 where the manifest's commit ends at 3"},
-      {drop_commit(2), "begins at trigger 2 where the log before it ends at 1"},
-      {drop_commit(1), "begins at trigger 1 where the log before it ends at 0"},
-      {drop_commit(3), "lists 2 as its newest commit"},  // the log would end at 2, the resume start at 4
-      {drop_segment(1, last),
+      {drop_segments(2), "begins at trigger 2 where the log before it ends at 1"},
+      {drop_segments(1), "begins at trigger 1 where the log before it ends at 0"},
+      {drop_segments(3), "lists 2 as its newest commit"},  // the log would end at 2, the resume start at 4
+      {drop_segments(1, last),
        comm.size() == 1 ? "begins at trigger 1" : "does not list rank"},  // that rank's users lose commit 1
       {[](nlohmann::json& j) {
          auto& segs = j["segments"];  // commit 1 listed again after commit 3: triggers replayed
