@@ -224,7 +224,9 @@ struct BenchCommand {
   CLI::App* cmd = nullptr;
   void add(CLI::App& app) {
     cmd = app.add_subcommand(
-        "bench", "Benchmark the engine path against the naive single-threaded reference; prints a RESULT line");
+        "bench",
+        "Time the engine path (shuffles, bounding, accumulation, release; no generation, output or checkpoints) and "
+        "print a RESULT line; jobs/bench-whole-job.sh times a whole job against the naive program");
     add_job_args(cmd, args);
   }
   int exec(const dpstream::shuffle::Comm& comm, bool root) const {
