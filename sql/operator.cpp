@@ -470,7 +470,8 @@ ledger::Request ledger_request(const QueryJob& job, const noise::Secret& secret)
     if (b == *w.last) break;
   }
   const std::string fingerprint =
-      fmt::format("query\n{}\n{}\n{}\n{}", job.text, job.input, plan_json(p).dump(), w.per_window);
+      fmt::format("query\n{}\n{}\n{}\n{}", job.text, job.input,
+                  plan_json(p).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), w.per_window);
   r.run_id = ledger::run_id(secret.data(), secret.size(), fingerprint);
   return r;
 }
@@ -528,14 +529,14 @@ void check_query_job(const QueryJob& job) {
     if (__builtin_sub_overflow(*w.last, *w.first, &span) || span >= 100000)
       throw ConfigError("--windows A:B spans more than 100000 windows");
   }
-  refuse_existing_outputs(job);
+  refuse_existing_outputs(job.out_dir);
 }
 
-void refuse_existing_outputs(const QueryJob& job) {
+void refuse_existing_outputs(const std::string& out_dir) {
   for (const char* f : {"result.csv", "report.json"})
-    if (fs::exists(fs::path(job.out_dir) / f))
+    if (fs::exists(fs::path(out_dir) / f))
       throw ConfigError(fmt::format("{} exists already; remove it or choose another --out (nothing is overwritten)",
-                                    (fs::path(job.out_dir) / f).string()));
+                                    (fs::path(out_dir) / f).string()));
 }
 
 QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {

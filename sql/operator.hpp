@@ -30,7 +30,7 @@ struct QueryJob {
 // output directory); throws InputError / QueryError / ConfigError. Every rank calls it before run_query.
 void check_query_job(const QueryJob& job);
 // The part of check_query_job that a caller repeats once it holds --out: result.csv or report.json there is refused.
-void refuse_existing_outputs(const QueryJob& job);
+void refuse_existing_outputs(const std::string& out_dir);
 
 // Raw counters of a run (not DP), summed over ranks.
 struct QueryCounters {

@@ -7,7 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "sql/growing.hpp"
 #include "src/accounting.hpp"
@@ -50,8 +54,48 @@ QueryJob scheduled_run(const QueryJob& base, double rho, double delta_selection,
   return job;
 }
 
+// Invalid UTF-8 (a --out or alias of other bytes) written as U+FFFD, as in report.json: a throw here came after every
+// run had spent its share.
 void write_json(const shuffle::Comm& comm, const std::string& dir, const char* name, const nlohmann::json& j) {
-  if (comm.rank() == 0) write_file_atomically(std::filesystem::path(dir) / name, j.dump(2) + "\n");
+  if (comm.rank() == 0)
+    write_file_atomically(std::filesystem::path(dir) / name,
+                          j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+// Every file a schedule will write, refused before its first run spends anything (rank 0 looks): found at run i,
+// one failed the schedule after runs 0 .. i - 1 had spent their shares, and an existing summary was replaced.
+void refuse_existing_schedule_outputs(const std::string& out_dir, const char* summary,
+                                      const std::vector<std::string>& run_dirs, const shuffle::Comm& comm) {
+  namespace fs = std::filesystem;
+  shuffle::on_all_ranks<ConfigError>(comm, [&] {
+    if (comm.rank() != 0) return;
+    if (const fs::path s = fs::path(out_dir) / summary; fs::exists(s))
+      throw ConfigError(
+          fmt::format("{} exists already; remove it or choose another --out (nothing is overwritten)", s.string()));
+    for (const std::string& dir : run_dirs) {
+      std::error_code ec;
+      if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+        throw ConfigError(fmt::format("{} is not a directory; remove it or choose another --out", dir));
+      refuse_existing_outputs(dir);
+    }
+  });
+}
+
+// The records of a CSV text: a line break inside a quoted field (an alias in the header, a group's value) is
+// part of its field.
+std::vector<std::string_view> csv_records(std::string_view text) {
+  std::vector<std::string_view> records;
+  bool quoted = false;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '"') quoted = !quoted;  // a doubled quote inside a field turns it off and on again
+    if (text[i] == '\n' && !quoted) {
+      records.push_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  if (start < text.size()) records.push_back(text.substr(start));
+  return records;
 }
 
 // The first ANON_COUNT / ANON_COUNT(DISTINCT): its output column and noise sd.
@@ -83,16 +127,23 @@ struct Judgement {
 };
 
 Judgement judge(const std::string& dir, const TargetColumn& col, const AccuracyTarget& t, double beta_j) {
-  std::ifstream f(std::filesystem::path(dir) / "result.csv");
-  std::string line;
-  std::getline(f, line);  // header
+  const std::filesystem::path path = std::filesystem::path(dir) / "result.csv";
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream text;
+  text << f.rdbuf();
+  if (!f) throw std::runtime_error(fmt::format("cannot read {} to judge the attempt", path.string()));
+  const std::string all = std::move(text).str();
+  const std::vector<std::string_view> records = csv_records(all);
   Judgement j;
   std::vector<std::string> fields;
-  while (std::getline(f, line))
-    if (split_csv_line(line, fields) && col.column < fields.size()) {
-      ++j.released;
-      if (std::stod(fields[col.column]) >= t.min_count) ++j.above;
-    }
+  for (std::size_t r = 1; r < records.size(); ++r) {  // records[0]: the header
+    double count = 0;
+    if (!split_csv_line(records[r], fields) || col.column >= fields.size() ||
+        parse_finite_number(fields[col.column], count) != NumberCheck::Ok)
+      throw std::logic_error(fmt::format("{}: row {} is not as the query wrote it", path.string(), r));
+    ++j.released;
+    if (count >= t.min_count) ++j.above;
+  }
   j.z = accounting::normal_upper_quantile(beta_j / (2.0 * static_cast<double>(std::max<std::size_t>(1, j.released))));
   j.bound = j.z * col.sd / t.min_count;
   j.met = j.bound <= t.relative_error;
@@ -116,13 +167,17 @@ ScheduleResult run_growing(const QueryJob& base, double gamma, std::int64_t firs
   } catch (const std::invalid_argument& e) {
     throw ConfigError(e.what());
   }
+  std::vector<std::string> dirs;
+  dirs.reserve(schedule.size());
+  for (const GrowingRelease& r : schedule) dirs.push_back(fmt::format("{}/release-{}", base.out_dir, r.index));
+  refuse_existing_schedule_outputs(base.out_dir, "schedule.json", dirs, comm);
   nlohmann::json releases = nlohmann::json::array();
   QueryCounters c;
-  for (const GrowingRelease& r : schedule) {
+  for (std::size_t i = 0; i < schedule.size(); ++i) {
+    const GrowingRelease& r = schedule[i];
     QueryJob job = base;
     job.plan.options.windows.first = r.first_window, job.plan.options.windows.last = r.last_window;
-    job =
-        scheduled_run(job, r.rho, r.delta_selection, fmt::format("{}/release-{}", base.out_dir, r.index), r.index + 1);
+    job = scheduled_run(job, r.rho, r.delta_selection, dirs[i], r.index + 1);
     c = run_query(job, comm);
     releases.push_back({{"release", r.index},
                         {"windows", {r.first_window, r.last_window}},
@@ -157,6 +212,10 @@ ScheduleResult run_adaptive(const QueryJob& base, const AccuracyTarget& t, const
         "--target-first-share-log2 in [0, 20]");
   const ScheduleBudget b = schedule_budget(base.plan.options);
   const int n = t.first_share_log2;
+  std::vector<std::string> dirs;
+  dirs.reserve(static_cast<std::size_t>(n) + 1);
+  for (int j = 0; j <= n; ++j) dirs.push_back(fmt::format("{}/attempt-{}", base.out_dir, j));
+  refuse_existing_schedule_outputs(base.out_dir, "adaptive.json", dirs, comm);
   nlohmann::json attempts = nlohmann::json::array();
   std::string stop = "budget spent: the target was not met with the whole budget";
   double spent = 0;
@@ -166,13 +225,15 @@ ScheduleResult run_adaptive(const QueryJob& base, const AccuracyTarget& t, const
     const double rho_j = b.rho * std::ldexp(1.0, j == 0 ? -n : -(n + 1 - j));  // cumulative: rho 2^-(n - j)
     const double delta_j = b.delta_thresholds * std::ldexp(1.0, -(j + 1));
     const double beta_j = t.beta * std::ldexp(1.0, -(j + 1));
-    const QueryJob job = scheduled_run(base, rho_j, delta_j, fmt::format("{}/attempt-{}", base.out_dir, j), j + 1);
+    const QueryJob job = scheduled_run(base, rho_j, delta_j, dirs[static_cast<std::size_t>(j)], j + 1);
     const TargetColumn col = target_column(job.plan);
     c = run_query(job, comm);
     spent += job.plan.rho_total;
     final_dir = job.out_dir;
-    Judgement verdict;
-    if (comm.rank() == 0) verdict = judge(job.out_dir, col, t, beta_j);
+    Judgement verdict;  // a failure on rank 0 stops every rank (no rank left in the broadcast)
+    shuffle::on_all_ranks<std::runtime_error>(comm, [&] {
+      if (comm.rank() == 0) verdict = judge(job.out_dir, col, t, beta_j);
+    });
     comm.broadcast(&verdict.met, sizeof verdict.met);
     attempts.push_back({{"attempt", j},
                         {"rho", rho_j},

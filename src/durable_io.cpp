@@ -62,12 +62,24 @@ void fsync_dir(const std::filesystem::path& dir) {
   if (rc != 0 && err != EINVAL) fail("fsync directory", dir, err);  // EINVAL: the file system cannot sync directories
 }
 
+namespace {
+
+// A new file at `tmp`, made by this call: whatever lay there (an interrupted write's file, or a symbolic link planted
+// to make the write land elsewhere) is unlinked first, and O_EXCL | O_NOFOLLOW refuse anything put back meanwhile.
+int create_fresh(const std::filesystem::path& tmp, mode_t mode) {
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) fail("remove the stale", tmp, errno);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) fail("create", tmp, errno);
+  return fd;
+}
+
+}  // namespace
+
 void write_file_atomically(const std::filesystem::path& path, const void* data, std::size_t size,
                            const AtomicWriteOptions& options) {
   const auto tmp = std::filesystem::path(path.string() + ".tmp");
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.mode);
-  if (fd < 0) fail("create", tmp, errno);
-  ::fchmod(fd, options.mode);  // an older temporary file may have other permissions
+  const int fd = create_fresh(tmp, options.mode);
+  ::fchmod(fd, options.mode);  // the umask may have narrowed the mode
   const auto* bytes = static_cast<const char*>(data);
   const std::size_t half = size / 2;
   bool ok = write_all(fd, bytes, half);
@@ -86,9 +98,8 @@ void write_file_atomically(const std::filesystem::path& path, const void* data, 
 
 std::filesystem::path prepare_temporary(const std::filesystem::path& path, mode_t mode) {
   auto tmp = std::filesystem::path(path.string() + ".tmp");
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) fail("create", tmp, errno);
-  const int rc = ::fchmod(fd, mode);  // an older temporary file may have other permissions
+  const int fd = create_fresh(tmp, mode);
+  const int rc = ::fchmod(fd, mode);  // the umask may have narrowed `mode`
   const int err = errno;
   ::close(fd);
   if (rc != 0) fail("set the permissions of", tmp, err);

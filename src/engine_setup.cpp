@@ -14,6 +14,7 @@
 #include "src/engine.hpp"
 #include "src/errors.hpp"
 #include "src/ledger.hpp"
+#include "src/output_lock.hpp"
 #include "src/workload.hpp"
 
 namespace dpstream {
@@ -107,9 +108,7 @@ void Engine::open_output() {
     if (ec)
       throw ConfigError(
           fmt::format("cannot create output dir {}: {}; set [output] dir or --out", out_dir.string(), ec.message()));
-    if (::access(out_dir.c_str(), W_OK) != 0)
-      throw ConfigError(
-          fmt::format("output dir {} is not writable; choose a writable [output] dir or --out", out_dir.string()));
+    refuse_unwritable_dir(out_dir, "choose a writable [output] dir or --out");
     refuse_unwritable_outputs(out_dir);
     writer_ = std::make_unique<ReleaseWriter>(out_dir, release_columns_, !checkpointing_);
   });

@@ -43,8 +43,12 @@ constexpr FsType kSupported[] = {{0xEF53, "ext2/3/4"},  {0x58465342, "xfs"},    
                                  {0x01021994, "tmpfs"}, {0x794C7630, "overlayfs"}, {0x2FC12FC1, "zfs"},
                                  {0x47504653, "gpfs"},  {0x0BD00BD0, "lustre"}};
 
+// The file system where the file lies: through every symbolic link (a link on ext4 to a ledger on NFS is on NFS).
 void check_file_system(const std::filesystem::path& path) {
-  const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  std::error_code ec;
+  std::filesystem::path real = std::filesystem::weakly_canonical(path, ec);
+  if (ec) real = path;
+  const auto dir = real.has_parent_path() ? real.parent_path() : std::filesystem::path(".");
   struct statfs fs {};
   if (::statfs(dir.c_str(), &fs) != 0)
     throw std::runtime_error(fmt::format("ledger {}: cannot stat the file system of {}", path.string(), dir.string()));
@@ -176,9 +180,13 @@ CREATE TABLE charges(
 CREATE INDEX charges_by_block ON charges(block);
 )sql";
 
+// `path` is a file name, never a URI: SQLite built with URIs on (Debian's) reads a name that begins with "file:"
+// as one, whose parameters may open another file than the one checked (?vfs=, ...) or turn locking off
+// (vfs=unix-none: concurrent admissions overspend). As an absolute path it begins with '/'.
 sqlite3* open_db(const std::string& path, int flags) {
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
+  const std::string file = std::filesystem::absolute(path).string();
+  if (sqlite3_open_v2(file.c_str(), &db, flags, nullptr) != SQLITE_OK) {
     const std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
     throw std::runtime_error(fmt::format("ledger {}: cannot open: {}", path, msg));

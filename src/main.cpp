@@ -515,8 +515,10 @@ struct QueryCommand {
     dpstream::sql::Query q;
     try {
       q = dpstream::sql::parse_query(text);
-    } catch (const dpstream::sql::QueryError&) {
-      return;  // reported with its position when the job is planned
+    } catch (const dpstream::sql::QueryError& e) {
+      // Before the required options are looked for: "--epsilon is required" hid a syntax error in a query whose
+      // OPTIONS(...) gives the budget.
+      throw dpstream::ConfigError(fmt::format("query: {}", with_sources(e.what())));
     }
     for (const auto& o : q.options) {
       const auto it = kNames.find(o.name);
@@ -654,7 +656,8 @@ struct QueryCommand {
       made_out = !std::filesystem::exists(j.out_dir, ec);
       out_lock = std::make_unique<dpstream::OutputLock>(j.out_dir, true);
       if (!out_lock->note().empty()) std::fprintf(stderr, "dpstream: note: %s\n", out_lock->note().c_str());
-      dpstream::sql::refuse_existing_outputs(j);
+      dpstream::refuse_unwritable_dir(j.out_dir, "choose a directory you can write to as --out");
+      dpstream::sql::refuse_existing_outputs(j.out_dir);
     });
     try {
       return release(j, comm, root);

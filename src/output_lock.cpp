@@ -109,6 +109,11 @@ OutputLock::OutputLock(const std::filesystem::path& dir, bool create) {
         dir.string());
 }
 
+void refuse_unwritable_dir(const std::filesystem::path& dir, std::string_view fix) {
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw ConfigError(fmt::format("output dir {} is not writable ({}); {}", dir.string(), errno_text(errno), fix));
+}
+
 OutputLock::~OutputLock() {
   if (fd_ < 0) return;
   struct stat st {};

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 namespace dpstream {
 
@@ -33,5 +34,9 @@ class OutputLock {
   int fd_ = -1;
   std::string note_;
 };
+
+// Refuses (ConfigError) an output directory this process cannot write to, saying `fix`: a job finds it before a
+// ledger is charged, not when its first file is written.
+void refuse_unwritable_dir(const std::filesystem::path& dir, std::string_view fix);
 
 }  // namespace dpstream

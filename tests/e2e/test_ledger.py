@@ -25,7 +25,9 @@ import concurrent.futures
 import json
 import math
 import os
+import shutil
 import sqlite3
+import subprocess
 import sys
 
 import harness
@@ -410,6 +412,35 @@ def main():
         results.check("refusals before any record: mode none, CSV windows, window length, retired, missing, re-init, "
                       "a block outside int64 time, outputs that cannot be written",
                       refusals)
+        # 8. The path is a file name. SQLite (built with URIs on) read "file:NAME?vfs=unix-none" as a URI: it charged
+        # NAME, not the file checked, with its locks off. A link is followed to the file system the ledger is on.
+        def path_is_a_file_name():
+            target = init("uri-target.db")
+            literal = "file:uri-target.db?vfs=unix-none"
+            r = dp.run_with("ledger", "init", literal, "--epsilon", CEILING_EPS, "--delta", CEILING_DELTA, ranks=1,
+                            cwd=tmp)
+            assert r.returncode == 0 and os.path.isfile(path(literal)), r.describe()
+            r = dp.run_with("run", write("uri", job_toml("uri", literal)), "--out", path("out-uri"), cwd=tmp)
+            assert r.returncode == 0 and "charged windows" in r.stderr, r.describe()
+            assert show(target) == {}, "a ledger named like a URI charged another file"
+            assert sorted(show(path(literal))) == [0], "the ledger named was not charged"
+            mount = path("ramfs")
+            os.makedirs(mount)
+            if subprocess.run(["mount", "-t", "ramfs", "ramfs", mount], capture_output=True).returncode != 0:
+                print("     a link to a ledger on ramfs: skipped (cannot mount here)")
+                return
+            try:
+                shutil.copy2(target, os.path.join(mount, "l.db"))
+                os.symlink(os.path.join(mount, "l.db"), path("link.db"))
+                for argv in (["ledger", "show", path("link.db")],
+                             ["run", write("link", job_toml("link", path("link.db"))), "--out", path("out-link")]):
+                    r = dp.run_with(*argv, ranks=1)
+                    assert r.returncode == 2 and "is not supported" in r.stderr, r.describe()
+            finally:
+                subprocess.run(["umount", mount], capture_output=True)
+        results.check("the ledger path is a file name (no SQLite URI); a link to an unsupported file system is refused",
+                      path_is_a_file_name)
+
         # 7. choose-c charges its window like a job, and is refused once the block is spent.
         def choose_c():
             ledger = init("choose.db", eps=2.0)

@@ -25,7 +25,10 @@ import json
 import math
 import os
 import random
+import shutil
+import subprocess
 import sys
+import tempfile
 
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -1114,6 +1117,130 @@ def check_adaptive(env, state):
           f"claim violated in {failures} runs (allowed by beta = {beta}: <= 5)")
 
 
+def run_as_nobody(env, d, argv_tail):
+    """`dpstream query ...` as a user who cannot write a directory that root made read-only (root writes anyway): as
+    uid 65534 through setpriv when root (the binary copied where that user may run it), as itself otherwise; one rank.
+    None when root lacks setpriv."""
+    if os.geteuid() != 0:
+        return env.dp.run_with(*argv_tail, ranks=1)
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    binary = os.path.join(d, "dpstream")
+    shutil.copy2(env.dp.bin, binary)
+    os.chmod(binary, 0o755)
+    argv = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", binary, *map(str, argv_tail)]
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=env.args.timeout,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": d})
+    return harness.Run(argv, proc, 0.0)
+
+
+def check_unwritable_out(env, state):
+    """An --out that exists but cannot be written is refused before the ledger is charged (it was found when
+    result.csv was written, with the block's budget spent)."""
+    d = tempfile.mkdtemp(prefix="dpstream-e2e-unwritable-")  # beside the test's own (mode 700: uid 65534 stops there)
+    try:
+        os.chmod(d, 0o755)
+        refused_before_charge(env, d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def refused_before_charge(env, d):
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region", "ts"],
+                          [{"uid": f"u{i}", "region": "r", "ts": str(i)} for i in range(20)])
+    os.chmod(csv_path, 0o644)
+    ledger_dir = os.path.join(d, "ledger")
+    os.makedirs(ledger_dir)
+    os.chmod(ledger_dir, 0o777)  # the query may charge it: a refusal, not a permission, must keep it unspent
+    ledger = os.path.join(ledger_dir, "l.db")
+    init = env.dp.run_with("ledger", "init", ledger, "--epsilon", "10", "--delta", "1e-5", ranks=1)
+    assert init.returncode == 0, init.describe()
+    os.chmod(ledger, 0o666)
+    out = os.path.join(d, "read-only")
+    os.makedirs(out)
+    os.chmod(out, 0o555)
+    q = "SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t GROUP BY region"
+    run = run_as_nobody(env, d, ["query", q, "--input", csv_path, "--user-column", "uid", "--epsilon", "1",
+                                 "--delta", "1e-7", "--window-column", "ts", "--windows", "0:0", "--ledger", ledger,
+                                 "--out", out])
+    if run is None:
+        print("     skipped: running as root without setpriv, no user for whom a directory is read-only")
+        return
+    assert run.returncode == 2 and f"output dir {out} is not writable" in run.stderr, run.describe()
+    show = env.dp.run_with("ledger", "show", ledger, "--json", ranks=1)
+    assert show.returncode == 0 and not json.loads(show.stdout)["blocks"], \
+        "a query refused for its --out charged the ledger\n  " + show.describe()
+
+
+def check_schedule_outputs(env, state):
+    """--growing and --target-error: every file they would write is looked for before the first run spends
+    anything (an existing one failed the schedule after earlier runs had spent their shares, and schedule.json or
+    adaptive.json was replaced); a multi-line alias and an --out of non-UTF-8 bytes finish with their summary."""
+    d = env.dirs("schedule-outputs")
+    csv_path, _ = windows_table(d)
+    growing = ["--window-column", "ts", "--windows", "0:5", "--growing", "0.5", "--seed", "6", *HUGE]
+    target = ["--target-error", "0.5", "--seed", "6", *HUGE]
+    for name, extra, planted in (("growing", growing, os.path.join("release-2", "result.csv")),
+                                 ("target", target, os.path.join("attempt-1", "report.json")),
+                                 ("growing-summary", growing, "schedule.json"),
+                                 ("target-summary", target, "adaptive.json")):
+        out = os.path.join(d, name)
+        os.makedirs(os.path.dirname(os.path.join(out, planted)), exist_ok=True)
+        with open(os.path.join(out, planted), "w", encoding="utf-8") as f:
+            f.write("precious\n")
+        run = env.query(QUERY_G, csv_path, out, *extra)
+        assert run.returncode == 2 and f"{os.path.join(out, planted)} exists already" in run.stderr, run.describe()
+        written = sorted(os.path.relpath(os.path.join(r, f), out) for r, _, fs in os.walk(out) for f in fs)
+        assert written == [planted], f"{name}: a refused schedule wrote {written}"
+        with open(os.path.join(out, planted), encoding="utf-8") as f:
+            assert f.read() == "precious\n", f"{name}: {planted} was overwritten"
+    q = Query('SELECT WITH ANONYMIZATION g AS "a\nb,c\nd", ANON_COUNT(DISTINCT uid) AS n FROM t GROUP BY g',
+              [], [], [])
+    for name, extra, summary in (("alias", target, "adaptive.json"), ("o\udcff-target", target, "adaptive.json"),
+                                 ("o\udcff-growing", growing, "schedule.json")):
+        out = os.path.join(d, name)
+        run = env.query(q if name == "alias" else QUERY_G, csv_path, out, *extra)
+        assert run.returncode == 0, run.describe()
+        with open(os.path.join(out, summary), encoding="utf-8") as f:
+            json.load(f)
+
+
+def check_temporary_is_made_fresh(env, state):
+    """A symbolic link planted where an output's temporary file goes is replaced, not written through."""
+    d = env.dirs("planted-link")
+    rows = [{"uid": f"u{i}", "region": "r"} for i in range(20)]
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region"], rows)
+    victim = os.path.join(d, "victim.txt")
+    with open(victim, "w", encoding="utf-8") as f:
+        f.write("untouched\n")
+    out = os.path.join(d, "out")
+    os.makedirs(out)
+    for name in ("report.json.tmp", "result.csv.tmp"):
+        os.symlink(victim, os.path.join(out, name))
+    q = Query("SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t GROUP BY region", [], [], [])
+    run = env.query(q, csv_path, out, *HUGE, "--seed", "1")
+    assert run.returncode == 0, run.describe()
+    with open(victim, encoding="utf-8") as f:
+        assert f.read() == "untouched\n", "the query wrote through a planted link"
+    for name in ("report.json", "result.csv"):
+        assert not os.path.islink(os.path.join(out, name)), f"{name} is a link"
+    assert sorted(os.listdir(out)) == ["report.json", "result.csv"], sorted(os.listdir(out))
+
+
+def check_syntax_error_before_required_options(env, state):
+    """A syntax error is reported even when OPTIONS(...) was to give the budget (it said "--epsilon is required")."""
+    d = env.dirs("syntax-first")
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region"], [{"uid": "u1", "region": "r"}])
+    for sql, want in (("SELECT WITH ANONYMIZATION OPTIONS(epsilon=1, delta=1e-6) ANON_COUNT(*) FORM t", "'FORM'"),
+                      ("SELECT WITH ANONYMIZATION OPTIONS(epsilon=1, delta=1e-6, Epsilon=2) ANON_COUNT(*) FROM t",
+                       "epsilon")):
+        out = os.path.join(d, "out")
+        run = env.dp.run_with("query", sql, "--input", csv_path, "--user-column", "uid", "--out", out)
+        assert run.returncode == 2 and want in run.stderr and "is required" not in run.stderr, run.describe()
+        assert not os.path.exists(out), f"a refused query made {out}"
+
+
 def main():
     args = harness.parse_args(__doc__)
     results = harness.Results(f"test_sql (ranks={args.ranks})")
@@ -1145,6 +1272,14 @@ def main():
         results.check("refused before a charge: an --out that cannot be made, --bad-rows fail, an --out in use; "
                       "a stop signal after the charge finishes the release",
                       lambda: check_output_refusals(env, state))
+        results.check("refused before a charge: an --out that exists but cannot be written (as uid 65534 when root)",
+                      lambda: check_unwritable_out(env, state))
+        results.check("--growing / --target-error: existing outputs refused before the first run; a multi-line "
+                      "alias and a non-UTF-8 --out finish", lambda: check_schedule_outputs(env, state))
+        results.check("a link planted at an output's temporary file is not written through",
+                      lambda: check_temporary_is_made_fresh(env, state))
+        results.check("a syntax error is named before a missing --epsilon that OPTIONS(...) was to give",
+                      lambda: check_syntax_error_before_required_options(env, state))
         results.check("skipped rows: the first one's line and reason on stderr (dates in --window-column)",
                       lambda: check_bad_rows_named(env, state))
         results.check("--growing and --target-error refuse 0, negative, NaN and infinite values (exit 2)",
