@@ -35,9 +35,14 @@ bool Engine::set_up() {
   noise::Secret secret = job_secret();
   releaser_ = make_releaser(config_.privacy.mode, plan_, secret, config_.engine.key_scan);
   open_output();
-  admit_to_ledger(secret);  // after the output is known to be writable, before any record is read
   open_input(secret);
   create_state();
+  // After the output is known to be writable and the input is read (a CSV's parse may take minutes), right before
+  // commit 0 stores the secret: a job killed before the charge spent nothing, and one killed after it finds commit
+  // 0 moments later and can be resumed. Charged before the input, a kill during the parse spent the charge and left
+  // no checkpoint to resume it by.
+  fault::point("input_read");
+  admit_to_ledger(secret);
   start_checkpoint(secret);
   OPENSSL_cleanse(secret.data(), secret.size());
   triggers_done_ = std::uint64_t{start_window_} * config_.stream.triggers + start_trigger_;
@@ -60,9 +65,10 @@ noise::Secret Engine::job_secret() const {
   return secret;
 }
 
-// [privacy] ledger: rank 0 asks for the job's budget on every window it will read, before any record
-// is read (src/ledger.hpp); a refusal stops every rank (exit 2). The run id is a PRF of the secret and
-// the job's identity: a resume (same secret, same identity) is not charged again, a new secret is.
+// [privacy] ledger: rank 0 asks for the job's budget on every window it will read, before anything is released or
+// committed (src/ledger.hpp); a refusal stops every rank (exit 2) and depends on the ledger and the spec only. The run
+// id is a PRF of the secret and the job's identity: a resume (same secret, same identity) is not charged again, a new
+// secret is.
 void Engine::admit_to_ledger(const noise::Secret& secret) {
   if (config_.privacy.ledger.empty()) return;
   shuffle::on_all_ranks<ConfigError>(comm_, [&] {

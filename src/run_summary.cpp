@@ -195,9 +195,11 @@ std::string skipped_rows_message(const nlohmann::json& input, const JobConfig& c
       "(summary.json \"input\")",
       malformed + non_finite + outside, n("rows_read"), malformed, non_finite, outside, config.stream.first_window,
       config.stream.first_window + config.stream.windows - 1,
-      outside && !config.stream.windows_from_input
+      !outside || config.stream.windows_from_input ? ""
+      : config.privacy.ledger.empty()
           ? "; leave out [stream] first_window and windows to process every window of the input"
-          : "");
+          // A ledger job declares its windows (they are charged before the data is seen): name the others instead.
+          : "; a ledger job must declare its windows: set [stream] first_window and windows to the ones to charge");
 }
 
 }  // namespace dpstream

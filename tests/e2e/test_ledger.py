@@ -273,6 +273,16 @@ def main():
             r = dp.run_with("run", spec, "--out", path("out-res"), "--resume")
             assert r.returncode == 0 and "already charged" in r.stderr, r.describe()
             assert show(ledger)[0]["charges"] == 1
+            # Killed while it read its input, before the charge (which a CSV's parse once preceded: the charge was spent
+            # with no checkpoint to resume it by): nothing spent, and a plain re-run is charged once.
+            early_ledger = init("early.db")
+            early = write("early", job_toml("early", early_ledger, every=1))
+            r = dp.run_with("run", early, "--out", path("out-early"), env={"DPSTREAM_FAULT": "input_read@1:0"})
+            assert r.returncode != 0 and show(early_ledger) == {}, "killed before its charge, a job spent budget\n  " + \
+                r.describe()
+            r = dp.run_with("run", early, "--out", path("out-early"))
+            assert r.returncode == 0 and "charged windows" in r.stderr, r.describe()
+            assert show(early_ledger)[0]["charges"] == 1
             crash = write("crash", job_toml("crash", ledger, every=1))
             r = dp.run_with("run", crash, "--out", path("out-crash"), env={"DPSTREAM_FAULT": "ingest@1:0"})
             assert r.returncode != 0, r.describe()
