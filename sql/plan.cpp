@@ -153,8 +153,17 @@ double lattice_sensitivity(const Component& c, NoiseKind noise) {
 
 // g = 2^e with sigma / g ~ 2^20, never finer than a unit, never below one count for counts; the sensitivity
 // in lattice steps is exact when the lattice holds every true value, else floor(Delta / g) + 1.
+// A budget so small that the noise it needs is beyond the samplers (or not finite: epsilon near 5e-324).
+[[noreturn]] void refuse_noise_beyond_samplers(double scale) {
+  throw std::invalid_argument(
+      fmt::format("the budget is too small for this query: its noise (scale {:g} lattice steps) is beyond what the "
+                  "samplers draw; raise --epsilon or --delta, or lower --max-groups-per-user",
+                  scale));
+}
+
 void choose_lattice(Component& c, double noise_per_unit_delta) {
   const double est = to_double(c.delta_units) * noise_per_unit_delta;
+  if (!std::isfinite(est)) refuse_noise_beyond_samplers(est);  // floor(log2(inf)) cast to int is undefined
   int e = est > 0 ? static_cast<int>(std::floor(std::log2(est))) - kLatticeBits : 0;
   e = std::clamp(e, c.count_like ? kFractionBits : 0, 100);
   const bool exact = e == 0 || (c.count_like && e == kFractionBits);
@@ -169,7 +178,7 @@ void gaussian_noise(Component& c, double rho, std::uint32_t k) {
   choose_lattice(c, per_unit);
   const double l2 = lattice_sensitivity(c, NoiseKind::Gaussian);
   const double sigma = std::max(l2 * std::sqrt(k / (2 * rho)), kMinScale);
-  if (sigma > 0x1p24) throw std::invalid_argument("internal: lattice sigma above 2^24");
+  if (!(sigma <= 0x1p24)) refuse_noise_beyond_samplers(sigma);
   c.gauss = std::make_shared<noise::DiscreteGaussian>(sigma);
   c.noise_param = c.gauss->sigma();
   c.rho = k * l2 * l2 / (2 * c.noise_param * c.noise_param);  // what the rounded-up sigma costs
@@ -179,7 +188,9 @@ void laplace_noise(Component& c, double eps, std::uint32_t k) {
   const double per_unit = k / eps * (c.what == What::Tree ? double{kTreeDepth} : 1.0);
   choose_lattice(c, per_unit);
   const double l1 = lattice_sensitivity(c, NoiseKind::Laplace);
-  c.lap = std::make_shared<noise::DiscreteLaplace>(std::max(k * l1 / eps, kMinScale));
+  const double scale = std::max(k * l1 / eps, kMinScale);
+  if (!(scale <= 0x1p40)) refuse_noise_beyond_samplers(scale);  // noise::DiscreteLaplace's range
+  c.lap = std::make_shared<noise::DiscreteLaplace>(scale);
   c.noise_param = c.lap->scale();
   c.eps = k * l1 / c.noise_param;
 }

@@ -24,7 +24,7 @@ std::size_t column_index(const std::vector<std::string>& header, const std::stri
   const auto it = std::find(header.begin(), header.end(), name);
   if (it == header.end())
     throw QueryError(fmt::format("column {} ('{}'): {} has no column {} (its header: {}); name one of its columns", pos,
-                                 name, path, name, quoted_header(header)),
+                                 quoted_row(name), path, quoted_row(name), quoted_header(header)),
                      pos);
   (void)role;
   refuse_repeated_column(path, header, name);  // which of two columns of this name the query means is ambiguous
@@ -38,6 +38,20 @@ void numeric_where_columns(const Condition& c, std::vector<std::string>& out) {
   if (std::any_of(c.values.begin(), c.values.end(), [](const Literal& l) { return !l.is_string; }) &&
       std::find(out.begin(), out.end(), c.column) == out.end())
     out.push_back(c.column);
+}
+
+// A column that WHERE compares with a number is read as a number (a row whose field is not one is bad), so the same
+// column compared with a string elsewhere made every row bad or unmatched without a word: refused before reading.
+void refuse_mixed_comparisons(const Condition& c, const std::vector<std::string>& numeric) {
+  for (const Condition& ch : c.children) refuse_mixed_comparisons(ch, numeric);
+  if (c.column.empty() || std::none_of(c.values.begin(), c.values.end(), [](const Literal& l) { return l.is_string; }))
+    return;
+  if (std::find(numeric.begin(), numeric.end(), c.column) != numeric.end())
+    throw QueryError(fmt::format("column {} ('{}'): WHERE compares {} with a number and with a string; a row's field "
+                                 "is read as a number once it is compared with one: compare it with numbers only, or "
+                                 "with strings only",
+                                 c.column_pos, quoted_row(c.column), quoted_row(c.column)),
+                     c.column_pos);
 }
 
 // A WHERE condition bound to field indices.
@@ -262,7 +276,12 @@ TableLayout table_layout(const std::string& path, const Query& query, const std:
       if (a.column == v && pos == 0) pos = a.column_pos;
     t.values.push_back(column_index(t.header, v, path, pos, "aggregate"));
   }
-  if (query.where) bind_condition(*query.where, t.header, path);  // every WHERE column exists
+  if (query.where) {
+    bind_condition(*query.where, t.header, path);  // every WHERE column exists
+    std::vector<std::string> numeric;
+    numeric_where_columns(*query.where, numeric);
+    refuse_mixed_comparisons(*query.where, numeric);
+  }
   if (windows.active()) {
     const auto w = std::find(t.header.begin(), t.header.end(), windows.column);
     if (w == t.header.end())

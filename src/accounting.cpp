@@ -15,21 +15,15 @@ namespace {
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("dpstream::accounting: " + what);
 }
-void check_rho(double rho) {
-  require(std::isfinite(rho) && rho >= 0, "rho must be finite and >= 0, got " + std::to_string(rho));
-}
-void check_eps(double eps) {
-  require(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0, got " + std::to_string(eps));
-}
-void check_delta(double delta) {
-  require(delta > 0 && delta < 1, "delta must lie in (0, 1), got " + std::to_string(delta));
-}
-
 std::string num(double x) {  // %g keeps tiny deltas readable (std::to_string prints 1e-12 as 0.000000)
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", x);
   return buf;
 }
+void check_rho(double rho) { require(std::isfinite(rho) && rho >= 0, "rho must be finite and >= 0, got " + num(rho)); }
+void check_eps(double eps) { require(std::isfinite(eps) && eps >= 0, "eps must be finite and >= 0, got " + num(eps)); }
+void check_delta(double delta) { require(delta > 0 && delta < 1, "delta must lie in (0, 1), got " + num(delta)); }
+
 void check_positive(double x, const char* name) {
   require(std::isfinite(x) && x > 0, std::string(name) + " must be finite and > 0, got " + num(x));
 }
@@ -283,7 +277,7 @@ double normal_upper_tail(double z) {
 }
 
 double normal_upper_quantile(double p) {
-  require(p > 0 && p < 1, "p must lie in (0, 1), got " + std::to_string(p));
+  require(p > 0 && p < 1, "p must lie in (0, 1), got " + num(p));
   // Newton on f(z) = ln Q(z) - ln p, f'(z) = -phi(z) / Q(z): step ln(Q/p) * Q / phi, from Acklam's start.
   constexpr double inv_sqrt_2pi = 0.39894228040143267794;
   double z = acklam_upper_quantile(p);

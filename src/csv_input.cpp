@@ -269,14 +269,7 @@ std::string quoted_header(const std::vector<std::string>& columns) {
 }
 
 std::string quoted_row(std::string_view line, std::size_t limit) {
-  std::string out;
-  for (const char c : line.substr(0, limit)) {
-    const auto b = static_cast<unsigned char>(c);
-    if (b < 0x20 || b == 0x7f)
-      out += fmt::format("\\x{:02x}", b);
-    else
-      out += c;
-  }
+  std::string out = terminal_safe(line.substr(0, limit), /*line_breaks=*/false);
   if (line.size() > limit) out += "...";
   return out;
 }

@@ -4,6 +4,7 @@
 #include <string.h>  // GNU strerror_r (g++ defines _GNU_SOURCE)
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace dpstream {
 
@@ -38,6 +39,30 @@ class CheckpointError : public std::runtime_error {
 inline std::string errno_text(int err) {
   char buf[256];
   return strerror_r(err, buf, sizeof buf);
+}
+
+// `text` as a terminal should get it: control bytes other than line breaks and tabs, DEL, and the UTF-8 forms of the
+// C1 controls (U+0080..U+009F; U+009B opens an escape sequence on some terminals) written as \xNN, so that text from
+// an input, a query or a path in a message cannot drive the user's terminal. `line_breaks` false: \n and \t too.
+inline std::string terminal_safe(std::string_view text, bool line_breaks = true) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  const auto escape = [&out](unsigned char b) { out.append({'\\', 'x', kHex[b >> 4], kHex[b & 15]}); };
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    const bool kept_break = line_breaks && (b == '\n' || b == '\t');
+    if ((b < 0x20 && !kept_break) || b == 0x7f) {
+      escape(b);
+    } else if (b == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
+      escape(b);
+      escape(static_cast<unsigned char>(text[++i]));
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
 }
 
 }  // namespace dpstream

@@ -750,19 +750,19 @@ int exec_reporting_errors(Commands& commands, const dpstream::shuffle::Comm& com
     return commands.exec(comm, root);
   } catch (const dpstream::ConfigError& e) {
     dpstream::stop_request::ending();
-    if (root) std::fprintf(stderr, "dpstream: error: %s\n", e.what());
+    if (root) std::fprintf(stderr, "dpstream: error: %s\n", dpstream::terminal_safe(e.what()).c_str());
     return kExitConfig;
   } catch (const dpstream::CheckpointError& e) {
     dpstream::stop_request::ending();
-    if (root) std::fprintf(stderr, "dpstream: checkpoint error: %s\n", e.what());
+    if (root) std::fprintf(stderr, "dpstream: checkpoint error: %s\n", dpstream::terminal_safe(e.what()).c_str());
     return kExitCheckpoint;
   } catch (const dpstream::InputError& e) {
     dpstream::stop_request::ending();
-    if (root) std::fprintf(stderr, "dpstream: input error: %s\n", e.what());
+    if (root) std::fprintf(stderr, "dpstream: input error: %s\n", dpstream::terminal_safe(e.what()).c_str());
     return kExitInput;
   } catch (const std::exception& e) {
     // Unexpected: this rank may be alone; take every rank down rather than leave them waiting.
-    std::fprintf(stderr, "dpstream: fatal on rank %d: %s\n", comm.rank(), e.what());
+    std::fprintf(stderr, "dpstream: fatal on rank %d: %s\n", comm.rank(), dpstream::terminal_safe(e.what()).c_str());
     MPI_Abort(MPI_COMM_WORLD, kExitOther);
   }
   return kExitOther;

@@ -600,6 +600,12 @@ BAD_QUERIES = [
      "tiers"),
     ("L > U", "SELECT WITH ANONYMIZATION region, ANON_AVG(price, 5, 1) FROM t GROUP BY region",
      ("ANON_AVG", "('1')", "column 54")),
+    # Read as a number for the 5, the column made every row bad and the string's branch never held (exit 0).
+    ("a column compared with a string and a number",
+     "SELECT WITH ANONYMIZATION tier, ANON_COUNT(*) FROM t WHERE region = 'r' OR region = 5 GROUP BY tier",
+     "compares region with a number and with a string"),
+    ("IN with a string and a number", "SELECT WITH ANONYMIZATION tier, ANON_COUNT(*) FROM t WHERE region IN ('r', 5) "
+     "GROUP BY tier", "compares region with a number and with a string"),
 ]
 
 
@@ -653,6 +659,22 @@ def check_bad_option_values(env, state):
         if os.path.exists(out) and os.listdir(out):
             problems.append(f"{opt} {value}: output written: {sorted(os.listdir(out))}")
     assert not problems, "\n  ".join(problems)
+
+def check_budget_too_small(env, state):
+    """A budget whose noise is beyond the samplers is refused by what to change (it said "internal: lattice sigma
+    above 2^24", or the Laplace sampler's own range; epsilon 5e-324 took floor(log2(inf)) to an int)."""
+    d = env.dirs("budget-too-small")
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "region"], [{"uid": f"u{i}", "region": "r"} for i in range(9)])
+    groups = write_rows(os.path.join(d, "groups.csv"), ["region"], [{"region": "r"}])
+    q = Query("SELECT WITH ANONYMIZATION region, ANON_COUNT(*) FROM t GROUP BY region", [], [], [])
+    for i, extra in enumerate((["--epsilon", "1e-12", "--delta", "1e-300", "--max-groups-per-user", "1048576"],
+                               ["--epsilon", "5e-324", "--delta", "1e-9", "--noise", "laplace"])):
+        out = os.path.join(d, f"out{i}")
+        run = env.query(q, csv_path, out, *extra, "--selection", "public", "--public-groups", groups)
+        assert run.returncode == 2 and "the budget is too small for this query" in run.stderr and \
+            "raise --epsilon" in run.stderr, run.describe()
+        assert not os.path.exists(out) or not os.listdir(out), f"output written: {sorted(os.listdir(out))}"
+
 
 def check_bad_rows_named(env, state):
     """Skipped rows are reported with the first one's line and reason (a --window-column of dates makes every row bad);
@@ -1278,6 +1300,8 @@ def main():
                       "alias and a non-UTF-8 --out finish", lambda: check_schedule_outputs(env, state))
         results.check("a link planted at an output's temporary file is not written through",
                       lambda: check_temporary_is_made_fresh(env, state))
+        results.check("a budget whose noise is beyond the samplers is refused by what to change",
+                      lambda: check_budget_too_small(env, state))
         results.check("a syntax error is named before a missing --epsilon that OPTIONS(...) was to give",
                       lambda: check_syntax_error_before_required_options(env, state))
         results.check("skipped rows: the first one's line and reason on stderr (dates in --window-column)",

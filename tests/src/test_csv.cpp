@@ -97,6 +97,12 @@ TEST(CsvSplit, QuotedRowsShowControlBytesEscaped) {
   EXPECT_EQ(quoted_row("u\x1b[31m,\t\x7f"), "u\\x1b[31m,\\x09\\x7f");
   EXPECT_EQ(quoted_row("Nord\xc3\xa9"), "Nord\xc3\xa9");  // UTF-8 text stays as it is
   EXPECT_EQ(quoted_row(std::string(300, 'a')), std::string(200, 'a') + "...");
+  // The C1 controls in UTF-8 (U+009B, CSI on some terminals); the letters around them (U+00A0 and up) stay.
+  EXPECT_EQ(quoted_row("a\xc2\x9b"
+                       "2J\xc2\x80\xc2\xa0"),
+            "a\\xc2\\x9b2J\\xc2\\x80\xc2\xa0");
+  // Messages keep their line breaks and tabs (dpstream::terminal_safe), not the rest.
+  EXPECT_EQ(dpstream::terminal_safe("one\n\ttwo\x1b[0m\x7f\xc2\x9f"), "one\n\ttwo\\x1b[0m\\x7f\\xc2\\x9f");
   EXPECT_EQ(quoted_row(std::string(200, 'a')), std::string(200, 'a'));
   const std::vector<std::string> wide(60, "column");  // 419 bytes: a header is listed whole
   EXPECT_EQ(quoted_header(wide).size(), 60 * 7 - 1);
