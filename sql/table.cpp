@@ -336,7 +336,16 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
 
   std::vector<std::string> numeric_names;
   if (query.where) numeric_where_columns(*query.where, numeric_names);
-  std::vector<std::size_t> numeric = layout.values;
+  // A value column that only ANON_COUNT(col, U) reads needs its NULLs alone: any text counts (COUNT of a text column).
+  std::vector<bool> presence_only(layout.values.size());
+  std::vector<std::size_t> numeric;
+  for (std::size_t j = 0; j < layout.values.size(); ++j) {
+    const std::string& name = layout.header[layout.values[j]];
+    presence_only[j] = std::find(numeric_names.begin(), numeric_names.end(), name) == numeric_names.end() &&
+                       std::all_of(query.aggregates.begin(), query.aggregates.end(),
+                                   [&](const Aggregate& a) { return a.column != name || a.kind == AggKind::Count; });
+    if (!presence_only[j]) numeric.push_back(layout.values[j]);
+  }
   for (const std::string& n : numeric_names)
     numeric.push_back(
         static_cast<std::size_t>(std::find(layout.header.begin(), layout.header.end(), n) - layout.header.begin()));
@@ -400,7 +409,10 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
       encoded.clear();
       if (layout.windows.per_window) append_group_field(encoded, window_text);
       for (std::size_t g : layout.groups) append_group_field(encoded, fields[g]);
-      for (std::size_t j = 0; j < layout.values.size(); ++j) values[j] = number[layout.values[j]];
+      for (std::size_t j = 0; j < layout.values.size(); ++j)
+        values[j] = !presence_only[j]                  ? number[layout.values[j]]
+                    : fields[layout.values[j]].empty() ? std::nullopt
+                                                       : std::optional<double>(0.0);
       builder.add(builder.user(ids(IdDomain::User, user)), builder.group(encoded, ids), values);
     });
   } catch (const std::exception& e) {

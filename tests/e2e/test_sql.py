@@ -660,6 +660,28 @@ def check_bad_option_values(env, state):
             problems.append(f"{opt} {value}: output written: {sorted(os.listdir(out))}")
     assert not problems, "\n  ".join(problems)
 
+def check_count_of_text_column(env, state):
+    """ANON_COUNT(col, U) of a text column counts its non-NULL rows (every row was bad: the column was read as a
+    number); a column that ANON_SUM reads too stays numeric."""
+    d = env.dirs("count-text")
+    rows = [{"uid": f"u{i}", "g": f"g{i % 2}", "tier": "" if i % 3 == 0 else ("gold" if i % 2 else "a,b"),
+             "price": str(i)} for i in range(120)]
+    csv_path = write_rows(os.path.join(d, "t.csv"), ["uid", "g", "tier", "price"], rows)
+    q = Query("SELECT WITH ANONYMIZATION g, ANON_COUNT(tier, 5) AS n, ANON_COUNT(price, 5) AS m, "
+              "ANON_SUM(price, 0, 200) AS s FROM t GROUP BY g", [], [], [])
+    out = os.path.join(d, "out")
+    run = env.query(q, csv_path, out, *HUGE, "--seed", "1")
+    assert run.returncode == 0 and "rows were bad" not in run.stderr, run.describe()
+    header, got, report = load_result(out)
+    assert header == ["g", "n", "m", "s"], header
+    for g, n, m, s in got:
+        mine = [r for r in rows if r["g"] == g]
+        want = (sum(1 for r in mine if r["tier"]), len(mine), sum(int(r["price"]) for r in mine))
+        ok = (round(float(n)), round(float(m))) == want[:2] and abs(float(s) - want[2]) < 20  # the sum's noise: < 1
+        assert ok, f"group {g}: {(n, m, s)}, expected {want}"
+    assert sorted(r[0] for r in got) == ["g0", "g1"], got
+
+
 def check_budget_too_small(env, state):
     """A budget whose noise is beyond the samplers is refused by what to change (it said "internal: lattice sigma
     above 2^24", or the Laplace sampler's own range; epsilon 5e-324 took floor(log2(inf)) to an int)."""
@@ -1300,6 +1322,8 @@ def main():
                       "alias and a non-UTF-8 --out finish", lambda: check_schedule_outputs(env, state))
         results.check("a link planted at an output's temporary file is not written through",
                       lambda: check_temporary_is_made_fresh(env, state))
+        results.check("ANON_COUNT(col, U) of a text column counts its non-NULL rows",
+                      lambda: check_count_of_text_column(env, state))
         results.check("a budget whose noise is beyond the samplers is refused by what to change",
                       lambda: check_budget_too_small(env, state))
         results.check("a syntax error is named before a missing --epsilon that OPTIONS(...) was to give",
