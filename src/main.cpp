@@ -52,6 +52,31 @@ const CLI::Validator kPositiveFinite(
     },
     "NUMBER > 0");
 
+// A seed is a whole number of 64 bits: strtoull, under CLI11's conversion, took "-1" for 2^64 - 1 and clamped
+// 2^64 and beyond to it, so that different seeds gave one output.
+const CLI::Validator kSeed(
+    [](std::string& text) {
+      std::uint64_t v = 0;
+      const char* end = text.data() + text.size();
+      const auto [at, ec] = std::from_chars(text.data(), end, v);
+      if (text.empty() || ec != std::errc() || at != end)
+        return "must be a whole number in [0, 2^64 - 1] (got " + text + ")";
+      return std::string();
+    },
+    "SEED");
+
+// A whole number of int64 (CLI11's strtoll clamped one beyond it to the limit without a word).
+const CLI::Validator kInt64(
+    [](std::string& text) {
+      std::int64_t v = 0;
+      const char* end = text.data() + text.size();
+      const auto [at, ec] = std::from_chars(text.data(), end, v);
+      if (text.empty() || ec != std::errc() || at != end)
+        return "must be a whole number in [-2^63, 2^63 - 1] (got " + text + ")";
+      return std::string();
+    },
+    "INT64");
+
 using dpstream::kExitCheckpoint;
 using dpstream::kExitConfig;
 using dpstream::kExitInput;
@@ -338,7 +363,8 @@ struct ChooseCCommand {
     cmd->add_option("--quantile", opts.quantile, "Quantile q of the per-user counts, in (0, 1) (default 0.99)");
     cmd->add_option("--max-c", opts.max_c, "Largest C considered, 1..1000000 (default 1000)");
     cmd->add_option("--window", opts.window, "Window measured (default: the job's first window)");
-    cmd->add_option("--seed", opts.seed, "Noise secret from this seed: tests only, the output is NOT private");
+    cmd->add_option("--seed", opts.seed, "Noise secret from this seed: tests only, the output is NOT private")
+        ->check(kSeed);
     cmd->add_option("--ledger", opts.ledger,
                     "Charge this budget ledger for the window before reading it (docs/LEDGER.md)");
     cmd->add_flag("--json", as_json, "Print one JSON object instead of text");
@@ -371,13 +397,14 @@ struct LedgerCommand {
     init->add_option("--epsilon", ceiling.epsilon, "Ceiling epsilon per block (> 0)")->required();
     init->add_option("--delta", ceiling.delta, "Ceiling delta per block, in (0, 1)")->required();
     init->add_option("--block-seconds", ceiling.block_seconds,
-                     "Block length: the jobs' [stream] window_seconds (default 86400)");
+                     "Block length: the jobs' [stream] window_seconds (default 86400)")
+        ->check(kInt64);
     show = cmd->add_subcommand("show", "Per block: what was spent and what remains");
     explain = cmd->add_subcommand("explain", "Per block: every charge (job, time, mechanism, rho or epsilon/delta)");
     retire = cmd->add_subcommand("retire", "Retire every block up to a window: no job may read it again");
     for (auto* sub : {show, explain, retire}) sub->add_option("path", path, "The ledger file")->required();
     for (auto* sub : {show, explain}) sub->add_flag("--json", as_json, "Print one JSON object instead of text");
-    retire->add_option("--through", through, "The last window retired")->required();
+    retire->add_option("--through", through, "The last window retired")->required()->check(kInt64);
   }
   int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) {
     if (!root) return 0;  // one process touches the file
@@ -390,9 +417,15 @@ struct LedgerCommand {
       }
       dpstream::ledger::Ledger book(path);
       if (retire->parsed()) {
+        const std::optional<std::int64_t> before = book.retired_through();
         book.retire_through(through);
-        std::printf("dpstream: ledger %s: every block <= %lld is retired\n", path.c_str(),
-                    static_cast<long long>(through));
+        const std::int64_t now = book.retired_through().value_or(through);
+        if (before && *before >= through)
+          std::printf("dpstream: ledger %s: every block <= %lld was retired already; nothing changed\n", path.c_str(),
+                      static_cast<long long>(now));
+        else
+          std::printf("dpstream: ledger %s: every block <= %lld is retired\n", path.c_str(),
+                      static_cast<long long>(now));
         return 0;
       }
       const bool every_charge = explain->parsed();
@@ -465,7 +498,7 @@ struct QueryCommand {
                     "The first attempt spends 2^-N of the budget (default 4)");
     cmd->add_option("--bad-rows", bad_rows, "Rows that do not parse: skip (count them, default) | fail")
         ->check(CLI::IsMember({"skip", "fail"}));
-    cmd->add_option("--seed", seed, "Noise secret from this seed: tests only, the output is NOT private");
+    cmd->add_option("--seed", seed, "Noise secret from this seed: tests only, the output is NOT private")->check(kSeed);
     cmd->add_option("--out", out, "Output directory (result.csv, report.json; never overwritten) (required)");
     cmd->add_flag("--explain", explain, "Print the plan (noise and budget of every aggregate) and exit");
   }
@@ -559,6 +592,14 @@ struct QueryCommand {
       if (given(name) && !given("--target-error"))
         throw dpstream::ConfigError(
             fmt::format("{} is an option of --target-error: give --target-error R, or drop it", name));
+    if (given("--window-seconds") && !given("--window-column"))
+      throw dpstream::ConfigError(
+          "--window-seconds is the length of --window-column's windows: give --window-column, "
+          "or drop it");
+    if (given("--selection-share") && selection == "public")
+      throw dpstream::ConfigError(
+          "--selection-share is the budget share of a partition selection, which --selection public does not make "
+          "(its groups are given): drop it");
     if (explain && (given("--growing") || given("--target-error")))
       throw dpstream::ConfigError(
           "--explain prints the plan of one release that spends the whole budget; --growing and --target-error "

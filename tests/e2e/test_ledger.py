@@ -451,6 +451,23 @@ def main():
         results.check("the ledger path is a file name (no SQLite URI); a link to an unsupported file system is refused",
                       path_is_a_file_name)
 
+        # 9. Numbers beyond int64 are refused, not clamped; a retirement below the current one says nothing changed.
+        def whole_numbers():
+            r = dp.run_with("ledger", "init", path("big.db"), "--epsilon", 1, "--delta", 1e-6, "--block-seconds",
+                            2**63, ranks=1)
+            assert r.returncode == 2 and "--block-seconds: must be a whole number" in r.stderr, r.describe()
+            assert not os.path.exists(path("big.db")), "a refused init made the ledger"
+            ledger = init("retire-twice.db")
+            r = dp.run_with("ledger", "retire", ledger, "--through", 2**64, ranks=1)
+            assert r.returncode == 2 and "--through: must be a whole number" in r.stderr, r.describe()
+            r = dp.run_with("ledger", "retire", ledger, "--through", 10, ranks=1)
+            assert r.returncode == 0 and "every block <= 10 is retired" in r.stdout, r.describe()
+            r = dp.run_with("ledger", "retire", ledger, "--through", 3, ranks=1)
+            assert r.returncode == 0 and "every block <= 10 was retired already; nothing changed" in r.stdout, \
+                r.describe()
+        results.check("numbers beyond int64 refused (--block-seconds, --through); a lower retirement changes nothing",
+                      whole_numbers)
+
         # 7. choose-c charges its window like a job, and is refused once the block is spent.
         def choose_c():
             ledger = init("choose.db", eps=2.0)

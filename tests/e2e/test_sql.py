@@ -815,6 +815,16 @@ def check_options_out_of_place(env, state):
     want = "OPTIONS(kappa = 3) and OPTIONS(max_groups_contributed) = 2 disagree"
     if run.returncode != 2 or want not in run.stderr:
         problems.append(f"two spellings of k: expected {want!r}\n    {run.describe()}")
+    # Ignored before: a window length without a window column, a selection share without a selection; seeds that
+    # strtoull took for 2^64 - 1 ("-1", 2^64).
+    for extra, needle in ((["--window-seconds", "10"], "--window-seconds is the length of --window-column"),
+                          (["--selection", "public", "--public-groups", csv_path, "--selection-share", "0.3"],
+                           "--selection-share is the budget share"),
+                          (["--seed", "-1"], "--seed: must be a whole number"),
+                          (["--seed", str(2**64)], "--seed: must be a whole number")):
+        run = env.query(q, csv_path, os.path.join(d, "ignored"), *HUGE, *extra)
+        if run.returncode != 2 or needle not in run.stderr or os.path.exists(os.path.join(d, "ignored")):
+            problems.append(f"{extra}: expected exit 2 naming {needle!r}, nothing made\n    {run.describe()}")
     assert not problems, "\n  ".join(problems)
 
 
