@@ -669,7 +669,9 @@ QueryCounters run_query(const QueryJob& job, const shuffle::Comm& comm) {
       nlohmann::json report = plan_json(plan);
       report["query"] = job.text;
       report["seeded"] = job.seed.has_value();
-      report["not_dp"] = {{"note", "raw counters of the input: not differentially private, for the analyst only"},
+      report["not_dp"] = {{"note",
+                           "raw counters of the input: not differentially private; for the data holder running the "
+                           "query, not part of the release (publish result.csv and this file without not_dp)"},
                           {"rows_read", counters.rows},
                           {"rows_bad", counters.bad},
                           {"rows_filtered_out", counters.filtered_out},
