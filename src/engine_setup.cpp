@@ -72,32 +72,8 @@ noise::Secret Engine::job_secret() const {
 void Engine::admit_to_ledger(const noise::Secret& secret) {
   if (config_.privacy.ledger.empty()) return;
   shuffle::on_all_ranks<ConfigError>(comm_, [&] {
-    if (!plan_.private_run)
-      throw ConfigError(
-          fmt::format("ledger {}: [privacy] seed makes this run a test whose output is not private (two "
-                      "seeded jobs may share noise); a ledger accounts private releases: remove seed "
-                      "or the ledger",
-                      config_.privacy.ledger));
-    if (!threshold_proven(plan_))
-      throw ConfigError(
-          fmt::format("ledger {}: threshold = \"gaussian-quantile\" with tree key selection has no "
-                      "proven failure probability to charge: use threshold = \"subgaussian\" or "
-                      "selection_counter = \"banded\"",
-                      config_.privacy.ledger));
+    ledger::Request request = job_ledger_request(config_, plan_, "");  // its refusals on every rank
     if (!root_) return;
-    const LedgerCharge charge = ledger_charge(plan_);
-    ledger::Request request{.run_id = "",
-                            .job = config_.name,
-                            .mechanism = charge.mechanism,
-                            .zcdp = charge.zcdp,
-                            .rho = charge.rho,
-                            .delta_extra = charge.delta_extra,
-                            .coupled = charge.coupled,
-                            .epsilon = charge.epsilon,
-                            .delta = charge.delta,
-                            .blocks = {}};
-    for (std::uint32_t w = 0; w < config_.stream.windows; ++w)
-      request.blocks.push_back(config_.stream.first_window + w);
     const auto identity = identity_.empty() ? checkpoint::identity_fields(config_, "") : identity_;
     request.run_id = ledger::run_id(secret.data(), secret.size(), checkpoint::fingerprint(identity));
     ledger::charge_or_refuse(config_.privacy.ledger, config_.stream.window_seconds, request, resuming_);

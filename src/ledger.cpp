@@ -508,7 +508,7 @@ std::string Ceiling::block_time_text(std::int64_t block) const {
   return fmt::format("[{}, {}{} s", t->first, t->second, to_the_end ? "]" : ")");
 }
 
-Admission Ledger::admit(const Request& r) {
+Admission Ledger::admit(const Request& r, bool charge) {
   if (r.blocks.empty()) throw std::invalid_argument("ledger: a request names no block");
   for (const std::int64_t block : r.blocks)
     if (!ceiling_.block_time(block))
@@ -556,6 +556,10 @@ Admission Ledger::admit(const Request& r) {
     if (already != 0)
       throw std::runtime_error(
           fmt::format("ledger {}: run {} was admitted on some of these blocks only", db_->path, r.run_id));
+    if (!charge) {
+      db_->exec("ROLLBACK");
+      return {Outcome::Admitted, ""};
+    }
     const std::string at = now_utc();
     std::string link = read_meta(db_->handle, db_->path).at("head");
     std::int64_t seq = 0;
@@ -589,6 +593,21 @@ Admission Ledger::admit(const Request& r) {
   }
 }
 
+namespace {
+void check_block_seconds(const std::string& path, const Ledger& book, std::int64_t window_seconds) {
+  if (book.ceiling().block_seconds != window_seconds)
+    throw std::runtime_error(fmt::format(
+        "ledger {}: its blocks are windows of {} s and this job's windows are {} s: set [stream] window_seconds = {}",
+        path, book.ceiling().block_seconds, window_seconds, book.ceiling().block_seconds));
+}
+}  // namespace
+
+Admission preview_admission(const std::string& path, std::int64_t window_seconds, const Request& request) {
+  Ledger book(path);
+  check_block_seconds(path, book, window_seconds);
+  return book.admit(request, /*charge=*/false);
+}
+
 Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request, bool resume) {
   Ledger book(path);
   if (resume) {
@@ -602,10 +621,7 @@ Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, c
           "(a new release, charged anew)",
           path, request.run_id));
   }
-  if (book.ceiling().block_seconds != window_seconds)
-    throw std::runtime_error(fmt::format(
-        "ledger {}: its blocks are windows of {} s and this job's windows are {} s: set [stream] window_seconds = {}",
-        path, book.ceiling().block_seconds, window_seconds, book.ceiling().block_seconds));
+  check_block_seconds(path, book, window_seconds);
   const Admission admission = book.admit(request);
   if (admission.outcome == Outcome::Refused) throw std::runtime_error(admission.message);
   std::fprintf(stderr, "dpstream: ledger %s: %s windows %lld..%lld (run %s)\n", path.c_str(),

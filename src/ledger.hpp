@@ -83,6 +83,10 @@ std::string run_id(const unsigned char* key, std::size_t key_bytes, const std::s
 Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request,
                          bool resume = false);
 
+// Whether the ledger at `path` would admit `request` now, charging nothing (`dpstream budget`); throws as
+// charge_or_refuse does when the ledger cannot be used or its blocks are not windows of `window_seconds`.
+Admission preview_admission(const std::string& path, std::int64_t window_seconds, const Request& request);
+
 // Creates a new ledger at `path` (refuses an existing file).
 void init(const std::string& path, const Ceiling& ceiling);
 
@@ -99,8 +103,8 @@ class Ledger {
   std::optional<std::int64_t> retired_through() const;
   // Every charged block (and `extra` blocks too, uncharged), ascending.
   std::vector<BlockSpend> blocks(const std::vector<std::int64_t>& extra = {}) const;
-  // Admission and charge in one transaction.
-  Admission admit(const Request& request);
+  // Admission and charge in one transaction; `charge` false: the admission alone, nothing written (a preview).
+  Admission admit(const Request& request, bool charge = true);
   // Retires every block <= through (never undone).
   void retire_through(std::int64_t through);
 

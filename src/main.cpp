@@ -300,11 +300,43 @@ struct BudgetCommand {
     cmd->add_flag("--thresholds", thresholds, "Also print tau for every round step 1..T");
   }
   int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) const {
-    const auto plan = dpstream::make_privacy_plan(load(args));
+    const auto config = load(args);
+    const auto plan = dpstream::make_privacy_plan(config);
+    // [privacy] ledger: whether it would admit the job now, asked as run asks it (nothing charged). Reported, not an
+    // exit code: the verdict depends on the jobs admitted so far, the exit code on the spec alone.
+    nlohmann::json ledger;
+    if (!config.privacy.ledger.empty() && root) {
+      ledger = {{"path", config.privacy.ledger},
+                {"note", "nothing charged; jobs admitted before this one starts spend first"}};
+      try {
+        const auto request = dpstream::job_ledger_request(config, plan, "budget: a preview, never charged");
+        const auto a =
+            dpstream::ledger::preview_admission(config.privacy.ledger, config.stream.window_seconds, request);
+        ledger["admits_now"] = a.outcome != dpstream::ledger::Outcome::Refused;
+        if (a.outcome == dpstream::ledger::Outcome::Refused) ledger["refusal"] = a.message;
+      } catch (const std::exception& e) {
+        ledger["admits_now"] = false;
+        ledger["refusal"] = e.what();
+      }
+    }
     if (root)
       print_result(
-          as_json, [&] { return dpstream::budget_json(plan, thresholds); },
-          [&] { return dpstream::budget_text(plan, thresholds); });
+          as_json,
+          [&] {
+            nlohmann::json j = dpstream::budget_json(plan, thresholds);
+            if (!ledger.is_null()) j["ledger"] = ledger;
+            return j;
+          },
+          [&] {
+            std::string text = dpstream::budget_text(plan, thresholds);
+            if (ledger.is_null()) return text;
+            return text + (ledger["admits_now"].get<bool>()
+                               ? fmt::format("ledger {}: would admit the job now (nothing charged; jobs admitted "
+                                             "before this one starts spend first)\n",
+                                             config.privacy.ledger)
+                               : fmt::format("ledger {}: would refuse the job now: {}\n", config.privacy.ledger,
+                                             ledger["refusal"].get<std::string>()));
+          });
     return 0;
   }
 };

@@ -238,6 +238,34 @@ bool threshold_proven(const PrivacyPlan& p) {
          (!is_baseline(p.mode) && p.selection_counter == CounterKind::Banded);
 }
 
+ledger::Request job_ledger_request(const JobConfig& config, const PrivacyPlan& plan, std::string run_id) {
+  if (!plan.private_run)
+    throw ConfigError(
+        fmt::format("ledger {}: [privacy] seed makes this run a test whose output is not private (two "
+                    "seeded jobs may share noise); a ledger accounts private releases: remove seed "
+                    "or the ledger",
+                    config.privacy.ledger));
+  if (!threshold_proven(plan))
+    throw ConfigError(
+        fmt::format("ledger {}: threshold = \"gaussian-quantile\" with tree key selection has no "
+                    "proven failure probability to charge: use threshold = \"subgaussian\" or "
+                    "selection_counter = \"banded\"",
+                    config.privacy.ledger));
+  const LedgerCharge charge = ledger_charge(plan);
+  ledger::Request request{.run_id = std::move(run_id),
+                          .job = config.name,
+                          .mechanism = charge.mechanism,
+                          .zcdp = charge.zcdp,
+                          .rho = charge.rho,
+                          .delta_extra = charge.delta_extra,
+                          .coupled = charge.coupled,
+                          .epsilon = charge.epsilon,
+                          .delta = charge.delta,
+                          .blocks = {}};
+  for (std::uint32_t w = 0; w < config.stream.windows; ++w) request.blocks.push_back(config.stream.first_window + w);
+  return request;
+}
+
 LedgerCharge ledger_charge(const PrivacyPlan& p) {
   LedgerCharge charge;
   charge.zcdp = p.composition == Composition::Zcdp;

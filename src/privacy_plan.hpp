@@ -12,6 +12,7 @@
 #include "kernels/dp_release.hpp"
 #include "kernels/releaser.hpp"
 #include "src/config.hpp"
+#include "src/ledger.hpp"
 
 namespace dpstream {
 
@@ -105,6 +106,10 @@ struct LedgerCharge {
   std::string mechanism;
 };
 LedgerCharge ledger_charge(const PrivacyPlan& plan);
+// A job's request to its [privacy] ledger: its charge on every window it reads, under `run_id`. Throws ConfigError for
+// a job no ledger accounts: a seeded one (its output is not private) or one whose thresholds' failure bound is not
+// proven. `run` charges it; `budget` asks whether the ledger would admit it now.
+ledger::Request job_ledger_request(const JobConfig& config, const PrivacyPlan& plan, std::string run_id);
 // Whether the thresholds' failure probability beta is a proven bound (subgaussian tail, or the exact
 // Gaussian tail of banded key selection), not the paper's Gaussian-quantile approximation.
 bool threshold_proven(const PrivacyPlan& plan);

@@ -468,6 +468,31 @@ def main():
         results.check("numbers beyond int64 refused (--block-seconds, --through); a lower retirement changes nothing",
                       whole_numbers)
 
+        # 10. `budget` asks the job's ledger whether it would admit the job now (it said "within budget" while run was
+        # refused): its verdict before each run is the run's, and it charges nothing.
+        def budget_asks_the_ledger():
+            ledger = init("budget.db", eps=3.0)
+            spec = write("bq", job_toml("bq", ledger, eps=2.0))
+            verdicts = []
+            for i in range(4):
+                before = show(ledger)
+                b = dp.run_with("budget", spec, "--json", ranks=1)
+                assert b.returncode == 0 and show(ledger) == before, "budget failed or charged\n  " + b.describe()
+                verdict = json.loads(b.stdout)["ledger"]
+                r = dp.run_with("run", spec, "--out", path(f"out-bq{i}"))
+                assert verdict["admits_now"] == (r.returncode == 0), f"budget said {verdict}\n  " + r.describe()
+                if not verdict["admits_now"]:
+                    assert "cannot admit job 'bq'" in verdict["refusal"] and r.returncode == 2, verdict
+                verdicts.append(verdict["admits_now"])
+            assert True in verdicts and False in verdicts, f"expected admissions then a refusal, got {verdicts}"
+            r = dp.run_with("budget", write("bqs", job_toml("bqs", ledger, extra="seed = 3")), ranks=1)
+            assert r.returncode == 0 and "would refuse the job now" in r.stdout and "not private" in r.stdout, \
+                r.describe()
+            r = dp.run_with("budget", write("bqm", job_toml("bqm", path("missing.db"))), ranks=1)
+            assert r.returncode == 0 and "would refuse the job now" in r.stdout and "no such file" in r.stdout, \
+                r.describe()
+        results.check("budget: the ledger's verdict now, as run gets it; nothing charged", budget_asks_the_ledger)
+
         # 7. choose-c charges its window like a job, and is refused once the block is spent.
         def choose_c():
             ledger = init("choose.db", eps=2.0)
