@@ -327,6 +327,10 @@ std::string csv_field(const std::string& s) {
 
 // Groups listed for public selection: their encodings (each rank reads the file).
 std::vector<std::string> read_public_groups(const std::string& path, const Query& q, bool windowed) {
+  refuse_non_regular_input(path, "give --public-groups a CSV file that lists the groups to release");
+  if (!std::filesystem::exists(path))
+    throw InputError(
+        fmt::format("--public-groups {}: no such file; give a CSV file that lists the groups to release", path));
   MappedFile file(path);
   const std::string_view all = file.view();
   const std::size_t header_end = std::min(all.find('\n'), all.size());

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 
 #include "src/errors.hpp"
 
@@ -91,6 +92,11 @@ const char* expected(Kind kind) {
 }  // namespace
 
 std::vector<SpecValue> read_query_section(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(fmt::format("--job {} is a directory; give a job spec file (TOML) with a [query] table", path));
+  if (!std::filesystem::exists(path, ec))
+    throw ConfigError(fmt::format("--job {}: no such file; give a job spec file (TOML) with a [query] table", path));
   toml::table root;
   try {
     root = toml::parse_file(path);

@@ -846,6 +846,15 @@ def check_input_refusals(env, state):
         f.write("uid,g,,\nu1,a,x,y\n")
     run = env.query(q, unused, os.path.join(d, "out3"), *HUGE, "--seed", "1")
     assert run.returncode == 0, run.describe()
+    # --public-groups and --job that name a directory or nothing: refused by the option's name.
+    for extra, code, needle in ((["--selection", "public", "--public-groups", d], 3, "give --public-groups a CSV"),
+                                (["--selection", "public", "--public-groups", os.path.join(d, "none.csv")], 3,
+                                 "--public-groups"),
+                                (["--job", d], 2, f"--job {d} is a directory"),
+                                (["--job", os.path.join(d, "none.toml")], 2, "no such file")):
+        out = os.path.join(d, "out4")
+        run = env.query(q, unused, out, *HUGE, "--seed", "1", *extra)
+        assert run.returncode == code and needle in run.stderr and not os.path.exists(out), run.describe()
 
 
 # ---------------------------------------------------------------------------------------------
