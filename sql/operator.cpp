@@ -536,8 +536,8 @@ void check_query_job(const QueryJob& job) {
   refuse_existing_outputs(job.out_dir);
 }
 
-void refuse_existing_outputs(const std::string& out_dir) {
-  for (const char* f : {"result.csv", "report.json"})
+void refuse_existing_outputs(const std::string& out_dir, std::initializer_list<const char*> names) {
+  for (const char* f : names)
     if (fs::exists(fs::path(out_dir) / f))
       throw ConfigError(fmt::format("{} exists already; remove it or choose another --out (nothing is overwritten)",
                                     (fs::path(out_dir) / f).string()));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -29,8 +30,10 @@ struct QueryJob {
 // Checks on this rank what can be checked before reading data (input header, columns, public groups file,
 // output directory); throws InputError / QueryError / ConfigError. Every rank calls it before run_query.
 void check_query_job(const QueryJob& job);
-// The part of check_query_job that a caller repeats once it holds --out: result.csv or report.json there is refused.
-void refuse_existing_outputs(const std::string& out_dir);
+// The part of check_query_job that a caller repeats once it holds --out: result.csv or report.json there (or the
+// files `names`) is refused.
+void refuse_existing_outputs(const std::string& out_dir,
+                             std::initializer_list<const char*> names = {"result.csv", "report.json"});
 
 // Raw counters of a run (not DP), summed over ranks.
 struct QueryCounters {

@@ -151,15 +151,16 @@ double lattice_sensitivity(const Component& c, NoiseKind noise) {
   return noise == NoiseKind::Gaussian ? d * std::sqrt(double{kTreeDepth}) : d * kTreeDepth;  // one count per level
 }
 
-// g = 2^e with sigma / g ~ 2^20, never finer than a unit, never below one count for counts; the sensitivity
-// in lattice steps is exact when the lattice holds every true value, else floor(Delta / g) + 1.
 // A budget so small that the noise it needs is beyond the samplers (or not finite: epsilon near 5e-324).
 [[noreturn]] void refuse_noise_beyond_samplers(double scale) {
   throw std::invalid_argument(
-      fmt::format("the budget is too small for this query: its noise (scale {:g} lattice steps) is beyond what the "
-                  "samplers draw; raise --epsilon or --delta, or lower --max-groups-per-user",
+      fmt::format("the budget is too small for this query: its noise (scale {:g}) is beyond what the samplers draw; "
+                  "raise --epsilon or --delta, or lower --max-groups-per-user",
                   scale));
 }
+
+// g = 2^e with sigma / g ~ 2^20, never finer than a unit, never below one count for counts; the sensitivity
+// in lattice steps is exact when the lattice holds every true value, else floor(Delta / g) + 1.
 
 void choose_lattice(Component& c, double noise_per_unit_delta) {
   const double est = to_double(c.delta_units) * noise_per_unit_delta;

@@ -18,6 +18,7 @@
 #include "src/csv_input.hpp"
 #include "src/durable_io.hpp"
 #include "src/errors.hpp"
+#include "src/output_lock.hpp"
 
 namespace dpstream::sql {
 
@@ -69,13 +70,12 @@ void refuse_existing_schedule_outputs(const std::string& out_dir, const char* su
   namespace fs = std::filesystem;
   shuffle::on_all_ranks<ConfigError>(comm, [&] {
     if (comm.rank() != 0) return;
-    if (const fs::path s = fs::path(out_dir) / summary; fs::exists(s))
-      throw ConfigError(
-          fmt::format("{} exists already; remove it or choose another --out (nothing is overwritten)", s.string()));
+    refuse_existing_outputs(out_dir, {summary});
     for (const std::string& dir : run_dirs) {
       std::error_code ec;
       if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
         throw ConfigError(fmt::format("{} is not a directory; remove it or choose another --out", dir));
+      if (fs::exists(dir, ec)) refuse_unwritable_dir(dir, "make it writable, or choose another --out");
       refuse_existing_outputs(dir);
     }
   });

@@ -342,8 +342,10 @@ LocalTable read_local_table(const std::string& path, const Query& query, const T
   for (std::size_t j = 0; j < layout.values.size(); ++j) {
     const std::string& name = layout.header[layout.values[j]];
     presence_only[j] = std::find(numeric_names.begin(), numeric_names.end(), name) == numeric_names.end() &&
-                       std::all_of(query.aggregates.begin(), query.aggregates.end(),
-                                   [&](const Aggregate& a) { return a.column != name || a.kind == AggKind::Count; });
+                       std::all_of(query.aggregates.begin(), query.aggregates.end(), [&](const Aggregate& a) {
+                         return a.column != name || a.kind == AggKind::Count ||
+                                a.kind == AggKind::CountDistinct;  // the user column's: not its values
+                       });
     if (!presence_only[j]) numeric.push_back(layout.values[j]);
   }
   for (const std::string& n : numeric_names)

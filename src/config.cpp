@@ -260,7 +260,7 @@ constexpr SpecField kSpecFields[] = {
      [](const JobConfig& c) { return to_string(c.privacy.value_counter); }},
     {"privacy.counter_band", MustMatch, BandedCounters, [](const JobConfig& c) { return str(c.privacy.counter_band); }},
     // A resume is not charged again (the run id) and may not add, drop or change the ledger: the
-    // charge is made before the first record is read, never after.
+    // charge is made before the first commit, never after.
     {"privacy.ledger", MustMatch, Ledger, [](const JobConfig& c) { return c.privacy.ledger; }},
     {"query.aggregations", MustMatch, All,
      [](const JobConfig& c) {

@@ -87,7 +87,7 @@ struct PrivacyConfig {
   CounterKind selection_counter = CounterKind::Banded;  // key selection's counters
   CounterKind value_counter = CounterKind::Banded;      // the released columns' counters
   std::uint32_t counter_band = 8;                       // b of the banded counters (1..16)
-  std::string ledger;  // the budget ledger every window is charged to before any record is read (src/ledger.hpp)
+  std::string ledger;  // the budget ledger every window is charged to before anything is released (src/ledger.hpp)
 };
 
 // Released columns: the aggregation budget is shared by the chosen ones.

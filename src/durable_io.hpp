@@ -31,7 +31,9 @@ struct AtomicWriteOptions {
 };
 
 // Writes `size` bytes to `path` atomically: `path`.tmp, fsync, rename, fsync of the directory.
-// Throws std::runtime_error naming the file and the system error.
+// Throws std::runtime_error naming the file and the system error. The temporary is made by this call (whatever lay
+// at its name is unlinked first, and O_EXCL | O_NOFOLLOW refuse a link put back): a planted link is not written
+// through.
 void write_file_atomically(const std::filesystem::path& path, const void* data, std::size_t size,
                            const AtomicWriteOptions& options = {});
 inline void write_file_atomically(const std::filesystem::path& path, const std::string& text,
@@ -40,8 +42,9 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
 }
 
 // The same for a file that another writer (HDF5) fills: `prepare_temporary` creates `path`.tmp
-// empty with `mode` and returns its name; `commit_temporary` fsyncs it, renames it onto `path`
-// and fsyncs the directory. Both throw std::runtime_error naming the file.
+// empty with `mode` (made fresh, as above) and returns its name; `commit_temporary` fsyncs it, renames it onto
+// `path` and fsyncs the directory. Both throw std::runtime_error naming the file. The other writer opens the name
+// again, so a link planted in between is followed: use it in a directory no one else writes (the checkpoint's, 0700).
 std::filesystem::path prepare_temporary(const std::filesystem::path& path, mode_t mode);
 void commit_temporary(const std::filesystem::path& path, const char* fault_before_rename = nullptr);
 

@@ -71,7 +71,7 @@ class Engine {
   // DP noise and keyed CSV ids need the job's secret (kept in the checkpoint); other jobs have none.
   bool needs_secret() const { return dp_ || config_.input.kind == InputKind::Csv; }
   noise::Secret job_secret() const;
-  void admit_to_ledger(const noise::Secret& secret);
+  void admit_to_ledger(const noise::Secret& secret, bool charge);
   void open_output();
   void refuse_unwritable_outputs(const std::filesystem::path& out_dir) const;
   void open_input(const noise::Secret& secret);

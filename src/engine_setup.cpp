@@ -35,14 +35,15 @@ bool Engine::set_up() {
   noise::Secret secret = job_secret();
   releaser_ = make_releaser(config_.privacy.mode, plan_, secret, config_.engine.key_scan);
   open_output();
+  admit_to_ledger(secret, /*charge=*/false);  // a refusal before the input is read, not after its parse
   open_input(secret);
   create_state();
-  // After the output is known to be writable and the input is read (a CSV's parse may take minutes), right before
-  // commit 0 stores the secret: a job killed before the charge spent nothing, and one killed after it finds commit
-  // 0 moments later and can be resumed. Charged before the input, a kill during the parse spent the charge and left
-  // no checkpoint to resume it by.
+  // Charged after the output is known to be writable and the input is read (a CSV's parse may take minutes), right
+  // before commit 0 stores the secret: a job killed before the charge spent nothing, and one killed after it finds
+  // commit 0 moments later and can be resumed. Charged before the input, a kill during the parse spent the charge
+  // and left no checkpoint to resume it by.
   fault::point("input_read");
-  admit_to_ledger(secret);
+  admit_to_ledger(secret, /*charge=*/true);
   start_checkpoint(secret);
   OPENSSL_cleanse(secret.data(), secret.size());
   triggers_done_ = std::uint64_t{start_window_} * config_.stream.triggers + start_trigger_;
@@ -68,15 +69,22 @@ noise::Secret Engine::job_secret() const {
 // [privacy] ledger: rank 0 asks for the job's budget on every window it will read, before anything is released or
 // committed (src/ledger.hpp); a refusal stops every rank (exit 2) and depends on the ledger and the spec only. The run
 // id is a PRF of the secret and the job's identity: a resume (same secret, same identity) is not charged again, a new
-// secret is.
-void Engine::admit_to_ledger(const noise::Secret& secret) {
+// secret is. `charge` false: the same question before the input is read, nothing charged (the ledger may change
+// before the charge, which asks again).
+void Engine::admit_to_ledger(const noise::Secret& secret, bool charge) {
   if (config_.privacy.ledger.empty()) return;
   shuffle::on_all_ranks<ConfigError>(comm_, [&] {
     ledger::Request request = job_ledger_request(config_, plan_, "");  // its refusals on every rank
     if (!root_) return;
     const auto identity = identity_.empty() ? checkpoint::identity_fields(config_, "") : identity_;
     request.run_id = ledger::run_id(secret.data(), secret.size(), checkpoint::fingerprint(identity));
-    ledger::charge_or_refuse(config_.privacy.ledger, config_.stream.window_seconds, request, resuming_);
+    if (charge) {
+      ledger::charge_or_refuse(config_.privacy.ledger, config_.stream.window_seconds, request, resuming_);
+      return;
+    }
+    const ledger::Admission a =
+        ledger::preview_admission(config_.privacy.ledger, config_.stream.window_seconds, request, resuming_);
+    if (a.outcome == ledger::Outcome::Refused) throw ConfigError(a.message);
   });
 }
 

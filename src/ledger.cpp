@@ -516,7 +516,9 @@ Admission Ledger::admit(const Request& r, bool charge) {
           "ledger {}: block {} of {} s lies outside int64 event time (no record's time can fall in it); read "
           "other windows",
           db_->path, block, ceiling_.block_seconds));
-  db_->exec("BEGIN IMMEDIATE");  // the write lock first: nobody else admits until COMMIT
+  // A charge takes the write lock first: nobody else admits until COMMIT. A preview reads (a reader who may not write
+  // the ledger can ask, and waits for no admission).
+  db_->exec(charge ? "BEGIN IMMEDIATE" : "BEGIN");
   try {
     verify_chain(db_->handle, db_->path);  // as of this transaction, not as of the open
     const auto refuse = [&](std::string message) {
@@ -585,7 +587,7 @@ Admission Ledger::admit(const Request& r, bool charge) {
       s.step();
     }
     put_meta(db_->handle, db_->path, "head", link);
-    db_->exec("COMMIT");  // durable (synchronous = FULL) before any record is read
+    db_->exec("COMMIT");  // durable (synchronous = FULL) before the job releases or commits anything
     return {Outcome::Admitted, ""};
   } catch (...) {
     sqlite3_exec(db_->handle, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -594,22 +596,9 @@ Admission Ledger::admit(const Request& r, bool charge) {
 }
 
 namespace {
-void check_block_seconds(const std::string& path, const Ledger& book, std::int64_t window_seconds) {
-  if (book.ceiling().block_seconds != window_seconds)
-    throw std::runtime_error(fmt::format(
-        "ledger {}: its blocks are windows of {} s and this job's windows are {} s: set [stream] window_seconds = {}",
-        path, book.ceiling().block_seconds, window_seconds, book.ceiling().block_seconds));
-}
-}  // namespace
-
-Admission preview_admission(const std::string& path, std::int64_t window_seconds, const Request& request) {
-  Ledger book(path);
-  check_block_seconds(path, book, window_seconds);
-  return book.admit(request, /*charge=*/false);
-}
-
-Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request, bool resume) {
-  Ledger book(path);
+// What charge_or_refuse and preview_admission refuse before asking for the admission itself.
+void check_request(const std::string& path, const Ledger& book, std::int64_t window_seconds, const Request& request,
+                   bool resume) {
   if (resume) {
     bool holds = false;
     for (const BlockSpend& b : book.blocks())
@@ -621,7 +610,22 @@ Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, c
           "(a new release, charged anew)",
           path, request.run_id));
   }
-  check_block_seconds(path, book, window_seconds);
+  if (book.ceiling().block_seconds != window_seconds)
+    throw std::runtime_error(fmt::format(
+        "ledger {}: its blocks are windows of {} s and this job's windows are {} s: set [stream] window_seconds = {}",
+        path, book.ceiling().block_seconds, window_seconds, book.ceiling().block_seconds));
+}
+}  // namespace
+
+Admission preview_admission(const std::string& path, std::int64_t window_seconds, const Request& request, bool resume) {
+  Ledger book(path);
+  check_request(path, book, window_seconds, request, resume);
+  return book.admit(request, /*charge=*/false);
+}
+
+Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request, bool resume) {
+  Ledger book(path);
+  check_request(path, book, window_seconds, request, resume);
   const Admission admission = book.admit(request);
   if (admission.outcome == Outcome::Refused) throw std::runtime_error(admission.message);
   std::fprintf(stderr, "dpstream: ledger %s: %s windows %lld..%lld (run %s)\n", path.c_str(),

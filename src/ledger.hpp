@@ -3,7 +3,7 @@
 // platform", SOSP 2019, arXiv 1909.01502, sections 3-4). The stream is split into blocks, the
 // event-time windows of `block_seconds` (the privacy unit is one user's records in one block); each
 // block has a ceiling (epsilon_g, delta_g). A job asks for its budget on every block it reads before
-// it reads a record, and is admitted only if every block stays within its ceiling; admission and
+// it releases anything, and is admitted only if every block stays within its ceiling; admission and
 // charge are one SQLite transaction (BEGIN IMMEDIATE), so jobs starting at once on a cluster cannot
 // overspend. Nothing is refunded; retired blocks are refused; a new block starts with its full
 // ceiling. docs/LEDGER.md states the accounting, the file systems and the guarantees.
@@ -77,15 +77,17 @@ std::string run_id(const unsigned char* key, std::size_t key_bytes, const std::s
 
 // What a job or tool does with its request: opens the ledger at `path`, checks that its blocks are
 // windows of `window_seconds`, admits and charges, and says so on stderr; throws std::runtime_error
-// with what to change on a refusal (called by rank 0 before any record is read). `resume`: the job's checkpoint
+// with what to change on a refusal (called by rank 0 before anything is released). `resume`: the job's checkpoint
 // exists, so the ledger that admitted it holds the run's charge; a ledger without it is another one (another file
 // at the path, or one initialized anew) and is refused rather than charged.
 Outcome charge_or_refuse(const std::string& path, std::int64_t window_seconds, const Request& request,
                          bool resume = false);
 
-// Whether the ledger at `path` would admit `request` now, charging nothing (`dpstream budget`); throws as
-// charge_or_refuse does when the ledger cannot be used or its blocks are not windows of `window_seconds`.
-Admission preview_admission(const std::string& path, std::int64_t window_seconds, const Request& request);
+// Whether the ledger at `path` would admit `request` now, charging nothing, in a read transaction (`dpstream
+// budget`; `run` before it reads its input); throws as charge_or_refuse does when the ledger cannot be used, its
+// blocks are not windows of `window_seconds`, or (`resume`) it holds no charge of the run.
+Admission preview_admission(const std::string& path, std::int64_t window_seconds, const Request& request,
+                            bool resume = false);
 
 // Creates a new ledger at `path` (refuses an existing file).
 void init(const std::string& path, const Ceiling& ceiling);

@@ -52,30 +52,23 @@ const CLI::Validator kPositiveFinite(
     },
     "NUMBER > 0");
 
-// A seed is a whole number of 64 bits: strtoull, under CLI11's conversion, took "-1" for 2^64 - 1 and clamped
-// 2^64 and beyond to it, so that different seeds gave one output.
-const CLI::Validator kSeed(
-    [](std::string& text) {
-      std::uint64_t v = 0;
-      const char* end = text.data() + text.size();
-      const auto [at, ec] = std::from_chars(text.data(), end, v);
-      if (text.empty() || ec != std::errc() || at != end)
-        return "must be a whole number in [0, 2^64 - 1] (got " + text + ")";
-      return std::string();
-    },
-    "SEED");
-
-// A whole number of int64 (CLI11's strtoll clamped one beyond it to the limit without a word).
-const CLI::Validator kInt64(
-    [](std::string& text) {
-      std::int64_t v = 0;
-      const char* end = text.data() + text.size();
-      const auto [at, ec] = std::from_chars(text.data(), end, v);
-      if (text.empty() || ec != std::errc() || at != end)
-        return "must be a whole number in [-2^63, 2^63 - 1] (got " + text + ")";
-      return std::string();
-    },
-    "INT64");
+// A whole number of type T, all of the text (CLI11's strtoull took "-1" for 2^64 - 1 and clamped 2^64 and beyond
+// to it, so that different seeds gave one output; strtoll clamped beyond int64 without a word).
+template <class T>
+CLI::Validator whole_number(const char* range, const char* name) {
+  return CLI::Validator(
+      [range](std::string& text) {
+        T v = 0;
+        const char* end = text.data() + text.size();
+        const auto [at, ec] = std::from_chars(text.data(), end, v);
+        if (text.empty() || ec != std::errc() || at != end)
+          return "must be a whole number in " + std::string(range) + " (got " + text + ")";
+        return std::string();
+      },
+      name);
+}
+const CLI::Validator kSeed = whole_number<std::uint64_t>("[0, 2^64 - 1]", "SEED");
+const CLI::Validator kInt64 = whole_number<std::int64_t>("[-2^63, 2^63 - 1]", "INT64");
 
 using dpstream::kExitCheckpoint;
 using dpstream::kExitConfig;
@@ -334,8 +327,8 @@ struct BudgetCommand {
                                ? fmt::format("ledger {}: would admit the job now (nothing charged; jobs admitted "
                                              "before this one starts spend first)\n",
                                              config.privacy.ledger)
-                               : fmt::format("ledger {}: would refuse the job now: {}\n", config.privacy.ledger,
-                                             ledger["refusal"].get<std::string>()));
+                               // The refusal names the ledger itself.
+                               : fmt::format("would refuse the job now: {}\n", ledger["refusal"].get<std::string>()));
           });
     return 0;
   }

@@ -419,7 +419,7 @@ def main():
                                 path("out-seconds" + windows), timeout=60)
                 assert r.returncode == code, r.describe()
             assert sorted(show(seconds)) == [top - 1, top], sorted(show(seconds))
-        results.check("refusals before any record: mode none, CSV windows, window length, retired, missing, re-init, "
+        results.check("refusals before a charge: mode none, CSV windows, window length, retired, missing, re-init, "
                       "a block outside int64 time, outputs that cannot be written",
                       refusals)
         # 8. The path is a file name. SQLite (built with URIs on) read "file:NAME?vfs=unix-none" as a URI: it charged
@@ -488,6 +488,11 @@ def main():
             r = dp.run_with("budget", write("bqs", job_toml("bqs", ledger, extra="seed = 3")), ranks=1)
             assert r.returncode == 0 and "would refuse the job now" in r.stdout and "not private" in r.stdout, \
                 r.describe()
+            # run asks before it reads its input: a refusal comes before the input_read fault point, which it never
+            # reaches (charged only after the input, run once refused only after a CSV's whole parse).
+            r = dp.run_with("run", write("bqe", job_toml("bqe", path("missing.db"))), "--out", path("out-bqe"),
+                            env={"DPSTREAM_FAULT": "input_read@1:0"})
+            assert r.returncode == 2 and "no such file" in r.stderr, r.describe()
             r = dp.run_with("budget", write("bqm", job_toml("bqm", path("missing.db"))), ranks=1)
             assert r.returncode == 0 and "would refuse the job now" in r.stdout and "no such file" in r.stdout, \
                 r.describe()

@@ -680,6 +680,13 @@ def check_count_of_text_column(env, state):
         ok = (round(float(n)), round(float(m))) == want[:2] and abs(float(s) - want[2]) < 20  # the sum's noise: < 1
         assert ok, f"group {g}: {(n, m, s)}, expected {want}"
     assert sorted(r[0] for r in got) == ["g0", "g1"], got
+    # With ANON_COUNT(DISTINCT uid) beside it, the text user column is still only counted.
+    q = Query("SELECT WITH ANONYMIZATION g, ANON_COUNT(uid, 5) AS n, ANON_COUNT(DISTINCT uid) AS d FROM t GROUP BY g",
+              [], [], [])
+    run = env.query(q, csv_path, os.path.join(d, "distinct"), *HUGE, "--seed", "1")
+    assert run.returncode == 0 and "rows were bad" not in run.stderr, run.describe()
+    _, got, _ = load_result(os.path.join(d, "distinct"))
+    assert sorted((g, round(float(n)), round(float(u))) for g, n, u in got) == [("g0", 60, 60), ("g1", 60, 60)], got
 
 
 def check_budget_too_small(env, state):
