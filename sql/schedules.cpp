@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -73,9 +71,10 @@ void refuse_existing_schedule_outputs(const std::string& out_dir, const char* su
     refuse_existing_outputs(out_dir, {summary});
     for (const std::string& dir : run_dirs) {
       std::error_code ec;
-      if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+      if (!fs::exists(dir, ec)) continue;  // made by its run
+      if (!fs::is_directory(dir, ec))
         throw ConfigError(fmt::format("{} is not a directory; remove it or choose another --out", dir));
-      if (fs::exists(dir, ec)) refuse_unwritable_dir(dir, "make it writable, or choose another --out");
+      refuse_unwritable_dir(dir, "make it writable, or choose another --out");
       refuse_existing_outputs(dir);
     }
   });
@@ -128,12 +127,8 @@ struct Judgement {
 
 Judgement judge(const std::string& dir, const TargetColumn& col, const AccuracyTarget& t, double beta_j) {
   const std::filesystem::path path = std::filesystem::path(dir) / "result.csv";
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream text;
-  text << f.rdbuf();
-  if (!f) throw std::runtime_error(fmt::format("cannot read {} to judge the attempt", path.string()));
-  const std::string all = std::move(text).str();
-  const std::vector<std::string_view> records = csv_records(all);
+  const MappedFile file(path.string());
+  const std::vector<std::string_view> records = csv_records(file.view());
   Judgement j;
   std::vector<std::string> fields;
   for (std::size_t r = 1; r < records.size(); ++r) {  // records[0]: the header
