@@ -239,6 +239,7 @@ struct RunCommand {
 
 struct BenchCommand {
   JobArgs args;
+  int repeats = 1;
   CLI::App* cmd = nullptr;
   void add(CLI::App& app) {
     cmd = app.add_subcommand(
@@ -246,15 +247,28 @@ struct BenchCommand {
         "Time the engine path (shuffles, bounding, accumulation, release; no generation, output or checkpoints) and "
         "print a RESULT line; jobs/bench-whole-job.sh times a whole job against the naive program");
     add_job_args(cmd, args);
+    cmd->add_option("--repeats", repeats,
+                    "Time the engine path this many times (the stream generated afresh each time) and print a "
+                    "RESULT_REPEATS line with the fastest, median and slowest")
+        ->check(CLI::Range(1, 1000));
   }
   int exec(const dpstream::shuffle::Comm& comm, bool root) const {
     auto config = load(args);
     if (config.input.kind != dpstream::InputKind::Synthetic)
       throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
-    const auto report =
-        dpstream::run_job(config, comm, {.write_output = false, .bench_line = dpstream::bench_result_line});
-    if (stopped(report, root)) return kExitStopped;
-    if (root) std::printf("%s\n", report.result_line.c_str());
+    const int threads = omp_get_max_threads();
+    std::vector<dpstream::BenchRepeat> runs;
+    for (int i = 0; i < repeats; ++i) {
+      const auto report =
+          dpstream::run_job(config, comm, {.write_output = false, .bench_line = dpstream::bench_result_line});
+      if (stopped(report, root)) return kExitStopped;
+      if (!root) continue;
+      std::printf("%s\n", report.result_line.c_str());
+      std::fflush(stdout);  // each repeat's line as it ends: a long series shows its progress
+      runs.push_back(dpstream::bench_repeat(report.summary_json, comm.size() * threads));
+    }
+    if (root && repeats > 1)
+      std::printf("%s\n", dpstream::bench_repeats_line(config.name, comm.size(), threads, runs).c_str());
     return 0;
   }
 };

@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,34 @@ std::string bench_result_line(const RunFigures& run, nlohmann::json& j, const sh
   for (const auto& c : j["main_cpu_per_rank"]["cpu"]) cpus.push_back(std::to_string(c.get<std::int64_t>()));
   line += fmt::format(" rank_cpus={}", fmt::join(cpus, ","));
   return line;
+}
+
+BenchRepeat bench_repeat(const std::string& summary_json, int cores) {
+  const auto j = nlohmann::json::parse(summary_json);
+  return {.engine_seconds = j.at("engine_path_seconds").get<double>(),
+          .records_per_s_per_core = j.at("engine_records_per_second").get<double>() / cores};
+}
+
+namespace {
+// The median of `v` (the mean of the middle two for an even count); v is not empty.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+}  // namespace
+
+std::string bench_repeats_line(const std::string& job, int ranks, int threads, const std::vector<BenchRepeat>& runs) {
+  if (runs.empty()) throw std::logic_error("bench_repeats_line: no repeat");
+  std::vector<double> seconds, rates;
+  for (const BenchRepeat& r : runs) seconds.push_back(r.engine_seconds), rates.push_back(r.records_per_s_per_core);
+  return fmt::format(
+      "RESULT_REPEATS job={} ranks={} threads={} repeats={} engine_seconds_min={:.3f} engine_seconds_median={:.3f} "
+      "engine_seconds_max={:.3f} engine_records_per_s_per_core_best={:.0f} "
+      "engine_records_per_s_per_core_median={:.0f} engine_records_per_s_per_core_worst={:.0f}",
+      job, ranks, threads, runs.size(), *std::min_element(seconds.begin(), seconds.end()), median(seconds),
+      *std::max_element(seconds.begin(), seconds.end()), *std::max_element(rates.begin(), rates.end()), median(rates),
+      *std::min_element(rates.begin(), rates.end()));
 }
 
 }  // namespace dpstream

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "shuffle/comm.hpp"
 #include "src/run_summary.hpp"
@@ -15,5 +16,16 @@ namespace dpstream {
 
 // Returns the RESULT line (collective: peak RSS and state are the max over ranks).
 std::string bench_result_line(const RunFigures& run, nlohmann::json& summary, const shuffle::Comm& comm);
+
+// One repeat of `dpstream bench --repeats N`, read from its summary.json (rank 0).
+struct BenchRepeat {
+  double engine_seconds = 0;
+  double records_per_s_per_core = 0;
+};
+BenchRepeat bench_repeat(const std::string& summary_json, int cores);
+
+// The repeats' spread, one line: on a shared host the same binary's rate moves by a third between minutes, so the
+// fastest repeat (the least disturbed) and the median are printed together. At least one repeat.
+std::string bench_repeats_line(const std::string& job, int ranks, int threads, const std::vector<BenchRepeat>& runs);
 
 }  // namespace dpstream

@@ -22,6 +22,7 @@
 #include "src/release_writer.hpp"
 #include "src/workload.hpp"
 #include "tests/mpi_scratch.hpp"
+#include "tools/bench_result.hpp"
 #include "tools/naive_reference.hpp"
 
 using namespace dpstream;
@@ -135,6 +136,31 @@ TEST(Engine, SyntheticJobInBatchesOfTriggersMatchesNaiveReference) {
     EXPECT_GT(batched, 0U);
     EXPECT_LE(2 * batched, single) << batched << " collectives in batches, " << single;
   }
+}
+
+// `bench --repeats`: the summary line's fastest, median and slowest, read back from the line and computed here.
+TEST(BenchRepeats, LineGivesFastestMedianAndSlowest) {
+  const auto field = [](const std::string& line, const std::string& name) {
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(line, m, std::regex(" " + name + "=([0-9.]+)"))) << name << " in " << line;
+    return std::stod(m[1]);
+  };
+  // Four repeats (an even count: the median is the mean of the middle two), given out of order.
+  const std::vector<BenchRepeat> runs{{0.9, 2e6}, {0.3, 6e6}, {0.6, 3e6}, {0.4, 4.5e6}};
+  const std::string line = bench_repeats_line("job", 2, 1, runs);
+  EXPECT_EQ(line.rfind("RESULT_REPEATS job=job ranks=2 threads=1 repeats=4 ", 0), 0U) << line;
+  EXPECT_DOUBLE_EQ(field(line, "engine_seconds_min"), 0.3);
+  EXPECT_DOUBLE_EQ(field(line, "engine_seconds_median"), 0.5);
+  EXPECT_DOUBLE_EQ(field(line, "engine_seconds_max"), 0.9);
+  EXPECT_DOUBLE_EQ(field(line, "engine_records_per_s_per_core_best"), 6e6);
+  EXPECT_DOUBLE_EQ(field(line, "engine_records_per_s_per_core_median"), 3.75e6);
+  EXPECT_DOUBLE_EQ(field(line, "engine_records_per_s_per_core_worst"), 2e6);
+  // An odd count: the middle one.
+  EXPECT_DOUBLE_EQ(field(bench_repeats_line("job", 1, 1, {runs[0], runs[1], runs[2]}), "engine_seconds_median"), 0.6);
+  // A repeat as the engine's summary gives it: the rate over the cores.
+  const BenchRepeat r = bench_repeat(R"({"engine_path_seconds": 0.5, "engine_records_per_second": 8e6})", 4);
+  EXPECT_DOUBLE_EQ(r.engine_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(r.records_per_s_per_core, 2e6);
 }
 
 // summary.json names the CPU each rank's main thread ran its batches on: here each rank's main thread is bound to
