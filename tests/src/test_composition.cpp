@@ -339,3 +339,92 @@ TEST(LedgerReport, JobNamesArePrintedWithoutControlBytes) {
   EXPECT_EQ(text.find('\x1b'), std::string::npos);
   std::filesystem::remove(path);
 }
+
+// Blocks charged by the same jobs are accounted once (Ledger's SpendCache): every block's spend must still be what
+// account() gives for that block's own charges, and an admission must still be refused at the first block that
+// cannot take it.
+TEST(Ledger, BlocksChargedAlikeKeepTheirOwnSpend) {
+  namespace ledger = dpstream::ledger;
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("ledger-alike-{}.db", ::getpid());
+  std::filesystem::remove(path);
+  const ledger::Ceiling ceiling{10, 1e-6, 86400};
+  ledger::init(path.string(), ceiling);
+  const auto blocks = [](std::int64_t from, std::int64_t to) {
+    std::vector<std::int64_t> b;
+    for (std::int64_t i = from; i < to; ++i) b.push_back(i);
+    return b;
+  };
+  // Each job's own (epsilon, delta) above what its rho converts to, so that zCDP accounting, not basic, is in use.
+  // Jobs a and b differ in rho alone, so a cache that read one field less would give block 60 block 0's spend.
+  const ledger::Request a{.run_id = "a",
+                          .job = "a",
+                          .mechanism = "t",
+                          .zcdp = true,
+                          .rho = 0.05,
+                          .coupled = 1e-9,
+                          .epsilon = 2.5,
+                          .delta = 1e-7,
+                          .blocks = blocks(0, 60)};
+  const ledger::Request b{.run_id = "b",
+                          .job = "b",
+                          .mechanism = "t",
+                          .zcdp = true,
+                          .rho = 0.1,  // b differs from a in rho alone
+                          .coupled = 1e-9,
+                          .epsilon = 2.5,
+                          .delta = 1e-7,
+                          .blocks = blocks(30, 90)};
+  const ledger::Request c{.run_id = "c",
+                          .job = "c",
+                          .mechanism = "t",
+                          .zcdp = false,
+                          .epsilon = 0.5,
+                          .delta = 1e-8,
+                          .blocks = blocks(45, 50)};
+  for (const auto* r : {&a, &b, &c})
+    ASSERT_EQ(ledger::charge_or_refuse(path.string(), 86400, *r), ledger::Outcome::Admitted) << r->job;
+  {
+    const ledger::Ledger book(path.string());
+    const auto spent = book.blocks();
+    ASSERT_EQ(spent.size(), 90U);
+    for (std::size_t i = 0; i < spent.size(); ++i) {
+      ASSERT_EQ(spent[i].block, static_cast<std::int64_t>(i));
+      EXPECT_EQ(spent[i].charges.size(), (i < 60 ? 1U : 0U) + (i >= 30 ? 1U : 0U) + (i >= 45 && i < 50 ? 1U : 0U));
+    }
+    // Every kind of block, and the first and last of each run of alike blocks, against account() of its own charges.
+    for (const std::int64_t blk : {0, 29, 30, 44, 45, 49, 50, 59, 60, 89}) {
+      const auto& got = spent[static_cast<std::size_t>(blk)];
+      const auto want = ledger::account(blk, got.charges, ceiling);
+      EXPECT_EQ(got.zcdp, want.zcdp) << blk;
+      EXPECT_EQ(got.rho, want.rho) << blk;
+      EXPECT_EQ(got.epsilon, want.epsilon) << blk;
+      EXPECT_EQ(got.delta, want.delta) << blk;
+      EXPECT_EQ(got.epsilon_left, want.epsilon_left) << blk;
+      EXPECT_EQ(got.delta_left, want.delta_left) << blk;
+      EXPECT_EQ(got.rho_left, want.rho_left) << blk;
+    }
+    // The three kinds of block differ (the test would not see a cache that mixed them up otherwise).
+    EXPECT_TRUE(spent[0].zcdp && spent[30].zcdp && spent[60].zcdp);
+    EXPECT_LT(spent[0].epsilon, spent[30].epsilon);
+    EXPECT_FALSE(spent[45].zcdp);
+    EXPECT_NE(spent[60].epsilon, spent[30].epsilon);
+  }
+  // Fits where a alone or b alone was charged, not where both were: refused, naming the first such block.
+  ledger::Request d{
+      .run_id = "d", .job = "d", .mechanism = "t", .zcdp = true, .epsilon = 10, .delta = 1e-6, .blocks = blocks(0, 90)};
+  const ledger::Ledger probe(path.string());
+  const auto rho_left = [&](std::int64_t blk) { return probe.blocks()[static_cast<std::size_t>(blk)].rho_left; };
+  // rho_left is a grid's lower bound: a margin of half the gap.
+  d.rho = (rho_left(30) + std::min(rho_left(0), rho_left(60))) / 2;
+  ASSERT_GT(d.rho, rho_left(30));
+  ASSERT_LT(d.rho, std::min(rho_left(0), rho_left(60)));
+  try {
+    ledger::charge_or_refuse(path.string(), 86400, d);
+    ADD_FAILURE() << "admitted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("block 30 "), std::string::npos) << e.what();
+  }
+  d.blocks = blocks(60, 90);
+  EXPECT_EQ(ledger::charge_or_refuse(path.string(), 86400, d), ledger::Outcome::Admitted);
+  std::filesystem::remove(path);
+}
