@@ -69,6 +69,14 @@ CLI::Validator whole_number(const char* range, const char* name) {
 }
 const CLI::Validator kSeed = whole_number<std::uint64_t>("[0, 2^64 - 1]", "SEED");
 const CLI::Validator kInt64 = whole_number<std::int64_t>("[-2^63, 2^63 - 1]", "INT64");
+// A ledger path given on the command line: an empty one (an unset shell variable) would silently charge nothing.
+const CLI::Validator kLedgerPath(
+    [](std::string& p) {
+      return p.empty() ? "the ledger's path is empty: give the ledger file (dpstream ledger init PATH ...), or drop "
+                         "the option"
+                       : "";
+    },
+    "PATH");
 
 using dpstream::kExitCheckpoint;
 using dpstream::kExitConfig;
@@ -405,7 +413,9 @@ struct ChooseCCommand {
     cmd->add_option("--seed", opts.seed, "Noise secret from this seed: tests only, the output is NOT private")
         ->check(kSeed);
     cmd->add_option("--ledger", opts.ledger,
-                    "Charge this budget ledger for the window before reading it (docs/LEDGER.md)");
+                    "Charge this budget ledger for the window before reading it (default: the job's [privacy] "
+                    "ledger; docs/LEDGER.md)")
+        ->check(kLedgerPath);
     cmd->add_flag("--json", as_json, "Print one JSON object instead of text");
   }
   int exec(const dpstream::shuffle::Comm& comm, bool root) const {
@@ -432,7 +442,7 @@ struct LedgerCommand {
     init = cmd->add_subcommand("init", "Create a ledger: the ceiling (epsilon, delta) of every block");
     init->add_option("path", path, "The ledger file (SQLite), e.g. /shared/stream.ledger")
         ->required()
-        ->check(CLI::Validator([](std::string& p) { return p.empty() ? "the ledger's path is empty" : ""; }, "PATH"));
+        ->check(kLedgerPath);
     init->add_option("--epsilon", ceiling.epsilon, "Ceiling epsilon per block (> 0)")->required();
     init->add_option("--delta", ceiling.delta, "Ceiling delta per block, in (0, 1)")->required();
     init->add_option("--block-seconds", ceiling.block_seconds,
@@ -441,7 +451,8 @@ struct LedgerCommand {
     show = cmd->add_subcommand("show", "Per block: what was spent and what remains");
     explain = cmd->add_subcommand("explain", "Per block: every charge (job, time, mechanism, rho or epsilon/delta)");
     retire = cmd->add_subcommand("retire", "Retire every block up to a window: no job may read it again");
-    for (auto* sub : {show, explain, retire}) sub->add_option("path", path, "The ledger file")->required();
+    for (auto* sub : {show, explain, retire})
+      sub->add_option("path", path, "The ledger file")->required()->check(kLedgerPath);
     for (auto* sub : {show, explain}) sub->add_flag("--json", as_json, "Print one JSON object instead of text");
     retire->add_option("--through", through, "The last window retired")->required()->check(kInt64);
   }
@@ -521,7 +532,8 @@ struct QueryCommand {
                   "One release per window (privacy unit: user x window); else one release over the windows read");
     cmd->add_option("--windows", windows, "Read only windows A..B (inclusive), e.g. 20:26; required with --ledger");
     cmd->add_option("--ledger", ledger,
-                    "Charge this budget ledger on every window read, before reading (docs/LEDGER.md)");
+                    "Charge this budget ledger on every window read, before reading (docs/LEDGER.md)")
+        ->check(kLedgerPath);
     cmd->add_option("--growing", growing,
                     "Growing stream: re-release over all windows so far each time they grew by (1 + GAMMA), "
                     "within one budget for an unbounded number of releases (docs/SQL.md)")

@@ -7,9 +7,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <system_error>
 #include <type_traits>
 
 #include "kernels/noise.hpp"
@@ -60,6 +62,16 @@ std::string describe_input(const JobConfig& config) {
 
 }  // namespace
 
+namespace {
+// Two names of one ledger file (a relative and an absolute path, a link): compared as canonical paths as far as
+// they exist.
+bool same_ledger(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
+  return ea || eb ? a == b : ca == cb;
+}
+}  // namespace
+
 void check_choose_c_options(const JobConfig& config, const ChooseCOptions& o) {
   if (!(o.epsilon > 0) || !std::isfinite(o.epsilon))
     throw ConfigError(fmt::format("--epsilon must be a positive finite number, got {}; e.g. --epsilon 1", o.epsilon));
@@ -84,8 +96,24 @@ void check_choose_c_options(const JobConfig& config, const ChooseCOptions& o) {
         fmt::format("--window {} is not one of the job's windows {}..{} ([stream] first_window = {}, "
                     "windows = {}); choose one of them or change the job with --set stream.first_window=...",
                     *o.window, first, last, first, config.stream.windows));
+  // A window taken from the data (the input's first) would be printed, and would move with one user's row.
+  if (!known && !o.window && !o.seed)
+    throw ConfigError(
+        "choose-c needs its window before any record is read, and this job's windows come from its input: give "
+        "--window W (a window of floor(timestamp / window_seconds)), or set [stream] first_window and windows. The "
+        "input's first window would be chosen by the data, and one user's row could move it");
   if (!o.ledger.empty() && o.seed)
     throw ConfigError("--ledger with --seed: a seeded choose-c is not private (its noise is known); drop one of them");
+  if (!config.privacy.ledger.empty() && o.seed)
+    throw ConfigError(fmt::format(
+        "--seed with a job that charges ledger {} ([privacy] ledger): a seeded choose-c is not private (its noise is "
+        "known); drop --seed, or measure a copy of the job without the ledger",
+        config.privacy.ledger));
+  if (!o.ledger.empty() && !config.privacy.ledger.empty() && !same_ledger(o.ledger, config.privacy.ledger))
+    throw ConfigError(fmt::format(
+        "--ledger {} is not the job's [privacy] ledger {}: the window's data is charged on its stream's ledger; drop "
+        "--ledger (the job's is charged) or give the job's",
+        o.ledger, config.privacy.ledger));
   // The release is private whatever the job's mode: a stop because of one row would be an output of that row.
   if (config.input.kind == InputKind::Csv && config.input.bad_rows == BadRowPolicy::Fail && !o.seed)
     throw ConfigError(
@@ -151,12 +179,11 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
     comm.broadcast(secret.data(), secret.size());
   }
 
-  // A ledger (docs/LEDGER.md): the window is charged rho before any record is read. The window must
-  // be known without the data (--window, or the job's own windows).
-  if (!options.ledger.empty())
+  // A ledger (docs/LEDGER.md), --ledger or the job's own: the window is charged rho before any record is read (its
+  // window is known without the data: check_choose_c_options).
+  const std::string ledger_path = !options.ledger.empty() ? options.ledger : config.privacy.ledger;
+  if (!ledger_path.empty())
     shuffle::on_all_ranks<ConfigError>(comm, [&] {
-      if (config.stream.windows_from_input && !options.window)
-        throw ConfigError("choose-c --ledger needs the window before any record is read: give --window W");
       if (!root) return;
       const std::int64_t block = options.window.value_or(config.stream.first_window);
       ledger::Request request{.run_id = "",
@@ -175,7 +202,7 @@ ChooseCResult choose_c(const JobConfig& job, const ChooseCOptions& options, cons
           secret.data(), secret.size(),
           fmt::format("choose-c|{}|{}|{}|{}|{:a}|{:a}|{:a}|{}", config.name, to_string(config.input.kind),
                       config.input.path, block, options.epsilon, options.delta, options.quantile, options.max_c));
-      ledger::charge_or_refuse(options.ledger, config.stream.window_seconds, request);
+      ledger::charge_or_refuse(ledger_path, config.stream.window_seconds, request);
     });
 
   // 1. This rank's records of the window, exactly as the job reads them; only counts per user kept.

@@ -34,9 +34,9 @@ struct ChooseCOptions {
   double delta = 0;                    // required, in (0, 1)
   double quantile = 0.99;              // in (0, 1)
   std::int64_t max_c = 1000;           // in [1, 1e6]; bin max_c + 1 = "more than max_c"
-  std::optional<std::int64_t> window;  // default: the job's first window
+  std::optional<std::int64_t> window;  // default: the job's first window (required where the input sets them)
   std::optional<std::uint64_t> seed;   // test mode: noise secret from the seed (not private)
-  std::string ledger;                  // a budget ledger charged for the window before it is read
+  std::string ledger;                  // charged for the window before it is read (default: the job's)
 };
 
 inline constexpr std::int64_t kChooseCMaxC = 1'000'000;

@@ -264,6 +264,10 @@ def main():
                 ("window 1 of a 1-window job", [syn_job, *base, "--window", 1], 2, "--window"),
                 ("window -1 of the input's windows", [any_window_job, *base, "--window", -1], 2, "--window -1"),
                 ("window 2^20 + 1 of the input's windows", [any_window_job, *base, "--window", 2**20 + 1], 2, "0..1048576"),
+                # The input's first window would be chosen, and printed, by the data: one user's row could move it.
+                ("no --window, windows from the input", [any_window_job, *base], 2, "give --window W"),
+                # An unset shell variable would silently charge nothing.
+                ("--ledger ''", [syn_job, *base, "--ledger", ""], 2, "the ledger's path is empty"),
                 ("epsilon too large for the sampler", [syn_job, "--epsilon", 1e7, "--delta", DELTA], 2, "--epsilon"),
                 ("no --epsilon", [syn_job, "--delta", DELTA], 2, "--epsilon"),
                 ("missing job file", [os.path.join(csv_dir, "no-such-job.toml"), *base], 2, "no-such-job.toml"),
@@ -286,9 +290,9 @@ def main():
                     problems.append(f"{label}: printed to stdout\n    {r.describe()}")
             assert not problems, "\n  ".join(problems)
 
-        results.check("refusals: epsilon, delta, quantile, max-c, window (also outside what a job reads), missing files, "
-                      "bad --set, bad_rows fail, "
-                      "--ledger with --seed", refusals)
+        results.check("refusals: epsilon, delta, quantile, max-c, window (also outside what a job reads, or none where "
+                      "the input sets them), missing files, bad --set, bad_rows fail, --ledger with --seed, empty --ledger",
+                      refusals)
     return results.finish()
 
 

@@ -515,7 +515,19 @@ def main():
             fit = max(n for n in range(1, 9) if expected_block([one] * n, 2.0)["epsilon"] <= 2.0)
             assert codes == [0] * fit + [2] * (8 - fit), (codes, fit)
             assert show(ledger)[0]["charges"] == fit
-        results.check("choose-c: charged per window like a job, refused beyond the ceiling", choose_c)
+            # Without --ledger the job's own ledger is charged; another ledger or a seed is refused, charging nothing.
+            own = init("choose-own.db", eps=2.0)
+            own_spec = write("cc-own", job_toml("cc-own", own))
+            r = dp.run_with("choose-c", own_spec, "--epsilon", 1, "--delta", 1e-7, "--json", ranks=1)
+            assert r.returncode == 0, r.describe()
+            assert show(own)[0]["charges"] == 1, show(own)
+            r = dp.run_with("choose-c", own_spec, "--epsilon", 1, "--delta", 1e-7, "--ledger", ledger, ranks=1)
+            assert r.returncode == 2 and "is not the job's [privacy] ledger" in r.stderr, r.describe()
+            r = dp.run_with("choose-c", own_spec, "--epsilon", 1, "--delta", 1e-7, "--seed", 3, ranks=1)
+            assert r.returncode == 2 and "--seed with a job that charges ledger" in r.stderr, r.describe()
+            assert show(own)[0]["charges"] == 1 and show(ledger)[0]["charges"] == fit
+        results.check("choose-c: charged per window like a job (its --ledger or the job's own), refused beyond the "
+                      "ceiling, another ledger or a seed refused", choose_c)
     return results.finish()
 
 
