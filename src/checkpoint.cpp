@@ -21,6 +21,7 @@
 #include <set>
 #include <utility>
 
+#include "common/bounded_json.hpp"
 #include "common/fault_injection.hpp"
 #include "common/printable.hpp"
 #include "kernels/banded_counter.hpp"
@@ -207,8 +208,7 @@ std::string manifest_text(const Manifest& m) {
 bool read_manifest(const fs::path& path, Manifest& out, std::string& why) {
   try {
     const auto bytes = read_file_bytes(path);
-    json j = json::parse(reinterpret_cast<const char*>(bytes.data()),
-                         reinterpret_cast<const char*>(bytes.data()) + bytes.size());
+    json j = parse_bounded_json({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
     const std::string stated = j.at("checksum").get<std::string>();
     j.erase("checksum");
     const std::string text = j.dump();

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <utility>
 
+#include "common/bounded_json.hpp"
 #include "common/int128.hpp"
 #include "common/prefetch.hpp"
 #include "common/record.hpp"
@@ -52,7 +53,7 @@ struct RunInfo {
   std::string mode;
   std::string release_rows = "running";
   bool increments = false;
-  std::optional<std::uint64_t> read, accepted, dropped, triggers_total, windows;
+  std::optional<std::uint64_t> read, accepted, dropped, clamped, triggers_total, windows;
   std::optional<std::int64_t> first_window;
   std::optional<std::uint32_t> triggers;  // per window
 };
@@ -113,8 +114,8 @@ RunInfo read_run(const std::string& dir, const char* role) {
   text << in.rdbuf();
   if (!in) throw InputError(fmt::format("{}: cannot read", run.summary.string()));
   try {
-    run.json = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
+    run.json = parse_bounded_json(text.str());
+  } catch (const std::exception& e) {  // invalid, or nested beyond what a summary holds
     throw InputError(
         fmt::format("{}: not valid JSON ({}); the file is damaged, rerun the job", run.summary.string(), e.what()));
   }
@@ -156,6 +157,7 @@ RunInfo read_run(const std::string& dir, const char* role) {
   run.read = u({"records", "read"});
   run.accepted = u({"records", "accepted"});
   run.dropped = u({"records", "dropped_by_bounding"});
+  run.clamped = u({"records", "clamped"});
   run.triggers_total = u({"triggers"});
   // Triggers per window: a "stream" section when the summary has one, else the DP plan's trees.
   auto per_window = u({"stream", "triggers"});
@@ -685,6 +687,13 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
         "are not the true histogram; rerun it without [privacy] max_records_per_user (mode \"none\" then keeps "
         "every record)",
         truth.summary.string(), *truth.dropped));
+  // A clamped value is not the true sum's; counts do not see clamping.
+  if (opt.column == EvalColumn::Sum && truth.clamped && *truth.clamped > 0)
+    throw InputError(fmt::format(
+        "{}: the --truth run clamped {} values to its [privacy] clamp_min..clamp_max (records.clamped), so its sums "
+        "are not the true histogram's; rerun it with clamp_min and clamp_max wide enough to hold every value, or "
+        "evaluate --column count",
+        truth.summary.string(), *truth.clamped));
   same(truth, rel, truth.read, rel.read, "records.read");
   same(truth, rel, truth.accepted, rel.accepted, "records.accepted");
   same(truth, rel, truth.triggers_total, rel.triggers_total, "triggers (all windows)");
@@ -817,6 +826,8 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
     if (rt.in(W)) max_trigger_seen = std::max<std::int64_t>(max_trigger_seen, rt.trigger());
     if (rr.in(W)) max_trigger_seen = std::max<std::int64_t>(max_trigger_seen, rr.trigger());
     if (limit ? t > *limit : !more) break;
+    // T unknown and every row of the window read: --trigger beyond its last row is refused below, not walked to.
+    if (!T && !more && t > max_trigger_seen) break;
     apply(rt, truth, true, t);
     apply(rr, rel, false, t);
     res.per_trigger.push_back(state.metrics(t));
@@ -831,6 +842,9 @@ EvaluateResult evaluate(const EvaluateOptions& opt) {
         fmt::format("--trigger {} is beyond the last trigger with rows in window {} ({}), and neither "
                     "summary.json states the triggers per window; choose a trigger <= {}",
                     *limit, W, max_trigger_seen, max_trigger_seen));
+  if (res.per_trigger.empty())  // no row, no --trigger and no T to say which triggers the window has
+    throw ConfigError(
+        fmt::format("window {} has no rows and neither summary.json states its triggers; give --trigger I", W));
 
   res.truth_dir = opt.truth_dir;
   res.released_dir = opt.released_dir;

@@ -468,6 +468,19 @@ def main():
                                                                    dict(TRUTH_SUMMARY, records={"read": 10, "accepted": 10,
                                                                                                 "dropped_by_bounding": 2})),
                                               "--released", ok_r], 3, "max_records_per_user")
+            clamped = with_rows("truth-clamped", TRUTH_ROWS,
+                                dict(TRUTH_SUMMARY, records={"read": 10, "accepted": 10, "dropped_by_bounding": 0,
+                                                             "clamped": 2}))
+            attempt("truth clamped values, --column sum", ["--truth", clamped, "--released", ok_r, "--column", "sum"],
+                    3, "clamped 2 values", "--column count")
+            # Summaries that do not state the triggers per window: the largest --trigger is refused at once (it was
+            # walked to, a histogram a trigger: std::bad_alloc and MPI_Abort).
+            no_t = {k: v for k, v in TRUTH_SUMMARY.items() if k != "stream"}
+            no_t_rel = {k: v for k, v in REL_SUMMARY.items() if k != "stream"}
+            attempt("--trigger 2^32 - 1, triggers per window unknown",
+                    ["--truth", with_rows("no-t-truth", TRUTH_ROWS, no_t), "--released",
+                     with_rows("no-t-rel", REL_ROWS, no_t_rel), "--trigger", str(2**32 - 1)], 2,
+                    "beyond the last trigger with rows in window 0 (2)")
             attempt("bad release_rows", ["--truth", ok_t, "--released",
                                          with_rows("rr", REL_ROWS, dict(REL_SUMMARY, release_rows="sometimes"))], 3,
                     "release_rows")

@@ -964,6 +964,14 @@ TEST(Store, ManifestValuesOfTheWrongTypeOrRangeAreRefused) {
     EXPECT_NE(why.find(needle), std::string::npos) << why;
     EXPECT_NE(why.find("MANIFEST-000001.json is damaged"), std::string::npos) << why;
   }
+  // 200 000 levels of nesting: dump() and the conversions recurse once a level (a SIGSEGV before the checksum's test).
+  const auto deep = dir / "MANIFEST-000001.json";
+  std::ofstream(deep) << R"({"checksum": "00", "x": )" << std::string(200000, '[') << std::string(200000, ']') << "}";
+  checkpoint::Manifest m;
+  EXPECT_FALSE(checkpoint::read_manifest(deep, m, why));
+  EXPECT_NE(why.find("MANIFEST-000001.json is damaged or unreadable (JSON nested deeper than 64 levels)"),
+            std::string::npos)
+      << why;
 }
 
 // A resume parses job.h5 only after the newest manifest vouches for its size and checksum, so that
