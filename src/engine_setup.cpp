@@ -119,15 +119,31 @@ void Engine::refuse_unwritable_outputs(const std::filesystem::path& out_dir) con
                       "another --out",
                       path.string(), name));
   }
+  // A summary.json that no dpstream job wrote is the user's (or the job's own input): it would be replaced.
+  std::error_code ec;
+  const fs::path summary = out_dir / "summary.json";
+  const FoundSummary found = fs::is_regular_file(summary, ec) ? read_found_summary(summary) : FoundSummary{};
+  if (fs::is_regular_file(summary, ec) && !found.dpstream)
+    throw ConfigError(
+        fmt::format("{} was not written by a dpstream job (not a JSON object naming its job and dpstream_version), "
+                    "and the job would replace it: move it, or choose another --out",
+                    summary.string()));
   // A releases.csv beside neither a checkpoint nor a summary.json is no dpstream job's (a finished job leaves its
   // summary.json, a started one its checkpoint, a failed one without checkpoints no releases.csv): it was replaced.
-  std::error_code ec;
-  if (fs::is_regular_file(out_dir / "releases.csv", ec) && !fs::exists(out_dir / "summary.json", ec) &&
-      !fs::exists(store_.dir(), ec))
+  const bool checkpoint_dir = fs::exists(store_.dir(), ec);
+  if (fs::is_regular_file(out_dir / "releases.csv", ec) && !found.dpstream && !checkpoint_dir)
     throw ConfigError(
-        fmt::format("{} was not written by a dpstream job (neither checkpoint/ nor summary.json lies "
+        fmt::format("{} was not written by a dpstream job (neither checkpoint/ nor a job's summary.json lies "
                     "beside it), and the job would replace it: move it, or choose another --out",
                     (out_dir / "releases.csv").string()));
+  // A finished private job whose checkpoint was deleted: its release is replaced by a new one (with the checkpoint,
+  // the store says so).
+  if (found.private_release && !checkpoint_dir)
+    std::fprintf(stderr,
+                 "dpstream: warning: %s holds the release of the finished private job '%s' (summary.json): this run "
+                 "replaces it by a new one, and releasing the same windows again spends their privacy budget again "
+                 "(a [privacy] ledger charges it)\n",
+                 terminal_safe(out_dir.string(), false).c_str(), terminal_safe(found.job, false).c_str());
   if (!checkpointing_ || !fs::is_directory(store_.dir(), ec)) return;
   if (::access(store_.dir().c_str(), W_OK | X_OK) != 0) {
     const int err = errno;

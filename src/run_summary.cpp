@@ -9,8 +9,10 @@
 #include <numeric>
 #include <vector>
 
+#include "common/bounded_json.hpp"
 #include "dpstream_version.hpp"
 #include "kernels/aes_blocks.hpp"
+#include "src/durable_io.hpp"
 #include "src/summary.hpp"
 
 namespace dpstream {
@@ -184,6 +186,24 @@ nlohmann::json build_run_summary(const RunFigures& run, const shuffle::Comm& com
   add_times(j, run, comm);
   add_memory(j, run, comm);
   return j;
+}
+
+FoundSummary read_found_summary(const std::filesystem::path& path) {
+  constexpr std::uintmax_t kMaxSummaryBytes = std::uintmax_t{64} << 20;  // a job's summary is kilobytes
+  FoundSummary found;
+  try {
+    if (std::filesystem::file_size(path) > kMaxSummaryBytes) return found;
+    const auto bytes = read_file_bytes(path);
+    const auto j = parse_bounded_json({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+    if (!j.is_object() || !j.contains("dpstream_version") || !j.at("dpstream_version").is_object() ||
+        !j.contains("job") || !j.at("job").is_string())
+      return found;
+    found.job = j.at("job").get<std::string>();
+    found.private_release = j.contains("private") && j.at("private").is_boolean() && j.at("private").get<bool>();
+    found.dpstream = true;
+  } catch (const std::exception&) {  // unreadable, not JSON, nested too deep: not a summary a job wrote
+  }
+  return found;
 }
 
 std::string skipped_rows_message(const nlohmann::json& input, const JobConfig& config) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -34,6 +35,15 @@ struct RunFigures {
 
 // summary.json; a collective, every rank gets the same object.
 nlohmann::json build_run_summary(const RunFigures& run, const shuffle::Comm& comm);
+
+// A summary.json found where a job will write its own: whether a dpstream job wrote it (a JSON object naming its job
+// and dpstream's version), and whether it describes a private release (whose replacement spends the budget again).
+struct FoundSummary {
+  bool dpstream = false;
+  bool private_release = false;
+  std::string job;
+};
+FoundSummary read_found_summary(const std::filesystem::path& path);
 
 // One line for stderr when input rows were skipped (bad_rows = "skip"), counted by kind; empty when none.
 std::string skipped_rows_message(const nlohmann::json& input, const JobConfig& config);

@@ -294,6 +294,12 @@ def main():
             r = dp.run_with("run", crash, "--out", path("out-crash"))
             assert r.returncode == 0 and "spends their privacy budget again" in r.stderr, r.describe()
             assert show(ledger)[0]["charges"] == 4
+            # Its checkpoint deleted (docs/CHECKPOINTS.md: once the output is taken), summary.json still says so.
+            shutil.rmtree(os.path.join(path("out-crash"), "checkpoint"))
+            r = dp.run_with("run", crash, "--out", path("out-crash"))
+            assert r.returncode == 0 and "holds the release of the finished private job 'crash'" in r.stderr, \
+                r.describe()
+            assert show(ledger)[0]["charges"] == 5
             r = dp.run_with("run", write("seeded", job_toml("seeded", ledger, extra="seed = 7")), "--out",
                             path("out-seeded"))
             assert r.returncode == 2 and "not private" in r.stderr, r.describe()
