@@ -48,6 +48,12 @@ void refuse_repeated_column(const std::string& path, const std::vector<std::stri
 namespace {
 
 Columns parse_header(const std::string& path, std::string_view header) {
+  // A carriage return not ending the line: the file's lines end in bare CR, so it reads as one line.
+  if (const std::size_t cr = header.find('\r'); cr != std::string_view::npos && cr + 1 < header.size())
+    throw InputError(fmt::format(
+        "{}: the header line holds a carriage return before its end: the file's lines end in a bare CR (old Mac "
+        "line ends), not LF or CRLF; convert them, e.g. tr '\\r' '\\n' < FILE > FILE.csv",
+        path));
   std::vector<std::string> fields;
   if (!split_csv_header(header, fields))
     throw InputError(fmt::format("{}: the header line is not valid CSV (unbalanced quotes)", path));
@@ -265,7 +271,7 @@ std::string unescape(const CsvField& f) {
 }
 
 std::string quoted_header(const std::vector<std::string>& columns) {
-  return quoted_row(fmt::to_string(fmt::join(columns, ",")), std::string_view::npos);
+  return quoted_row(fmt::to_string(fmt::join(columns, ",")));
 }
 
 std::string quoted_row(std::string_view line, std::size_t limit) {

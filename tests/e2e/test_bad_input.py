@@ -163,6 +163,24 @@ def main():
             write(c.job, toml_job(c.csv, c.out))
             expect_failure(c.run(c.job), 3, c.out, ["timestamp"])
 
+        def bare_cr_lines():
+            # Lines ending in a bare CR read as one header line: named as such, and no row goes into the message.
+            c = new("bare CR lines")
+            write(c.csv, "user_id,key,value,timestamp\r" + "".join(f"secret-user-{i},k1,0.5,{i}\r" for i in range(500)))
+            write(c.job, toml_job(c.csv, c.out))
+            run = c.run(c.job)
+            expect_failure(run, 3, c.out, ["bare CR"])
+            assert "secret-user" not in run.stderr, run.describe()
+
+        def long_header_quoted_short():
+            # A missing column's message lists the header's first 200 bytes, not all of it.
+            c = new("long header")
+            write(c.csv, "user_id,key,value," + ",".join(f"column{i}" for i in range(2000)) + "\nu1,k1,0.5\n")
+            write(c.job, toml_job(c.csv, c.out))
+            run = c.run(c.job)
+            expect_failure(run, 3, c.out, ["timestamp", "..."])
+            assert "column1999" not in run.stderr, run.describe()
+
         def empty_csv():
             c = new("empty csv")
             write(c.csv, "")
@@ -472,8 +490,8 @@ def main():
 
         def foreign_releases(flags):
             def case():
-                # A releases.csv that no dpstream job left (no checkpoint/, no summary.json beside it) is refused
-                # (exit 2), not replaced; one that a finished job left is replaced by a new run.
+                # A releases.csv that no dpstream job left (no checkpoint/, no job's summary.json beside it) is
+                # refused (exit 2), not replaced; one that a finished job left is replaced by a new run.
                 c = new(f"foreign releases {' '.join(flags)}")
                 write(c.csv, HEADER + "\nu1,k1,0.5,100\n")
                 write(c.job, toml_job(c.csv, c.out))
@@ -485,7 +503,19 @@ def main():
                 assert sorted(os.listdir(c.out)) == ["releases.csv"], f"the refused run left {os.listdir(c.out)}"
                 with open(place, encoding="utf-8") as f:
                     assert f.read() == "the user's own table\n", f"{place} was changed"
-                os.remove(place)
+                # A summary.json no job wrote vouches for nothing, beside the table or alone: refused, both kept.
+                summary = os.path.join(c.out, "summary.json")
+                write(summary, '{"mine": true}\n')
+                for files in (["releases.csv", "summary.json"], ["summary.json"]):
+                    if "releases.csv" not in files:
+                        os.remove(place)
+                    run = c.run(c.job, *flags)
+                    assert run.returncode == 2 and "summary.json was not written by a dpstream job" in run.stderr, \
+                        run.describe()
+                    assert sorted(os.listdir(c.out)) == files, f"the refused run left {os.listdir(c.out)}"
+                    with open(summary, encoding="utf-8") as f:
+                        assert f.read() == '{"mine": true}\n', f"{summary} was changed"
+                os.remove(summary)
                 for _ in range(2):  # the second run replaces the first one's output
                     run = c.run(c.job, *flags)
                     assert run.returncode == 0, run.describe()
@@ -512,6 +542,8 @@ def main():
 
         results.check("missing CSV file -> exit 3", missing_csv)
         results.check("CSV header missing a column -> exit 3", missing_column)
+        results.check("CSV lines ending in a bare CR -> exit 3 saying so, no row quoted", bare_cr_lines)
+        results.check("a long header missing a column -> exit 3, its first 200 bytes quoted", long_header_quoted_short)
         results.check("empty CSV file -> exit 3", empty_csv)
         results.check("CSV path is a directory -> exit 3 saying so", csv_is_a_directory)
         results.check("job spec is a directory -> exit 2 saying so", spec_is_a_directory)
@@ -559,7 +591,7 @@ def main():
         results.check("an unknown command -> exit 2 naming it and the commands", unknown_command)
         results.check("budget without a spec names budget; evaluate --truth FILE says it is not a directory",
                       messages_name_the_command_and_the_path)
-        results.check("a releases.csv no job wrote in --out -> exit 2, kept", foreign_releases([]))
+        results.check("a releases.csv or summary.json no job wrote in --out -> exit 2, kept", foreign_releases([]))
         results.check("... also without checkpoints (every = 0)", foreign_releases(["--set", "checkpoint.every=0"]))
         results.check("a file named checkpoint in --out -> exit 4, the file kept", foreign_checkpoint_path("file", []))
         results.check("a foreign checkpoint directory, --fresh -> exit 4, its files kept",
