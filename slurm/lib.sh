@@ -1,5 +1,5 @@
 # Shared by the sbatch scripts in slurm/ (sourced, not run). Layout comes from SLURM:
-#   ranks   = SLURM_NTASKS (sbatch -n / --ntasks-per-node x -N)
+#   ranks   = SLURM_NTASKS (sbatch -n; the scripts' #SBATCH --ntasks wins over --ntasks-per-node x -N)
 #   threads = SLURM_CPUS_PER_TASK (sbatch -c), exported as OMP_NUM_THREADS
 # Settings (environment, all optional):
 #   DPSTREAM_HOME      the dpstream checkout (default: the submit directory, else this file's parent)
@@ -42,6 +42,12 @@ dpstream_setup() {
     exit 2
   fi
   DPSTREAM_RANKS=${SLURM_NTASKS:-1}
+  # A script's #SBATCH --ntasks takes precedence over sbatch --ntasks-per-node (which then only caps a node's
+  # share): with -N 2 --ntasks-per-node=4 the job gets the script's 2 ranks, not 8.
+  local per_node=${SLURM_NTASKS_PER_NODE:-} nodes=${SLURM_JOB_NUM_NODES:-1}
+  if [[ $per_node =~ ^[0-9]+$ && $nodes =~ ^[0-9]+$ ]] && ((DPSTREAM_RANKS < per_node * nodes)); then
+    dpstream_log "warning: $DPSTREAM_RANKS rank(s), not --ntasks-per-node=$per_node x $nodes node(s): the script's #SBATCH --ntasks takes precedence; submit with -n $((per_node * nodes)) for that many ranks"
+  fi
   export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
   # Open MPI as root (containers, test clusters), more ranks than cores (oversubscribed tests), no
   # binding (ranks run OpenMP threads) and OMP_NUM_THREADS passed to every rank. Set as OMPI_MCA_*
@@ -88,6 +94,10 @@ dpstream_launch() {
       return 2
       ;;
   esac
+  if ! command -v "$launcher" > /dev/null; then
+    dpstream_log "$launcher not found on PATH: load the MPI your dpstream was built with (e.g. module load openmpi), or set DPSTREAM_LAUNCHER"
+    return 2
+  fi
   if [[ $launcher == srun && ! $srun_wait =~ ^[0-9]+$ ]]; then
     dpstream_log "DPSTREAM_SRUN_WAIT=$srun_wait: whole seconds (0: no limit)"
     return 2

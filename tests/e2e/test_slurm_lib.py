@@ -210,6 +210,31 @@ def main():
             assert os.path.exists(os.path.join(out, "summary.json")), "the job did not finish"
         results.check("dpstream_has_checkpoint: a MANIFEST, not job.h5 alone; preemptible.sbatch starts the job", has_checkpoint)
 
+        def layout_and_launcher():
+            # -N 2 --ntasks-per-node=4 under the script's #SBATCH --ntasks=2: the job runs on 2 ranks, and says so.
+            case = case_dir("layout")
+            reset_stubs()
+            code, text = run_script([os.path.join(REPO, "slurm", "run.sbatch"), small, os.path.join(case, "out")],
+                                    env_for(case, SLURM_NTASKS_PER_NODE="4", SLURM_JOB_NUM_NODES="2"))
+            assert code == 0, f"run.sbatch exited {code}:\n{text[-3000:]}"
+            assert f"warning: {args.ranks} rank(s), not --ntasks-per-node=4 x 2 node(s)" in text and "-n 8" in text, \
+                text[-3000:]
+            # The launcher missing from PATH (no MPI module loaded): exit 2 naming it, nothing started. PATH holds
+            # links to what the script needs besides the launcher.
+            tools = os.path.join(case, "tools")
+            os.makedirs(tools)
+            for tool in ("bash", "date", "dirname", "mkdir", "cat", "python3", "rm", "mktemp", "tee", "grep", "sleep"):
+                found = shutil.which(tool)
+                if found:
+                    os.symlink(found, os.path.join(tools, tool))
+            reset_stubs()
+            code, text = run_script([os.path.join(REPO, "slurm", "run.sbatch"), small, os.path.join(case, "out2")],
+                                    env_for(case, PATH=tools))
+            assert code == 2 and "mpirun not found on PATH" in text, f"exit {code}:\n{text[-3000:]}"
+            assert not launched() and not os.path.exists(os.path.join(case, "out2", "releases.csv")), text[-3000:]
+        results.check("-N x --ntasks-per-node under #SBATCH --ntasks: warned; no launcher on PATH: exit 2 naming it",
+                      layout_and_launcher)
+
         def usr1_before_launch():
             case = case_dir("usr1-before-launch")
             out = os.path.join(case, "out")
