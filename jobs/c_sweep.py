@@ -30,18 +30,39 @@ LABELS = ("keys released", "l_inf", "l1", "l2", "dropped share")
 
 def ensure_truth(a, spec):
     truth_dir = os.path.join(a.out, "truth")
-    if os.path.exists(os.path.join(truth_dir, "summary.json")):
+    summary = os.path.join(truth_dir, "summary.json")
+    if os.path.exists(summary):
         return truth_dir
     lock = os.path.join(a.out, "truth.lock")
+    failed = os.path.join(a.out, "truth.failed")  # the truth run's failure, for the tasks waiting for it
     try:
         os.makedirs(lock)  # atomic: one task runs the truth, the others wait for it
     except FileExistsError:
-        while not os.path.exists(os.path.join(truth_dir, "summary.json")):
+        waited = 0
+        while not os.path.exists(summary):
+            if os.path.exists(failed):
+                with open(failed) as f:
+                    sys.exit(f"c_sweep: the truth run failed: {f.read().strip()}; fix it, remove {failed} and "
+                             f"{lock}, and run again")
+            if not os.path.exists(lock):
+                sys.exit(f"c_sweep: {lock} was removed but {summary} does not exist: run again")
+            if waited and waited % 600 == 0:
+                print(f"c_sweep: waiting {waited} s for the truth run ({summary}); if no task is running it any more "
+                      f"(killed), remove {lock}", file=sys.stderr, flush=True)
             time.sleep(5)
+            waited += 5
         return truth_dir
+    if os.path.exists(failed):
+        os.remove(failed)
     truth_spec = os.path.join(a.out, "truth.toml")
-    write_truth_spec(spec, truth_spec)
-    dpstream_run(a, truth_spec, truth_dir, [])
+    try:
+        write_truth_spec(spec, truth_spec)
+        dpstream_run(a, truth_spec, truth_dir, [])
+    except BaseException as e:  # SystemExit from a failed run included: the waiting tasks must not wait forever
+        with open(failed, "w") as f:
+            f.write(f"{e}\n")
+        os.rmdir(lock)
+        raise
     return truth_dir
 
 
@@ -116,7 +137,10 @@ def main():
     p.add_argument("--task", type=int, help="run only the task-th value (a SLURM array task)")
     p.add_argument("--collect", action="store_true", help="only build the table and plot from finished runs")
     a = p.parse_args()
-    values = [int(v) for v in a.values.split(",")]
+    try:
+        values = [int(v) for v in a.values.split(",")]
+    except ValueError:
+        p.error(f"--values {a.values!r}: give comma-separated whole numbers, e.g. --values 1,8,32")
     if any(v < 1 for v in values):
         sys.exit("c_sweep: every C must be >= 1")
     os.makedirs(a.out, exist_ok=True)

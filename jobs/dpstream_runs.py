@@ -26,10 +26,11 @@ def dpstream_run(a, spec, out_dir, sets):
 
 
 def write_truth_spec(spec, path):
-    """The same job as the true histogram: mode none without contribution bounding (C and the budget left out)."""
+    """The same job as the true histogram: mode none without contribution bounding (C, the budget and its ledger left
+    out: mode none spends none)."""
     with open(spec) as f, open(path, "w") as g:
         for line in f:
             key = line.split("=")[0].strip()
-            if key in ("max_records_per_user", "epsilon", "delta"):
+            if key in ("max_records_per_user", "epsilon", "delta", "ledger"):
                 continue
             g.write('mode = "none"\n' if key == "mode" else line)
