@@ -34,17 +34,23 @@ def ensure_truth(a, spec):
     if os.path.exists(summary):
         return truth_dir
     lock = os.path.join(a.out, "truth.lock")
-    failed = os.path.join(a.out, "truth.failed")  # the truth run's failure, for the tasks waiting for it
+    failed = os.path.join(a.out, "truth.failed")  # the truth run's failure: every task stops on it until removed
+
+    def stop_on_failure():
+        if os.path.exists(failed):
+            with open(failed) as f:
+                sys.exit(f"c_sweep: the truth run failed: {f.read().strip()}; fix the cause, remove {failed} and "
+                         f"run again")
+
+    stop_on_failure()
     try:
         os.makedirs(lock)  # atomic: one task runs the truth, the others wait for it
     except FileExistsError:
         waited = 0
         while not os.path.exists(summary):
-            if os.path.exists(failed):
-                with open(failed) as f:
-                    sys.exit(f"c_sweep: the truth run failed: {f.read().strip()}; fix it, remove {failed} and "
-                             f"{lock}, and run again")
-            if not os.path.exists(lock):
+            stop_on_failure()
+            if not os.path.exists(lock):  # the runner wrote truth.failed before it freed the lock
+                stop_on_failure()
                 sys.exit(f"c_sweep: {lock} was removed but {summary} does not exist: run again")
             if waited and waited % 600 == 0:
                 print(f"c_sweep: waiting {waited} s for the truth run ({summary}); if no task is running it any more "
@@ -52,8 +58,6 @@ def ensure_truth(a, spec):
             time.sleep(5)
             waited += 5
         return truth_dir
-    if os.path.exists(failed):
-        os.remove(failed)
     truth_spec = os.path.join(a.out, "truth.toml")
     try:
         write_truth_spec(spec, truth_spec)

@@ -46,7 +46,7 @@ dpstream_setup() {
   # share): with -N 2 --ntasks-per-node=4 the job gets the script's 2 ranks, not 8.
   local per_node=${SLURM_NTASKS_PER_NODE:-} nodes=${SLURM_JOB_NUM_NODES:-1}
   if [[ $per_node =~ ^[0-9]+$ && $nodes =~ ^[0-9]+$ ]] && ((DPSTREAM_RANKS < per_node * nodes)); then
-    dpstream_log "warning: $DPSTREAM_RANKS rank(s), not --ntasks-per-node=$per_node x $nodes node(s): the script's #SBATCH --ntasks takes precedence; submit with -n $((per_node * nodes)) for that many ranks"
+    dpstream_log "warning: $DPSTREAM_RANKS rank(s), fewer than --ntasks-per-node=$per_node x $nodes node(s): a script's #SBATCH --ntasks (or -n) takes precedence over --ntasks-per-node, which only caps a node's share; for $((per_node * nodes)) ranks submit with -n $((per_node * nodes))"
   fi
   export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
   # Open MPI as root (containers, test clusters), more ranks than cores (oversubscribed tests), no

@@ -122,11 +122,12 @@ void Engine::refuse_unwritable_outputs(const std::filesystem::path& out_dir) con
   // A summary.json that no dpstream job wrote is the user's (or the job's own input): it would be replaced.
   std::error_code ec;
   const fs::path summary = out_dir / "summary.json";
-  const FoundSummary found = fs::is_regular_file(summary, ec) ? read_found_summary(summary) : FoundSummary{};
-  if (fs::is_regular_file(summary, ec) && !found.dpstream)
+  const bool has_summary = fs::is_regular_file(summary, ec);
+  const FoundSummary found = has_summary ? read_found_summary(summary) : FoundSummary{};
+  if (has_summary && !found.dpstream)
     throw ConfigError(
-        fmt::format("{} was not written by a dpstream job (not a JSON object naming its job and dpstream_version), "
-                    "and the job would replace it: move it, or choose another --out",
+        fmt::format("{} was not written by a dpstream job (not a JSON object naming its job and its dpstream_version "
+                    "or mode and records), and the job would replace it: move it, or choose another --out",
                     summary.string()));
   // A releases.csv beside neither a checkpoint nor a summary.json is no dpstream job's (a finished job leaves its
   // summary.json, a started one its checkpoint, a failed one without checkpoints no releases.csv): it was replaced.
@@ -136,9 +137,9 @@ void Engine::refuse_unwritable_outputs(const std::filesystem::path& out_dir) con
         fmt::format("{} was not written by a dpstream job (neither checkpoint/ nor a job's summary.json lies "
                     "beside it), and the job would replace it: move it, or choose another --out",
                     (out_dir / "releases.csv").string()));
-  // A finished private job whose checkpoint was deleted: its release is replaced by a new one (with the checkpoint,
-  // the store says so).
-  if (found.private_release && !checkpoint_dir)
+  // A finished private job's release is replaced by a new one: said here when its checkpoint was deleted or is
+  // discarded by --fresh (otherwise the store says so).
+  if (found.private_release && (!checkpoint_dir || options_.start_mode == checkpoint::StartMode::Fresh))
     std::fprintf(stderr,
                  "dpstream: warning: %s holds the release of the finished private job '%s' (summary.json): this run "
                  "replaces it by a new one, and releasing the same windows again spends their privacy budget again "

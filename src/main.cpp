@@ -67,7 +67,17 @@ CLI::Validator whole_number(const char* range, const char* name) {
       },
       name);
 }
+// A real number, all of the text: CLI11 read an empty --epsilon "" as 0 and an empty --trigger "" as no option at all.
+// Ranges are the commands' own checks, which say what to change.
+const CLI::Validator kNumber(
+    [](std::string& text) {
+      double v = 0;
+      if (text.empty() || !CLI::detail::lexical_cast(text, v)) return "must be a number (got '" + text + "')";
+      return std::string();
+    },
+    "NUMBER");
 const CLI::Validator kSeed = whole_number<std::uint64_t>("[0, 2^64 - 1]", "SEED");
+const CLI::Validator kUint32 = whole_number<std::uint32_t>("[0, 2^32 - 1]", "UINT32");
 const CLI::Validator kInt64 = whole_number<std::int64_t>("[-2^63, 2^63 - 1]", "INT64");
 // A ledger path given on the command line: an empty one (an unset shell variable) would silently charge nothing.
 const CLI::Validator kLedgerPath(
@@ -264,6 +274,8 @@ struct BenchCommand {
     auto config = load(args);
     if (config.input.kind != dpstream::InputKind::Synthetic)
       throw dpstream::ConfigError("bench needs [input] kind = \"synthetic\"");
+    // A benchmark reads synthetic data and releases nothing: it charges no ledger (each repeat would be charged).
+    config.privacy.ledger.clear();
     const int threads = omp_get_max_threads();
     std::vector<dpstream::BenchRepeat> runs;
     for (int i = 0; i < repeats; ++i) {
@@ -370,8 +382,8 @@ struct EvaluateCommand {
         ->required();
     cmd->add_option("--released", opts.released_dir, "Output directory of the run to evaluate (dp or a baseline)")
         ->required();
-    cmd->add_option("--window", opts.window, "Window (default: the last window of the truth file)");
-    cmd->add_option("--trigger", opts.trigger, "Trigger of that window (default: its last trigger)");
+    cmd->add_option("--window", opts.window, "Window (default: the last window of the truth file)")->check(kInt64);
+    cmd->add_option("--trigger", opts.trigger, "Trigger of that window (default: its last trigger)")->check(kInt64);
     cmd->add_option("--column", column, "Released column to evaluate: count | sum (default count)")
         ->check(CLI::IsMember({"count", "sum"}));
     cmd->add_flag("--per-trigger", every_trigger, "Print every trigger in the table (default: about 10 and the last)");
@@ -405,11 +417,12 @@ struct ChooseCCommand {
         ->required();
     cmd->add_option("--set", overrides, "Override a job key: --set section.key=value (repeatable)")
         ->allow_extra_args(false);
-    cmd->add_option("--epsilon", opts.epsilon, "Epsilon spent on this release (> 0)")->required();
-    cmd->add_option("--delta", opts.delta, "Delta spent on this release, in (0, 1)")->required();
-    cmd->add_option("--quantile", opts.quantile, "Quantile q of the per-user counts, in (0, 1) (default 0.99)");
-    cmd->add_option("--max-c", opts.max_c, "Largest C considered, 1..1000000 (default 1000)");
-    cmd->add_option("--window", opts.window, "Window measured (default: the job's first window)");
+    cmd->add_option("--epsilon", opts.epsilon, "Epsilon spent on this release (> 0)")->required()->check(kNumber);
+    cmd->add_option("--delta", opts.delta, "Delta spent on this release, in (0, 1)")->required()->check(kNumber);
+    cmd->add_option("--quantile", opts.quantile, "Quantile q of the per-user counts, in (0, 1) (default 0.99)")
+        ->check(kNumber);
+    cmd->add_option("--max-c", opts.max_c, "Largest C considered, 1..1000000 (default 1000)")->check(kInt64);
+    cmd->add_option("--window", opts.window, "Window measured (default: the job's first window)")->check(kInt64);
     cmd->add_option("--seed", opts.seed, "Noise secret from this seed: tests only, the output is NOT private")
         ->check(kSeed);
     cmd->add_option("--ledger", opts.ledger,
@@ -443,8 +456,8 @@ struct LedgerCommand {
     init->add_option("path", path, "The ledger file (SQLite), e.g. /shared/stream.ledger")
         ->required()
         ->check(kLedgerPath);
-    init->add_option("--epsilon", ceiling.epsilon, "Ceiling epsilon per block (> 0)")->required();
-    init->add_option("--delta", ceiling.delta, "Ceiling delta per block, in (0, 1)")->required();
+    init->add_option("--epsilon", ceiling.epsilon, "Ceiling epsilon per block (> 0)")->required()->check(kNumber);
+    init->add_option("--delta", ceiling.delta, "Ceiling delta per block, in (0, 1)")->required()->check(kNumber);
     init->add_option("--block-seconds", ceiling.block_seconds,
                      "Block length: the jobs' [stream] window_seconds (default 86400)")
         ->check(kInt64);
@@ -512,22 +525,26 @@ struct QueryCommand {
     cmd->add_option("--input", input, "The table: a CSV file with a header (required)");
     cmd->add_option("--user-column", opts.user_column,
                     "The column that identifies the user, the privacy unit (required)");
-    cmd->add_option("--epsilon", opts.epsilon, "Epsilon of the whole query, > 0 (required)");
-    cmd->add_option("--delta", opts.delta, "Delta of the whole query, in [0, 1) (required)");
+    cmd->add_option("--epsilon", opts.epsilon, "Epsilon of the whole query, > 0 (required)")->check(kNumber);
+    cmd->add_option("--delta", opts.delta, "Delta of the whole query, in [0, 1) (required)")->check(kNumber);
     cmd->add_option("--max-groups-per-user", opts.max_groups_per_user,
-                    "k: groups a user may contribute to (the seed's C_u); more are sampled away (default 1)");
+                    "k: groups a user may contribute to (the seed's C_u); more are sampled away (default 1)")
+        ->check(kUint32);
     cmd->add_option("--max-rows-per-group", opts.max_rows_per_group,
-                    "U of ANON_COUNT(*) without a bound: rows of a user counted per group (default 1)");
+                    "U of ANON_COUNT(*) without a bound: rows of a user counted per group (default 1)")
+        ->check(kUint32);
     cmd->add_option("--selection", selection, "Partition selection: gaussian (default) | laplace | magic | public")
         ->check(CLI::IsMember({"gaussian", "laplace", "magic", "public"}));
     cmd->add_option("--public-groups", public_groups, "With --selection public: a CSV of the groups to release");
     cmd->add_option("--noise", noise, "Noise of the aggregates: gaussian (zCDP, default) | laplace (pure epsilon)")
         ->check(CLI::IsMember({"gaussian", "laplace"}));
     cmd->add_option("--selection-share", opts.selection_share,
-                    "Share of the budget spent on partition selection, in (0, 1) (default 0.5)");
+                    "Share of the budget spent on partition selection, in (0, 1) (default 0.5)")
+        ->check(kNumber);
     cmd->add_option("--window-column", opts.windows.column,
                     "The table's event time (integer seconds), cut into windows (the ledger's blocks)");
-    cmd->add_option("--window-seconds", opts.windows.seconds, "Window length with --window-column (default 86400)");
+    cmd->add_option("--window-seconds", opts.windows.seconds, "Window length with --window-column (default 86400)")
+        ->check(kInt64);
     cmd->add_flag("--per-window", opts.windows.per_window,
                   "One release per window (privacy unit: user x window); else one release over the windows read");
     cmd->add_option("--windows", windows, "Read only windows A..B (inclusive), e.g. 20:26; required with --ledger");
@@ -538,13 +555,16 @@ struct QueryCommand {
                     "Growing stream: re-release over all windows so far each time they grew by (1 + GAMMA), "
                     "within one budget for an unbounded number of releases (docs/SQL.md)")
         ->check(kPositiveFinite);
-    cmd->add_option("--growing-first", growing_first, "Windows covered by the first growing release (default 1)");
+    cmd->add_option("--growing-first", growing_first, "Windows covered by the first growing release (default 1)")
+        ->check(kInt64);
     cmd->add_option("--target-error", target.relative_error,
                     "Accuracy-targeted release: spend a small share of the budget, double it until every group "
                     "whose noisy first ANON_COUNT is >= --target-min-count has relative error <= R (docs/SQL.md)")
         ->check(kPositiveFinite);
-    cmd->add_option("--target-min-count", target.min_count, "Groups judged by --target-error (default 100)");
-    cmd->add_option("--target-beta", target.beta, "Failure probability of the target's claim (default 0.05)");
+    cmd->add_option("--target-min-count", target.min_count, "Groups judged by --target-error (default 100)")
+        ->check(kNumber);
+    cmd->add_option("--target-beta", target.beta, "Failure probability of the target's claim (default 0.05)")
+        ->check(kNumber);
     cmd->add_option("--target-first-share-log2", target.first_share_log2,
                     "The first attempt spends 2^-N of the budget (default 4)");
     cmd->add_option("--bad-rows", bad_rows, "Rows that do not parse: skip (count them, default) | fail")

@@ -195,8 +195,13 @@ FoundSummary read_found_summary(const std::filesystem::path& path) {
     if (std::filesystem::file_size(path) > kMaxSummaryBytes) return found;
     const auto bytes = read_file_bytes(path);
     const auto j = parse_bounded_json({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-    if (!j.is_object() || !j.contains("dpstream_version") || !j.at("dpstream_version").is_object() ||
-        !j.contains("job") || !j.at("job").is_string())
+    // dpstream_version since 2026-11-23; before, the job's name with its mode and record counts.
+    const auto has = [&](const char* key, bool (nlohmann::json::*is)() const noexcept) {
+      return j.contains(key) && (j.at(key).*is)();
+    };
+    if (!j.is_object() || !has("job", &nlohmann::json::is_string) ||
+        !(has("dpstream_version", &nlohmann::json::is_object) ||
+          (has("mode", &nlohmann::json::is_string) && has("records", &nlohmann::json::is_object))))
       return found;
     found.job = j.at("job").get<std::string>();
     found.private_release = j.contains("private") && j.at("private").is_boolean() && j.at("private").get<bool>();

@@ -37,7 +37,8 @@ struct RunFigures {
 nlohmann::json build_run_summary(const RunFigures& run, const shuffle::Comm& comm);
 
 // A summary.json found where a job will write its own: whether a dpstream job wrote it (a JSON object naming its job
-// and dpstream's version), and whether it describes a private release (whose replacement spends the budget again).
+// and dpstream's version, or, before versions were recorded, its mode and record counts), and whether it describes a
+// private release (whose replacement spends the budget again).
 struct FoundSummary {
   bool dpstream = false;
   bool private_release = false;

@@ -45,9 +45,14 @@ def main():
             assert 'mode = "none"' in truth and "max_records_per_user" not in truth, truth
 
         def failed_truth_stops_every_task():
-            # Two array tasks at once, the truth run failing (a binary that fails): both end with its cause.
+            # Two array tasks at once, the truth run failing (a binary that fails after 2 s, so that the other task
+            # is waiting for it by then): both end with its cause, and a later task stops on it at once.
             out = os.path.join(tmp, "failing")
-            procs = [subprocess.Popen([sys.executable, SWEEP, "--bin", "/bin/false", "--ranks", "1", "--out", out,
+            failing = os.path.join(tmp, "failing-dpstream")
+            with open(failing, "w") as f:
+                f.write("#!/bin/sh\nsleep 2\nexit 1\n")
+            os.chmod(failing, 0o755)
+            procs = [subprocess.Popen([sys.executable, SWEEP, "--bin", failing, "--ranks", "1", "--out", out,
                                        "--values", "1,2", "--task", str(t)], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=env) for t in (0, 1)]
             try:
@@ -59,6 +64,10 @@ def main():
                         p.wait()
             for p, (_, err) in zip(procs, outputs):
                 assert p.returncode != 0 and "failed" in err, (p.returncode, err)
+            assert sum("the truth run failed" in err for _, err in outputs) == 1, outputs  # the waiting task's
+            later = subprocess.run([sys.executable, SWEEP, "--bin", failing, "--ranks", "1", "--out", out, "--values",
+                                    "1,2", "--task", "0"], capture_output=True, text=True, timeout=60, env=env)
+            assert later.returncode != 0 and "the truth run failed" in later.stderr, later.stderr
             assert not os.path.exists(os.path.join(out, "truth.lock")), "the lock of a failed truth run was left"
             assert os.path.exists(os.path.join(out, "truth.failed"))
 

@@ -270,6 +270,9 @@ def main():
                 ("--ledger ''", [syn_job, *base, "--ledger", ""], 2, "the ledger's path is empty"),
                 ("epsilon too large for the sampler", [syn_job, "--epsilon", 1e7, "--delta", DELTA], 2, "--epsilon"),
                 ("no --epsilon", [syn_job, "--delta", DELTA], 2, "--epsilon"),
+                # An empty number was read as 0, a whole number beyond int64 clamped to 2^63 - 1.
+                ("--epsilon ''", [syn_job, "--epsilon", "", "--delta", DELTA], 2, "must be a number"),
+                ("--max-c 1e20 as digits", [syn_job, *base, "--max-c", "99999999999999999999"], 2, "whole number"),
                 ("missing job file", [os.path.join(csv_dir, "no-such-job.toml"), *base], 2, "no-such-job.toml"),
                 ("missing CSV input", [missing_csv_job, *base], 3, "no-such.csv"),
                 ("bad --set", [syn_job, *base, "--set", "input.users=-5"], 2, "users"),

@@ -490,6 +490,8 @@ def main():
                     3, "release_values")
             attempt("trigger beyond the window", ["--truth", ok_t, "--released", ok_r, "--trigger", "3"], 2,
                     "--trigger 3", "0..2")
+            attempt("empty --trigger (was the default)", ["--truth", ok_t, "--released", ok_r, "--trigger", ""], 2,
+                    "--trigger", "whole number")
             attempt("window not in the runs", ["--truth", ok_t, "--released", ok_r, "--window", "1"], 2, "--window 1")
             nosum = with_rows("no-sum", "0,0,1,2.5,\n")
             attempt("empty column", ["--truth", ok_t, "--released", nosum, "--column", "sum"], 2, "line 2",

@@ -300,6 +300,10 @@ def main():
             assert r.returncode == 0 and "holds the release of the finished private job 'crash'" in r.stderr, \
                 r.describe()
             assert show(ledger)[0]["charges"] == 5
+            r = dp.run_with("run", crash, "--out", path("out-crash"), "--fresh")  # its checkpoint is back: --fresh
+            assert r.returncode == 0 and "holds the release of the finished private job 'crash'" in r.stderr, \
+                r.describe()
+            assert show(ledger)[0]["charges"] == 6
             r = dp.run_with("run", write("seeded", job_toml("seeded", ledger, extra="seed = 7")), "--out",
                             path("out-seeded"))
             assert r.returncode == 2 and "not private" in r.stderr, r.describe()

@@ -355,7 +355,8 @@ TEST(Ledger, BlocksChargedAlikeKeepTheirOwnSpend) {
     return b;
   };
   // Each job's own (epsilon, delta) above what its rho converts to, so that zCDP accounting, not basic, is in use.
-  // Jobs a and b differ in rho alone, so a cache that read one field less would give block 60 block 0's spend.
+  // Jobs a and b differ in rho alone, so a cache whose key left out rho would give block 60 block 0's spend (the
+  // other fields are keyed alike; these jobs do not tell whether each of them is).
   const ledger::Request a{.run_id = "a",
                           .job = "a",
                           .mechanism = "t",
