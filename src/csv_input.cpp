@@ -271,7 +271,7 @@ std::string unescape(const CsvField& f) {
 }
 
 std::string quoted_header(const std::vector<std::string>& columns) {
-  return quoted_row(fmt::to_string(fmt::join(columns, ",")));
+  return quoted_row(fmt::to_string(fmt::join(columns, ",")), kQuotedHeaderBytes);
 }
 
 std::string quoted_row(std::string_view line, std::size_t limit) {

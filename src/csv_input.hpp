@@ -101,8 +101,10 @@ std::size_t line_number_of(std::string_view file, std::size_t offset);
 // Text of the input as an error message quotes it: its first `limit` bytes (then "..."), control bytes written as
 // \xNN, so that a binary or hostile file cannot send escape sequences to the user's terminal.
 std::string quoted_row(std::string_view line, std::size_t limit = 200);
-// A header's columns as a message lists them: comma-separated, quoted as above (its first 200 bytes: a file whose lines
-// do not end in \n is one "header", and its rows would go into the message and the logs).
+// A header's columns as a message lists them: comma-separated, quoted as above, whole up to kQuotedHeaderBytes (a
+// real header, so that the user sees every column; beyond, a file whose lines do not end in \n read as one "header",
+// whose rows would go into the message and the logs).
+inline constexpr std::size_t kQuotedHeaderBytes = 4096;
 std::string quoted_header(const std::vector<std::string>& columns);
 
 // A number field: decimal or scientific notation with an optional sign (std::from_chars, plus one leading +),

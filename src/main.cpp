@@ -300,9 +300,18 @@ struct GenerateCommand {
   void add(CLI::App& app) {
     cmd = app.add_subcommand("generate", "Write a job's synthetic stream as CSV (rank 0)");
     add_job_args(cmd, args);
-    cmd->add_option("--csv", csv, "Output CSV file")->required();
+    cmd->add_option("--csv", csv, "Output CSV file")
+        ->required()
+        ->check(CLI::Validator(
+            [](std::string& p) {
+              return p.empty() ? "is empty: give the CSV file to write, e.g. --csv stream.csv" : "";
+            },
+            "FILE"));
   }
   int exec(const dpstream::shuffle::Comm& /*comm*/, bool root) const {
+    // --out (an output directory) comes with the job options, but generate writes its one file to --csv.
+    if (args.out_option != nullptr && args.out_option->count() > 0)
+      throw dpstream::ConfigError("generate writes --csv FILE only: drop --out (give the file's path to --csv)");
     const auto config = load(args);
     if (config.input.kind != dpstream::InputKind::Synthetic)  // on every rank: all exit alike
       throw dpstream::ConfigError(

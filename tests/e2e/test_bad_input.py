@@ -174,7 +174,7 @@ def main():
             assert "secret-user" not in run.stderr, run.describe()
 
         def long_header_quoted_short():
-            # A missing column's message lists the header's first 200 bytes, not all of it.
+            # A missing column's message lists the header's first 4096 bytes, not all of it.
             c = new("long header")
             write(c.csv, "user_id,key,value," + ",".join(f"column{i}" for i in range(2000)) + "\nu1,k1,0.5\n")
             write(c.job, toml_job(c.csv, c.out))
@@ -249,6 +249,12 @@ def main():
             from_csv = dp.run_with("generate", c.job, "--csv", os.path.join(c.dir, "other.csv"), ranks=1)
             assert from_csv.returncode == 2 and "synthetic" in from_csv.stderr, from_csv.describe()
             assert not os.path.exists(os.path.join(c.dir, "other.csv")), "generate wrote a CSV job's stream"
+            # An empty --csv was found out only after the whole stream was made; --out was ignored.
+            empty = dp.run_with("generate", syn, "--csv", "", ranks=1, cwd=c.dir)
+            assert empty.returncode == 2 and "--csv: is empty" in empty.stderr, empty.describe()
+            assert not os.path.exists(os.path.join(c.dir, ".tmp")), "generate --csv '' made .tmp"
+            with_out = dp.run_with("generate", syn, "--csv", os.path.join(c.dir, "o.csv"), "--out", c.out, ranks=1)
+            assert with_out.returncode == 2 and "drop --out" in with_out.stderr, with_out.describe()
 
         def skip_bad_rows():
             c = new("skip bad rows")
@@ -548,7 +554,7 @@ def main():
         results.check("missing CSV file -> exit 3", missing_csv)
         results.check("CSV header missing a column -> exit 3", missing_column)
         results.check("CSV lines ending in a bare CR -> exit 3 saying so, no row quoted", bare_cr_lines)
-        results.check("a long header missing a column -> exit 3, its first 200 bytes quoted", long_header_quoted_short)
+        results.check("a long header missing a column -> exit 3, its first 4096 bytes quoted", long_header_quoted_short)
         results.check("empty CSV file -> exit 3", empty_csv)
         results.check("CSV path is a directory -> exit 3 saying so", csv_is_a_directory)
         results.check("job spec is a directory -> exit 2 saying so", spec_is_a_directory)

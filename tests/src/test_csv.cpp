@@ -106,6 +106,9 @@ TEST(CsvSplit, QuotedRowsShowControlBytesEscaped) {
   EXPECT_EQ(quoted_row(std::string(200, 'a')), std::string(200, 'a'));
   const std::vector<std::string> wide(60, "column");  // 419 bytes: a header is listed whole
   EXPECT_EQ(quoted_header(wide).size(), 60 * 7 - 1);
+  const std::vector<std::string> huge(2000, "column");  // 13 999 bytes: a file of rows read as one header line
+  EXPECT_EQ(quoted_header(huge).size(), kQuotedHeaderBytes + 3);  // its first 4096 bytes and "..."
+  EXPECT_TRUE(quoted_header(huge).ends_with("..."));
 }
 
 // The reader behind split_csv_line and `dpstream evaluate`: which field failed, and how.
