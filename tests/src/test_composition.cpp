@@ -366,15 +366,10 @@ TEST(Ledger, BlocksChargedAlikeKeepTheirOwnSpend) {
                           .epsilon = 2.5,
                           .delta = 1e-7,
                           .blocks = blocks(0, 60)};
-  const ledger::Request b{.run_id = "b",
-                          .job = "b",
-                          .mechanism = "t",
-                          .zcdp = true,
-                          .rho = 0.1,  // b differs from a in rho alone
-                          .coupled = 1e-9,
-                          .epsilon = 2.5,
-                          .delta = 1e-7,
-                          .blocks = blocks(30, 90)};
+  ledger::Request b = a;  // another run, on other blocks, of another rho
+  b.run_id = b.job = "b";
+  b.rho = 0.1;
+  b.blocks = blocks(30, 90);
   const ledger::Request c{.run_id = "c",
                           .job = "c",
                           .mechanism = "t",
@@ -382,8 +377,8 @@ TEST(Ledger, BlocksChargedAlikeKeepTheirOwnSpend) {
                           .epsilon = 0.5,
                           .delta = 1e-8,
                           .blocks = blocks(45, 50)};
-  for (const auto* r : {&a, &b, &c})
-    ASSERT_EQ(ledger::charge_or_refuse(path.string(), 86400, *r), ledger::Outcome::Admitted) << r->job;
+  for (const ledger::Request& r : {a, b, c})
+    ASSERT_EQ(ledger::charge_or_refuse(path.string(), 86400, r), ledger::Outcome::Admitted) << r.job;
   {
     const ledger::Ledger book(path.string());
     const auto spent = book.blocks();
